@@ -1,0 +1,109 @@
+"""The exception tree and the error taxonomy.
+
+Every error a user can see is a :class:`LockgateError`; each class has a stable
+``code`` and its docstring is the default message::
+
+    LockgateError
+    ├── ConfigError            bad configuration (file, environment, URL)
+    ├── SpecError              a task spec or file line is invalid (names the field)
+    │   └── TemplateError      a template's placeholders do not match its input
+    ├── NotFound               a task, batch or prompt does not exist
+    ├── StateConflict          a conditional update found the row in another state
+    └── StoreError             the database refused or is unreachable
+
+Provider failures are not exceptions of this tree: they are classified into an
+:class:`ErrorClass` (the typed taxonomy that retry policies name in ``stop_on``)
+and carried by :class:`lockgate.providers.base.ProviderError`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class LockgateError(Exception):
+    """lockgate failed."""
+
+    code = "lockgate_error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.code).strip())
+
+
+class ConfigError(LockgateError):
+    """The configuration is invalid."""
+
+    code = "config_error"
+
+
+class SpecError(LockgateError):
+    """The task spec is invalid."""
+
+    code = "spec_error"
+
+    def __init__(self, message: str | None = None, *, field: str | None = None,
+                 line: int | None = None) -> None:
+        self.field = field
+        self.line = line
+        parts = []
+        if line is not None:
+            parts.append(f"line {line}")
+        if field:
+            parts.append(f"field '{field}'")
+        prefix = ": ".join([", ".join(parts)]) + ": " if parts else ""
+        super().__init__(prefix + (message or "invalid task spec"))
+
+
+class TemplateError(SpecError):
+    """The prompt template does not match its input."""
+
+    code = "template_error"
+
+
+class NotFound(LockgateError):
+    """No such object."""
+
+    code = "not_found"
+
+
+class StateConflict(LockgateError):
+    """The row is not in the state this operation needs."""
+
+    code = "state_conflict"
+
+
+class StoreError(LockgateError):
+    """The database refused the operation or could not be reached."""
+
+    code = "store_error"
+
+
+class ErrorClass(StrEnum):
+    """Why an attempt failed. Stored on attempts and tasks; named by ``stop_on``."""
+
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    SERVER_ERROR = "server_error"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    INVALID_REQUEST = "invalid_request"
+    AUTH_ERROR = "auth_error"
+    CONTENT_FILTERED = "content_filtered"
+    INVALID_OUTPUT = "invalid_output"
+    RENDER_ERROR = "render_error"
+    LEASE_EXPIRED = "lease_expired"
+    INTERNAL_ERROR = "internal_error"
+
+
+#: Error classes a retry can cure. The rest fail the task at once (FAILED).
+RETRYABLE: frozenset[ErrorClass] = frozenset({
+    ErrorClass.RATE_LIMITED,
+    ErrorClass.QUOTA_EXHAUSTED,
+    ErrorClass.TIMEOUT,
+    ErrorClass.CONNECTION_ERROR,
+    ErrorClass.SERVER_ERROR,
+    ErrorClass.INVALID_OUTPUT,
+    ErrorClass.LEASE_EXPIRED,
+    ErrorClass.INTERNAL_ERROR,
+})

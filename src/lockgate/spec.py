@@ -1,0 +1,222 @@
+"""The task spec: the six required meta-fields of a task (SPEC T1) as pydantic models.
+
+A task line is ``{"task_id", "prompt_template", "input_data", "model_config",
+"delivery_rule", "retry_policy"}`` plus the optional ``batch_id``, ``priority`` and
+``metadata``. :func:`parse_task` turns a mapping into a :class:`TaskSpec` or raises a
+:class:`~lockgate.errors.SpecError` that names the offending field.
+
+The three configuration parts (template, model config, delivery rule, retry policy)
+are content-addressed by :meth:`TaskSpec.config_hash`, so many tasks that share them
+store them once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lockgate.errors import RETRYABLE, ErrorClass, SpecError
+
+MAX_TASK_ID = 191
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class Message(_Strict):
+    """One chat message of a template; ``content`` may hold ``{placeholders}``."""
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str
+
+
+#: A template is a single user message, or a list of chat messages.
+PromptTemplate = str | tuple[Message, ...]
+
+
+class RetryPolicy(_Strict):
+    """How failed attempts are retried (exponential back-off with jitter and a cap)."""
+
+    max_retries: int = Field(3, ge=0, le=100)
+    base_delay_ms: int = Field(1000, ge=0, le=86_400_000)
+    backoff_factor: float = Field(2.0, ge=1.0, le=10.0)
+    jitter: float = Field(0.2, ge=0.0, le=1.0, description="+/- fraction of the delay")
+    cap_ms: int = Field(300_000, ge=0, le=86_400_000)
+    stop_on: tuple[ErrorClass, ...] = ()
+
+    def delay_ms(self, retry_number: int, rng: random.Random | None = None) -> int:
+        """Back-off before retry ``retry_number`` (1-based): capped, then jittered."""
+        base = self.base_delay_ms * self.backoff_factor ** max(0, retry_number - 1)
+        base = min(float(self.cap_ms), base)
+        if self.jitter:
+            r = (rng or random).uniform(-self.jitter, self.jitter)
+            base = base * (1.0 + r)
+        return max(0, round(base))
+
+    def retryable(self, error_class: ErrorClass) -> bool:
+        """Whether an error of this class may be retried under this policy."""
+        return error_class in RETRYABLE and error_class not in self.stop_on
+
+
+class ModelConfig(BaseModel):
+    """Which model to call and how. Unknown keys are passed to the provider as-is."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+
+    name: str = Field(min_length=1, max_length=200)
+    endpoint: str | None = Field(None, description="endpoint name from the config file")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature_jitter: float = Field(0.0, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    timeout_ms: int = Field(60_000, ge=100, le=3_600_000)
+    max_input_tokens: int | None = Field(None, ge=16)
+    response_format: Literal["json_object", "text"] | None = None
+    seed: int | None = None
+
+    def extra_params(self) -> dict[str, Any]:
+        """Provider parameters given beyond the declared fields."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+class InputRule(_Strict):
+    """How input values are normalised before rendering (SPEC R1)."""
+
+    nfkc: bool = True
+    strip_invisible: bool = True
+    emoji: Literal["tag", "keep", "remove"] = "tag"
+
+
+class DeliveryRule(BaseModel):
+    """What a usable output is, and what to deliver when a field is missing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(),
+                              populate_by_name=True)
+
+    format: Literal["json", "text"] = "json"
+    required_keys: tuple[str, ...] = ()
+    fallback_values: dict[str, Any] = Field(default_factory=dict, alias="fallback_values")
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    pydantic_model: str | None = Field(None, description="import path module:Class")
+    aliases: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    input_defaults: dict[str, Any] = Field(default_factory=dict)
+    normalize: InputRule = Field(default_factory=InputRule)
+    on_invalid: Literal["retry", "fallback", "fail"] = "retry"
+
+    @field_validator("fallback_values", mode="before")
+    @classmethod
+    def _accept_none(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+
+class TaskSpec(BaseModel):
+    """A task as submitted: the six meta-fields plus batch, priority and metadata."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(),
+                              populate_by_name=True)
+
+    task_id: str = Field(min_length=1, max_length=MAX_TASK_ID)
+    prompt_template: str | tuple[Message, ...]
+    input_data: dict[str, Any]
+    model: ModelConfig = Field(alias="model_config")
+    delivery_rule: DeliveryRule = Field(default_factory=DeliveryRule)
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    batch_id: str | None = Field(None, min_length=1, max_length=MAX_TASK_ID)
+    priority: int = Field(0, ge=-1000, le=1000)
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("task_id", "batch_id")
+    @classmethod
+    def _printable(cls, v: str | None) -> str | None:
+        if v is not None and (not v.isprintable() or v != v.strip()):
+            raise ValueError("must be printable with no leading or trailing whitespace")
+        return v
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _non_empty(cls, v: str | tuple[Message, ...]) -> str | tuple[Message, ...]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("must not be empty")
+        if isinstance(v, tuple) and not v:
+            raise ValueError("must hold at least one message")
+        return v
+
+    def config_document(self) -> dict[str, Any]:
+        """The shared, content-addressed part of the task (everything but the input)."""
+        tpl: Any = self.prompt_template
+        if not isinstance(tpl, str):
+            tpl = [m.model_dump() for m in tpl]
+        return {
+            "prompt_template": tpl,
+            "model_config": self.model.model_dump(exclude_none=True),
+            "delivery_rule": self.delivery_rule.model_dump(by_alias=True, exclude_none=True),
+            "retry_policy": self.retry_policy.model_dump(mode="json"),
+        }
+
+
+class TaskConfig(BaseModel):
+    """The content-addressed configuration of a task, as stored and as executed."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=(), populate_by_name=True)
+
+    prompt_template: str | tuple[Message, ...]
+    model: ModelConfig = Field(alias="model_config")
+    delivery_rule: DeliveryRule
+    retry_policy: RetryPolicy
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys) for hashing and storage."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+
+
+def config_hash(document: dict[str, Any]) -> str:
+    """SHA-256 of a config document's canonical JSON."""
+    return hashlib.sha256(canonical_json(document)).hexdigest()
+
+
+def load_config(document: dict[str, Any]) -> TaskConfig:
+    """Rebuild a :class:`TaskConfig` from its stored document."""
+    return TaskConfig.model_validate(document)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = "model_config" if (i == 0 and part == "model") else str(part)
+            out += ("." if out else "") + name
+    return out
+
+
+def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
+    """Turn pydantic's error into one that names the first bad field and the fix."""
+    err = exc.errors()[0]
+    path = _field_path(tuple(err["loc"])) or "(line)"
+    msg = err["msg"]
+    if err["type"] == "missing":
+        msg = "is required"
+    elif err["type"] == "extra_forbidden":
+        msg = "is not a known field (check its spelling)"
+    more = len(exc.errors()) - 1
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return SpecError(msg, field=path, line=line)
+
+
+def parse_task(data: Any, line: int | None = None) -> TaskSpec:
+    """Validate one task mapping; raise :class:`SpecError` naming the field on failure."""
+    if not isinstance(data, dict):
+        raise SpecError(f"expected a JSON object, got {type(data).__name__}", line=line)
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from(exc, line) from None
