@@ -1,0 +1,224 @@
+"""Everything that differs between SQLite, PostgreSQL and MySQL/MariaDB, in one place.
+
+Above this module the store is dialect-free. Each :class:`Dialect` knows its clock
+expression, how to claim a batch (``FOR UPDATE SKIP LOCKED`` or SQLite's serialised
+writer), how to insert ignoring duplicates, how to apply a batch of fenced write-backs
+in one statement, and how to serialise migrations across processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Table, text
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.sql import Insert
+
+from lockgate.store.types import ClaimedTask, Finish
+
+_CLAIM_COLS = "id, task_id, batch_id, config_hash, input_data, attempts, lease_token"
+
+# The SET clause of a write-back, shared by all dialects. ``v`` is the batch of
+# values; only v.* and each column's own old value are read (MySQL applies SET
+# assignments left to right, so no assignment may read a column set before it).
+_FINISH_SET = """
+    {t}status = v.status,
+    {t}result = v.result,
+    {t}parse_status = v.parse_status,
+    {t}error_class = v.error_class,
+    {t}error_message = v.error_message,
+    {t}visible_at = CASE WHEN v.status = 'PENDING' THEN {now} + v.delay_ms
+                     ELSE t.visible_at END,
+    {t}attempts = t.attempts - v.release_attempt,
+    {t}lease_token = CASE WHEN v.status = 'PENDING' THEN NULL ELSE t.lease_token END,
+    {t}leased_by = CASE WHEN v.status = 'PENDING' THEN NULL ELSE t.leased_by END,
+    {t}finished_at = CASE WHEN v.status = 'PENDING' THEN NULL ELSE {now} END,
+    {t}version = t.version + 1,
+    {t}updated_at = {now}
+"""
+_FINISH_FENCE = "t.id = v.id AND t.lease_token = v.tok AND t.status = 'PENDING'"
+_FINISH_COLS = ("id", "tok", "status", "result", "parse_status", "error_class",
+                "error_message", "delay_ms", "release_attempt")
+
+
+def _finish_values(f: Finish) -> tuple[Any, ...]:
+    return (f.id, f.lease_token, f.status, f.result, f.parse_status, f.error_class,
+            f.error_message, f.delay_ms, 1 if f.release_attempt else 0)
+
+
+def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
+    return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
+                        input_data=r[4], attempt=r[5], lease_token=r[6]) for r in rows]
+
+
+class Dialect:
+    """The interface; one subclass per database family."""
+
+    name = "abstract"
+    #: SQL expression for the database's current time in integer milliseconds.
+    now = ""
+
+    def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
+              worker_id: str) -> list[ClaimedTask]:
+        """Lease up to ``limit`` visible PENDING tasks under ``token``; caller commits."""
+        raise NotImplementedError
+
+    def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        """Apply fenced write-backs for rows already locked and checked; return the count."""
+        raise NotImplementedError
+
+    def insert_ignore(self, table: Table) -> Insert:
+        """An INSERT that skips rows whose unique key already exists."""
+        raise NotImplementedError
+
+    def lock_for_update(self) -> str:
+        """Suffix that row-locks a SELECT inside a transaction ('' where not needed)."""
+        return " FOR UPDATE"
+
+    @contextmanager
+    def migration_lock(self, conn: Connection) -> Iterator[None]:
+        """Serialise schema migrations across processes."""
+        yield
+
+    def _claim_update_sql(self, where: str) -> str:
+        return (
+            f"UPDATE task SET lease_token = :tok, leased_by = :worker, "
+            f"attempts = attempts + 1, visible_at = {self.now} + :lease_ms, "
+            f"version = version + 1, updated_at = {self.now} WHERE {where}"
+        )
+
+
+class SQLiteDialect(Dialect):
+    """SQLite: one writer at a time (``BEGIN IMMEDIATE``), so no row locks are needed."""
+
+    name = "sqlite"
+    now = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
+    def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
+              worker_id: str) -> list[ClaimedTask]:
+        sql = self._claim_update_sql(
+            f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
+            f" ORDER BY visible_at LIMIT :lim)") + f" RETURNING {_CLAIM_COLS}"
+        rows = conn.execute(text(sql), {"tok": token, "worker": worker_id,
+                                        "lease_ms": lease_ms, "lim": limit}).all()
+        return _claimed(rows)
+
+    def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} FROM (SELECT "
+               + ", ".join(f"? AS {c}" for c in _FINISH_COLS)
+               + f") AS v WHERE {_FINISH_FENCE}")
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cur.executemany(sql, [_finish_values(f) for f in rows])
+            return int(cur.rowcount)
+        finally:
+            cur.close()
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    def lock_for_update(self) -> str:
+        return ""
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL >= 13: one-statement claims with ``FOR UPDATE SKIP LOCKED``."""
+
+    name = "postgresql"
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint"
+
+    def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
+              worker_id: str) -> list[ClaimedTask]:
+        sql = self._claim_update_sql(
+            f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
+            f" ORDER BY visible_at LIMIT :lim FOR UPDATE SKIP LOCKED)"
+        ) + f" RETURNING {_CLAIM_COLS}"
+        rows = conn.execute(text(sql), {"tok": token, "worker": worker_id,
+                                        "lease_ms": lease_ms, "lim": limit}).all()
+        return _claimed(rows)
+
+    def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        types = ("bigint", "text", "text", "text", "text", "text", "text", "bigint", "int")
+        cols = list(zip(*[_finish_values(f) for f in rows], strict=True))
+        unnest = ", ".join(f"CAST(:c{i} AS {t}[])" for i, t in enumerate(types))
+        sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} "
+               f"FROM unnest({unnest}) AS v({', '.join(_FINISH_COLS)}) "
+               f"WHERE {_FINISH_FENCE}")
+        res = conn.execute(text(sql), {f"c{i}": list(c) for i, c in enumerate(cols)})
+        return int(res.rowcount)
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return postgresql.insert(table).on_conflict_do_nothing()
+
+    @contextmanager
+    def migration_lock(self, conn: Connection) -> Iterator[None]:
+        conn.execute(text("SELECT pg_advisory_xact_lock(7193001)"))
+        yield
+
+
+class MySQLDialect(Dialect):
+    """MySQL >= 8.0 and MariaDB >= 10.6: SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE."""
+
+    name = "mysql"
+    # Sessions run with time_zone '+00:00' (set on connect), so this is exact UTC.
+    now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+    def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
+              worker_id: str) -> list[ClaimedTask]:
+        rows = conn.execute(text(
+            f"SELECT {_CLAIM_COLS} FROM task WHERE status = 'PENDING' "
+            f"AND visible_at <= {self.now} ORDER BY visible_at LIMIT :lim "
+            f"FOR UPDATE SKIP LOCKED"), {"lim": limit}).all()
+        if not rows:
+            return []
+        ids = [r[0] for r in rows]
+        conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
+            _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
+                                 "ids": ids})
+        return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
+                            input_data=r[4], attempt=r[5] + 1, lease_token=token)
+                for r in rows]
+
+    def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        first = ", ".join(f":{c}0 AS {c}" for c in _FINISH_COLS)
+        rest = "".join(" UNION ALL SELECT " + ", ".join(f":{c}{i}" for c in _FINISH_COLS)
+                       for i in range(1, len(rows)))
+        sql = (f"UPDATE task AS t JOIN (SELECT {first}{rest}) AS v ON {_FINISH_FENCE} "
+               f"SET {_FINISH_SET.format(now=self.now, t='t.')}")
+        params: dict[str, Any] = {}
+        for i, f in enumerate(rows):
+            for c, val in zip(_FINISH_COLS, _finish_values(f), strict=True):
+                params[f"{c}{i}"] = val
+        return int(conn.execute(text(sql), params).rowcount)
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return mysql.insert(table).prefix_with("IGNORE")
+
+    @contextmanager
+    def migration_lock(self, conn: Connection) -> Iterator[None]:
+        got = conn.execute(text("SELECT GET_LOCK('lockgate_migrate', 120)")).scalar()
+        if got != 1:
+            raise TimeoutError("another process holds the migration lock for over 120 s")
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT RELEASE_LOCK('lockgate_migrate')"))
+
+
+def _expanding(name: str) -> Any:
+    from sqlalchemy import bindparam
+
+    return bindparam(name, expanding=True)
+
+
+def dialect_for(name: str) -> Dialect:
+    """The :class:`Dialect` for a SQLAlchemy dialect name."""
+    if name == "sqlite":
+        return SQLiteDialect()
+    if name == "postgresql":
+        return PostgresDialect()
+    if name in ("mysql", "mariadb"):
+        return MySQLDialect()
+    raise ValueError(f"unsupported database '{name}': use sqlite, postgresql or mysql/mariadb")

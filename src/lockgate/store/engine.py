@@ -1,0 +1,94 @@
+"""Creating SQLAlchemy engines from a URL, with each dialect's session settings."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from lockgate.errors import ConfigError
+
+DEFAULT_URL = "sqlite:///lockgate.db"
+
+_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mysql+pymysql",
+}
+
+
+def database_url(url: str | None = None) -> str:
+    """The URL to use: the argument, else ``LOCKGATE_DATABASE_URL``, else SQLite."""
+    url = url or os.environ.get("LOCKGATE_DATABASE_URL") or DEFAULT_URL
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(
+            f"database URL '{url}' has no scheme; use e.g. sqlite:///lockgate.db, "
+            "postgresql://user@host/db or mysql://user@host/db")
+    return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
+
+
+def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
+    """An engine for ``url`` with WAL on SQLite and UTC sessions on MySQL."""
+    resolved = database_url(url)
+    try:
+        parsed = make_url(resolved)
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises several types here
+        raise ConfigError(f"cannot parse database URL: {exc}") from None
+    kwargs: dict[str, Any] = {}
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
+        kwargs["pool_size"] = pool_size
+        from sqlalchemy.pool import QueuePool
+
+        kwargs["poolclass"] = QueuePool
+    else:
+        kwargs["pool_size"] = pool_size
+        kwargs["max_overflow"] = 2
+        kwargs["pool_pre_ping"] = True
+        kwargs["pool_recycle"] = 1800
+    if backend in ("mysql", "mariadb"):
+        kwargs["isolation_level"] = "READ COMMITTED"
+    elif backend == "postgresql":
+        kwargs["isolation_level"] = "READ COMMITTED"
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except ImportError as exc:
+        raise ConfigError(f"no driver for '{parsed.drivername}': {exc}") from None
+    if backend == "sqlite":
+        _sqlite_setup(engine)
+    elif backend in ("mysql", "mariadb"):
+        _mysql_setup(engine)
+    return engine
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    # pysqlite's own transaction handling defers BEGIN and cannot take the write lock
+    # up front; take control and begin every transaction IMMEDIATE, so two writers
+    # queue on busy_timeout instead of failing on a lock upgrade.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _mysql_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute("SET SESSION innodb_lock_wait_timeout = 30")
+        cur.close()

@@ -1,0 +1,62 @@
+"""Plain values that cross the store boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class TaskStatus(StrEnum):
+    """Task states. PENDING covers visible, leased and backing-off rows (``visible_at``)."""
+
+    PENDING = "PENDING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    DEAD = "DEAD"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL: frozenset[str] = frozenset({
+    TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.CANCELLED,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task this worker holds under ``lease_token`` until it writes back."""
+
+    id: int
+    task_id: str
+    batch_id: str
+    config_hash: str
+    input_data: str
+    attempt: int
+    lease_token: str
+
+
+@dataclass(slots=True)
+class Finish:
+    """One write-back: the task's new state, fenced by the lease token it was claimed with.
+
+    ``status`` PENDING means "release for a retry after ``delay_ms``".
+    """
+
+    id: int
+    lease_token: str
+    status: str
+    result: str | None = None
+    parse_status: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    delay_ms: int = 0
+    attempt: dict[str, Any] | None = None
+    release_attempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReport:
+    """What a write-back did: applied ids and the ones whose lease was lost."""
+
+    applied: list[int]
+    discarded: list[int]
