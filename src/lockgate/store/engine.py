@@ -36,7 +36,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     resolved = database_url(url)
     try:
         parsed = make_url(resolved)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises several types here
+    except Exception as exc:
         raise ConfigError(f"cannot parse database URL: {exc}") from None
     kwargs: dict[str, Any] = {}
     backend = parsed.get_backend_name()
@@ -51,9 +51,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
         kwargs["max_overflow"] = 2
         kwargs["pool_pre_ping"] = True
         kwargs["pool_recycle"] = 1800
-    if backend in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
-    elif backend == "postgresql":
+    if backend != "sqlite":
         kwargs["isolation_level"] = "READ COMMITTED"
     try:
         engine = create_engine(parsed, **kwargs)

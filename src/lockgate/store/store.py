@@ -151,11 +151,9 @@ class Store:
         return self._tx(work, attempts=1)
 
     def _insert_tasks(self, conn: Connection, rows: list[dict[str, Any]]) -> int:
-        ids = [r["task_id"] for r in rows]
-        if len(set(ids)) != len(ids):
+        if len({r["task_id"] for r in rows}) != len(rows):
             # Repeated ids inside one chunk: keep the first, as a second submit would.
-            seen: set[str] = set()
-            rows = [r for r in rows if not (r["task_id"] in seen or seen.add(r["task_id"]))]
+            rows = list({r["task_id"]: r for r in reversed(rows)}.values())[::-1]
         stmt = self.dialect.insert_ignore(schema.task)
         if conn.dialect.insert_executemany_returning:
             # RETURNING names exactly the rows inserted; executemany rowcounts do not.
@@ -348,10 +346,12 @@ class Store:
 
     def results(self, batch_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Stream every task of a batch (or all) in id order, with its last attempt's usage."""
-        t = schema.task
+        t, a = schema.task, schema.task_attempt
+        won = (a.c.task_pk == t.c.id) & (a.c.outcome == "succeeded")
         q = select(t.c.id, t.c.task_id, t.c.batch_id, t.c.status, t.c.result,
                    t.c.parse_status, t.c.error_class, t.c.error_message, t.c.attempts,
-                   t.c.finished_at, t.c.created_at).order_by(t.c.id)
+                   t.c.finished_at, t.c.created_at, a.c.input_tokens, a.c.output_tokens,
+                   a.c.model, a.c.latency_ms).select_from(t.outerjoin(a, won)).order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
         with self.engine.connect() as conn:

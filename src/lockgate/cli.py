@@ -1,0 +1,306 @@
+"""The command line: ``lockgate init|submit|run|worker|status|export|tasks|simulate|cleanup``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from lockgate.app import Lockgate, run_async
+from lockgate.errors import LockgateError
+from lockgate.files import WRITERS
+from lockgate.report import summarize, summary_table
+from lockgate.worker import WorkerStats
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Durable, leased LLM prompt tasks on SQL databases.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Inspect and operate on single tasks.")
+app.add_typer(tasks_app, name="tasks")
+console = Console(stderr=True)
+out = Console()
+
+DbOpt = Annotated[str | None, typer.Option("--db", envvar="LOCKGATE_DATABASE_URL",
+                                           help="database URL [default: sqlite:///lockgate.db]")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LOCKGATE_CONFIG",
+                                                help="TOML file with endpoints and [worker]")]
+FormatOpt = Annotated[str, typer.Option("--format", help="tasks | openai-batch")]
+
+
+def _open(db: str | None, config: Path | None = None) -> Lockgate:
+    return Lockgate(db, config=config)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    console=console, transient=False)
+
+
+def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
+            rejects: Path | None) -> str:
+    if fmt not in ("tasks", "openai-batch"):
+        raise LockgateError(f"--format must be tasks or openai-batch, not {fmt!r}")
+    if skip_invalid and rejects is None:
+        rejects = file.with_suffix(".rejects.jsonl")
+    with _progress() as prog:
+        bar = prog.add_task("submitting", total=None, rate="")
+        report = lg.submit_file(file, format=fmt, batch_id=batch,  # type: ignore[arg-type]
+                                skip_invalid=skip_invalid, rejects=rejects,
+                                progress=lambda n: prog.advance(bar, n))
+    console.print(f"batch [bold]{report.batch_id}[/bold]: {report.inserted:,} submitted, "
+                  f"{report.duplicates:,} already present (skipped)")
+    if skip_invalid and rejects is not None and rejects.stat().st_size:
+        console.print(f"rejected lines written to {rejects}")
+    return report.batch_id
+
+
+@app.command()
+def init(db: DbOpt = None) -> None:
+    """Create or upgrade the database schema."""
+    try:
+        lg = _open(db)
+        lg.close()
+    except LockgateError as exc:
+        _fail(exc)
+    console.print("schema is up to date")
+
+
+@app.command()
+def submit(file: Path, db: DbOpt = None, fmt: FormatOpt = "tasks",
+           batch: Annotated[str | None, typer.Option(help="batch id [default: file stem]")] = None,
+           skip_invalid: Annotated[bool, typer.Option(
+               "--skip-invalid", help="submit the good lines, write rejects to a file")] = False,
+           rejects: Annotated[Path | None, typer.Option(help="where rejects go")] = None) -> None:
+    """Submit a task file (idempotent on task_id; nothing is half-submitted)."""
+    try:
+        with _open(db) as lg:
+            _submit(lg, file, fmt, batch, skip_invalid, rejects)
+    except LockgateError as exc:
+        _fail(exc)
+
+
+WorkerOpts = dict[str, Any]
+
+
+def _worker_overrides(concurrency: int | None, claim_batch: int | None,
+                      lease: float | None, grace: float | None) -> WorkerOpts:
+    return {k: v for k, v in {"concurrency": concurrency, "claim_batch": claim_batch,
+                              "lease_s": lease, "shutdown_grace_s": grace}.items()
+            if v is not None}
+
+
+ConcOpt = Annotated[int | None, typer.Option(help="calls in flight per process")]
+BatchOpt = Annotated[int | None, typer.Option(help="rows per claim")]
+LeaseOpt = Annotated[float | None, typer.Option(help="lease seconds (renewed at 1/3)")]
+GraceOpt = Annotated[float | None, typer.Option(help="seconds to finish calls on SIGTERM")]
+
+
+@app.command()
+def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = None,
+           claim_batch: BatchOpt = None, lease: LeaseOpt = None, grace: GraceOpt = None,
+           burst: Annotated[bool, typer.Option(help="exit when no task is pending")] = False,
+           log_level: Annotated[str, typer.Option(help="logging level")] = "WARNING") -> None:
+    """Work tasks until SIGTERM/SIGINT. Run any number, on any number of machines."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        with _open(db, config) as lg:
+            w = lg.worker(burst=burst, **_worker_overrides(concurrency, claim_batch, lease,
+                                                           grace))
+            console.print(f"worker {w.id} on {lg.store.dialect.name}: concurrency "
+                          f"{w.ws.concurrency}, lease {w.ws.lease_s:g}s")
+            stats: WorkerStats = run_async(w.run())
+    except LockgateError as exc:
+        _fail(exc)
+    console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
+                  f"{stats.dead:,} dead, {stats.retried:,} retried, "
+                  f"{stats.discarded:,} discarded")
+
+
+def run_batch(lg: Lockgate, batch_id: str, **overrides: Any) -> float:
+    """Work until the queue is drained, with a progress bar for ``batch_id``."""
+    counts = lg.status()["batches"].get(batch_id, {})
+    total = sum(counts.values())
+    done0 = total - counts.get("PENDING", 0)
+    t0 = time.perf_counter()
+    with _progress() as prog:
+        bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
+
+        def update(stats: WorkerStats) -> None:
+            elapsed = time.perf_counter() - t0
+            rate = stats.finished / elapsed if elapsed > 0 else 0.0
+            prog.update(bar, completed=done0 + stats.finished, rate=f"{rate:,.0f} tasks/s")
+
+        w = lg.worker(burst=True, **overrides)
+        w._on_progress = update
+        run_async(w.run())
+    return time.perf_counter() - t0
+
+
+@app.command()
+def run(file: Path, db: DbOpt = None, config: ConfigOpt = None, fmt: FormatOpt = "tasks",
+        batch: Annotated[str | None, typer.Option(help="batch id [default: file stem]")] = None,
+        skip_invalid: Annotated[bool, typer.Option("--skip-invalid")] = False,
+        concurrency: ConcOpt = None, claim_batch: BatchOpt = None,
+        lease: LeaseOpt = None) -> None:
+    """Submit FILE and work until every task is finished (single machine)."""
+    try:
+        with _open(db, config) as lg:
+            batch_id = _submit(lg, file, fmt, batch, skip_invalid, None)
+            elapsed = run_batch(lg, batch_id, **_worker_overrides(concurrency, claim_batch,
+                                                                  lease, None))
+            out.print(summary_table(summarize(lg.store, batch_id, elapsed)))
+    except LockgateError as exc:
+        _fail(exc)
+
+
+@app.command()
+def status(db: DbOpt = None,
+           as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False
+           ) -> None:
+    """Counts per state and batch, leases in flight, workers alive."""
+    try:
+        with _open(db) as lg:
+            st = lg.status()
+    except LockgateError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(orjson.dumps(st, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    states = ["PENDING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
+    t = Table(title="tasks")
+    t.add_column("batch")
+    for s in states:
+        t.add_column(s, justify="right")
+    for b, counts in sorted(st["batches"].items()):
+        t.add_row(b, *[f"{counts.get(s, 0):,}" for s in states])
+    out.print(t)
+    out.print(f"leases in flight: {st['leased']:,}   backing off: {st['backing_off']:,}")
+    w = Table(title=f"workers alive: {len(st['workers'])}")
+    for col in ("id", "status", "in_flight", "claimed", "succeeded", "failed", "discarded",
+                "heartbeat age"):
+        w.add_column(col)
+    for row in st["workers"]:
+        w.add_row(row["id"], row["status"], str(row["in_flight"]), str(row["claimed"]),
+                  str(row["succeeded"]), str(row["failed"]), str(row["discarded"]),
+                  f"{(st['now'] - row['heartbeat_at']) / 1000:.1f}s")
+    out.print(w)
+
+
+@app.command()
+def export(batch: str, db: DbOpt = None,
+           fmt: Annotated[str, typer.Option("--format", help="jsonl | csv | openai-batch")]
+           = "jsonl",
+           output: Annotated[Path | None, typer.Option("--out", "-o", help="file [stdout]")]
+           = None) -> None:
+    """Write every task of BATCH: its result, or the precise error."""
+    if fmt not in WRITERS:
+        _fail(LockgateError(f"--format must be one of {sorted(WRITERS)}, not {fmt!r}"))
+    try:
+        with _open(db) as lg:
+            if not lg.store.batch_exists(batch):
+                raise LockgateError(f"no batch '{batch}'; `lockgate status` lists them")
+            fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+            try:
+                n = WRITERS[fmt](lg.results(batch), fh)
+            finally:
+                if output:
+                    fh.close()
+    except LockgateError as exc:
+        _fail(exc)
+    console.print(f"exported {n:,} task(s)")
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: str, db: DbOpt = None) -> None:
+    """A task with its config, result or error, and every attempt."""
+    try:
+        with _open(db) as lg:
+            row = lg.task(task_id)
+    except LockgateError as exc:
+        _fail(exc)
+    sys.stdout.write(orjson.dumps(row, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+
+
+@tasks_app.command("retry")
+def tasks_retry(task_id: str, db: DbOpt = None) -> None:
+    """Run a FAILED, DEAD or CANCELLED task again with a fresh attempt budget."""
+    try:
+        with _open(db) as lg:
+            lg.retry(task_id)
+    except LockgateError as exc:
+        _fail(exc)
+    console.print(f"task {task_id} is PENDING again")
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str, db: DbOpt = None) -> None:
+    """Cancel a PENDING task (a worker holding it will have its write-back fenced)."""
+    try:
+        with _open(db) as lg:
+            lg.cancel(task_id)
+    except LockgateError as exc:
+        _fail(exc)
+    console.print(f"task {task_id} is CANCELLED")
+
+
+_UNITS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@app.command()
+def cleanup(older_than: Annotated[str, typer.Option(help="age, e.g. 30d, 12h")] = "30d",
+            tasks: Annotated[bool, typer.Option("--tasks", help="also finished tasks")] = False,
+            db: DbOpt = None) -> None:
+    """Retention: delete attempt traces (and optionally finished tasks) older than an age."""
+    try:
+        n, unit = float(older_than[:-1]), older_than[-1]
+        ms = int(n * _UNITS[unit])
+    except (ValueError, KeyError, IndexError):
+        _fail(LockgateError(f"--older-than takes a number and s/m/h/d, e.g. 30d, not "
+                            f"{older_than!r}"))
+    try:
+        with _open(db) as lg:
+            deleted = lg.store.cleanup(older_than_ms=ms, tasks=tasks)
+    except LockgateError as exc:
+        _fail(exc)
+    console.print(f"deleted {deleted['attempts']:,} attempt(s), {deleted['tasks']:,} task(s)")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def simulate(ctx: typer.Context) -> None:
+    """Run the built-in OpenAI-compatible simulator (`lockgate simulate --help` for flags)."""
+    from lockgate.simulator.cli import main as simulator_main
+
+    raise typer.Exit(simulator_main(list(ctx.args)))
+
+
+def main() -> None:
+    """Entry point of the ``lockgate`` command."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

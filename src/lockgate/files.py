@@ -1,0 +1,215 @@
+"""Task files in and result files out.
+
+In: task JSONL (the six meta-fields per line) and the OpenAI Batch API input format
+(``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before anything
+is submitted: with bad lines nothing is submitted unless ``skip_invalid`` is given,
+and then the rejects go to a file with their line numbers and reasons.
+
+Out: JSONL, CSV and the OpenAI Batch API output format.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import orjson
+
+from lockgate.errors import LockgateError, SpecError
+from lockgate.runtime import check_template
+from lockgate.spec import TaskSpec, parse_task
+
+Format = Literal["tasks", "openai-batch"]
+MAX_SHOWN = 20
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def from_openai_batch(obj: Any, line: int | None = None) -> TaskSpec:
+    """Turn one OpenAI Batch API request line into a task (messages taken literally)."""
+    if not isinstance(obj, dict):
+        raise SpecError("expected a JSON object", line=line)
+    for key in ("custom_id", "body"):
+        if key not in obj:
+            raise SpecError("is required in the OpenAI batch format", field=key, line=line)
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise SpecError(f"must be POST, got {method!r}", field="method", line=line)
+    url = str(obj.get("url", "/v1/chat/completions"))
+    if not url.rstrip("/").endswith("/chat/completions"):
+        raise SpecError(f"only /v1/chat/completions is supported, got {url!r}", field="url",
+                        line=line)
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise SpecError("must be a JSON object", field="body", line=line)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise SpecError("must be a non-empty list", field="body.messages", line=line)
+    template = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise SpecError("each message needs a text 'content' (multimodal parts are not "
+                            "supported)", field=f"body.messages[{i}]", line=line)
+        template.append({"role": m.get("role", "user"), "content": _escape(m["content"])})
+    params = {k: v for k, v in body.items() if k not in ("messages", "model")}
+    rf = params.pop("response_format", None)
+    json_mode = isinstance(rf, dict) and rf.get("type") == "json_object"
+    model = {"name": body.get("model") or "", **params}
+    if json_mode:
+        model["response_format"] = "json_object"
+    return parse_task({
+        "task_id": obj["custom_id"], "prompt_template": template, "input_data": {},
+        "model_config": model, "delivery_rule": {"format": "json" if json_mode else "text"},
+    }, line=line)
+
+
+def validate_line(raw: bytes, line: int, fmt: Format) -> TaskSpec:
+    """Parse and fully check one line (JSON, fields, placeholders against the input)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SpecError(f"not valid JSON ({exc})", line=line) from None
+    spec = from_openai_batch(obj, line) if fmt == "openai-batch" else parse_task(obj, line)
+    try:
+        check_template(spec.prompt_template, set(spec.input_data),
+                       spec.delivery_rule.input_defaults)
+    except SpecError as exc:
+        raise SpecError(str(exc).split(": ", 1)[-1], field=exc.field, line=line) from None
+    return spec
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            if raw.strip():
+                yield n, raw
+
+
+@dataclass
+class FileCheck:
+    """The result of validating a whole file."""
+
+    valid: int
+    rejected: list[tuple[int, SpecError]]
+
+
+def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
+               progress: Callable[[int], None] | None = None) -> FileCheck:
+    """Validate every line; keep the first errors, count them all."""
+    if not path.exists():
+        raise LockgateError(f"file {path} does not exist")
+    valid = 0
+    rejected: list[tuple[int, SpecError]] = []
+    for n, raw in _lines(path):
+        try:
+            validate_line(raw, n, fmt)
+            valid += 1
+        except SpecError as exc:
+            rejected.append((n, exc))
+            if reject_sink is not None:
+                reject_sink.write(orjson.dumps({
+                    "line": n, "field": exc.field, "error": str(exc),
+                    "raw": raw.decode("utf-8", "replace").rstrip("\n")}).decode() + "\n")
+        if progress and n % 1000 == 0:
+            progress(n)
+    return FileCheck(valid, rejected)
+
+
+def valid_specs(path: Path, fmt: Format, skip: set[int]) -> Iterator[TaskSpec]:
+    """Second pass: the valid lines as specs (the file was checked already)."""
+    for n, raw in _lines(path):
+        if n not in skip:
+            yield validate_line(raw, n, fmt)
+
+
+def describe_rejects(rejected: list[tuple[int, SpecError]]) -> str:
+    """A readable list of the first bad lines."""
+    shown = "\n".join(f"  {e}" for _n, e in rejected[:MAX_SHOWN])
+    more = len(rejected) - MAX_SHOWN
+    return shown + (f"\n  ... and {more} more" if more > 0 else "")
+
+
+# -- export ---------------------------------------------------------------------------
+
+def _result_value(row: dict[str, Any]) -> Any:
+    return orjson.loads(row["result"]) if row.get("result") is not None else None
+
+
+def _error(row: dict[str, Any]) -> dict[str, Any] | None:
+    if row["status"] == "SUCCEEDED":
+        return None
+    return {"class": row.get("error_class"), "message": row.get("error_message")}
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
+    """One JSON object per task: result, or the precise error."""
+    n = 0
+    for row in rows:
+        out.write(orjson.dumps({
+            "task_id": row["task_id"], "batch_id": row["batch_id"], "status": row["status"],
+            "result": _result_value(row), "parse_status": row["parse_status"],
+            "error": _error(row), "attempts": row["attempts"],
+            "finished_at": row["finished_at"]}).decode() + "\n")
+        n += 1
+    return n
+
+
+CSV_COLUMNS = ["task_id", "batch_id", "status", "parse_status", "error_class",
+               "error_message", "attempts", "finished_at", "result"]
+
+
+def write_csv(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
+    """CSV with the result as a JSON string column."""
+    w = csv.writer(out)
+    w.writerow(CSV_COLUMNS)
+    n = 0
+    for row in rows:
+        w.writerow([row["task_id"], row["batch_id"], row["status"], row["parse_status"] or "",
+                    row["error_class"] or "", row["error_message"] or "", row["attempts"],
+                    row["finished_at"] or "", row["result"] or ""])
+        n += 1
+    return n
+
+
+def write_openai_batch(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
+    """The OpenAI Batch API output format, so existing consumers read our results."""
+    n = 0
+    for row in rows:
+        value = _result_value(row)
+        line: dict[str, Any] = {"id": f"batch_req_{row['id']}", "custom_id": row["task_id"]}
+        if row["status"] == "SUCCEEDED":
+            content = value if isinstance(value, str) else orjson.dumps(value).decode()
+            usage = None
+            if row.get("input_tokens") is not None or row.get("output_tokens") is not None:
+                pt, ct = row.get("input_tokens") or 0, row.get("output_tokens") or 0
+                usage = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+            line["response"] = {"status_code": 200, "request_id": None, "body": {
+                "object": "chat.completion", "model": row.get("model"),
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": content}}],
+                "usage": usage}}
+            line["error"] = None
+        else:
+            line["response"] = None
+            line["error"] = {"code": row["error_class"] or row["status"].lower(),
+                             "message": row["error_message"] or row["status"]}
+        out.write(orjson.dumps(line).decode() + "\n")
+        n += 1
+    return n
+
+
+WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], TextIO], int]] = {
+    "jsonl": write_jsonl, "csv": write_csv, "openai-batch": write_openai_batch}
+
+
+def export_text(rows: Iterable[dict[str, Any]], fmt: str) -> str:
+    """Export to a string (for small batches and tests)."""
+    buf = io.StringIO()
+    WRITERS[fmt](rows, buf)
+    return buf.getvalue()

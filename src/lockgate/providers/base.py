@@ -1,0 +1,61 @@
+"""The provider protocol and the values it exchanges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lockgate.errors import ErrorClass
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """One chat-completion call."""
+
+    messages: list[dict[str, str]]
+    model: str
+    params: dict[str, Any]
+    timeout_s: float
+    idempotency_key: str | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    """A provider's answer (the text, before any parsing)."""
+
+    content: str
+    http_status: int
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    request_id: str | None = None
+    rate_limit: dict[str, str] = field(default_factory=dict)
+
+
+class ProviderError(Exception):
+    """A call failed; ``error_class`` says why in the taxonomy retry policies use."""
+
+    def __init__(self, error_class: ErrorClass, message: str, *, http_status: int | None = None,
+                 retry_after_ms: int | None = None,
+                 rate_limit: dict[str, str] | None = None) -> None:
+        super().__init__(f"{error_class}: {message}")
+        self.error_class = error_class
+        self.message = message
+        self.http_status = http_status
+        self.retry_after_ms = retry_after_ms
+        self.rate_limit = rate_limit or {}
+
+
+class Provider(Protocol):
+    """Anything that answers chat completions."""
+
+    name: str
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """Make one call; raise :class:`ProviderError` on failure."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

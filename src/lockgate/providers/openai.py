@@ -1,0 +1,145 @@
+"""A client for any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama,
+DashScope/Qwen, GLM, the built-in simulator), on aiohttp with keep-alive connections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from lockgate.errors import ErrorClass
+from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+
+_RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                 "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+                 "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
+def _retry_after_ms(headers: Mapping[str, str]) -> int | None:
+    """Retry-After from ``retry-after-ms`` or ``retry-after`` (seconds); junk is ignored."""
+    for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            continue  # an HTTP date or garbage: fall back to our own back-off
+        if 0 < value < 24 * 3600 * 1000:
+            return int(value)
+    return None
+
+
+def _rate_limit(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: headers[k] for k in _RATE_HEADERS if k in headers}
+
+
+def classify_response(status: int, body: Any, headers: Mapping[str, str]) -> ProviderError:
+    """Map an error response to the most specific :class:`ErrorClass`."""
+    err = body.get("error") if isinstance(body, dict) else None
+    err = err if isinstance(err, dict) else {}
+    code = str(err.get("code") or "")
+    etype = str(err.get("type") or "")
+    message = str(err.get("message") or body)[:500]
+    retry_after = _retry_after_ms(headers)
+    if status == 429 and "insufficient_quota" in (code, etype):
+        cls = ErrorClass.QUOTA_EXHAUSTED
+    elif status == 429:
+        cls = ErrorClass.RATE_LIMITED
+    elif code == "context_length_exceeded" or "maximum context length" in message:
+        cls = ErrorClass.CONTEXT_LENGTH_EXCEEDED
+    elif status in (401, 403):
+        cls = ErrorClass.AUTH_ERROR
+    elif status in (408, 504):
+        cls = ErrorClass.TIMEOUT
+    elif status >= 500:
+        cls = ErrorClass.SERVER_ERROR
+    elif code == "content_filter" or etype == "content_filter":
+        cls = ErrorClass.CONTENT_FILTERED
+    else:
+        cls = ErrorClass.INVALID_REQUEST
+    return ProviderError(cls, f"HTTP {status}: {message}", http_status=status,
+                         retry_after_ms=retry_after, rate_limit=_rate_limit(headers))
+
+
+class OpenAICompatible:
+    """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
+
+    def __init__(self, name: str, base_url: str, *, api_key: str | None = None,
+                 max_connections: int = 1000, send_idempotency_key: bool = True,
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._send_key = send_idempotency_key
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                             keepalive_timeout=30, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
+                skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """POST one chat completion; every failure becomes a classified ProviderError."""
+        body = {"model": request.model, "messages": request.messages, **request.params}
+        headers = self._headers
+        if self._send_key and request.idempotency_key:
+            headers = {**headers, "Idempotency-Key": request.idempotency_key}
+        timeout = aiohttp.ClientTimeout(total=request.timeout_s)
+        try:
+            async with self._client().post(self.url, data=orjson.dumps(body), headers=headers,
+                                           timeout=timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+                resp_headers = resp.headers
+        except TimeoutError:
+            raise ProviderError(ErrorClass.TIMEOUT,
+                                f"no answer within {request.timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise ProviderError(ErrorClass.CONNECTION_ERROR,
+                                f"{type(exc).__name__}: {exc}") from None
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        if status != 200:
+            raise classify_response(status, data if data is not None else raw[:300].decode(
+                "utf-8", "replace"), resp_headers)
+        return self._completion(data, status, resp_headers, request.model)
+
+    @staticmethod
+    def _completion(data: Any, status: int, headers: Mapping[str, str],
+                    model: str) -> Completion:
+        try:
+            choice = data["choices"][0]
+            content = choice["message"].get("content") or ""
+            finish = choice.get("finish_reason")
+        except (TypeError, KeyError, IndexError, AttributeError):
+            raise ProviderError(ErrorClass.SERVER_ERROR,
+                                "HTTP 200 without choices[0].message in the body",
+                                http_status=status) from None
+        if finish == "content_filter":
+            raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
+                                http_status=status)
+        usage = data.get("usage") or {}
+        return Completion(
+            content=content, http_status=status, model=data.get("model") or model,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
+            request_id=headers.get("x-request-id"), rate_limit=_rate_limit(headers))
+
+    async def close(self) -> None:
+        """Close the HTTP session (and its connections)."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+            await asyncio.sleep(0)

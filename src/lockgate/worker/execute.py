@@ -1,0 +1,164 @@
+"""The one execution path: render -> call -> parse, then the retry decision.
+
+Production tasks and release-gate samples both go through :func:`run_attempt`;
+:func:`decide` turns its result into the task's next state under the retry policy.
+Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from lockgate import runtime
+from lockgate.config import Endpoint
+from lockgate.errors import ErrorClass, LockgateError
+from lockgate.providers.base import Completion, CompletionRequest, Provider, ProviderError
+from lockgate.spec import TaskConfig
+from lockgate.store.types import TaskStatus
+
+
+@dataclass(slots=True)
+class AttemptResult:
+    """Everything one call produced, for the decision and the trace."""
+
+    rendered: runtime.Rendered | None
+    completion: Completion | None
+    parsed: runtime.Parsed | None
+    error_class: ErrorClass | None
+    error_message: str | None
+    retry_after_ms: int | None
+    latency_ms: float
+    http_status: int | None
+    endpoint: str
+    model: str
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+
+@dataclass(slots=True)
+class Decision:
+    """The task's next state after an attempt."""
+
+    status: TaskStatus
+    result: str | None
+    delay_ms: int
+    outcome: str  # succeeded | retry | failed | dead
+
+
+async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: Endpoint,
+                      provider: Provider, *, idempotency_key: str | None,
+                      params: dict[str, Any]) -> AttemptResult:
+    """Render the prompt, call the model once, parse and validate the answer."""
+    model = endpoint.model or config.model.name
+    t0 = time.perf_counter()
+    try:
+        rendered = runtime.render(config, input_data)
+    except LockgateError as exc:
+        return AttemptResult(None, None, None, ErrorClass.RENDER_ERROR, str(exc), None, 0.0,
+                             None, endpoint.name, model)
+    timeout_s = endpoint.timeout_s or config.model.timeout_ms / 1000.0
+    request = CompletionRequest(messages=rendered.messages, model=model, params=params,
+                                timeout_s=timeout_s, idempotency_key=idempotency_key)
+    try:
+        completion = await provider.complete(request)
+    except ProviderError as exc:
+        return AttemptResult(rendered, None, None, exc.error_class, exc.message,
+                             exc.retry_after_ms, (time.perf_counter() - t0) * 1000,
+                             exc.http_status, endpoint.name, model)
+    latency = (time.perf_counter() - t0) * 1000
+    parsed = runtime.parse_output(completion.content, config.delivery_rule)
+    if not parsed.usable:
+        return AttemptResult(rendered, completion, parsed, ErrorClass.INVALID_OUTPUT,
+                             f"{parsed.status}: {parsed.error or 'unusable output'}", None,
+                             latency, completion.http_status, endpoint.name, model)
+    return AttemptResult(rendered, completion, parsed, None, None, None, latency,
+                         completion.http_status, endpoint.name, model)
+
+
+def decide(config: TaskConfig, attempt: int, res: AttemptResult,
+           rng: random.Random | None = None) -> Decision:
+    """Apply the delivery rule and retry policy to one attempt's result.
+
+    ``attempt`` is 1-based: attempt ``max_retries + 1`` is the last one allowed.
+    """
+    if res.ok:
+        assert res.parsed is not None
+        return Decision(TaskStatus.SUCCEEDED, _dump(res.parsed.value), 0, "succeeded")
+    policy = config.retry_policy
+    rule = config.delivery_rule
+    err = res.error_class
+    assert err is not None
+    retryable = policy.retryable(err) and not (
+        err is ErrorClass.INVALID_OUTPUT and rule.on_invalid == "fail")
+    if retryable and attempt <= policy.max_retries:
+        delay = policy.delay_ms(attempt, rng)
+        if res.retry_after_ms is not None:
+            delay = max(delay, res.retry_after_ms)
+        return Decision(TaskStatus.PENDING, None, delay, "retry")
+    status = TaskStatus.DEAD if retryable else TaskStatus.FAILED
+    result = None
+    if rule.on_invalid == "fallback" and rule.fallback_values:
+        result = _dump(rule.fallback_values)  # delivered, but the task still says why
+        status = TaskStatus.FAILED
+    return Decision(status, result, 0, "dead" if status is TaskStatus.DEAD else "failed")
+
+
+def _dump(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def sampling_params(config: TaskConfig, endpoint: Endpoint, rng: random.Random) -> dict[str, Any]:
+    """Provider parameters from model_config (never from code): temperature jittered
+    within its band per worker, top_k only where the endpoint accepts it."""
+    m = config.model
+    params: dict[str, Any] = m.extra_params()
+    if m.temperature is not None:
+        t = m.temperature
+        if m.temperature_jitter:
+            t = min(2.0, max(0.0, t + rng.uniform(-m.temperature_jitter, m.temperature_jitter)))
+        params["temperature"] = round(t, 4)
+    if m.top_p is not None:
+        params["top_p"] = m.top_p
+    if m.top_k is not None and endpoint.supports_top_k:
+        params["top_k"] = m.top_k
+    if m.max_tokens is not None:
+        params["max_tokens"] = m.max_tokens
+    if m.seed is not None:
+        params["seed"] = m.seed
+    if m.response_format is not None:
+        params["response_format"] = {"type": m.response_format}
+    return params
+
+
+def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: str,
+                  *, store_snapshot: bool = True) -> dict[str, Any]:
+    """The task_attempt row for one call (SPEC F1, T3)."""
+    r, c, p = res.rendered, res.completion, res.parsed
+    return {
+        "attempt": attempt,
+        "outcome": outcome,
+        "started_at": started_ms,
+        "latency_ms": round(res.latency_ms, 3),
+        "endpoint": res.endpoint,
+        "model": res.model,
+        "prompt_sha256": r.sha256 if r else None,
+        "prompt_snapshot": r.snapshot if (r and store_snapshot) else None,
+        "token_estimator": r.estimator if r else None,
+        "estimated_tokens": r.input_tokens if r else None,
+        "input_tokens": c.prompt_tokens if c else None,
+        "output_tokens": c.completion_tokens if c else None,
+        "http_status": res.http_status,
+        "raw_output": c.content if c else None,
+        "parse_status": str(p.status) if p else None,
+        "fixes": ",".join(p.fixes) if p and p.fixes else None,
+        "completeness": p.completeness if p else None,
+        "error_class": str(res.error_class) if res.error_class else None,
+        "error_message": (res.error_message or "")[:2000] or None,
+    }

@@ -1,0 +1,373 @@
+"""The asyncio worker: claim in batches, call models with thousands of calls in flight,
+write results back through a write-behind buffer, renew leases, heartbeat.
+
+Database calls run on a small thread pool (one connection each), so the event loop
+only ever waits on HTTP. A crash loses at most the unflushed results, whose leases
+then expire and the tasks run again (at-least-once; the re-runs are counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from lockgate.config import Endpoint, Settings, WorkerSettings
+from lockgate.errors import ErrorClass
+from lockgate.providers.base import Provider
+from lockgate.providers.openai import OpenAICompatible
+from lockgate.spec import TaskConfig, load_config
+from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
+from lockgate.worker.execute import attempt_trace, decide, run_attempt, sampling_params
+
+log = logging.getLogger("lockgate.worker")
+T = TypeVar("T")
+
+
+@dataclass
+class WorkerStats:
+    """Counters a worker keeps and reports in its heartbeat row."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead: int = 0
+    retried: int = 0
+    discarded: int = 0
+    released: int = 0
+    claims: int = 0
+    flushes: int = 0
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed + self.dead
+
+
+class Worker:
+    """One worker process's engine. ``await run()`` until stopped (or drained in burst)."""
+
+    def __init__(self, store: Store, settings: Settings | None = None, *,
+                 burst: bool = False, worker_id: str | None = None,
+                 providers: dict[str, Provider] | None = None,
+                 on_progress: Callable[[WorkerStats], None] | None = None) -> None:
+        self.store = store
+        self.settings = settings or Settings()
+        self.ws: WorkerSettings = self.settings.worker
+        self.burst = burst
+        self.id = worker_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.stats = WorkerStats()
+        self._providers: dict[str, Provider] = dict(providers or {})
+        self._on_progress = on_progress
+        self._configs: dict[str, TaskConfig] = {}
+        self._held: dict[int, ClaimedTask] = {}
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._buffer: list[Finish] = []
+        self._flush_wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._claim_finished = asyncio.Event()
+        self._hard_stop = False
+        self._rng = random.Random(secrets.randbits(64))
+        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
+        self._lease_ms = int(self.ws.lease_s * 1000)
+        self._keep_latencies = True
+
+    # -- helpers ------------------------------------------------------------------
+
+    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _provider(self, ep: Endpoint) -> Provider:
+        p = self._providers.get(ep.name)
+        if p is None:
+            p = OpenAICompatible(ep.name, ep.base_url, api_key=ep.api_key(),
+                                 max_connections=min(ep.max_concurrency, self.ws.concurrency),
+                                 send_idempotency_key=ep.send_idempotency_key,
+                                 headers=ep.headers)
+            self._providers[ep.name] = p
+        return p
+
+    def request_stop(self, *, hard: bool = False) -> None:
+        """Stop claiming; in-flight calls get ``shutdown_grace_s`` (none if ``hard``)."""
+        if self._stopping.is_set() and not hard:
+            hard = True  # a second signal means: now
+        self._hard_stop = self._hard_stop or hard
+        self._stopping.set()
+        self._slot_free.set()
+        self._flush_wake.set()
+
+    # -- main ---------------------------------------------------------------------
+
+    async def run(self) -> WorkerStats:
+        """Work until stopped by signal/``request_stop`` (or, in burst mode, until no
+        task is PENDING anywhere). Returns the counters."""
+        for ep in self.settings.endpoints():
+            self._provider(ep)  # fail fast on a missing API key
+        await self._db(self.store.register_worker, self.id, hostname=socket.gethostname(),
+                       pid=os.getpid(), concurrency=self.ws.concurrency)
+        self._install_signals()
+        side = [asyncio.create_task(self._flush_loop(), name="lockgate-flush"),
+                asyncio.create_task(self._lease_loop(), name="lockgate-lease")]
+        claim = asyncio.create_task(self._claim_loop(), name="lockgate-claim")
+        try:
+            done, _ = await asyncio.wait([claim, *side], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not claim and not self._stopping.is_set():
+                    t.result()  # a side loop died: raise its error (stops the worker)
+                    raise RuntimeError(f"{t.get_name()} stopped unexpectedly")
+            await claim
+            self._stopping.set()  # burst drained, or a stop was requested
+            await self._drain()
+            await asyncio.wait_for(asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60)
+        finally:
+            self.request_stop(hard=True)
+            for t in [claim, *side, *self._running.values()]:
+                t.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(claim, *side, return_exceptions=True)
+            for p in self._providers.values():
+                with contextlib.suppress(Exception):
+                    await p.close()
+            with contextlib.suppress(Exception):
+                await self._db(self.store.heartbeat, self.id, status="stopped",
+                               **self._counters())
+            self._remove_signals()
+            self._pool.shutdown(wait=True)
+        return self.stats
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.request_stop)
+
+    def _remove_signals(self) -> None:
+        with contextlib.suppress(Exception):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    # -- claiming -----------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        try:
+            await self._claim_until_stopped()
+        finally:
+            self._claim_finished.set()
+            self._flush_wake.set()
+
+    async def _claim_until_stopped(self) -> None:
+        idle = 0.01
+        failures = 0
+        while not self._stopping.is_set():
+            room = self.ws.concurrency - len(self._running)
+            if room < max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4):
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            try:
+                rows = await self._db(self.store.claim, min(room, self.ws.claim_batch),
+                                      lease_ms=self._lease_ms, worker_id=self.id)
+                failures = 0
+            except Exception:
+                failures += 1
+                log.exception("claim failed (%d in a row); retrying", failures)
+                await self._sleep(min(5.0, 0.1 * 2 ** failures))
+                continue
+            if rows:
+                idle = 0.01
+                self.stats.claims += 1
+                await self._start(rows)
+                continue
+            if await self._queue_drained():
+                return
+            await self._sleep(idle)
+            idle = min(self.ws.poll_max_s, idle * 2)
+
+    async def _queue_drained(self) -> bool:
+        """Burst mode ends when nothing is held here and nothing is PENDING anywhere."""
+        if not self.burst or self._held:
+            return False
+        pending, _next, _now = await self._db(self.store.queue_state)
+        return not pending and not self._held
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    async def _start(self, rows: list[ClaimedTask]) -> None:
+        missing = {r.config_hash for r in rows} - self._configs.keys()
+        if missing:
+            docs = await self._db(self.store.configs, missing)
+            for h, doc in docs.items():
+                self._configs[h] = load_config(doc)
+        self.stats.claimed += len(rows)
+        for r in rows:
+            self._held[r.id] = r
+            self._running[r.id] = asyncio.create_task(self._execute(r))
+
+    async def _execute(self, t: ClaimedTask) -> None:
+        started = int(time.time() * 1000)
+        try:
+            finish = await self._attempt(t, started)
+        except asyncio.CancelledError:
+            # Shutdown ran out of grace: give the task back without spending an attempt.
+            finish = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
+                            error_class=str(ErrorClass.LEASE_EXPIRED),
+                            error_message="released: worker shut down mid-call",
+                            release_attempt=True,
+                            attempt={"attempt": t.attempt, "outcome": "released",
+                                     "started_at": started,
+                                     "error_class": str(ErrorClass.LEASE_EXPIRED)})
+            self.stats.released += 1
+        except Exception as exc:  # a bug must not lose the task: retry it later
+            log.exception("internal error executing task %s", t.task_id)
+            finish = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
+                            error_class=str(ErrorClass.INTERNAL_ERROR),
+                            error_message=f"{type(exc).__name__}: {exc}"[:2000],
+                            delay_ms=5000,
+                            attempt={"attempt": t.attempt, "outcome": "retry",
+                                     "started_at": started,
+                                     "error_class": str(ErrorClass.INTERNAL_ERROR)})
+        self._buffer.append(finish)
+        self._running.pop(t.id, None)
+        self._slot_free.set()
+        if len(self._buffer) >= self.ws.flush_rows:
+            self._flush_wake.set()
+
+    async def _attempt(self, t: ClaimedTask, started: int) -> Finish:
+        config = self._configs[t.config_hash]
+        policy = config.retry_policy
+        if t.attempt > policy.max_retries + 1:
+            # Earlier claims were lost (crashed workers) and spent the attempt budget.
+            msg = f"attempt {t.attempt} exceeds max_retries+1 after lost leases"
+            return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.DEAD,
+                          error_class=str(ErrorClass.LEASE_EXPIRED), error_message=msg,
+                          attempt={"attempt": t.attempt, "outcome": "dead",
+                                   "started_at": started, "error_message": msg,
+                                   "error_class": str(ErrorClass.LEASE_EXPIRED)})
+        endpoint = self.settings.route(config.model)
+        provider = self._provider(endpoint)
+        res = await run_attempt(config, orjson.loads(t.input_data), endpoint, provider,
+                                idempotency_key=f"{t.task_id}:{t.attempt}",
+                                params=sampling_params(config, endpoint, self._rng))
+        d = decide(config, t.attempt, res, self._rng)
+        if self._keep_latencies and res.completion is not None:
+            self.stats.latencies_ms.append(res.latency_ms)
+            if len(self.stats.latencies_ms) > 1_000_000:
+                self._keep_latencies = False
+        parsed = res.parsed
+        return Finish(
+            id=t.id, lease_token=t.lease_token, status=d.status, result=d.result,
+            parse_status=str(parsed.status) if parsed else None,
+            error_class=str(res.error_class) if res.error_class else None,
+            error_message=(res.error_message or "")[:2000] or None,
+            delay_ms=d.delay_ms,
+            attempt=attempt_trace(t.attempt, started, res, d.outcome,
+                                  store_snapshot=self.ws.store_snapshots))
+
+    # -- write-behind ---------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._buffer:
+                if (self._stopping.is_set() and not self._running
+                        and self._claim_finished.is_set()):
+                    return
+                self._flush_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._flush_wake.wait(),
+                                           timeout=self.ws.flush_interval_s)
+                continue
+            if len(self._buffer) < self.ws.flush_rows and not self._stopping.is_set():
+                await asyncio.sleep(self.ws.flush_interval_s)  # let a batch gather
+            batch = self._buffer[:self.ws.flush_rows]
+            del self._buffer[:len(batch)]
+            try:
+                report = await self._db(self.store.finish, batch, worker_id=self.id)
+            except Exception:
+                log.exception("write-back of %d results failed; retrying in %.2fs",
+                              len(batch), backoff)
+                self._buffer[:0] = batch
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+                continue
+            backoff = 0.05
+            self.stats.flushes += 1
+            applied = set(report.applied)
+            for f in batch:
+                self._held.pop(f.id, None)
+                if f.id not in applied:
+                    self.stats.discarded += 1
+                elif f.status == TaskStatus.SUCCEEDED:
+                    self.stats.succeeded += 1
+                elif f.status == TaskStatus.PENDING:
+                    if not f.release_attempt:
+                        self.stats.retried += 1
+                elif f.status == TaskStatus.DEAD:
+                    self.stats.dead += 1
+                else:
+                    self.stats.failed += 1
+            if self._on_progress:
+                self._on_progress(self.stats)
+
+    async def _drain(self) -> None:
+        """After claiming stopped: let in-flight calls finish within the grace period."""
+        if self._running and not self._hard_stop:
+            _done, pending = await asyncio.wait(list(self._running.values()),
+                                                timeout=self.ws.shutdown_grace_s)
+            if pending:
+                log.warning("shutdown grace over: releasing %d in-flight task(s)", len(pending))
+        for t in list(self._running.values()):
+            t.cancel()
+        while self._running:
+            await asyncio.sleep(0.01)
+        self._flush_wake.set()
+
+    # -- leases and heartbeat -------------------------------------------------------
+
+    def _counters(self) -> dict[str, int]:
+        s = self.stats
+        return {"in_flight": len(self._running), "claimed": s.claimed,
+                "succeeded": s.succeeded, "failed": s.failed + s.dead, "retried": s.retried,
+                "discarded": s.discarded, "conflicts": s.discarded}
+
+    async def _lease_loop(self) -> None:
+        renew_every = self.ws.lease_s / 3
+        last_beat = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=min(
+                    renew_every, self.ws.heartbeat_s))
+            if self._stopping.is_set() and not self._held:
+                return
+            if self._stopping.is_set():
+                await asyncio.sleep(min(renew_every, 0.5))
+            held: dict[str, list[int]] = {}
+            for t in self._held.values():
+                held.setdefault(t.lease_token, []).append(t.id)
+            try:
+                if held:
+                    await self._db(self.store.renew, held, lease_ms=self._lease_ms)
+                if time.monotonic() - last_beat >= self.ws.heartbeat_s:
+                    last_beat = time.monotonic()
+                    await self._db(self.store.heartbeat, self.id,
+                                   status="stopping" if self._stopping.is_set() else "running",
+                                   **self._counters())
+            except Exception:
+                log.exception("lease renewal / heartbeat failed; will retry")
