@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -49,7 +49,6 @@ class WorkerStats:
     released: int = 0
     claims: int = 0
     flushes: int = 0
-    latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     @property
     def finished(self) -> int:
@@ -83,7 +82,6 @@ class Worker:
         self._rng = random.Random(secrets.randbits(64))
         self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
         self._lease_ms = int(self.ws.lease_s * 1000)
-        self._keep_latencies = True
 
     # -- helpers ------------------------------------------------------------------
 
@@ -266,10 +264,6 @@ class Worker:
                                 idempotency_key=f"{t.task_id}:{t.attempt}",
                                 params=sampling_params(config, endpoint, self._rng))
         d = decide(config, t.attempt, res, self._rng)
-        if self._keep_latencies and res.completion is not None:
-            self.stats.latencies_ms.append(res.latency_ms)
-            if len(self.stats.latencies_ms) > 1_000_000:
-                self._keep_latencies = False
         parsed = res.parsed
         return Finish(
             id=t.id, lease_token=t.lease_token, status=d.status, result=d.result,

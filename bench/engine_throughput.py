@@ -1,0 +1,248 @@
+"""Engine benchmarks (issue targets in docs/benchmarks.md). Every result and trace is
+persisted; the simulator and the naive baseline run as separate processes.
+
+    python bench/engine_throughput.py --scenarios zero,lognormal --tasks 20000
+    python bench/engine_throughput.py --scenarios claim
+    python bench/engine_throughput.py --scenarios rss --backends sqlite
+
+Scenarios:
+  zero       0 ms simulator: lockgate tasks/s vs the naive baseline, per backend
+  lognormal  lognormal latency (mean 300 ms) at the same number of calls in flight
+  claim      claim latency with 10k pending vs 1M pending vs 10k pending + 1M finished
+             and 100k in flight (must stay flat: ratio <= 1.5)
+  rss        peak RSS of a worker processing N vs 10N tasks (must stay flat)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import create_engine, text
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
+from lockgate.spec import parse_task  # noqa: E402
+from lockgate.store import Store  # noqa: E402
+from workload import task_line  # noqa: E402
+
+PG_ADMIN = os.environ.get("LOCKGATE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MY_ADMIN = os.environ.get("LOCKGATE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test")
+PY = sys.executable
+
+
+def fresh_db(backend: str, tmp: Path) -> str:
+    """An empty, migrated database for one measurement."""
+    if backend == "sqlite":
+        path = tmp / f"bench-{time.monotonic_ns()}.db"
+        url = f"sqlite:///{path}"
+    elif backend == "postgresql":
+        eng = create_engine(PG_ADMIN.replace("postgresql://", "postgresql+psycopg://"),
+                            isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(text("DROP DATABASE IF EXISTS lockgate_bench WITH (FORCE)"))
+            c.execute(text("CREATE DATABASE lockgate_bench"))
+        eng.dispose()
+        url = PG_ADMIN.rsplit("/", 1)[0] + "/lockgate_bench"
+    elif backend == "mariadb":
+        eng = create_engine(MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
+        with eng.begin() as c:
+            c.execute(text("DROP DATABASE IF EXISTS lockgate_bench"))
+            c.execute(text("CREATE DATABASE lockgate_bench CHARACTER SET utf8mb4"))
+        eng.dispose()
+        url = MY_ADMIN.rsplit("/", 1)[0] + "/lockgate_bench"
+    else:
+        raise SystemExit(f"unknown backend {backend}")
+    s = Store(url)
+    s.migrate()
+    s.close()
+    return url
+
+
+def submit(url: str, n: int) -> None:
+    s = Store(url)
+    s.submit((parse_task(task_line(i)) for i in range(n)), batch_id="bench")
+    s.close()
+
+
+def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                         check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"{cmd[1]} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return dict(orjson.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def naive(sim: SimulatorProcess, tasks: int, concurrency: int) -> dict[str, Any]:
+    sim.reset()
+    return run_json([PY, str(HERE / "naive_baseline.py"), sim.url, "--tasks", str(tasks),
+                     "--concurrency", str(concurrency)])
+
+
+def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int
+                 ) -> dict[str, Any]:
+    sim.reset()
+    submit(url, tasks)
+    out = run_json([PY, str(HERE / "_worker_proc.py"), "--db", url, "--concurrency",
+                    str(concurrency)], env={"LOCKGATE_BASE_URL": sim.url})
+    s = Store(url)
+    st = s.status()["batches"].get("bench", {})
+    calls = s.attempt_stats("bench")["calls"]
+    s.close()
+    stats = sim.stats()
+    out.update(rate=tasks / out["elapsed_s"], succeeded_db=st.get("SUCCEEDED", 0),
+               pending_db=st.get("PENDING", 0), attempts_db=calls,
+               sim_requests=stats.get("requests", stats.get("total_requests")))
+    return out
+
+
+def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
+               tmp: Path) -> list[dict[str, Any]]:
+    rows = []
+    with SimulatorProcess({"latency": latency}) as sim:
+        for backend in backends:
+            base = naive(sim, tasks, concurrency)
+            url = fresh_db(backend, tmp)
+            lg = lockgate_run(sim, url, tasks, concurrency)
+            rows.append({"backend": backend, "naive_rate": base["rate"], **lg,
+                         "ratio": lg["rate"] / base["rate"]})
+            print(f"  {backend:10s} naive {base['rate']:8.0f}/s  lockgate {lg['rate']:8.0f}/s "
+                  f"ratio {lg['rate'] / base['rate']:.2f}  succeeded {lg['succeeded_db']} "
+                  f"attempts {lg['attempts_db']} sim requests {lg['sim_requests']}", flush=True)
+    return rows
+
+
+# -- claim latency -----------------------------------------------------------------------
+
+def _fill_sql(dialect: str, n: int, status: str, visible: str) -> str:
+    cols = ("task_id, batch_id, config_hash, input_data, status, visible_at, created_at, "
+            "updated_at, attempts, version, priority")
+    vals = (f"CONCAT('{status}-', {{i}}), 'fill', 'x', '{{}}', '{status}', {visible}, 0, 0, "
+            f"0, 0, 0")
+    if dialect == "postgresql":
+        return (f"INSERT INTO task ({cols}) SELECT {vals.format(i='g')} "
+                f"FROM generate_series(1, {n}) AS g")
+    if dialect == "mysql":
+        return f"INSERT INTO task ({cols}) SELECT {vals.format(i='seq')} FROM seq_1_to_{n}"
+    sv = vals.replace("CONCAT('" + status + "-', {i})", f"'{status}-' || {{i}}")
+    return (f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
+            f"INSERT INTO task ({cols}) SELECT {sv.format(i='i')} FROM s")
+
+
+def _fill(store: Store, n: int, status: str, visible: str) -> None:
+    with store.engine.begin() as c:
+        c.execute(text(_fill_sql(store.dialect.name, n, status, visible)))
+    if store.dialect.name == "postgresql":
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.execute(text("VACUUM ANALYZE task"))
+    elif store.dialect.name == "mysql":
+        with store.engine.begin() as c:
+            c.execute(text("ANALYZE TABLE task"))
+    else:
+        with store.engine.begin() as c:
+            c.execute(text("ANALYZE"))
+
+
+def _claim_ms(store: Store, rounds: int = 60, batch: int = 100) -> float:
+    times = []
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        got = store.claim(batch, lease_ms=600_000, worker_id=f"bench-{i}")
+        times.append((time.perf_counter() - t0) * 1000)
+        assert len(got) == batch, "the fill ran out of visible rows"
+    return statistics.median(times)
+
+
+def claim_latency(backends: list[str], tmp: Path, big: int) -> list[dict[str, Any]]:
+    rows = []
+    for backend in backends:
+        res: dict[str, Any] = {"backend": backend}
+        for label, fills in (
+            ("pending_10k", [(10_000, "PENDING", "0")]),
+            (f"pending_{big // 1000}k", [(big, "PENDING", "0")]),
+            (f"pending_10k_finished_{big // 1000}k_inflight_100k",
+             [(10_000, "PENDING", "0"), (big, "SUCCEEDED", "0"),
+              (100_000, "INFLIGHT", "99999999999999")]),
+        ):
+            url = fresh_db(backend, tmp)
+            store = Store(url)
+            for n, status, vis in fills:
+                # in-flight rows are PENDING with a lease far in the future
+                _fill(store, n, status, vis)
+            if any(s == "INFLIGHT" for _n, s, _v in fills):
+                with store.engine.begin() as c:
+                    c.execute(text("UPDATE task SET status = 'PENDING', lease_token = 'x' "
+                                   "WHERE status = 'INFLIGHT'"))
+            t0 = time.perf_counter()
+            res[label] = _claim_ms(store)
+            store.close()
+            print(f"  {backend:10s} {label:45s} median claim of 100 rows: "
+                  f"{res[label]:.2f} ms ({time.perf_counter() - t0:.1f}s)", flush=True)
+        keys = [k for k in res if k != "backend"]
+        res["ratio_big_vs_10k"] = res[keys[1]] / res[keys[0]]
+        res["ratio_finished_vs_10k"] = res[keys[2]] / res[keys[0]]
+        rows.append(res)
+    return rows
+
+
+def rss(backends: list[str], tasks: int, concurrency: int, tmp: Path) -> list[dict[str, Any]]:
+    rows = []
+    with SimulatorProcess({"latency": {"kind": "fixed", "mean_ms": 0}}) as sim:
+        for backend in backends:
+            for n in (tasks, tasks * 10):
+                url = fresh_db(backend, tmp)
+                out = lockgate_run(sim, url, n, concurrency)
+                rows.append({"backend": backend, "tasks": n, **out})
+                print(f"  {backend:10s} {n:8d} tasks: peak RSS {out['maxrss_mb']:.1f} MB, "
+                      f"{out['rate']:.0f} tasks/s", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", default="sqlite,postgresql,mariadb")
+    ap.add_argument("--scenarios", default="zero,lognormal,claim")
+    ap.add_argument("--tasks", type=int, default=20_000)
+    ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--lognormal-concurrency", type=int, default=1000)
+    ap.add_argument("--claim-big", type=int, default=1_000_000)
+    ap.add_argument("--rss-tasks", type=int, default=20_000)
+    ap.add_argument("--json", type=Path, help="write all figures here")
+    a = ap.parse_args()
+    backends = a.backends.split(",")
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                          "platform": platform.platform()}}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        for sc in a.scenarios.split(","):
+            print(f"== {sc}", flush=True)
+            if sc == "zero":
+                report[sc] = throughput(backends, a.tasks, a.concurrency,
+                                        {"kind": "fixed", "mean_ms": 0}, tmp)
+            elif sc == "lognormal":
+                report[sc] = throughput(backends, a.tasks, a.lognormal_concurrency,
+                                        {"kind": "lognormal", "mean_ms": 300, "sigma": 0.5},
+                                        tmp)
+            elif sc == "claim":
+                report[sc] = claim_latency(backends, tmp, a.claim_big)
+            elif sc == "rss":
+                report[sc] = rss(backends, a.rss_tasks, a.concurrency, tmp)
+            else:
+                raise SystemExit(f"unknown scenario {sc}")
+    if a.json:
+        a.json.write_text(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()

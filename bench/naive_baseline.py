@@ -1,0 +1,59 @@
+"""The naive baseline: one asyncio process making the same calls as lockgate's worker
+(same HTTP client, same request bodies), bounded by a semaphore, results kept in memory
+and nothing persisted. Prints one JSON line: {"calls", "elapsed_s", "rate"}.
+
+    python bench/naive_baseline.py URL --tasks 20000 --concurrency 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import orjson
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from lockgate.app import run_async
+from lockgate.errors import ErrorClass
+from lockgate.providers import CompletionRequest, OpenAICompatible, ProviderError
+from workload import request_body
+
+
+async def main(url: str, tasks: int, concurrency: int) -> dict[str, float]:
+    client = OpenAICompatible("naive", url, max_connections=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    results: dict[int, str] = {}
+    errors: dict[str, int] = {}
+
+    async def one(i: int) -> None:
+        body = request_body(i)
+        req = CompletionRequest(messages=body["messages"], model=body["model"],
+                                params={"max_tokens": body["max_tokens"]}, timeout_s=60,
+                                idempotency_key=f"naive-{i}:1")
+        async with sem:
+            for _ in range(5):
+                try:
+                    results[i] = (await client.complete(req)).content
+                    return
+                except ProviderError as exc:
+                    errors[exc.error_class] = errors.get(exc.error_class, 0) + 1
+                    if exc.error_class is ErrorClass.RATE_LIMITED:
+                        await asyncio.sleep((exc.retry_after_ms or 100) / 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(tasks)))
+    elapsed = time.perf_counter() - t0
+    await client.close()
+    return {"calls": len(results), "elapsed_s": elapsed, "rate": len(results) / elapsed,
+            "errors": sum(errors.values())}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("--tasks", type=int, default=20_000)
+    ap.add_argument("--concurrency", type=int, default=512)
+    a = ap.parse_args()
+    print(orjson.dumps(run_async(main(a.url, a.tasks, a.concurrency))).decode())
