@@ -127,16 +127,18 @@ def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[
 def _fill_sql(dialect: str, n: int, status: str, visible: str) -> str:
     cols = ("task_id, batch_id, config_hash, input_data, status, visible_at, created_at, "
             "updated_at, attempts, version, priority")
-    vals = (f"CONCAT('{status}-', {{i}}), 'fill', 'x', '{{}}', '{status}', {visible}, 0, 0, "
-            f"0, 0, 0")
+    rest = f"'fill', 'x', '{{}}', '{status}', {visible}, 0, 0, 0, 0, 0"
     if dialect == "postgresql":
-        return (f"INSERT INTO task ({cols}) SELECT {vals.format(i='g')} "
-                f"FROM generate_series(1, {n}) AS g")
-    if dialect == "mysql":
-        return f"INSERT INTO task ({cols}) SELECT {vals.format(i='seq')} FROM seq_1_to_{n}"
-    sv = vals.replace("CONCAT('" + status + "-', {i})", f"'{status}-' || {{i}}")
-    return (f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
-            f"INSERT INTO task ({cols}) SELECT {sv.format(i='i')} FROM s")
+        tid, source = f"'{status}-' || g", f"generate_series(1, {n}) AS g"
+    elif dialect == "mysql":
+        tid, source = f"CONCAT('{status}-', seq)", f"seq_1_to_{n}"
+    else:
+        tid, source = f"'{status}-' || i", "s"
+    sql = f"INSERT INTO task ({cols}) SELECT {tid}, {rest} FROM {source}"
+    if dialect == "sqlite":
+        sql = (f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s "
+               f"WHERE i < {n}) " + sql)
+    return sql
 
 
 def _fill(store: Store, n: int, status: str, visible: str) -> None:

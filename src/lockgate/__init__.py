@@ -1,5 +1,6 @@
 """lockgate: durable, leased LLM prompt tasks on SQL databases, with a release gate."""
 
+from lockgate import config, files
 from lockgate.app import AsyncLockgate, Lockgate, connect, connect_async
 from lockgate.errors import (
     ConfigError,
@@ -28,7 +29,9 @@ __all__ = [
     "TaskSpec",
     "TemplateError",
     "__version__",
+    "config",
     "connect",
     "connect_async",
+    "files",
     "parse_task",
 ]
