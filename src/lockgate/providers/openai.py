@@ -79,6 +79,7 @@ class OpenAICompatible:
         self._send_key = send_idempotency_key
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -95,7 +96,10 @@ class OpenAICompatible:
         headers = self._headers
         if self._send_key and request.idempotency_key:
             headers = {**headers, "Idempotency-Key": request.idempotency_key}
-        timeout = aiohttp.ClientTimeout(total=request.timeout_s)
+        timeout = self._timeouts.get(request.timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[request.timeout_s] = aiohttp.ClientTimeout(
+                total=request.timeout_s)
         try:
             async with self._client().post(self.url, data=orjson.dumps(body), headers=headers,
                                            timeout=timeout) as resp:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import orjson
 
 from lockgate.config import Endpoint, Settings, WorkerSettings
-from lockgate.errors import ErrorClass
+from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.spec import TaskConfig, load_config
@@ -71,6 +71,7 @@ class Worker:
         self._providers: dict[str, Provider] = dict(providers or {})
         self._on_progress = on_progress
         self._configs: dict[str, TaskConfig] = {}
+        self._routes: dict[str, tuple[Endpoint, Provider]] = {}
         self._held: dict[int, ClaimedTask] = {}
         self._running: dict[int, asyncio.Task[None]] = {}
         self._buffer: list[Finish] = []
@@ -258,8 +259,20 @@ class Worker:
                           attempt={"attempt": t.attempt, "outcome": "dead",
                                    "started_at": started, "error_message": msg,
                                    "error_class": str(ErrorClass.LEASE_EXPIRED)})
-        endpoint = self.settings.route(config.model)
-        provider = self._provider(endpoint)
+        route = self._routes.get(t.config_hash)
+        if route is None:
+            try:
+                endpoint = self.settings.route(config.model)
+                route = (endpoint, self._provider(endpoint))
+            except ConfigError as exc:  # not retryable: the operator must fix the config
+                return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
+                              error_class=str(ErrorClass.INVALID_REQUEST),
+                              error_message=f"configuration: {exc}",
+                              attempt={"attempt": t.attempt, "outcome": "failed",
+                                       "started_at": started, "error_message": str(exc),
+                                       "error_class": str(ErrorClass.INVALID_REQUEST)})
+            self._routes[t.config_hash] = route
+        endpoint, provider = route
         res = await run_attempt(config, orjson.loads(t.input_data), endpoint, provider,
                                 idempotency_key=f"{t.task_id}:{t.attempt}",
                                 params=sampling_params(config, endpoint, self._rng))
