@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -111,6 +113,19 @@ def _run_client(url: str, requests: int, concurrency: int, start_at: float, offs
     out.put(asyncio.run(_client(url, requests, concurrency, start_at, offset)))
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User+system CPU time of a process (Linux); 0 where /proc is unavailable.
+
+    Reported next to the wall-clock rate because on a shared 2-core machine the Python
+    client competes with the server: CPU per request is the server's own cost.
+    """
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     """Run the benchmark and print a one-line result per run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,7 +146,11 @@ def main() -> None:
                  for k in range(args.clients)]
         for p in procs:
             p.start()
+        time.sleep(max(0.0, start_at - time.time()))
+        assert sim.proc is not None
+        cpu0 = _cpu_seconds(sim.proc.pid)
         results = [out.get() for _ in procs]
+        cpu1 = _cpu_seconds(sim.proc.pid)
         for p in procs:
             p.join()
         stats = sim.stats()
@@ -142,6 +161,10 @@ def main() -> None:
           f"concurrency={args.concurrency} latency_ms={args.latency_ms:g} "
           f"wall={wall:.2f}s rate={(ok + errors) / wall:,.0f} req/s "
           f"server_counted={stats['requests']}")
+    if cpu1 > cpu0:
+        per_req = (cpu1 - cpu0) / (ok + errors)
+        print(f"server CPU {per_req * 1e6:.0f} us/request -> one core sustains "
+              f"~{1 / per_req:,.0f} req/s")
 
 
 if __name__ == "__main__":

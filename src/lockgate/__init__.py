@@ -1,20 +1,33 @@
-"""lockgate: durable, leased LLM prompt tasks on SQL databases, with a release gate."""
+"""lockgate: durable, leased LLM prompt tasks on SQL databases, with a release gate.
 
-from lockgate import config, files
-from lockgate.app import AsyncLockgate, Lockgate, connect, connect_async
-from lockgate.errors import (
-    ConfigError,
-    ErrorClass,
-    LockgateError,
-    NotFound,
-    SpecError,
-    StateConflict,
-    StoreError,
-    TemplateError,
-)
-from lockgate.spec import TaskSpec, parse_task
+The public names below are imported lazily, so ``import lockgate.simulator`` (or any
+one submodule) does not pay for SQLAlchemy and the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "AsyncLockgate": "lockgate.app",
+    "Lockgate": "lockgate.app",
+    "connect": "lockgate.app",
+    "connect_async": "lockgate.app",
+    "ConfigError": "lockgate.errors",
+    "ErrorClass": "lockgate.errors",
+    "LockgateError": "lockgate.errors",
+    "NotFound": "lockgate.errors",
+    "SpecError": "lockgate.errors",
+    "StateConflict": "lockgate.errors",
+    "StoreError": "lockgate.errors",
+    "TemplateError": "lockgate.errors",
+    "TaskSpec": "lockgate.spec",
+    "parse_task": "lockgate.spec",
+}
+_MODULES = ("config", "files")
 
 __all__ = [
     "AsyncLockgate",
@@ -35,3 +48,29 @@ __all__ = [
     "files",
     "parse_task",
 ]
+
+if TYPE_CHECKING:
+    from lockgate import config, files
+    from lockgate.app import AsyncLockgate, Lockgate, connect, connect_async
+    from lockgate.errors import (
+        ConfigError,
+        ErrorClass,
+        LockgateError,
+        NotFound,
+        SpecError,
+        StateConflict,
+        StoreError,
+        TemplateError,
+    )
+    from lockgate.spec import TaskSpec, parse_task
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"lockgate.{name}")
+    else:
+        raise AttributeError(f"module 'lockgate' has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -1,0 +1,5 @@
+"""``python -m lockgate.simulator``: see :mod:`lockgate.simulator.cli` for the flags."""
+
+from lockgate.simulator.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Command-line flags of the simulator, reusable by other front ends.
+
+``python -m lockgate.simulator`` uses :func:`main`; the ``lockgate simulate`` command can
+call :func:`build_parser`/:func:`config_from_args` or, with its own flag parser,
+:func:`lockgate.simulator.config.load_config` with the same override names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from lockgate.simulator.config import SimulatorConfig, load_config
+from lockgate.simulator.runner import serve
+
+#: flag name -> (config key, type, help)
+_RATE_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--rate-429", "rate_429", "share of requests answered 429 rate_limit_exceeded"),
+    ("--rate-500", "rate_500", "share answered 500"),
+    ("--rate-503", "rate_503", "share answered 503"),
+    ("--rate-timeout", "rate_timeout", "share held open and never answered"),
+    ("--rate-broken-body", "rate_broken_body", "share answered 200 with a cut HTTP body"),
+    ("--rate-malformed", "rate_malformed", "share answered with cut JSON content"),
+    ("--rate-chatty", "rate_chatty", "share answered with prose around fenced JSON"),
+)
+
+
+def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.ArgumentParser:
+    """The simulator's argument parser (every config knob has a flag)."""
+    p = argparse.ArgumentParser(
+        prog=prog, description="OpenAI-compatible simulated LLM server for tests and demos.")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8400, help="port; 0 picks a free one")
+    p.add_argument("--config", metavar="FILE", help="JSON config file (flags override it)")
+    p.add_argument("--config-json", metavar="JSON", help="config as a JSON string")
+    p.add_argument("--latency", choices=("fixed", "lognormal"), help="latency distribution")
+    p.add_argument("--latency-ms", type=float, help="mean latency in ms (0 = no sleep)")
+    p.add_argument("--latency-sigma", type=float, help="lognormal sigma")
+    for flag, _key, help_ in _RATE_FLAGS:
+        p.add_argument(flag, type=float, help=help_)
+    p.add_argument("--retry-after-ms", type=int, help="retry-after-ms of injected 429s")
+    p.add_argument("--hang-s", type=float, help="how long a timeout request is held")
+    p.add_argument("--rpm", type=int, help="requests per window per API key")
+    p.add_argument("--tpm", type=int, help="tokens per window per API key")
+    p.add_argument("--window-s", type=float, help="rate-limit window length (default 60)")
+    p.add_argument("--quota-exhausted", action="store_true", default=None,
+                   help="answer every request 429 insufficient_quota")
+    p.add_argument("--context-window", type=int, help="max prompt tokens")
+    p.add_argument("--accuracy-noise", type=float, help="share of rule labels flipped")
+    p.add_argument("--strict-models", action="store_true", default=None,
+                   help="404 for models not in the config's list")
+    p.add_argument("--require-api-key", action="store_true", default=None,
+                   help="401 without 'Authorization: Bearer KEY'")
+    p.add_argument("--seed", type=int, help="seed of fault and latency draws")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the parent process exits")
+    p.add_argument("--log-level", default="WARNING", help="log level (stderr)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    """Resolve file, JSON string and flags (in that order of precedence, lowest first)."""
+    overrides: dict[str, Any] = {}
+    if args.config_json:
+        doc = orjson.loads(args.config_json)
+        if not isinstance(doc, dict):
+            raise ValueError("--config-json must be a JSON object")
+        overrides.update(doc)
+    latency: dict[str, Any] = {}
+    if args.latency is not None:
+        latency["kind"] = args.latency
+    if args.latency_ms is not None:
+        latency["mean_ms"] = args.latency_ms
+    if args.latency_sigma is not None:
+        latency["sigma"] = args.latency_sigma
+    if latency:
+        base = overrides.get("latency")
+        if isinstance(base, int | float):
+            base = {"kind": "fixed", "mean_ms": float(base)}
+        overrides["latency"] = {**(base or {}), **latency}
+    keys = [key for _flag, key, _help in _RATE_FLAGS] + [
+        "retry_after_ms", "hang_s", "rpm", "tpm", "window_s", "quota_exhausted",
+        "context_window", "accuracy_noise", "strict_models", "require_api_key", "seed"]
+    for key in keys:
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+    return load_config(args.config, overrides)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m lockgate.simulator") -> int:
+    """Parse flags, then serve until SIGTERM/SIGINT (``prog`` names the command in help)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except (ValidationError, ValueError, OSError) as exc:
+        parser.error(f"invalid configuration: {exc}")
+    try:
+        serve(config, args.host, args.port,
+              parent_pid=os.getppid() if args.exit_with_parent else None)
+    except OSError as exc:
+        print(f"lockgate simulator: cannot listen on {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
+        return 1
+    return 0

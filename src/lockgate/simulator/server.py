@@ -1,0 +1,417 @@
+"""The HTTP server: OpenAI chat-completions protocol, fault injection and admin endpoints.
+
+One :class:`Simulator` holds the live config, the responder, the rate limiter and the
+stats; the aiohttp handlers are its methods. The request path is kept lean (one orjson
+parse, cached prompt parsing, one orjson dump) so that a single process answers several
+thousand requests per second and is never what a benchmark measures.
+
+Order of checks for ``POST /v1/chat/completions`` (documented in docs/simulator.md):
+body -> model/messages -> API key -> model list -> quota -> context window -> rate
+limits (admission) -> one random draw for faults -> latency -> answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from lockgate.simulator.config import FAULT_RATES, SimulatorConfig
+from lockgate.simulator.ratelimit import RateLimiter
+from lockgate.simulator.responder import (
+    Responder,
+    chatty,
+    cut_to_tokens,
+    estimate_tokens,
+    respond,
+    truncate,
+)
+from lockgate.simulator.stats import Stats
+
+log = logging.getLogger("lockgate.simulator")
+
+MAX_BODY = 64 * 1024 * 1024
+_JSON = "application/json"
+_OUTCOMES = {
+    "rate_429": "injected_429",
+    "rate_500": "error_500",
+    "rate_503": "error_503",
+    "rate_timeout": "timeout",
+    "rate_broken_body": "broken_body",
+    "rate_malformed": "malformed",
+    "rate_chatty": "chatty",
+}
+_USABLE = frozenset({"ok", "chatty"})
+
+
+def _error_body(message: str, type_: str, code: str | None, param: str | None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param,
+                                   "code": code}})
+
+
+class Simulator:
+    """The simulated provider: state plus the aiohttp handlers that act on it."""
+
+    def __init__(self, config: SimulatorConfig | None = None) -> None:
+        self.config = config or SimulatorConfig()
+        self.responder = Responder()
+        self.limiter = RateLimiter()
+        self.stats = Stats()
+        self.stopping = asyncio.Event()
+        self._prefix = os.urandom(4).hex()
+        self._counter = 0
+        self._routes = self.routes()
+        self._apply(self.config, reseed=True)
+
+    # ------------------------------------------------------------------ configuration
+
+    def _apply(self, config: SimulatorConfig, reseed: bool) -> None:
+        self.config = config
+        acc = 0.0
+        faults: list[tuple[float, str]] = []
+        for name in FAULT_RATES:
+            rate = getattr(config, name)
+            if rate > 0:
+                acc += rate
+                faults.append((acc, _OUTCOMES[name]))
+        self._faults = tuple(faults)
+        if reseed:
+            seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8))
+            # Separate streams: changing latency must not shift which requests fail.
+            self._fault_rng = random.Random(seed)
+            self._latency_rng = random.Random(seed ^ 0x5EED)
+
+    def configure(self, patch: Mapping[str, Any]) -> SimulatorConfig:
+        """Apply a partial config at once (raises pydantic's ValidationError if invalid)."""
+        new = self.config.patched(patch)
+        self._apply(new, reseed="seed" in patch)
+        return new
+
+    def reset(self) -> None:
+        """Clear stats and rate windows, and restart the random streams from the seed."""
+        self.stats.reset()
+        self.limiter.reset()
+        self._apply(self.config, reseed=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _request_id(self) -> str:
+        self._counter += 1
+        return f"{self._prefix}{self._counter}"
+
+    def _error(self, status: int, outcome: str, message: str, type_: str,
+               code: str | None = None, param: str | None = None,
+               headers: Mapping[str, str] | None = None) -> web.Response:
+        self.stats.finish(status, outcome)
+        out = {"x-request-id": f"req_{self._request_id()}"}
+        if headers:
+            out.update(headers)
+        return web.Response(status=status, body=_error_body(message, type_, code, param),
+                            content_type=_JSON, headers=out)
+
+    async def _sleep_latency(self) -> None:
+        lat = self.config.latency
+        if lat.mean_ms <= 0:
+            return
+        if lat.kind == "fixed" or lat.sigma == 0:
+            await asyncio.sleep(lat.mean_ms / 1000.0)
+        else:
+            await asyncio.sleep(self._latency_rng.lognormvariate(lat.mu, lat.sigma) / 1000.0)
+
+    def _draw(self) -> str:
+        if not self._faults:
+            return "ok"
+        u = self._fault_rng.random()
+        for bound, outcome in self._faults:
+            if u < bound:
+                return outcome
+        return "ok"
+
+    async def _hang(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Never answer: hold the request for ``hang_s`` (or until shutdown), then drop it."""
+        self.stats.by_outcome["timeout"] += 1
+        self.stats.hanging += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.config.hang_s)
+        finally:
+            self.stats.hanging -= 1
+        if request.transport is not None:
+            request.transport.close()
+        raise web.HTTPServiceUnavailable  # never delivered: the connection is gone
+
+    # ------------------------------------------------------------------ handlers
+
+    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``POST /v1/chat/completions``."""
+        headers = request.headers
+        auth = headers.get("Authorization", "")
+        api_key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        idem = headers.get("Idempotency-Key")
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            model = ""
+        stats = self.stats
+        stats.begin(api_key, model or "(none)", idem)
+        stats.in_flight += 1
+        try:
+            return await self._complete(request, body, api_key, model, idem)
+        finally:
+            stats.in_flight -= 1
+
+    async def _complete(self, request: web.BaseRequest, body: Any, api_key: str, model: str,
+                        idem: str | None) -> web.StreamResponse:
+        cfg = self.config
+        checked = self._check_request(body, api_key, model)
+        if isinstance(checked, web.Response):
+            return checked
+        messages = checked
+        if cfg.quota_exhausted:
+            return self._error(
+                429, "quota", "You exceeded your current quota, please check your plan and "
+                "billing details.", "insufficient_quota", "insufficient_quota")
+        spec, text, prompt_tokens = self.responder.prepare(messages)
+        if cfg.context_window is not None and prompt_tokens > cfg.context_window:
+            return self._error(
+                400, "context_length", f"This model's maximum context length is "
+                f"{cfg.context_window} tokens. However, your messages resulted in "
+                f"{prompt_tokens} tokens. Please reduce the length of the messages.",
+                "invalid_request_error", "context_length_exceeded", "messages")
+        fmt = body.get("response_format")
+        json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+        answer = respond(spec, text, prompt_tokens, cfg.noise_for(model), json_mode)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = None
+        rate_headers: dict[str, str] = {}
+        if cfg.rpm is not None or cfg.tpm is not None:
+            charge = prompt_tokens + (max_tokens or answer.completion_tokens)
+            decision = self.limiter.admit(api_key, charge, time.monotonic(), cfg.rpm,
+                                          cfg.tpm, cfg.window_s)
+            rate_headers = decision.headers
+            if not decision.admitted:
+                return self._rate_limited(decision.limited_by, decision.wait_s,
+                                          decision.too_large, charge, rate_headers)
+        outcome = self._draw()
+        if outcome == "injected_429":
+            return self._rate_limited("requests", cfg.retry_after_ms / 1000.0, False, 0,
+                                      rate_headers, injected=True)
+        if outcome == "timeout":
+            return await self._hang(request)
+        await self._sleep_latency()
+        if outcome == "error_500":
+            return self._error(500, outcome, "The server had an error while processing your "
+                               "request. Sorry about that!", "server_error",
+                               headers=rate_headers)
+        if outcome == "error_503":
+            return self._error(503, outcome, "The engine is currently overloaded, please try "
+                               "again later.", "server_error", headers=rate_headers)
+        content = answer.content
+        completion_tokens = answer.completion_tokens
+        finish = "stop"
+        if max_tokens is not None and completion_tokens > max_tokens:
+            content = cut_to_tokens(content, completion_tokens, max_tokens)
+            finish = "length"
+        if outcome == "malformed":
+            content = truncate(content)
+        elif outcome == "chatty":
+            content = chatty(content, answer.is_json)
+        if content is not answer.content:
+            completion_tokens = estimate_tokens(content)
+        return self._success(model, content, finish, prompt_tokens, completion_tokens,
+                             outcome, idem, rate_headers,
+                             usable=outcome in _USABLE and (finish == "stop" or
+                                                           not answer.is_json))
+
+    def _check_request(self, body: Any, api_key: str,
+                       model: str) -> list[dict[str, Any]] | web.Response:
+        """The messages of a well-formed request, or the 4xx error to send."""
+        if not isinstance(body, dict):
+            return self._error(400, "bad_request", "We could not parse the JSON body of your "
+                               "request. The body must be a JSON object.",
+                               "invalid_request_error")
+        messages = body.get("messages")
+        if (not isinstance(messages, list) or not messages
+                or not all(isinstance(m, dict) for m in messages)):
+            return self._error(400, "bad_request", "'messages' must be a non-empty array of "
+                               "message objects.", "invalid_request_error", None, "messages")
+        if not model:
+            return self._error(400, "bad_request", "You must provide a model parameter.",
+                               "invalid_request_error", None, "model")
+        if self.config.require_api_key and not api_key:
+            return self._error(401, "unauthorized", "You didn't provide an API key. Send it "
+                               "as 'Authorization: Bearer KEY'.", "invalid_request_error",
+                               "invalid_api_key")
+        if self.config.strict_models and model not in self.config.models:
+            return self._error(404, "model_not_found", f"The model '{model}' does not exist.",
+                               "invalid_request_error", "model_not_found", "model")
+        if body.get("stream"):
+            return self._error(400, "bad_request", "Streaming is not supported by the "
+                               "simulator; send stream=false.", "invalid_request_error",
+                               None, "stream")
+        return messages
+
+    def _rate_limited(self, limited_by: str, wait_s: float, too_large: bool, charge: int,
+                      headers: dict[str, str], injected: bool = False) -> web.Response:
+        cfg = self.config
+        out = dict(headers)
+        if too_large:
+            message = (f"Request too large: it needs {charge} tokens, more than the limit of "
+                       f"{cfg.tpm} tokens per {cfg.window_s:g}s; it can never be admitted.")
+        else:
+            ms = max(1, math.ceil(wait_s * 1000.0))
+            out["retry-after-ms"] = str(ms)
+            out["retry-after"] = str(math.ceil(ms / 1000.0))
+            if injected:
+                message = "Rate limit reached (simulated). Please try again later."
+            else:
+                limit = cfg.rpm if limited_by == "requests" else cfg.tpm
+                message = (f"Rate limit reached for {limited_by} per {cfg.window_s:g}s: "
+                           f"limit {limit}. Please try again in {ms}ms.")
+        return self._error(429, "injected_429" if injected else "rate_limited", message,
+                           limited_by, "rate_limit_exceeded", None, out)
+
+    def _success(self, model: str, content: str, finish: str, prompt_tokens: int,
+                 completion_tokens: int, outcome: str, idem: str | None,
+                 rate_headers: dict[str, str], usable: bool) -> web.Response:
+        rid = self._request_id()
+        doc = {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": finish,
+            }],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "system_fingerprint": "fp_lockgate_sim",
+        }
+        body = orjson.dumps(doc)
+        if outcome == "broken_body":
+            body = body[: len(body) // 2]
+        stats = self.stats
+        stats.finish(200, outcome)
+        stats.tokens(prompt_tokens, completion_tokens)
+        if usable:
+            stats.success(idem)
+        rate_headers["x-request-id"] = f"req_{rid}"
+        return web.Response(body=body, content_type=_JSON, headers=rate_headers)
+
+    async def models(self, request: web.BaseRequest) -> web.Response:
+        """``GET /v1/models``."""
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "lockgate-simulator"}
+                for m in self.config.models]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                            content_type=_JSON)
+
+    async def not_found(self, request: web.BaseRequest) -> web.Response:
+        """Any other path: OpenAI-style 404 JSON rather than aiohttp's text page."""
+        return web.Response(status=404, content_type=_JSON, body=_error_body(
+            f"Unknown request URL: {request.method} {request.path}.",
+            "invalid_request_error", "unknown_url", None))
+
+    # ------------------------------------------------------------------ admin
+
+    async def get_stats(self, request: web.BaseRequest) -> web.Response:
+        """``GET /_sim/stats[?detail=1]``."""
+        detail = request.query.get("detail", "0").lower() in ("1", "true", "yes")
+        return web.Response(body=orjson.dumps(self.stats.snapshot(detail)), content_type=_JSON)
+
+    async def get_config(self, request: web.BaseRequest) -> web.Response:
+        """``GET /_sim/config``."""
+        return web.Response(body=self.config.to_json(), content_type=_JSON)
+
+    async def post_config(self, request: web.BaseRequest) -> web.Response:
+        """``POST /_sim/config``: partial update, applied to the next request."""
+        try:
+            patch = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return web.Response(status=400, content_type=_JSON, body=_error_body(
+                f"body is not JSON: {exc}", "invalid_request_error", None, None))
+        if not isinstance(patch, dict):
+            return web.Response(status=400, content_type=_JSON, body=_error_body(
+                "body must be a JSON object of config fields", "invalid_request_error",
+                None, None))
+        try:
+            new = self.configure(patch)
+        except ValidationError as exc:
+            return web.Response(status=400, content_type=_JSON, body=_error_body(
+                str(exc), "invalid_request_error", "invalid_config", None))
+        log.info("config updated: %s", sorted(patch))
+        return web.Response(body=new.to_json(), content_type=_JSON)
+
+    async def post_reset(self, request: web.BaseRequest) -> web.Response:
+        """``POST /_sim/reset``."""
+        self.reset()
+        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+
+    async def health(self, request: web.BaseRequest) -> web.Response:
+        """``GET /_sim/health``."""
+        return web.Response(body=orjson.dumps({"ok": True, "requests": self.stats.requests}),
+                            content_type=_JSON)
+
+
+    # ------------------------------------------------------------------ routing
+
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        """(method, path) -> handler; the same table serves both server flavours."""
+        return {
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/chat/completions"): self.chat,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/models"): self.models,
+            ("GET", "/_sim/stats"): self.get_stats,
+            ("GET", "/_sim/config"): self.get_config,
+            ("POST", "/_sim/config"): self.post_config,
+            ("POST", "/_sim/reset"): self.post_reset,
+            ("GET", "/_sim/health"): self.health,
+        }
+
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Low-level entry point: one dict lookup instead of aiohttp's router."""
+        handler = self._routes.get((request.method, request.path), self.not_found)
+        return await handler(request)
+
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def build_app(sim: Simulator) -> web.Application:
+    """An aiohttp Application serving ``sim``, for embedding into other aiohttp apps.
+
+    :func:`~lockgate.simulator.runner.start` does not use it: it serves
+    :meth:`Simulator.dispatch` on aiohttp's low-level server, which skips the router and
+    middleware machinery per request.
+    """
+    app = web.Application(client_max_size=MAX_BODY)
+    for (method, path), handler in sim.routes().items():
+        app.router.add_route(method, path, handler)
+    app.router.add_route("*", "/{tail:.*}", sim.not_found)
+
+    async def _on_shutdown(_app: web.Application) -> None:
+        sim.stopping.set()
+
+    app.on_shutdown.append(_on_shutdown)
+    return app

@@ -1,0 +1,128 @@
+"""Request accounting: what the simulator saw, so tests can prove no loss and count duplicates.
+
+Clients send ``Idempotency-Key: {task_id}:{attempt}``. Two numbers answer different
+questions:
+
+* ``duplicate_keys``: keys that arrived more than once (a client re-sent the very same
+  attempt, e.g. an HTTP-level retry);
+* ``duplicate_successes``: per task (the key without its last ``:suffix``), the number
+  of well-formed successful answers beyond the first, summed over tasks. This is the
+  count of duplicate LLM calls that a queue's at-least-once delivery caused.
+
+Both are maintained incrementally so a snapshot is O(number of keys) only with
+``detail``; the totals are O(1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+NO_KEY = "no_key"
+
+
+def mask_key(key: str) -> str:
+    """Show an API key in stats without echoing a long secret in full."""
+    if not key:
+        return "(none)"
+    if len(key) <= 16:
+        return key
+    return f"{key[:4]}...{key[-4:]}"
+
+
+def task_of(idempotency_key: str) -> str:
+    """The task part of ``{task_id}:{attempt}`` (the whole key when it has no colon)."""
+    head, sep, _tail = idempotency_key.rpartition(":")
+    return head if sep else idempotency_key
+
+
+class Stats:
+    """Counters for one simulator; cleared by ``POST /_sim/reset``."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting from zero."""
+        self.started = time.time()
+        self.requests = 0
+        self.in_flight = 0
+        self.hanging = 0
+        self.by_status: Counter[str] = Counter()
+        self.by_outcome: Counter[str] = Counter()
+        self.by_key: Counter[str] = Counter()
+        self.by_model: Counter[str] = Counter()
+        self.key_counts: dict[str, int] = {}
+        self.no_key = 0
+        self.duplicate_keys = 0
+        self.task_successes: dict[str, int] = {}
+        self.duplicate_successes = 0
+        self.successes = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def begin(self, api_key: str, model: str, idempotency_key: str | None) -> None:
+        """Count an incoming chat-completion request."""
+        self.requests += 1
+        self.by_key[api_key] += 1
+        self.by_model[model] += 1
+        if idempotency_key is None:
+            self.no_key += 1
+            return
+        seen = self.key_counts.get(idempotency_key, 0) + 1
+        self.key_counts[idempotency_key] = seen
+        if seen == 2:
+            self.duplicate_keys += 1
+
+    def finish(self, status: int, outcome: str) -> None:
+        """Count a response by HTTP status and by what the simulator did."""
+        self.by_status[str(status)] += 1
+        self.by_outcome[outcome] += 1
+
+    def tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add the usage of a 2xx answer."""
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+    def success(self, idempotency_key: str | None) -> None:
+        """Count a 2xx answer whose content a client can use (one more call for its task)."""
+        self.successes += 1
+        if idempotency_key is None:
+            return
+        task = task_of(idempotency_key)
+        n = self.task_successes.get(task, 0) + 1
+        self.task_successes[task] = n
+        if n > 1:
+            self.duplicate_successes += 1
+
+    def snapshot(self, detail: bool = False) -> dict[str, Any]:
+        """The JSON document served by ``GET /_sim/stats``."""
+        by_key: Counter[str] = Counter()
+        for key, n in self.by_key.items():
+            by_key[mask_key(key)] += n
+        doc: dict[str, Any] = {
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests": self.requests,
+            "in_flight": self.in_flight,
+            "hanging": self.hanging,
+            "by_status": dict(self.by_status),
+            "by_outcome": dict(self.by_outcome),
+            "by_key": dict(by_key),
+            "by_model": dict(self.by_model),
+            "idempotency_keys": len(self.key_counts),
+            "no_key": self.no_key,
+            "duplicate_keys": self.duplicate_keys,
+            "successes": self.successes,
+            "tasks_succeeded": len(self.task_successes),
+            "duplicate_successes": self.duplicate_successes,
+            "tokens": {
+                "prompt": self.prompt_tokens,
+                "completion": self.completion_tokens,
+                "total": self.prompt_tokens + self.completion_tokens,
+            },
+        }
+        if detail:
+            doc["task_successes"] = dict(self.task_successes)
+            doc["duplicate_key_counts"] = {k: n for k, n in self.key_counts.items() if n > 1}
+        return doc
