@@ -19,8 +19,7 @@ from typing import Any
 
 from lockgate.config import Settings, load_settings
 from lockgate.errors import SpecError
-from lockgate.files import Format, check_file, describe_rejects, valid_specs
-from lockgate.runtime import check_template
+from lockgate.files import Format, check_file, check_spec, describe_rejects, valid_specs
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
 from lockgate.worker import Worker, WorkerStats
@@ -37,7 +36,7 @@ def run_async(coro: Any) -> Any:
 
 def _as_spec(task: TaskSpec | dict[str, Any], index: int) -> TaskSpec:
     spec = task if isinstance(task, TaskSpec) else parse_task(task, line=index)
-    check_template(spec.prompt_template, set(spec.input_data), spec.delivery_rule.input_defaults)
+    check_spec(spec)
     return spec
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from lockgate.errors import LockgateError, SpecError
-from lockgate.runtime import check_template
+from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import TaskSpec, parse_task
 
 Format = Literal["tasks", "openai-batch"]
@@ -77,11 +77,16 @@ def validate_line(raw: bytes, line: int, fmt: Format) -> TaskSpec:
         raise SpecError(f"not valid JSON ({exc})", line=line) from None
     spec = from_openai_batch(obj, line) if fmt == "openai-batch" else parse_task(obj, line)
     try:
-        check_template(spec.prompt_template, set(spec.input_data),
-                       spec.delivery_rule.input_defaults)
+        check_spec(spec)
     except SpecError as exc:
         raise SpecError(str(exc).split(": ", 1)[-1], field=exc.field, line=line) from None
     return spec
+
+
+def check_spec(spec: TaskSpec) -> None:
+    """Submit-time checks beyond the schema: placeholders and the delivery rule."""
+    check_template(spec.prompt_template, set(spec.input_data), spec.delivery_rule.input_defaults)
+    check_delivery_rule(spec.delivery_rule)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -14,14 +14,37 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from lockgate.errors import RETRYABLE, ErrorClass, SpecError
 
 MAX_TASK_ID = 191
+
+#: A ``prompt_template`` of the form ``@registry:NAME`` (the live version),
+#: ``@registry:NAME@LABEL`` or ``@registry:NAME@N`` (pinned version N) names a prompt of
+#: the registry instead of carrying a template; the worker resolves it per attempt.
+REGISTRY_PREFIX = "@registry:"
+_REFERENCE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,190}(@([1-9][0-9]*|[A-Za-z][A-Za-z0-9_.\-]{0,63}))?$")
+
+
+def registry_reference(template: object) -> str | None:
+    """The reference (``NAME``, ``NAME@label``, ``NAME@3``) a template names, or None."""
+    if isinstance(template, str) and template.startswith(REGISTRY_PREFIX):
+        return template[len(REGISTRY_PREFIX):]
+    return None
 
 
 class _Strict(BaseModel):
@@ -79,6 +102,9 @@ class ModelConfig(BaseModel):
     max_input_tokens: int | None = Field(None, ge=16)
     response_format: Literal["json_object", "text"] | None = None
     seed: int | None = None
+    tokenizer: str | None = Field(
+        None, description="token estimator for budgets and traces: 'calibrated', or the "
+                          "default (tiktoken when its encoding is on disk) when unset")
 
     def extra_params(self) -> dict[str, Any]:
         """Provider parameters given beyond the declared fields."""
@@ -124,12 +150,21 @@ class TaskSpec(BaseModel):
     task_id: str = Field(min_length=1, max_length=MAX_TASK_ID)
     prompt_template: str | tuple[Message, ...]
     input_data: dict[str, Any]
-    model: ModelConfig = Field(alias="model_config")
+    #: Required, except with a registry reference (the prompt version supplies it;
+    #: keys given here override the version's, e.g. another model for an A/B test).
+    model: ModelConfig | None = Field(None, alias="model_config", validate_default=True)
     delivery_rule: DeliveryRule = Field(default_factory=DeliveryRule)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     batch_id: str | None = Field(None, min_length=1, max_length=MAX_TASK_ID)
     priority: int = Field(0, ge=-1000, le=1000)
     metadata: dict[str, Any] | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_required(cls, v: ModelConfig | None, info: ValidationInfo) -> ModelConfig | None:
+        if v is None and registry_reference(info.data.get("prompt_template")) is None:
+            raise PydanticCustomError("missing", "Field required")
+        return v
 
     @field_validator("task_id", "batch_id")
     @classmethod
@@ -143,6 +178,10 @@ class TaskSpec(BaseModel):
     def _non_empty(cls, v: str | tuple[Message, ...]) -> str | tuple[Message, ...]:
         if isinstance(v, str) and not v.strip():
             raise ValueError("must not be empty")
+        ref = registry_reference(v)
+        if ref is not None and not _REFERENCE.match(ref):
+            raise ValueError("a registry reference is @registry:NAME, @registry:NAME@LABEL "
+                             "or @registry:NAME@N")
         if isinstance(v, tuple) and not v:
             raise ValueError("must hold at least one message")
         return v
@@ -152,6 +191,17 @@ class TaskSpec(BaseModel):
         tpl: Any = self.prompt_template
         if not isinstance(tpl, str):
             tpl = [m.model_dump() for m in tpl]
+        if registry_reference(tpl) is not None:
+            # Only what the task states itself: the prompt version supplies the rest.
+            doc: dict[str, Any] = {"prompt_template": tpl,
+                                   "retry_policy": self.retry_policy.model_dump(mode="json")}
+            if self.model is not None:
+                doc["model_config"] = self.model.model_dump(exclude_unset=True)
+            if "delivery_rule" in self.model_fields_set:
+                doc["delivery_rule"] = self.delivery_rule.model_dump(by_alias=True,
+                                                                     exclude_none=True)
+            return doc
+        assert self.model is not None  # enforced by _model_required
         return {
             "prompt_template": tpl,
             "model_config": self.model.model_dump(exclude_none=True),

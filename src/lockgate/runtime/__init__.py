@@ -1,20 +1,47 @@
 """The prompt runtime: pure functions from a task's config and input to a rendered
-prompt, and from a model's raw text to a validated output.
+prompt, and from a model's raw text to a validated output (SPEC R1-R5, T3-T5).
 
 This package imports nothing of lockgate but :mod:`lockgate.spec` and
-:mod:`lockgate.errors`. The engine calls only :func:`render`, :func:`check_template`
-and :func:`parse_output`; production tasks and release-gate samples share them.
+:mod:`lockgate.errors`. The engine's single execution path (production tasks and
+release-gate samples alike) calls :func:`render`, :func:`check_template`,
+:func:`parse_output` and :func:`sampling_params`.
+
+Modules, in the order a task meets them: :mod:`.template` (placeholders, the
+three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
+:mod:`.render`; then :mod:`.extract`, :mod:`.conform` (field names, types),
+:mod:`.schema` (the compiled delivery rule) and :mod:`.output` (the ladder).
 """
 
-from lockgate.runtime.output import ParseStatus, Parsed, parse_output
-from lockgate.runtime.render import Rendered, check_template, placeholders, render
+from lockgate.runtime.normalize import normalize_text, normalize_value
+from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output
+from lockgate.runtime.render import Rendered, render
+from lockgate.runtime.sampling import sampling_params
+from lockgate.runtime.schema import check_delivery_rule
+from lockgate.runtime.template import (
+    INPUT_CLOSE,
+    INPUT_OPEN,
+    build_template,
+    check_template,
+    placeholders,
+)
+from lockgate.runtime.tokens import count_tokens, default_estimator
 
 __all__ = [
+    "INPUT_CLOSE",
+    "INPUT_OPEN",
+    "USABLE",
     "ParseStatus",
     "Parsed",
     "Rendered",
+    "build_template",
+    "check_delivery_rule",
     "check_template",
+    "count_tokens",
+    "default_estimator",
+    "normalize_text",
+    "normalize_value",
     "parse_output",
     "placeholders",
     "render",
+    "sampling_params",
 ]

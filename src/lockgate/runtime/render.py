@@ -1,9 +1,22 @@
-"""Strict ``{name}`` rendering (``{{`` and ``}}`` for literal braces)."""
+"""Rendering a task: normalise the input, fit it into the token budget, fill the
+template, and record what is needed to replay the call byte for byte (SPEC R1-R3, T3).
+
+Per-template work (placeholder parsing, literal token counts, defaults) is compiled
+once per config (cached by object identity, then by content), so rendering a short
+input costs tens of microseconds.
+
+Values are inserted as text: a string as it is (after normalisation), anything else as
+compact JSON (``true``, not ``True``). A placeholder inside a JSON string of the
+template gets the JSON-escaped value. A value cannot close the input section: the
+delimiters ``<input>``/``</input>`` inside a value are shown as ``‹input›``/``‹/input›``.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import string
+import json
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,14 +24,31 @@ from typing import Any
 import orjson
 
 from lockgate.errors import TemplateError
-from lockgate.spec import Message, TaskConfig
+from lockgate.runtime.normalize import normalize_value
+from lockgate.runtime.template import (
+    INPUT_CLOSE,
+    INPUT_OPEN,
+    CompiledTemplate,
+    check_template,
+    compile_template,
+    placeholders,
+)
+from lockgate.runtime.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_REPLY, Estimator, get_estimator
+from lockgate.runtime.truncate import condense, hard_cut
+from lockgate.spec import InputRule, TaskConfig, canonical_json
 
-_FORMATTER = string.Formatter()
+__all__ = ["Rendered", "check_template", "placeholders", "render"]
 
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """A rendered prompt and what is needed to replay it byte for byte."""
+    """A rendered prompt and what is needed to replay it byte for byte.
+
+    ``snapshot`` is the exact JSON of ``messages`` sent to the provider and ``sha256``
+    its hash; ``template_sha256`` and ``input_sha256`` identify the inputs of the
+    rendering (SPEC F1). ``notes`` say what rendering did (``condensed:...``);
+    ``alerts`` are events worth counting (``input_default:<name>``, ``over_budget``).
+    """
 
     messages: list[dict[str, str]]
     snapshot: str
@@ -27,84 +57,265 @@ class Rendered:
     estimator: str
     notes: tuple[str, ...] = ()
     alerts: tuple[str, ...] = ()
+    template_sha256: str = ""
+    input_sha256: str = ""
+    condensed: bool = False
 
 
-def _texts(template: str | tuple[Message, ...]) -> list[str]:
-    return [template] if isinstance(template, str) else [m.content for m in template]
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    template: CompiledTemplate
+    rule: InputRule
+    defaults: Mapping[str, tuple[Any, str]]
+    estimator: Estimator
+    max_input_tokens: int | None
+    fixed_tokens: int
+    delimited: bool
+    #: per placeholder: (uses as plain text, uses inside a JSON string)
+    uses: Mapping[str, tuple[int, int]]
 
 
-def placeholders(template: str | tuple[Message, ...]) -> set[str]:
-    """The placeholder names a template uses; raises TemplateError on bad syntax."""
-    names: set[str] = set()
-    for text in _texts(template):
-        try:
-            parsed = list(_FORMATTER.parse(text))
-        except ValueError as exc:
-            raise TemplateError(
-                f"{exc}; write '{{{{' and '}}}}' for literal braces",
-                field="prompt_template") from None
-        for _literal, name, spec, conv in parsed:
-            if name is None:
-                continue
-            if not name.isidentifier() or spec or conv:
-                raise TemplateError(
-                    f"placeholder '{{{name}}}' is not a plain {{name}}; write '{{{{' and "
-                    f"'}}}}' for literal braces", field="prompt_template")
-            names.add(name)
-    return names
+_MISSING: Any = object()
+_SAFE_OPEN = "\u2039input\u203a"
+_SAFE_CLOSE = "\u2039/input\u203a"
+_NOTE = ("\n\n[Note: the input ({names}) was condensed to its key sentences, in their "
+         "original order, to fit the token budget.]")
 
 
-def check_template(template: str | tuple[Message, ...], input_keys: set[str] | None,
-                   defaults: Mapping[str, Any] | None = None) -> set[str]:
-    """Check placeholders against the input's keys (and declared defaults)."""
-    names = placeholders(template)
-    if input_keys is None:
-        return names
-    known = set(input_keys) | set(defaults or {})
-    missing = sorted(names - known)
-    if missing:
-        raise TemplateError(
-            f"placeholder(s) {missing} have no value in input_data; add them to input_data "
-            "or to delivery_rule.input_defaults", field="input_data")
-    unused = sorted(set(input_keys) - names)
-    if unused:
-        raise TemplateError(
-            f"input key(s) {unused} are not used by the template; remove them or add "
-            "placeholders for them", field="input_data")
-    return names
+def _build_plan(config: TaskConfig) -> _Plan:
+    template = compile_template(config.prompt_template)
+    rule = config.delivery_rule
+    defaults: dict[str, tuple[Any, str]] = {}
+    for k, v in rule.fallback_values.items():
+        defaults[k] = (v, "input_fallback")
+    for k, v in rule.input_defaults.items():
+        defaults[k] = (v, "input_default")
+    try:
+        estimator = get_estimator(config.model.tokenizer)
+    except ValueError:  # not available on this host: the trace names the one used
+        estimator = get_estimator()
+    literal = [t.literal for t in template.texts]
+    fixed = sum(estimator.count(t) for t in literal) + \
+        TOKENS_PER_MESSAGE * len(literal) + TOKENS_PER_REPLY
+    uses: dict[str, tuple[int, int]] = {}
+    for t in template.texts:
+        for name, quoted in zip(t.names, t.in_json_string, strict=True):
+            plain, inside = uses.get(name, (0, 0))
+            uses[name] = (plain, inside + 1) if quoted else (plain + 1, inside)
+    return _Plan(
+        template=template, rule=rule.normalize, defaults=defaults, estimator=estimator,
+        max_input_tokens=config.model.max_input_tokens, fixed_tokens=fixed,
+        delimited=any(INPUT_OPEN in t or INPUT_CLOSE in t for t in literal), uses=uses,
+    )
 
 
-def _value_text(value: Any) -> str:
+class _PlanCache:
+    def __init__(self, size: int = 1024) -> None:
+        self._by_id: dict[int, tuple[weakref.ReferenceType[Any], _Plan]] = {}
+        self._by_content: dict[bytes, _Plan] = {}
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, config: TaskConfig) -> _Plan:
+        hit = self._by_id.get(id(config))
+        if hit is not None and hit[0]() is config:
+            return hit[1]
+        key = canonical_json(config.model_dump(by_alias=True, exclude={"retry_policy"}))
+        plan = self._by_content.get(key)
+        if plan is None:
+            plan = _build_plan(config)
+        with self._lock:
+            if len(self._by_content) >= self._size:
+                self._by_content.clear()
+            if len(self._by_id) >= self._size:
+                self._by_id.clear()
+            self._by_content[key] = plan
+            self._by_id[id(config)] = (weakref.ref(config), plan)
+        return plan
+
+
+_plans = _PlanCache()
+
+
+def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return orjson.dumps(value).decode()
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+    except TypeError:  # integers beyond 64 bits, and the like
+        return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+def _input_digest(input_data: Mapping[str, Any]) -> str:
+    try:
+        doc = orjson.dumps(input_data, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+                           default=str)
+    except TypeError:
+        doc = json.dumps(input_data, ensure_ascii=False, default=str, sort_keys=True,
+                         separators=(",", ":")).encode(errors="replace")
+    return hashlib.sha256(doc).hexdigest()
+
+
+def _json_escaped(text: str) -> str:
+    return orjson.dumps(text).decode()[1:-1]
+
+
+def _guard(text: str) -> str:
+    if "input>" in text:
+        text = text.replace(INPUT_OPEN, _SAFE_OPEN).replace(INPUT_CLOSE, _SAFE_CLOSE)
+    return text
+
+
+def _resolve(plan: _Plan, input_data: Mapping[str, Any],
+             alerts: list[str]) -> tuple[dict[str, str], set[str]]:
+    """Normalised text per placeholder, and which of them are free text (condensable)."""
+    values: dict[str, str] = {}
+    prose: set[str] = set()
+    rule = plan.rule
+    for name in plan.template.names:
+        value = input_data.get(name, _MISSING)
+        if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
+            default = plan.defaults.get(name)
+            if default is not None:
+                value = default[0]
+                alerts.append(f"{default[1]}:{name}")
+            elif value is _MISSING:
+                raise TemplateError(
+                    f"placeholder '{{{name}}}' has no value and no default; add it to "
+                    "input_data or delivery_rule.input_defaults", field="input_data")
+            else:
+                alerts.append(f"empty_input:{name}")
+                value = ""
+        if isinstance(value, str):
+            prose.add(name)
+        text = _as_text(normalize_value(value, rule))
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:  # lone surrogates cannot be sent or hashed
+                text = text.encode(errors="replace").decode()
+        values[name] = _guard(text) if plan.delimited else text
+    return values, prose
+
+
+def _insertions(plan: _Plan, values: Mapping[str, str]) -> dict[str, str]:
+    """The JSON-escaped form of each value used inside a JSON string."""
+    return {n: _json_escaped(values[n]) for n, (_p, inside) in plan.uses.items() if inside}
+
+
+def _cost(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str]) -> dict[str, int]:
+    """Tokens each placeholder adds to the prompt, over all its occurrences."""
+    count = plan.estimator.count
+    costs: dict[str, int] = {}
+    for name, (n_plain, n_inside) in plan.uses.items():
+        cost = n_plain * count(plain[name]) if n_plain else 0
+        if n_inside:
+            cost += n_inside * count(escaped[name])
+        costs[name] = cost
+    return costs
+
+
+def _water_fill(costs: Mapping[str, int], available: int) -> dict[str, int]:
+    """Caps so that the largest values shrink first and small ones stay whole."""
+    caps: dict[str, int] = {}
+    remaining = available
+    pending = sorted(costs, key=lambda n: costs[n])
+    while pending:
+        share = remaining // len(pending)
+        name = pending[0]
+        if costs[name] <= share:
+            caps[name] = costs[name]
+            remaining -= costs[name]
+            pending.pop(0)
+        else:
+            for n in pending:
+                caps[n] = max(0, share)
+            break
+    return caps
+
+
+def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, int],
+         notes: list[str], alerts: list[str]) -> tuple[dict[str, str], dict[str, str], int]:
+    """Condense free-text values until the prompt fits ``max_input_tokens``."""
+    assert plan.max_input_tokens is not None
+    count = plan.estimator.count
+    occurrences = plan.template.occurrences
+    shrinkable = {n: c for n, c in costs.items() if n in prose}
+    note = _NOTE.format(names=", ".join(sorted(shrinkable)))
+    slack = sum(occurrences.values())  # one token per join, for merges at the seams
+    fixed = plan.fixed_tokens + count(note) + slack + \
+        sum(c for n, c in costs.items() if n not in prose)
+    available = plan.max_input_tokens - fixed
+    if available <= 0 or not shrinkable:
+        alerts.append("over_budget")
+        return values, _insertions(plan, values), plan.fixed_tokens + sum(costs.values())
+    caps = _water_fill(shrinkable, available)
+    out = dict(values)
+    condensed_names: list[str] = []
+    for _attempt in range(4):
+        for name, cap in caps.items():
+            if shrinkable[name] <= cap and out[name] == values[name]:
+                continue
+            per_use = cap // occurrences[name]
+            result = condense(values[name], per_use, count)
+            if result.condensed or result.text != values[name]:
+                out[name] = result.text
+                if name not in condensed_names:
+                    condensed_names.append(name)
+                    notes.append(f"condensed:{name}:{result.kept}/{result.total} {result.unit}")
+        plain, escaped = out, _insertions(plan, out)
+        new_costs = _cost(plan, plain, escaped)
+        over = sum(new_costs[n] for n in shrinkable) - available
+        if over <= 0:
+            break
+        # JSON escaping or joins cost more than counted: take it from the largest.
+        largest = max(shrinkable, key=lambda n: new_costs[n])
+        caps[largest] = max(0, new_costs[largest] - over - occurrences[largest])
+    else:
+        for name in shrinkable:  # last resort: a hard cut at a safe boundary
+            out[name] = hard_cut(out[name], caps[name] // occurrences[name], count)
+        plain, escaped = out, _insertions(plan, out)
+        new_costs = _cost(plan, plain, escaped)
+    total = plan.fixed_tokens + sum(new_costs.values())
+    if condensed_names:
+        total += count(note)
+    return plain, escaped, total
 
 
 def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
     """Render a task's template with its input into chat messages."""
-    defaults = config.delivery_rule.input_defaults
-    values: dict[str, str] = {}
+    plan = _plans.get(config)
     alerts: list[str] = []
-    for name in placeholders(config.prompt_template):
-        if name in input_data and input_data[name] is not None:
-            values[name] = _value_text(input_data[name])
-        elif name in defaults:
-            values[name] = _value_text(defaults[name])
-            alerts.append(f"input_default:{name}")
-        else:
-            raise TemplateError(f"placeholder '{{{name}}}' has no value", field="input_data")
-    tpl = config.prompt_template
-    if isinstance(tpl, str):
-        messages = [{"role": "user", "content": tpl.format_map(values)}]
-    else:
-        messages = [{"role": m.role, "content": m.content.format_map(values)} for m in tpl]
-    snapshot = orjson.dumps(messages).decode()
-    tokens = sum(len(m["content"]) for m in messages) // 3 + 4 * len(messages)
+    notes: list[str] = []
+    values, prose = _resolve(plan, input_data, alerts)
+    plain, escaped = values, _insertions(plan, values)
+    costs = _cost(plan, plain, escaped)
+    tokens = plan.fixed_tokens + sum(costs.values())
+    limit = plan.max_input_tokens
+    if limit is not None and tokens > limit:
+        plain, escaped, tokens = _fit(plan, values, prose, costs, notes, alerts)
+    messages: list[dict[str, str]] = []
+    for role, text in zip(plan.template.roles, plan.template.texts, strict=True):
+        parts = text.parts
+        buf = [parts[0]]
+        for i, name in enumerate(text.names):
+            buf.append(escaped[name] if text.in_json_string[i] else plain[name])
+            buf.append(parts[i + 1])
+        messages.append({"role": role, "content": "".join(buf)})
+    condensed = any(n.startswith("condensed:") for n in notes)
+    if condensed:
+        names = sorted({n.split(":")[1] for n in notes if n.startswith("condensed:")})
+        messages[-1]["content"] += _NOTE.format(names=", ".join(names))
+    snapshot = orjson.dumps(messages)
     return Rendered(
         messages=messages,
-        snapshot=snapshot,
-        sha256=hashlib.sha256(snapshot.encode()).hexdigest(),
+        snapshot=snapshot.decode(),
+        sha256=hashlib.sha256(snapshot).hexdigest(),
         input_tokens=tokens,
-        estimator="chars/3",
+        estimator=plan.estimator.name,
+        notes=tuple(notes),
         alerts=tuple(alerts),
+        template_sha256=plan.template.sha256,
+        input_sha256=_input_digest(input_data),
+        condensed=condensed,
     )

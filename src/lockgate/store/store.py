@@ -209,7 +209,11 @@ class Store:
                         a["outcome"] = "discarded"
                     attempts.append(a)
             if attempts:
-                conn.execute(schema.task_attempt.insert(), attempts)
+                # One key set for the executemany: short attempt rows (released, dead)
+                # must not make SQLAlchemy drop the columns of full traces, or fail.
+                keys = set().union(*attempts)
+                conn.execute(schema.task_attempt.insert(),
+                             [{k: a.get(k) for k in keys} for a in attempts])
             return FinishReport(sorted(applied),
                                 [f.id for f in ordered if f.id not in applied])
 

@@ -73,7 +73,12 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
                              exc.retry_after_ms, (time.perf_counter() - t0) * 1000,
                              exc.http_status, endpoint.name, model)
     latency = (time.perf_counter() - t0) * 1000
-    parsed = runtime.parse_output(completion.content, config.delivery_rule)
+    try:
+        parsed = runtime.parse_output(completion.content, config.delivery_rule)
+    except LockgateError as exc:  # the delivery rule itself is broken: not retryable
+        return AttemptResult(rendered, completion, None, ErrorClass.INVALID_REQUEST,
+                             f"delivery_rule: {exc}", None, latency, completion.http_status,
+                             endpoint.name, model)
     if not parsed.usable:
         return AttemptResult(rendered, completion, parsed, ErrorClass.INVALID_OUTPUT,
                              f"{parsed.status}: {parsed.error or 'unusable output'}", None,
@@ -114,32 +119,20 @@ def _dump(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def sampling_params(config: TaskConfig, endpoint: Endpoint, rng: random.Random) -> dict[str, Any]:
-    """Provider parameters from model_config (never from code): temperature jittered
-    within its band per worker, top_k only where the endpoint accepts it."""
-    m = config.model
-    params: dict[str, Any] = m.extra_params()
-    if m.temperature is not None:
-        t = m.temperature
-        if m.temperature_jitter:
-            t = min(2.0, max(0.0, t + rng.uniform(-m.temperature_jitter, m.temperature_jitter)))
-        params["temperature"] = round(t, 4)
-    if m.top_p is not None:
-        params["top_p"] = m.top_p
-    if m.top_k is not None and endpoint.supports_top_k:
-        params["top_k"] = m.top_k
-    if m.max_tokens is not None:
-        params["max_tokens"] = m.max_tokens
-    if m.seed is not None:
-        params["seed"] = m.seed
-    if m.response_format is not None:
-        params["response_format"] = {"type": m.response_format}
+def provider_params(config: TaskConfig, endpoint: Endpoint, worker_seed: str) -> dict[str, Any]:
+    """Sampling parameters from model_config (never code), per worker; ``top_k`` only
+    where the endpoint accepts it."""
+    params = runtime.sampling_params(config.model, worker_seed)
+    if not endpoint.supports_top_k:
+        params.pop("top_k", None)
     return params
 
 
 def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: str,
-                  *, store_snapshot: bool = True) -> dict[str, Any]:
-    """The task_attempt row for one call (SPEC F1, T3)."""
+                  *, store_snapshot: bool = True,
+                  prompt_version: str | None = None) -> dict[str, Any]:
+    """The task_attempt row for one call (SPEC F1, T3); ``prompt_version`` names the
+    registry version the call ran (``name@N``), if any."""
     r, c, p = res.rendered, res.completion, res.parsed
     return {
         "attempt": attempt,
@@ -161,4 +154,5 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "completeness": p.completeness if p else None,
         "error_class": str(res.error_class) if res.error_class else None,
         "error_message": (res.error_message or "")[:2000] or None,
+        "prompt_version": prompt_version,
     }

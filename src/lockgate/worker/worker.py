@@ -30,7 +30,7 @@ from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.spec import TaskConfig, load_config
 from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
-from lockgate.worker.execute import attempt_trace, decide, run_attempt, sampling_params
+from lockgate.worker.execute import attempt_trace, decide, provider_params, run_attempt
 
 log = logging.getLogger("lockgate.worker")
 T = TypeVar("T")
@@ -71,7 +71,7 @@ class Worker:
         self._providers: dict[str, Provider] = dict(providers or {})
         self._on_progress = on_progress
         self._configs: dict[str, TaskConfig] = {}
-        self._routes: dict[str, tuple[Endpoint, Provider]] = {}
+        self._routes: dict[str, tuple[Endpoint, Provider, dict[str, Any]]] = {}
         self._held: dict[int, ClaimedTask] = {}
         self._running: dict[int, asyncio.Task[None]] = {}
         self._buffer: list[Finish] = []
@@ -263,7 +263,8 @@ class Worker:
         if route is None:
             try:
                 endpoint = self.settings.route(config.model)
-                route = (endpoint, self._provider(endpoint))
+                route = (endpoint, self._provider(endpoint),
+                         provider_params(config, endpoint, self.id))
             except ConfigError as exc:  # not retryable: the operator must fix the config
                 return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
                               error_class=str(ErrorClass.INVALID_REQUEST),
@@ -272,10 +273,10 @@ class Worker:
                                        "started_at": started, "error_message": str(exc),
                                        "error_class": str(ErrorClass.INVALID_REQUEST)})
             self._routes[t.config_hash] = route
-        endpoint, provider = route
+        endpoint, provider, params = route
         res = await run_attempt(config, orjson.loads(t.input_data), endpoint, provider,
                                 idempotency_key=f"{t.task_id}:{t.attempt}",
-                                params=sampling_params(config, endpoint, self._rng))
+                                params=params)
         d = decide(config, t.attempt, res, self._rng)
         parsed = res.parsed
         return Finish(

@@ -1,0 +1,271 @@
+"""Bringing a parsed output into the declared shape: field names, then types.
+
+One walk over the value, guided by the compiled schema (:class:`~.schema.Node`):
+
+* **Field names** (objects): a key the schema does not know is renamed when its folded
+  form (case, ``_``/``-``/space, full-width) matches a property or a declared alias
+  (``delivery_rule.aliases``), else when it is a close misspelling of exactly one
+  property that is still missing (:func:`~.names.closest`). A rename never overwrites a
+  key that is present. Unknown keys are kept, or dropped when the schema says
+  ``additionalProperties: false``.
+* **Types**: a value of the wrong JSON type is converted when the conversion is
+  lossless and unambiguous: ``"3"`` -> ``3``, ``"0.5"`` -> ``0.5``, ``3.0`` -> ``3``,
+  ``"1,234"`` -> ``1234``, ``"true"``/``"yes"``/``"是"`` -> ``true``, ``3`` -> ``"3"``,
+  ``"null"`` -> ``null``, a JSON text in a string -> the object/array it holds, a lone
+  value -> a one-element array, ``"a, b"`` -> ``["a", "b"]`` for arrays of strings; an
+  enum member written in another case or width -> the member.
+
+Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:...``).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from lockgate.runtime.names import closest, fold
+from lockgate.runtime.schema import Node
+
+_INT_RE = re.compile(r"[+-]?\d+(?:\.0*)?")
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+_LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
+_TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
+_FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
+_NULL = frozenset({"null", "none", "nil", "n/a", ""})
+
+
+@dataclass(slots=True)
+class Fixes:
+    """The fixes applied to one output, and which kinds occurred."""
+
+    applied: list[str] = field(default_factory=list)
+    repaired: bool = False
+    coerced: bool = False
+    filled: bool = False
+
+    def repair(self, label: str) -> None:
+        self.applied.append(label)
+        self.repaired = True
+
+    def coerce(self, label: str) -> None:
+        self.applied.append(label)
+        self.coerced = True
+
+    def fill(self, label: str) -> None:
+        self.applied.append(label)
+        self.filled = True
+
+
+def json_type(value: Any) -> str:
+    """The JSON Schema type name of a Python value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__
+
+
+def _type_ok(value: Any, types: frozenset[str]) -> bool:
+    if not types:
+        return True
+    t = json_type(value)
+    if t in types:
+        return True
+    if t == "integer" and "number" in types:
+        return True
+    return t == "number" and "integer" in types and float(value).is_integer()
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def conform(value: Any, node: Node, fixes: Fixes, path: str = "") -> Any:
+    """Rename fields and coerce types of ``value`` towards ``node`` (see module doc)."""
+    if node.types and not _type_ok(value, node.types):
+        value = _convert(value, node, fixes, path)
+    if node.enum is not None and value not in node.enum:
+        value = _enum_member(value, node.enum, fixes, path)
+    if isinstance(value, dict) and (node.props or not node.additional):
+        return _conform_object(value, node, fixes, path)
+    if isinstance(value, list) and node.items is not None:
+        items = node.items
+        return [conform(v, items, fixes, _join(path, i)) for i, v in enumerate(value)]
+    return value
+
+
+def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) -> dict[str, Any]:
+    props = node.props
+    unknown = [k for k in obj if k not in props]
+    if unknown:
+        renames: dict[str, str] = {}
+        taken = {k for k in obj if k in props}
+        for key in unknown:
+            folded = fold(key)
+            target = node.lookup.get(folded)
+            how = "alias" if folded in node.alias_folds else "case"
+            if target is None:
+                target = closest(key, [p for p in props if p not in taken])
+                how = "fuzzy"
+            if target is not None and target not in taken:
+                renames[key] = target
+                taken.add(target)
+                fixes.repair(f"renamed:{how}:{_join(path, key)}->{target}")
+        if renames or not node.additional:
+            rebuilt: dict[str, Any] = {}
+            for k, v in obj.items():
+                k = renames.get(k, k)
+                if k not in props and not node.additional:
+                    fixes.repair(f"dropped:{_join(path, k)}")
+                    continue
+                rebuilt[k] = v
+            obj = rebuilt
+    out = obj
+    for name, child in props.items():
+        if name not in obj:
+            continue
+        v = obj[name]
+        if child.types or child.enum is not None or child.structured:
+            new = conform(v, child, fixes, _join(path, name))
+            if new is not v:
+                if out is obj:
+                    out = dict(obj)
+                out[name] = new
+    return out
+
+
+def _convert(value: Any, node: Node, fixes: Fixes, path: str) -> Any:
+    types = node.types
+    before = json_type(value)
+    for target in _order(types):
+        ok, new = _to(value, target, node)
+        if ok:
+            fixes.coerce(f"coerced:{path or '$'}:{before}->{target}")
+            return new
+    return value
+
+
+def _order(types: frozenset[str]) -> list[str]:
+    # Prefer the most specific reading of a string: null, boolean, integer, number, ...
+    rank = ["null", "boolean", "integer", "number", "array", "object", "string"]
+    return sorted(types, key=lambda t: rank.index(t) if t in rank else len(rank))
+
+
+def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
+    if target == "integer":
+        return _to_int(value)
+    if target == "number":
+        return _to_number(value)
+    if target == "boolean":
+        return _to_bool(value)
+    if target == "string":
+        if isinstance(value, bool):
+            return True, "true" if value else "false"
+        if isinstance(value, int | float):
+            return True, orjson.dumps(value).decode()
+        return False, value
+    if target == "null":
+        if isinstance(value, str) and value.strip().lower() in _NULL:
+            return True, None
+        return False, value
+    if target == "array":
+        return _to_array(value, node)
+    if target == "object":
+        if isinstance(value, str) and value.strip().startswith("{"):
+            try:
+                parsed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return False, value
+            return isinstance(parsed, dict), parsed
+        return False, value
+    return False, value
+
+
+def _clean_number(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).strip()
+    return _THOUSANDS_RE.sub("", text)
+
+
+def _to_int(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, float) and value.is_integer():
+        return True, int(value)
+    if isinstance(value, str):
+        text = _clean_number(value)
+        if _INT_RE.fullmatch(text):
+            return True, int(float(text)) if "." in text else int(text)
+    return False, value
+
+
+def _to_number(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, str):
+        text = _clean_number(value)
+        if _INT_RE.fullmatch(text) and "." not in text:
+            return True, int(text)
+        if _FLOAT_RE.fullmatch(text):
+            return True, float(text)
+    return False, value
+
+
+def _to_bool(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, str):
+        text = unicodedata.normalize("NFKC", value).strip().casefold()
+        if text in _TRUE:
+            return True, True
+        if text in _FALSE:
+            return True, False
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return True, bool(value)
+    return False, value
+
+
+def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, list):
+                return True, parsed
+        items = node.items
+        if items is not None and "string" in items.types and _LIST_SPLIT_RE.search(text):
+            return True, [p for p in _LIST_SPLIT_RE.split(text) if p]
+    if value is None or isinstance(value, list):
+        return False, value
+    return True, [value]
+
+
+def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> Any:
+    if isinstance(value, str):
+        folded = fold(value)
+        matches = [m for m in enum if isinstance(m, str) and fold(m) == folded]
+        if len(matches) != 1:
+            num_ok, num = _to_number(value)
+            matches = [m for m in enum if num_ok and not isinstance(m, bool | str) and m == num]
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        text = orjson.dumps(value).decode()
+        matches = [m for m in enum if isinstance(m, str) and m.strip() == text]
+    else:
+        matches = []
+    if len(matches) == 1:
+        fixes.coerce(f"enum:{path or '$'}")
+        return matches[0]
+    return value

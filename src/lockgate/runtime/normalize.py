@@ -1,0 +1,206 @@
+"""Input normalisation before rendering (SPEC R1).
+
+Three steps, each switched by the task's :class:`~lockgate.spec.InputRule`, in this
+order:
+
+1. **NFKC** (``nfkc``): compatibility forms fold to their plain form, so full-width
+   punctuation and letters (``，：！ＡＢＣ１２３``) become half-width (``,:!ABC123``).
+2. **Emoji** (``emoji``): ``"tag"`` replaces each emoji by its English CLDR name
+   between colons, exactly as :func:`emoji.demojize` does (``👍`` -> ``:thumbs_up:``);
+   ``"remove"`` drops them; ``"keep"`` leaves them.
+3. **Invisible characters** (``strip_invisible``): every format character (Unicode
+   category Cf: U+200B, U+FEFF, bidi controls, soft hyphen, ...), control characters
+   other than tab/newline/carriage return, variation selectors and Hangul fillers are
+   removed; U+2028/U+2029 become newlines. With ``emoji="keep"`` the zero-width joiner
+   and the emoji variation selector stay, so kept emoji sequences are not broken.
+
+Emoji are matched with the ``emoji`` package's data, but through a pre-check that
+rejects the common case (no emoji at all) at C speed; ``emoji.demojize`` itself scans
+in Python and costs milliseconds per kilobyte.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from lockgate.spec import InputRule
+
+_ZWJ = "\u200d"
+_VS16 = "\ufe0f"
+_KEEP_CONTROLS = {"\t", "\n", "\r"}
+_EXTRA_INVISIBLE = "\u034f\u115f\u1160\u3164\uffa0"
+_ASCII_CONTROLS = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+_LINE_SEPARATORS = str.maketrans({"\u2028": "\n", "\u2029": "\n"})
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+Ranges = list[tuple[int, int]]
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted(ranges):
+        if out and out[-1][1] >= a - 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _char_class(ranges: Ranges) -> str:
+    """A regex character class, brackets included, for code point ranges."""
+    body = "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}"
+                   for a, b in _merge(ranges))
+    return f"[{body}]"
+
+
+@functools.cache
+def _invisible_ranges(keep_joiners: bool) -> tuple[tuple[int, int], ...]:
+    points: Ranges = []
+    for cp in [*range(0x0, 0x30000), *range(0xE0000, 0xE1000)]:
+        ch = chr(cp)
+        cat = unicodedata.category(ch)
+        hide = cat == "Cf" or (cat == "Cc" and ch not in _KEEP_CONTROLS) \
+            or 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF or ch in _EXTRA_INVISIBLE
+        if hide and not (keep_joiners and ch in (_ZWJ, _VS16)):
+            points.append((cp, cp))
+    return tuple(_merge(points))
+
+
+@functools.cache
+def _invisible_re(keep_joiners: bool) -> re.Pattern[str]:
+    return re.compile(_char_class(list(_invisible_ranges(keep_joiners))) + "+")
+
+
+def strip_invisible(text: str, *, keep_joiners: bool = False) -> str:
+    """Remove invisible format/control characters (see the module docstring)."""
+    if text.isascii():
+        # Only C0 controls and DEL can hide in ASCII; bytes.translate finds them fast.
+        raw = text.encode("ascii")
+        kept = raw.translate(None, _ASCII_CONTROLS)
+        return text if len(kept) == len(raw) else kept.decode("ascii")
+    text = _invisible_re(keep_joiners).sub("", text)
+    if "\u2028" in text or "\u2029" in text:
+        text = text.translate(_LINE_SEPARATORS)
+    return text
+
+
+def _cjk_block(cp: int) -> bool:
+    return 0x2E80 <= cp <= 0xFFFF
+
+
+def _emoji_first_ranges(firsts: list[str]) -> Ranges:
+    """Coarse ranges covering every non-ASCII first character of an emoji.
+
+    A class of a thousand single characters is slow to search; a few merged ranges (a
+    superset) are fast. CJK blocks stay exact so Chinese text does not stop at every
+    character."""
+    ranges: Ranges = []
+    for cp in sorted(ord(c) for c in firsts if not c.isascii()):
+        if ranges and cp - ranges[-1][1] <= 256 and not _cjk_block(cp) \
+                and not _cjk_block(ranges[-1][1]):
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    return ranges
+
+
+@functools.cache
+def _emoji_tables() -> tuple[re.Pattern[str], dict[str, tuple[str, ...]], dict[str, str]]:
+    import emoji
+
+    data: Mapping[str, Mapping[str, Any]] = emoji.EMOJI_DATA
+    by_first: dict[str, list[str]] = {}
+    names: dict[str, str] = {}
+    for seq, info in data.items():
+        by_first.setdefault(seq[0], []).append(seq)
+        names[seq] = str(info["en"])
+    ordered = {k: tuple(sorted(v, key=len, reverse=True)) for k, v in by_first.items()}
+    # Keycaps ("1️⃣") start with an ASCII character; only the combining keycap marks them.
+    cls = _char_class(_emoji_first_ranges(list(ordered)))
+    candidates = re.compile(f"[0-9#*]\ufe0f?\u20e3|{cls}")
+    return candidates, ordered, names
+
+
+@functools.cache
+def _suspects() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """Every emoji start and every invisible character, as one class for the Basic
+    Multilingual Plane (a bitmap: fast to search) and one for the other planes
+    (searched only when the text has such characters). One scan then tells that a
+    text needs neither the emoji nor the invisible-character step: the common case."""
+    ranges = [*_emoji_first_ranges(list(_emoji_tables()[1])),
+              *_invisible_ranges(False), (0x20E3, 0x20E3), (0x2028, 0x2029)]
+    bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
+    astral = [(max(a, 0x10000), b) for a, b in ranges if b > 0xFFFF]
+    return re.compile(_char_class(bmp)), re.compile(_char_class(astral))
+
+
+def _has_suspects(text: str) -> bool:
+    bmp, astral = _suspects()
+    if bmp.search(text) is not None:
+        return True
+    return _ASTRAL.search(text) is not None and astral.search(text) is not None
+
+
+def replace_emoji(text: str, *, tag: bool = True) -> str:
+    """Replace each emoji by ``:cldr_name:`` (``tag=True``) or by nothing."""
+    if text.isascii():
+        return text
+    candidates, by_first, names = _emoji_tables()
+    m = candidates.search(text)
+    if m is None:
+        return text
+    out: list[str] = []
+    pos = 0
+    while m is not None:
+        start = m.start()
+        seq = next((s for s in by_first.get(text[start], ()) if text.startswith(s, start)),
+                   None)
+        if seq is None:  # a candidate first character that starts no known sequence
+            m = candidates.search(text, start + 1)
+            continue
+        out.append(text[pos:start])
+        out.append(names[seq] if tag else "")
+        pos = start + len(seq)
+        m = candidates.search(text, pos)
+    out.append(text[pos:])
+    return "".join(out)
+
+
+_FULL_WIDTH_RE = re.compile("[\uff01-\uff5e\u3000]")
+
+
+def normalize_text(text: str, rule: InputRule) -> str:
+    """Normalise one string under an input rule (NFKC, emoji, invisible characters)."""
+    if rule.nfkc and not unicodedata.is_normalized("NFKC", text):
+        # Chinese text is rarely normalised only because of its full-width punctuation;
+        # folding those first (the same result as NFKC) usually spares the slow path.
+        for ch in set(_FULL_WIDTH_RE.findall(text)):
+            text = text.replace(ch, " " if ch == "\u3000" else chr(ord(ch) - 0xFEE0))
+        if not unicodedata.is_normalized("NFKC", text):
+            text = unicodedata.normalize("NFKC", text)
+    if rule.emoji == "keep" and not rule.strip_invisible:
+        return text
+    if text.isascii():
+        return strip_invisible(text) if rule.strip_invisible else text
+    if not _has_suspects(text):
+        return text
+    if rule.emoji != "keep":
+        text = replace_emoji(text, tag=rule.emoji == "tag")
+    if rule.strip_invisible:
+        text = strip_invisible(text, keep_joiners=rule.emoji == "keep")
+    return text
+
+
+def normalize_value(value: Any, rule: InputRule) -> Any:
+    """Normalise every string inside a JSON-like value (mapping keys are left alone)."""
+    if isinstance(value, str):
+        return normalize_text(value, rule)
+    if isinstance(value, Mapping):
+        return {k: normalize_value(v, rule) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [normalize_value(v, rule) for v in value]
+    return value

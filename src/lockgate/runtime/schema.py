@@ -1,0 +1,273 @@
+"""A delivery rule compiled once: the expected shape, names, types and validators.
+
+:func:`output_plan` turns a :class:`~lockgate.spec.DeliveryRule` into an
+:class:`OutputPlan`, cached per rule object (and by content, for rules rebuilt from
+storage), so the repair ladder never re-reads the schema per output. The schema used
+to walk an output comes from, in order: ``delivery_rule.schema`` (JSON Schema), the
+JSON Schema of ``delivery_rule.pydantic_model``, or one synthesised from the types of
+``fallback_values`` (a numeric fallback makes the field a number), so that even a
+rule without a schema gets name repair and type coercion.
+
+The walker understands ``type`` (one or a list), ``enum``/``const``, ``properties``,
+``required``, ``additionalProperties: false``, ``items``, local ``$ref``
+(``#/$defs/...``, ``#/definitions/...``) and nullable ``anyOf``/``oneOf`` (``X | None``
+from pydantic). Anything else is left to the validator.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.errors import SpecError
+from lockgate.runtime.fastcheck import compile_check
+from lockgate.runtime.names import fold
+from lockgate.spec import DeliveryRule, canonical_json
+
+_MAX_DEPTH = 12
+
+
+@dataclass(slots=True)
+class Node:
+    """What the schema says about one position in the output."""
+
+    types: frozenset[str] = frozenset()
+    enum: tuple[Any, ...] | None = None
+    props: dict[str, Node] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    additional: bool = True
+    items: Node | None = None
+    #: folded alias or folded property name -> property name
+    lookup: dict[str, str] = field(default_factory=dict)
+    #: folded names that came from the rule's alias map (for the fix label)
+    alias_folds: frozenset[str] = frozenset()
+
+    @property
+    def structured(self) -> bool:
+        return bool(self.props) or self.items is not None or not self.additional
+
+
+@dataclass(slots=True)
+class OutputPlan:
+    """Everything the ladder needs about one delivery rule, computed once."""
+
+    format: str
+    expect: str | None
+    root: Node
+    required: tuple[str, ...]
+    expected: tuple[str, ...]
+    fallback: dict[str, Any]
+    is_valid: Callable[[Any], bool] | None
+    errors: Callable[[Any], list[tuple[tuple[Any, ...], str]]] | None
+    model: Any
+    known: frozenset[str]
+
+
+def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    seen = 0
+    while "$ref" in node and seen < _MAX_DEPTH:
+        ref = node["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return {}
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part, {}) if isinstance(target, Mapping) else {}
+        node = target if isinstance(target, Mapping) else {}
+        seen += 1
+    return node
+
+
+def _compile(schema: Mapping[str, Any], root: Mapping[str, Any],
+             aliases: Mapping[str, tuple[str, ...]], depth: int = 0) -> Node:
+    schema = _resolve(schema, root)
+    if depth > _MAX_DEPTH or not isinstance(schema, Mapping):
+        return Node()
+    nullable = False
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list):
+            real = [o for o in options if not (isinstance(o, Mapping) and o.get("type") == "null")]
+            nullable = len(real) < len(options)
+            if len(real) == 1 and isinstance(real[0], Mapping):
+                rest = {k: v for k, v in schema.items() if k != key}
+                merged = {**rest, **_resolve(real[0], root)}
+                node = _compile(merged, root, aliases, depth + 1)
+                if nullable and node.types:
+                    node.types = node.types | {"null"}
+                return node
+            return Node()
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], Mapping):
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        schema = {**rest, **_resolve(all_of[0], root)}
+    raw_type = schema.get("type")
+    types = frozenset([raw_type] if isinstance(raw_type, str) else raw_type or ())
+    enum: tuple[Any, ...] | None = None
+    if isinstance(schema.get("enum"), list):
+        enum = tuple(schema["enum"])
+    elif "const" in schema:
+        enum = (schema["const"],)
+    node = Node(types=types, enum=enum)
+    props = schema.get("properties")
+    if isinstance(props, Mapping):
+        node.props = {name: _compile(sub, root, aliases, depth + 1) for name, sub in props.items()}
+        if not types:
+            node.types = frozenset({"object"})
+    if isinstance(schema.get("required"), list):
+        node.required = tuple(str(r) for r in schema["required"])
+    node.additional = schema.get("additionalProperties", True) is not False
+    items = schema.get("items")
+    if isinstance(items, Mapping):
+        node.items = _compile(items, root, aliases, depth + 1)
+    _index_names(node, aliases)
+    return node
+
+
+def _index_names(node: Node, aliases: Mapping[str, tuple[str, ...]]) -> None:
+    names = list(node.props) + [r for r in node.required if r not in node.props]
+    lookup = {fold(n): n for n in names}
+    alias_folds: set[str] = set()
+    for canonical, alts in aliases.items():
+        if canonical in lookup.values():
+            for alt in alts:
+                f = fold(alt)
+                if f not in lookup:
+                    lookup[f] = canonical
+                    alias_folds.add(f)
+    node.lookup = lookup
+    node.alias_folds = frozenset(alias_folds)
+
+
+# An integer fallback (``0``) does not make the field an integer: a score may be 0.5.
+_PY_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"), (int, "number"), (float, "number"),
+)
+
+
+def _synthesised(rule: DeliveryRule) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for name in (*rule.required_keys, *rule.fallback_values, *rule.aliases):
+        props.setdefault(name, {})
+    for name, value in rule.fallback_values.items():
+        for py, json_type in _PY_TYPES:
+            if isinstance(value, py):
+                props[name] = {"type": json_type}
+                break
+    return {"type": "object", "properties": props} if props else {}
+
+
+def _load_model(path: str) -> Any:
+    from pydantic import BaseModel
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise SpecError("must be 'module:Class'", field="delivery_rule.pydantic_model")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(f"cannot import {path!r}: {exc}",
+                        field="delivery_rule.pydantic_model") from None
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise SpecError(f"{path!r} is not a pydantic model class",
+                        field="delivery_rule.pydantic_model")
+    return obj
+
+
+def _validator(schema: Mapping[str, Any]) -> tuple[Callable[[Any], bool],
+                                                   Callable[[Any], list[tuple[tuple[Any, ...],
+                                                                              str]]]]:
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise SpecError(f"not a valid JSON Schema: {exc.message}",
+                        field="delivery_rule.schema") from None
+    validator = cls(schema)
+    fast = compile_check(schema)
+
+    def errors(value: Any) -> list[tuple[tuple[Any, ...], str]]:
+        errs = sorted(validator.iter_errors(value), key=jsonschema.exceptions.relevance)
+        return [(tuple(e.absolute_path), e.message) for e in errs]
+
+    return fast or validator.is_valid, errors
+
+
+def _build(rule: DeliveryRule) -> OutputPlan:
+    model = _load_model(rule.pydantic_model) if rule.pydantic_model else None
+    walk_schema: Mapping[str, Any]
+    if rule.json_schema:
+        walk_schema = rule.json_schema
+    elif model is not None:
+        walk_schema = model.model_json_schema()
+    else:
+        walk_schema = _synthesised(rule)
+    is_valid, errors = _validator(walk_schema) if walk_schema else (None, None)
+    root = _compile(walk_schema, walk_schema, rule.aliases) if walk_schema else Node()
+    if root.types & {"object"} or root.props or rule.required_keys or rule.fallback_values:
+        expect: str | None = "object"
+    elif root.types == frozenset({"array"}):
+        expect = "array"
+    else:
+        expect = None
+    if expect == "object":
+        extra = [k for k in (*rule.required_keys, *rule.fallback_values) if k not in root.props]
+        for k in extra:
+            root.props[k] = Node()
+        if extra:
+            _index_names(root, rule.aliases)
+    required = tuple(dict.fromkeys((*rule.required_keys, *root.required)))
+    expected = required or tuple(root.props)
+    return OutputPlan(
+        format=rule.format, expect=expect, root=root, required=required, expected=expected,
+        fallback=dict(rule.fallback_values), is_valid=is_valid, errors=errors, model=model,
+        known=frozenset(root.lookup),
+    )
+
+
+class _PlanCache:
+    """Plans by rule identity (fast) and by rule content (rules rebuilt from storage)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._by_id: dict[int, tuple[weakref.ReferenceType[Any], OutputPlan]] = {}
+        self._by_content: dict[bytes, OutputPlan] = {}
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, rule: DeliveryRule) -> OutputPlan:
+        hit = self._by_id.get(id(rule))
+        if hit is not None and hit[0]() is rule:
+            return hit[1]
+        key = canonical_json(rule.model_dump(by_alias=True))
+        plan = self._by_content.get(key)
+        if plan is None:
+            plan = _build(rule)
+        with self._lock:
+            if len(self._by_content) >= self._size:
+                self._by_content.clear()
+            if len(self._by_id) >= self._size:
+                self._by_id.clear()
+            self._by_content[key] = plan
+            self._by_id[id(rule)] = (weakref.ref(rule), plan)
+        return plan
+
+
+_plans = _PlanCache()
+
+
+def output_plan(rule: DeliveryRule) -> OutputPlan:
+    """The compiled plan for a rule; raises SpecError when its schema/model is bad."""
+    return _plans.get(rule)
+
+
+def check_delivery_rule(rule: DeliveryRule) -> None:
+    """Refuse a rule whose schema or pydantic model cannot be used (at submit time)."""
+    output_plan(rule)

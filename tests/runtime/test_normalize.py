@@ -1,0 +1,82 @@
+"""Input normalisation: NFKC, emoji tags, invisible characters."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import emoji
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lockgate.runtime import normalize_text, normalize_value
+from lockgate.runtime.normalize import replace_emoji, strip_invisible
+from lockgate.spec import InputRule
+
+DEFAULT = InputRule()
+EMOJI_SAMPLE = sorted(emoji.EMOJI_DATA)[::7]
+
+
+def test_full_width_punctuation_becomes_half_width() -> None:
+    assert normalize_text("价格：１２３元，好评！（ＡＢＣ）", DEFAULT) == "价格:123元,好评!(ABC)"
+    assert normalize_text("全角\u3000空格", DEFAULT) == "全角 空格"
+
+
+def test_invisible_characters_are_removed() -> None:
+    text = "a\u200bb\ufeffc\u00add\u202ee\u2060f\x07g\u3164h"
+    assert normalize_text(text, DEFAULT) == "abcdefgh"
+    assert normalize_text("line1\u2028line2\tx\r\n", DEFAULT) == "line1\nline2\tx\r\n"
+
+
+def test_emoji_become_tags() -> None:
+    assert normalize_text("好评👍 love ❤️", DEFAULT) == "好评:thumbs_up: love :red_heart:"
+    assert normalize_text("👨‍👩‍👧 1️⃣ 🇨🇳", DEFAULT) == \
+        ":family_man_woman_girl: :keycap_1: :China:"
+
+
+def test_emoji_remove_and_keep() -> None:
+    remove = InputRule(emoji="remove")
+    assert normalize_text("great 👍🏽 product", remove) == "great  product"
+    keep = InputRule(emoji="keep")
+    family = "👨‍👩‍👧"
+    assert normalize_text(f"a\u200b{family}\ufe0f", keep) == f"a{family}\ufe0f"
+
+
+def test_each_step_can_be_switched_off() -> None:
+    off = InputRule(nfkc=False, strip_invisible=False, emoji="keep")
+    text = "ＡＢ\u200b👍"
+    assert normalize_text(text, off) == text
+
+
+def test_normalize_value_walks_structures() -> None:
+    value = {"名称": "Ｘ\u200b", "tags": ["ａ", 1, None, {"k": "👍"}], "n": 3.5}
+    assert normalize_value(value, DEFAULT) == {
+        "名称": "X", "tags": ["a", 1, None, {"k": ":thumbs_up:"}], "n": 3.5}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=8), st.sampled_from(EMOJI_SAMPLE)), max_size=8))
+def test_emoji_tags_match_the_emoji_library(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert replace_emoji(text, tag=True) == emoji.demojize(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text())
+def test_nfkc_matches_unicodedata(text: str) -> None:
+    rule = InputRule(strip_invisible=False, emoji="keep")
+    assert normalize_text(text, rule) == unicodedata.normalize("NFKC", text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text())
+def test_normalised_text_has_no_format_characters(text: str) -> None:
+    out = normalize_text(text, DEFAULT)
+    assert not any(unicodedata.category(c) == "Cf" for c in out)
+    assert normalize_text(out, DEFAULT) == out  # idempotent
+
+
+@pytest.mark.parametrize("text", ["", "plain ascii", "中文没有表情"])
+def test_nothing_to_do_returns_same_text(text: str) -> None:
+    assert normalize_text(text, DEFAULT) == text
+    assert strip_invisible(text) == text
