@@ -66,6 +66,7 @@ def from_openai_batch(obj: Any, line: int | None = None) -> TaskSpec:
     return parse_task({
         "task_id": obj["custom_id"], "prompt_template": template, "input_data": {},
         "model_config": model, "delivery_rule": {"format": "json" if json_mode else "text"},
+        "retry_policy": {},
     }, line=line)
 
 

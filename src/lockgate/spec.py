@@ -31,6 +31,9 @@ from pydantic_core import PydanticCustomError
 from lockgate.errors import RETRYABLE, ErrorClass, SpecError
 
 MAX_TASK_ID = 191
+#: The six meta-fields every task line states (SPEC T1).
+REQUIRED_FIELDS = ("task_id", "prompt_template", "input_data", "model_config",
+                   "delivery_rule", "retry_policy")
 
 #: A ``prompt_template`` of the form ``@registry:NAME`` (the live version),
 #: ``@registry:NAME@LABEL`` or ``@registry:NAME@N`` (pinned version N) names a prompt of
@@ -266,6 +269,13 @@ def parse_task(data: Any, line: int | None = None) -> TaskSpec:
     """Validate one task mapping; raise :class:`SpecError` naming the field on failure."""
     if not isinstance(data, dict):
         raise SpecError(f"expected a JSON object, got {type(data).__name__}", line=line)
+    if registry_reference(data.get("prompt_template")) is None:
+        # SPEC T1: all six meta-fields are stated on every line ({} takes the defaults);
+        # a registry reference takes them from the prompt version instead.
+        for name in REQUIRED_FIELDS:
+            if name not in data:
+                raise SpecError("is required (one of the six meta-fields; {} takes the "
+                                "defaults)", field=name, line=line)
     try:
         return TaskSpec.model_validate(data)
     except ValidationError as exc:

@@ -24,7 +24,14 @@ from lockgate.spec import TaskSpec, canonical_json, config_hash
 from lockgate.store import schema
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create
-from lockgate.store.types import TERMINAL, ClaimedTask, Finish, FinishReport, TaskStatus
+from lockgate.store.types import (
+    TERMINAL,
+    ClaimedTask,
+    Finish,
+    FinishReport,
+    TaskStatus,
+    row_dict,
+)
 
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
@@ -119,15 +126,18 @@ class Store:
                          [{"id": batch_id, "source": source, "created_at": now}])
             inserted = total = 0
             seen_configs: set[str] = set()
+            seen_batches = {batch_id}
             chunk: list[dict[str, Any]] = []
             for spec in specs:
                 doc = spec.config_document()
                 h = config_hash(doc)
                 if h not in seen_configs:
                     seen_configs.add(h)
-                    conn.execute(self.dialect.insert_ignore(schema.task_config), [
-                        {"hash": h, "document": canonical_json(doc).decode(),
-                         "created_at": now}])
+                    self._insert_config(conn, h, doc, now)
+                if spec.batch_id and spec.batch_id not in seen_batches:
+                    seen_batches.add(spec.batch_id)
+                    conn.execute(self.dialect.insert_ignore(schema.batch), [
+                        {"id": spec.batch_id, "source": source, "created_at": now}])
                 chunk.append({
                     "task_id": spec.task_id, "batch_id": spec.batch_id or batch_id,
                     "config_hash": h, "input_data": orjson.dumps(spec.input_data).decode(),
@@ -149,6 +159,19 @@ class Store:
             return SubmitReport(batch_id, inserted, total - inserted)
 
         return self._tx(work, attempts=1)
+
+    def _insert_config(self, conn: Connection, h: str, doc: dict[str, Any], now: int) -> None:
+        """Store a config document once. Configs are immutable and content-addressed, so
+        on a server database each is committed in its own short transaction: two
+        submissions meeting the same configs in opposite orders then cannot deadlock
+        (an orphan config of a rolled-back submission is harmless). SQLite has one
+        writer at a time, so there it joins the submit's own transaction."""
+        row = [{"hash": h, "document": canonical_json(doc).decode(), "created_at": now}]
+        stmt = self.dialect.insert_ignore(schema.task_config)
+        if self.dialect.name == "sqlite":
+            conn.execute(stmt, row)
+        else:
+            self._tx(lambda c: c.execute(stmt, row))
 
     def _insert_tasks(self, conn: Connection, rows: list[dict[str, Any]]) -> int:
         if len({r["task_id"] for r in rows}) != len(rows):
@@ -298,7 +321,7 @@ class Store:
                 "SELECT COUNT(*) FROM task WHERE status = 'PENDING' AND lease_token IS NULL "
                 "AND visible_at > :now"), {"now": now}).scalar_one()
             w = schema.worker
-            workers = [dict(r._mapping) for r in conn.execute(
+            workers = [row_dict(r) for r in conn.execute(
                 select(w).where(w.c.status != "stopped",
                                 w.c.heartbeat_at >= now - alive_within_ms)
                 .order_by(w.c.started_at))]
@@ -312,8 +335,8 @@ class Store:
             row = conn.execute(select(t).where(t.c.task_id == task_id)).first()
             if row is None:
                 raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
-            out = dict(row._mapping)
-            out["attempt_log"] = [dict(r._mapping) for r in conn.execute(
+            out = row_dict(row)
+            out["attempt_log"] = [row_dict(r) for r in conn.execute(
                 select(a).where(a.c.task_pk == out["id"]).order_by(a.c.id))]
             doc = conn.execute(select(schema.task_config.c.document).where(
                 schema.task_config.c.hash == out["config_hash"])).scalar_one()
@@ -361,7 +384,7 @@ class Store:
         with self.engine.connect() as conn:
             res = conn.execution_options(yield_per=1000).execute(q)
             for row in res:
-                yield dict(row._mapping)
+                yield row_dict(row)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""

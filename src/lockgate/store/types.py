@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sqlalchemy import Row
+
 
 class TaskStatus(StrEnum):
     """Task states. PENDING covers visible, leased and backing-off rows (``visible_at``)."""
@@ -60,3 +62,9 @@ class FinishReport:
 
     applied: list[int]
     discarded: list[int]
+
+
+def row_dict(row: Row[Any] | Any) -> dict[str, Any]:
+    """A result row as a plain dict with plain ``str`` keys (SQLAlchemy's may be
+    ``quoted_name``, a str subclass that orjson refuses as a key)."""
+    return {str(k): v for k, v in row._mapping.items()}

@@ -79,6 +79,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_finished = asyncio.Event()
+        self._hard = asyncio.Event()
         self._hard_stop = False
         self._rng = random.Random(secrets.randbits(64))
         self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
@@ -105,6 +106,8 @@ class Worker:
         if self._stopping.is_set() and not hard:
             hard = True  # a second signal means: now
         self._hard_stop = self._hard_stop or hard
+        if self._hard_stop:
+            self._hard.set()
         self._stopping.set()
         self._slot_free.set()
         self._flush_wake.set()
@@ -337,10 +340,16 @@ class Worker:
     async def _drain(self) -> None:
         """After claiming stopped: let in-flight calls finish within the grace period."""
         if self._running and not self._hard_stop:
-            _done, pending = await asyncio.wait(list(self._running.values()),
-                                                timeout=self.ws.shutdown_grace_s)
-            if pending:
-                log.warning("shutdown grace over: releasing %d in-flight task(s)", len(pending))
+            # Wait for the calls, the grace period or a second stop request (hard).
+            calls = asyncio.ensure_future(asyncio.wait(list(self._running.values())))
+            hard = asyncio.ensure_future(self._hard.wait())
+            await asyncio.wait({calls, hard}, timeout=self.ws.shutdown_grace_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            for f in (calls, hard):
+                f.cancel()  # cancels the waiting only, not the calls
+            if self._running:
+                log.warning("releasing %d in-flight task(s) unfinished at shutdown",
+                            len(self._running))
         for t in list(self._running.values()):
             t.cancel()
         while self._running:

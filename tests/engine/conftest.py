@@ -1,0 +1,34 @@
+"""Fixtures of the engine tests: environment isolation and worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lockgate.simulator.testing import SimulatorProcess
+
+from .support import WorkerPool
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml, leaks in."""
+    for name in list(os.environ):
+        if name.startswith("LOCKGATE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def workers(db_url: str, simulator: SimulatorProcess, tmp_path: Path) -> Iterator[WorkerPool]:
+    """Start ``lockgate worker`` subprocesses on the test's database and simulator."""
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    pool = WorkerPool(db_url, simulator.url, log_dir)
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -1,0 +1,188 @@
+"""The ``lockgate`` command line: run, status, tasks show/retry/cancel, cleanup, errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+from typer.testing import CliRunner, Result
+
+from lockgate.cli import app
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+
+from .support import (
+    BackgroundWorker,
+    attempts_of,
+    expected_label,
+    rows,
+    run_worker,
+    scalar,
+    status_counts,
+    task_row,
+    tasks,
+    text_for,
+    wait_for,
+    write_jsonl,
+)
+
+
+def lockgate(*args: str | Path) -> Result:
+    """Run the ``lockgate`` command in this process."""
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_run_submits_and_works_a_file_to_the_end(db_url: str, store: Store,
+                                                 simulator: SimulatorProcess,
+                                                 tmp_path: Path) -> None:
+    n = 60
+    path = write_jsonl(tmp_path / "tickets.jsonl", tasks(n))
+    result = lockgate("run", path, "--db", db_url, "--concurrency", "16")
+    assert result.exit_code == 0, result.output
+    assert status_counts(store) == {"SUCCEEDED": n}
+    summary = flat(result.stdout)
+    assert "batch tickets" in summary
+    assert re.search(rf"tasks SUCCEEDED\W+{n}\b", summary), summary
+    assert re.search(rf"calls made\W+{n}\b", summary), summary
+    assert re.search(r"duplicate calls \(discarded write-backs\)\W+0\b", summary), summary
+    for r in rows(store, "SELECT input_data, result FROM task"):
+        text = orjson.loads(r["input_data"])["text"]
+        assert orjson.loads(r["result"]) == {"label": expected_label(text)}
+    assert simulator.stats()["requests"] == n
+
+    again = lockgate("run", path, "--db", db_url)
+    assert again.exit_code == 0, again.output
+    assert f"0 submitted, {n} already present" in flat(again.stderr)
+    assert simulator.stats()["requests"] == n, "a finished batch is not run again"
+
+
+#: Known bug: Store.status/Store.task return dict(row._mapping), whose keys
+#: are SQLAlchemy ``quoted_name`` objects (SQLAlchemy 2.1), and orjson only accepts exact
+#: ``str`` keys, so cli.py raises TypeError instead of printing JSON.
+def test_status_shows_counts_leases_in_flight_and_live_workers(
+        db_url: str, store: Store, simulator: SimulatorProcess) -> None:
+    store.submit([parse_task(t) for t in tasks(8)], batch_id="b")
+    store.submit([parse_task(t) for t in tasks(2, prefix="other")], batch_id="c")
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 10_000})
+    with BackgroundWorker(store, concurrency=3, shutdown_grace_s=0.2) as bg:
+        wait_for(lambda: simulator.stats()["in_flight"] >= 3, "calls in flight")
+        result = lockgate("status", "--db", db_url)
+        assert result.exit_code == 0, result.output
+        table = flat(result.stdout)
+        assert re.search(r"│ b │ 8 │ 0 │ 0 │ 0 │ 0 │", table), table
+        assert re.search(r"│ c │ 2 │ 0 │ 0 │ 0 │ 0 │", table), table
+        assert "leases in flight: 3" in table and "workers alive: 1" in table
+        assert "running" in table
+        st = store.status()
+        assert st["leased"] == 3
+        assert [(w["id"], w["status"]) for w in st["workers"]] == [(bg.worker.id, "running")]
+        bg.stop()
+    result = lockgate("status", "--db", db_url, "--json")
+    assert result.exit_code == 0, result.output
+    st = orjson.loads(result.stdout)
+    assert st["batches"] == {"b": {"PENDING": 8}, "c": {"PENDING": 2}}
+    assert st["workers"] == [], "a stopped worker is not alive"
+    assert st["leased"] == 0
+
+
+def test_status_json_lists_live_workers(db_url: str, store: Store) -> None:
+    store.register_worker("w-1", hostname="host", pid=1234, concurrency=8)
+    result = lockgate("status", "--db", db_url, "--json")
+    assert result.exit_code == 0, result.output
+    (w,) = orjson.loads(result.stdout)["workers"]
+    assert (w["id"], w["status"], w["concurrency"]) == ("w-1", "running", 8)
+
+
+def test_tasks_show_prints_the_task_as_json(db_url: str, store: Store) -> None:
+    store.submit([parse_task(t) for t in tasks(1)], batch_id="b")
+    shown = lockgate("tasks", "show", "t-00000", "--db", db_url)
+    assert shown.exit_code == 0, shown.output
+    doc = orjson.loads(shown.stdout)
+    assert (doc["task_id"], doc["status"], doc["attempt_log"]) == ("t-00000", "PENDING", [])
+    assert doc["config"]["model_config"]["name"] == "sim-small"
+
+
+def test_tasks_show_cancel_and_retry(db_url: str, store: Store,
+                                     simulator: SimulatorProcess) -> None:
+    store.submit([parse_task(t) for t in tasks(3)], batch_id="b")
+    ids = [f"t-{i:05d}" for i in range(3)]
+
+    result = lockgate("tasks", "cancel", ids[0], "--db", db_url)
+    assert result.exit_code == 0, result.output
+    assert f"task {ids[0]} is CANCELLED" in result.stderr
+    result = lockgate("tasks", "cancel", ids[0], "--db", db_url)
+    assert result.exit_code == 2
+    assert f"cannot cancel task '{ids[0]}': it is CANCELLED" in flat(result.stderr)
+
+    result = lockgate("tasks", "retry", ids[1], "--db", db_url)
+    assert result.exit_code == 2
+    assert "it is PENDING" in flat(result.stderr)
+
+    run_worker(store, concurrency=4)
+    assert status_counts(store) == {"CANCELLED": 1, "SUCCEEDED": 2}
+
+    doc = store.task(ids[1])  # what `tasks show` prints
+    assert (doc["task_id"], doc["status"]) == (ids[1], "SUCCEEDED")
+    assert orjson.loads(doc["result"]) == {"label": expected_label(text_for(1))}
+    assert doc["config"]["model_config"]["name"] == "sim-small"
+    assert doc["config"]["retry_policy"]["max_retries"] == 3
+    (attempt,) = doc["attempt_log"]
+    assert attempt["outcome"] == "succeeded" and attempt["prompt_snapshot"]
+
+    result = lockgate("tasks", "retry", ids[0], "--db", db_url)
+    assert result.exit_code == 0, result.output
+    row = task_row(store, ids[0])
+    assert (row["status"], row["attempts"], row["finished_at"]) == ("PENDING", 0, None)
+    run_worker(store, concurrency=4)
+    assert task_row(store, ids[0])["status"] == "SUCCEEDED"
+    assert len(attempts_of(store, ids[0])) == 1
+
+    result = lockgate("tasks", "show", "nope", "--db", db_url)
+    assert result.exit_code == 2 and "no task 'nope'" in result.stderr
+
+
+def test_cleanup_deletes_old_traces_and_finished_tasks_only(
+        db_url: str, store: Store, simulator: SimulatorProcess) -> None:
+    store.submit([parse_task(t) for t in tasks(3)], batch_id="b")
+    run_worker(store, concurrency=4)
+    store.submit([parse_task(t) for t in tasks(2, prefix="later")], batch_id="b")
+    assert lockgate("cleanup", "--db", db_url, "--older-than", "1d").exit_code == 0
+    assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 3, "recent traces stay"
+    wait_for(lambda: store.db_now() > scalar(store, "SELECT MAX(started_at) FROM task_attempt"),
+             "the clock to pass the last attempt")
+    result = lockgate("cleanup", "--db", db_url, "--older-than", "0s", "--tasks")
+    assert result.exit_code == 0, result.output
+    assert "deleted 3 attempt(s), 3 task(s)" in result.stderr
+    assert status_counts(store) == {"PENDING": 2}
+    bad = lockgate("cleanup", "--db", db_url, "--older-than", "soon")
+    assert bad.exit_code == 2 and "--older-than takes a number" in bad.stderr
+
+
+def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
+    result = lockgate("status", "--db", "lockgate.db")
+    assert result.exit_code == 2
+    assert "has no scheme" in flat(result.stderr)
+    result = lockgate("submit", tmp_path / "missing.jsonl", "--db",
+                      f"sqlite:///{tmp_path / 'x.db'}")
+    assert result.exit_code == 2
+    assert "does not exist" in flat(result.stderr)
+
+
+def test_worker_refuses_a_bad_configuration(db_url: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[endpoint]]\nname = "main"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                   'api_key_env = "LOCKGATE_TEST_UNSET_KEY"\n')
+    result = lockgate("worker", "--db", db_url, "--config", cfg, "--burst")
+    assert result.exit_code == 2
+    err = flat(result.stderr)
+    assert "$LOCKGATE_TEST_UNSET_KEY" in err and "not set" in err
+    cfg.write_text("[worker]\nconcurrency = 0\n")
+    result = lockgate("worker", "--db", db_url, "--config", cfg, "--burst")
+    assert result.exit_code == 2
+    assert "worker.concurrency" in flat(result.stderr)

@@ -1,0 +1,160 @@
+"""kill -9 of worker processes in the middle of a run: leases recover every task, and
+the duplicate calls stay within what the killed workers held when they died."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+
+from .support import (
+    WorkerPool,
+    WorkerProcess,
+    attempts_of,
+    rows,
+    run_worker,
+    scalar,
+    status_counts,
+    task_row,
+    tasks,
+    wait_for,
+)
+
+CRASH_TASKS = 3000
+KILLS = 3
+LIVE_WORKERS = 3
+CONCURRENCY = 16
+LEASE_S = 2.0
+#: Kill moments are drawn from this seed (set LOCKGATE_TEST_SEED to replay a run).
+SEED = int(os.environ.get("LOCKGATE_TEST_SEED") or random.randrange(1 << 30))
+
+
+def finished(store: Store) -> int:
+    return int(scalar(store, "SELECT COUNT(*) FROM task WHERE status <> 'PENDING'"))
+
+
+def registered(store: Store, procs: list[WorkerProcess]) -> list[tuple[WorkerProcess, str]]:
+    """Live processes that have written their worker row, with their worker id."""
+    ids = {r["pid"]: r["id"] for r in rows(store, "SELECT id, pid FROM worker")}
+    return [(p, ids[p.pid]) for p in procs if p.alive() and p.pid in ids]
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_loses_nothing(store: Store, simulator: SimulatorProcess,
+                                                workers: WorkerPool) -> None:
+    """Three workers (``--concurrency 16``, ``--lease 2``) run; three times, at a random
+    point of progress, one is killed with SIGKILL and a replacement started.
+
+    Bound on duplicate calls: a killed worker can only have called the model for the
+    tasks it held when it died, i.e. its calls in flight (at most ``--concurrency``) plus
+    results it had not flushed yet. Those leases are read from the database right after
+    the kill (nobody else can take them until they expire), so the bound is exact.
+    """
+    seed = SEED
+    rng = random.Random(seed)
+    # Some faults too, so retries (fenced write-backs of PENDING) race with the kills.
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 20}, rate_500=0.03,
+                        rate_429=0.02, retry_after_ms=100)
+    specs = [parse_task(t) for t in tasks(CRASH_TASKS, retry={"max_retries": 10})]
+    store.submit(specs, batch_id="crash")
+
+    def start() -> WorkerProcess:
+        return workers.start(concurrency=CONCURRENCY, lease=LEASE_S)
+
+    live = [start() for _ in range(LIVE_WORKERS)]
+    held_ids: set[str] = set()
+    kills: list[dict[str, Any]] = []
+    for point in sorted(rng.uniform(0.1, 0.8) for _ in range(KILLS)):
+        target = point * CRASH_TASKS
+        wait_for(lambda: finished(store) >= target,  # noqa: B023 - used at once
+                 f"{point:.0%} of the tasks to finish (seed {seed})", timeout=120)
+        candidates = wait_for(lambda: [
+            (p, w) for p, w in registered(store, live)
+            if scalar(store, "SELECT COUNT(*) FROM task WHERE leased_by = :w "
+                             "AND status = 'PENDING'", w=w)],
+            f"a worker holding leases (seed {seed})", timeout=60)
+        victim, wid = rng.choice(candidates)
+        victim.signal(signal.SIGKILL)
+        assert victim.popen.wait(10) == -signal.SIGKILL
+        held = [r["task_id"] for r in rows(
+            store, "SELECT task_id FROM task WHERE leased_by = :w AND status = 'PENDING'",
+            w=wid)]
+        kills.append({"worker": wid, "at": point, "held": len(held)})
+        held_ids.update(held)
+        live.remove(victim)
+        live.append(start())
+
+    for p in live:
+        assert p.wait(180) == 0, workers.logs()
+    assert len(kills) == KILLS, f"seed {seed}"
+
+    # Every task terminal exactly once, with one applied result that is its own.
+    assert status_counts(store) == {"SUCCEEDED": CRASH_TASKS}, f"seed {seed}: {kills}"
+    task_rows = {r["task_id"]: r for r in rows(
+        store, "SELECT id, task_id, result, attempts FROM task")}
+    attempts = rows(store, "SELECT t.task_id, a.outcome, a.raw_output FROM task_attempt a "
+                           "JOIN task t ON t.id = a.task_pk")
+    won = Counter(a["task_id"] for a in attempts if a["outcome"] == "succeeded")
+    assert all(won[t] == 1 for t in task_rows), "a task has zero or several applied results"
+    for a in attempts:
+        if a["outcome"] == "succeeded":
+            assert orjson.loads(task_rows[a["task_id"]]["result"]) == orjson.loads(
+                a["raw_output"])
+    outcomes = Counter(a["outcome"] for a in attempts)
+    assert outcomes["retry"] > 0, "the injected faults caused no retry"
+    assert set(outcomes) <= {"succeeded", "retry", "discarded"}, outcomes
+    discarded = {a["task_id"] for a in attempts if a["outcome"] == "discarded"}
+    n_discarded = sum(1 for a in attempts if a["outcome"] == "discarded")
+
+    # Duplicate calls: only for tasks a killed worker held (or whose write-back was
+    # fenced, which shows up as a discarded attempt), and no more than they held.
+    held_total = sum(k["held"] for k in kills)
+    stats = simulator.stats(detail=True)
+    repeated = {t for t, n in stats["task_successes"].items() if n > 1}
+    print(f"seed {seed}: kills {kills}; duplicate successes {stats['duplicate_successes']}, "
+          f"discarded write-backs {n_discarded}, calls {stats['requests']}, "
+          f"traced attempts {len(attempts)}")
+    assert repeated <= held_ids | discarded, f"seed {seed}: unexpected duplicate calls"
+    assert stats["duplicate_successes"] <= held_total + n_discarded, (seed, kills, stats)
+    assert stats["duplicate_keys"] == 0
+    # Claims lost with the killed workers leave no trace; they are exactly the leases
+    # they held (fewer if a write-back committed just as the process died).
+    untraced = sum(t["attempts"] for t in task_rows.values()) - len(attempts)
+    assert 0 <= untraced <= held_total, (seed, kills)
+    lost_calls = stats["requests"] - len(attempts)
+    assert 0 <= lost_calls <= held_total, (seed, kills)
+    killed = {k["worker"] for k in kills}
+    states = {r["id"]: r["status"] for r in rows(store, "SELECT id, status FROM worker")}
+    assert all(states[w] == "running" for w in killed), "a killed worker cannot sign off"
+    assert all(s == "stopped" for w, s in states.items() if w not in killed)
+
+
+def test_a_task_whose_leases_were_lost_beyond_its_budget_ends_dead(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """Claims lost to crashes spend attempts, so a task that kills workers cannot loop."""
+    store.submit([parse_task(t) for t in tasks(1, retry={"max_retries": 1})], batch_id="b")
+    for _ in range(2):  # two holders "crash": they claim and never write back
+        claimed = store.claim(1, lease_ms=200, worker_id="crashed")
+        assert [c.task_id for c in claimed] == ["t-00000"]
+        visible_at = scalar(store, "SELECT visible_at FROM task WHERE id = :i", i=claimed[0].id)
+        wait_for(lambda: store.db_now() > visible_at,  # noqa: B023 - used at once
+                 "the lease to expire", timeout=10)
+    store.submit([parse_task(t) for t in tasks(1, prefix="u")], batch_id="b")
+    run_worker(store, concurrency=2)
+    dead = task_row(store, "t-00000")
+    assert (dead["status"], dead["error_class"], dead["attempts"]) == (
+        "DEAD", "lease_expired", 3)
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
+        (3, "dead")]
+    assert task_row(store, "u-00000")["status"] == "SUCCEEDED"
+    assert simulator.stats(detail=True)["task_successes"] == {"u-00000": 1}, \
+        "the dead task was not sent to the model again"

@@ -1,0 +1,349 @@
+"""The store's queue operations on every backend: claims, fenced write-backs, renewals,
+operator transitions. Lease expiry is observed on the database clock, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import orjson
+import pytest
+
+from lockgate.errors import NotFound, StateConflict
+from lockgate.spec import parse_task
+from lockgate.store import ClaimedTask, Finish, Store
+
+from .support import rows, scalar, task_row, tasks, wait_for
+
+
+def submit(store: Store, n: int, prefix: str = "t", batch_id: str = "b") -> list[str]:
+    """Submit ``n`` tasks; return their task ids."""
+    specs = [parse_task(t) for t in tasks(n, prefix)]
+    report = store.submit(specs, batch_id=batch_id)
+    assert report.inserted == n
+    return [s.task_id for s in specs]
+
+
+def trace(c: ClaimedTask, outcome: str, **extra: Any) -> dict[str, Any]:
+    """A minimal attempt trace for a write-back."""
+    return {"attempt": c.attempt, "outcome": outcome, "started_at": 0, **extra}
+
+
+def succeed(c: ClaimedTask, value: Any) -> Finish:
+    return Finish(id=c.id, lease_token=c.lease_token, status="SUCCEEDED",
+                  result=orjson.dumps(value).decode(), parse_status="valid",
+                  attempt=trace(c, "succeeded", raw_output=orjson.dumps(value).decode()))
+
+
+def wait_lease_expired(store: Store, pk: int) -> None:
+    """Poll the database clock until the lease on task ``pk`` has run out."""
+    visible_at = scalar(store, "SELECT visible_at FROM task WHERE id = :i", i=pk)
+    wait_for(lambda: store.db_now() > visible_at, f"lease of task pk {pk} to expire",
+             timeout=10)
+
+
+# -- claims ---------------------------------------------------------------------------
+
+def test_claim_batches_are_bounded_and_each_gets_a_fresh_token(store: Store) -> None:
+    submit(store, 25)
+    batches = [store.claim(10, lease_ms=60_000, worker_id="w1") for _ in range(4)]
+    assert [len(b) for b in batches] == [10, 10, 5, 0]
+    claimed = [c for b in batches for c in b]
+    assert len({c.id for c in claimed}) == 25
+    tokens = [{c.lease_token for c in b} for b in batches[:3]]
+    assert all(len(t) == 1 for t in tokens), "one token per claim"
+    assert len(set.union(*tokens)) == 3, "a fresh token per claim"
+    assert {c.attempt for c in claimed} == {1}
+    db = {r["id"]: r for r in rows(store, "SELECT id, lease_token, leased_by, attempts, "
+                                          "status FROM task")}
+    for c in claimed:
+        assert db[c.id]["lease_token"] == c.lease_token
+        assert db[c.id]["leased_by"] == "w1"
+        assert db[c.id]["attempts"] == 1
+        assert db[c.id]["status"] == "PENDING"
+
+
+def test_claim_never_returns_leased_finished_or_cancelled_rows(store: Store) -> None:
+    ids = submit(store, 6)
+    held = store.claim(2, lease_ms=60_000, worker_id="w1")
+    assert len(held) == 2
+    report = store.finish([succeed(held[0], {"label": "no"})], worker_id="w1")
+    assert report.applied == [held[0].id]
+    held_ids = {c.task_id for c in held}
+    unclaimed = [t for t in ids if t not in held_ids]
+    store.cancel(unclaimed[0])
+    second = store.claim(100, lease_ms=60_000, worker_id="w2")
+    assert {c.task_id for c in second} == set(unclaimed[1:])
+    assert store.claim(100, lease_ms=60_000, worker_id="w3") == []
+
+
+def test_backing_off_task_is_invisible_until_its_delay_passes(store: Store) -> None:
+    submit(store, 1)
+    (c,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    before = store.db_now()
+    report = store.finish([Finish(id=c.id, lease_token=c.lease_token, status="PENDING",
+                                  error_class="server_error", error_message="HTTP 500",
+                                  delay_ms=1000, attempt=trace(c, "retry"))], worker_id="w1")
+    assert report.applied == [c.id]
+    row = task_row(store, c.task_id)
+    assert row["lease_token"] is None and row["leased_by"] is None
+    assert row["attempts"] == 1
+    assert row["visible_at"] - row["updated_at"] == 1000
+    assert row["visible_at"] >= before + 1000
+    assert store.claim(1, lease_ms=60_000, worker_id="w2") == []
+    wait_for(lambda: store.db_now() >= row["visible_at"], "back-off to pass", timeout=10)
+    (again,) = store.claim(1, lease_ms=60_000, worker_id="w2")
+    assert again.id == c.id
+    assert again.attempt == 2
+    assert again.lease_token != c.lease_token
+
+
+def test_release_gives_the_attempt_back(store: Store) -> None:
+    submit(store, 1)
+    (c,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    store.finish([Finish(id=c.id, lease_token=c.lease_token, status="PENDING",
+                         error_class="lease_expired", error_message="released",
+                         release_attempt=True, attempt=trace(c, "released"))], worker_id="w1")
+    row = task_row(store, c.task_id)
+    assert (row["status"], row["attempts"], row["lease_token"]) == ("PENDING", 0, None)
+    (again,) = store.claim(1, lease_ms=60_000, worker_id="w2")
+    assert again.attempt == 1
+
+
+@pytest.mark.slow
+def test_concurrent_claimers_never_share_a_row(db_url: str, store: Store) -> None:
+    total = 1500
+    submit(store, total)
+    n_threads = 4
+    barrier = threading.Barrier(n_threads)
+    lock = threading.Lock()
+    got: list[list[ClaimedTask]] = []
+    errors: list[BaseException] = []
+    claimed = [0]
+
+    def claimer(name: str) -> None:
+        s = Store(db_url, pool_size=1)
+        try:
+            barrier.wait(timeout=30)
+            while True:
+                with lock:
+                    if claimed[0] >= total:
+                        return
+                batch = s.claim(7, lease_ms=120_000, worker_id=name)
+                with lock:
+                    claimed[0] += len(batch)
+                    if batch:
+                        got.append(batch)
+        except BaseException as exc:  # reported below, with the thread's name
+            errors.append(exc)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a claimer hung"
+    assert not errors, errors
+    every = [c for b in got for c in b]
+    assert len(every) == total, "a row was claimed twice or lost"
+    assert len({c.id for c in every}) == total
+    assert all(len(b) <= 7 for b in got)
+    assert len({b[0].lease_token for b in got}) == len(got), "tokens are unique per claim"
+    db = {r["id"]: (r["lease_token"], r["attempts"]) for r in rows(
+        store, "SELECT id, lease_token, attempts FROM task")}
+    for c in every:
+        assert db[c.id] == (c.lease_token, 1), "the row holds the token of its only claim"
+    workers = {r["leased_by"] for r in rows(store, "SELECT DISTINCT leased_by FROM task")}
+    assert len(workers) > 1, "the claimers did not overlap at all"
+
+
+# -- fenced write-backs ------------------------------------------------------------------
+
+def test_stale_write_back_after_reclaim_is_discarded(store: Store) -> None:
+    submit(store, 1)
+    (first,) = store.claim(1, lease_ms=300, worker_id="slow-worker")
+    wait_lease_expired(store, first.id)
+    (second,) = store.claim(1, lease_ms=60_000, worker_id="fast-worker")
+    assert second.id == first.id
+    assert second.lease_token != first.lease_token
+    assert second.attempt == 2
+    before = task_row(store, first.task_id)
+
+    report = store.finish([succeed(first, {"label": "stale"})], worker_id="slow-worker")
+    assert report.applied == []
+    assert report.discarded == [first.id]
+    assert task_row(store, first.task_id) == before, "a stale write-back changed the row"
+    (stale,) = [a for a in rows(store, "SELECT * FROM task_attempt")]
+    assert stale["outcome"] == "discarded"
+    assert stale["worker_id"] == "slow-worker"
+    assert stale["lease_token"] == first.lease_token
+    assert stale["attempt"] == 1
+
+    report = store.finish([succeed(second, {"label": "fresh"})], worker_id="fast-worker")
+    assert report.applied == [second.id]
+    after = task_row(store, first.task_id)
+    assert after["status"] == "SUCCEEDED"
+    assert orjson.loads(after["result"]) == {"label": "fresh"}
+    assert after["version"] > before["version"]
+    outcomes = [a["outcome"] for a in rows(store, "SELECT outcome FROM task_attempt "
+                                                  "ORDER BY id")]
+    assert outcomes == ["discarded", "succeeded"]
+
+
+def test_write_back_after_expiry_but_before_any_reclaim_is_kept(store: Store) -> None:
+    """Documented choice (DESIGN "Leases as visibility"): the token still matches, so
+    no other holder exists and keeping the result is safe."""
+    submit(store, 1)
+    (c,) = store.claim(1, lease_ms=300, worker_id="w1")
+    wait_lease_expired(store, c.id)
+    report = store.finish([succeed(c, {"label": "yes"})], worker_id="w1")
+    assert report.applied == [c.id]
+    row = task_row(store, c.task_id)
+    assert row["status"] == "SUCCEEDED"
+    assert store.claim(1, lease_ms=60_000, worker_id="w2") == []
+
+
+def test_write_back_to_a_cancelled_task_is_discarded(store: Store) -> None:
+    submit(store, 1)
+    (c,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    store.cancel(c.task_id)
+    before = task_row(store, c.task_id)
+    report = store.finish([succeed(c, {"label": "yes"})], worker_id="w1")
+    assert report.discarded == [c.id]
+    assert task_row(store, c.task_id) == before
+    assert before["status"] == "CANCELLED" and before["result"] is None
+    assert scalar(store, "SELECT outcome FROM task_attempt") == "discarded"
+
+
+def test_terminal_state_is_final_for_a_second_write_back(store: Store) -> None:
+    submit(store, 1)
+    (c,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    assert store.finish([succeed(c, {"label": "no"})], worker_id="w1").applied == [c.id]
+    before = task_row(store, c.task_id)
+    again = Finish(id=c.id, lease_token=c.lease_token, status="PENDING", delay_ms=0,
+                   error_class="server_error", attempt=trace(c, "retry"))
+    assert store.finish([again], worker_id="w1").discarded == [c.id]
+    assert task_row(store, c.task_id) == before
+
+
+def test_one_write_back_batch_applies_owned_rows_and_discards_the_rest(store: Store) -> None:
+    submit(store, 6)
+    lost = store.claim(2, lease_ms=300, worker_id="w1")
+    kept = store.claim(2, lease_ms=60_000, worker_id="w1")
+    for c in lost:
+        wait_lease_expired(store, c.id)
+    # Another worker takes the two expired leases and the two rows never claimed.
+    taken = store.claim(10, lease_ms=60_000, worker_id="w2")
+    assert len(taken) == 4 and {c.id for c in lost} <= {c.id for c in taken}
+    mine = [*lost, *kept]
+    report = store.finish([succeed(c, {"label": "w1"}) for c in mine], worker_id="w1")
+    assert sorted(report.applied) == sorted(c.id for c in kept)
+    assert sorted(report.discarded) == sorted(c.id for c in lost)
+    for c in kept:
+        assert task_row(store, c.task_id)["status"] == "SUCCEEDED"
+    for c in lost:
+        row = task_row(store, c.task_id)
+        assert (row["status"], row["result"], row["leased_by"]) == ("PENDING", None, "w2")
+    outcomes = {r["task_pk"]: r["outcome"] for r in rows(
+        store, "SELECT task_pk, outcome FROM task_attempt")}
+    assert outcomes == {**{c.id: "discarded" for c in lost},
+                        **{c.id: "succeeded" for c in kept}}
+
+
+def test_failed_and_dead_write_backs_keep_their_reason(store: Store) -> None:
+    submit(store, 2)
+    a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
+    store.finish([
+        Finish(id=a.id, lease_token=a.lease_token, status="FAILED",
+               error_class="invalid_request", error_message="HTTP 400: bad",
+               attempt=trace(a, "failed")),
+        Finish(id=b.id, lease_token=b.lease_token, status="DEAD",
+               error_class="server_error", error_message="HTTP 500: boom",
+               attempt=trace(b, "dead")),
+    ], worker_id="w1")
+    ra, rb = task_row(store, a.task_id), task_row(store, b.task_id)
+    assert (ra["status"], ra["error_class"], ra["error_message"]) == (
+        "FAILED", "invalid_request", "HTTP 400: bad")
+    assert (rb["status"], rb["error_class"], rb["error_message"]) == (
+        "DEAD", "server_error", "HTTP 500: boom")
+    assert ra["finished_at"] is not None and rb["finished_at"] is not None
+
+
+# -- renewals and operator transitions ------------------------------------------------------
+
+def test_renew_extends_only_leases_still_held(store: Store) -> None:
+    submit(store, 2)
+    (a,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    (b,) = store.claim(1, lease_ms=300, worker_id="w1")
+    wait_lease_expired(store, b.id)
+    (b2,) = store.claim(1, lease_ms=60_000, worker_id="w2")
+    assert b2.id == b.id, "only b was visible"
+    submit(store, 1, prefix="c")
+    (c,) = store.claim(1, lease_ms=300, worker_id="w1")
+    wait_lease_expired(store, c.id)
+    b_before = task_row(store, b.task_id)
+    now = store.db_now()
+    held = {a.lease_token: [a.id], b.lease_token: [b.id], c.lease_token: [c.id]}
+    # a is held; c expired but nobody re-claimed it, so its token still holds it; b was
+    # re-claimed by w2 and must not move.
+    assert store.renew(held, lease_ms=60_000) == 2
+    assert task_row(store, b.task_id) == b_before
+    for t in (a, c):
+        assert task_row(store, t.task_id)["visible_at"] >= now + 60_000
+    assert store.claim(10, lease_ms=60_000, worker_id="w3") == []
+
+
+def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
+    ids = submit(store, 2)
+    store.cancel(ids[0])
+    with pytest.raises(StateConflict, match="CANCELLED"):
+        store.cancel(ids[0])
+    with pytest.raises(StateConflict, match="PENDING"):
+        store.retry(ids[1])
+    with pytest.raises(NotFound):
+        store.cancel("no-such-task")
+    store.retry(ids[0])
+    row = task_row(store, ids[0])
+    assert (row["status"], row["attempts"], row["finished_at"]) == ("PENDING", 0, None)
+    claimed = store.claim(10, lease_ms=60_000, worker_id="w1")
+    assert {c.task_id for c in claimed} == set(ids)
+
+
+# -- migrations ----------------------------------------------------------------------------
+
+def test_concurrent_migrations_of_a_fresh_database_agree(fresh_db_url: str) -> None:
+    """Every process migrates on start (``lockgate.connect``), so starting several
+    workers on an empty database must create the schema exactly once."""
+    n = 4
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        s = Store(fresh_db_url, pool_size=1)
+        try:
+            barrier.wait(timeout=30)
+            s.migrate()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=migrate) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    s = Store(fresh_db_url)
+    try:
+        (version,) = rows(s, "SELECT version_num FROM alembic_version")
+        assert version["version_num"]
+        submit(s, 3)
+        assert len(s.claim(10, lease_ms=1000, worker_id="w")) == 3
+        s.migrate()  # and once more: nothing to do
+        assert rows(s, "SELECT version_num FROM alembic_version") == [version]
+    finally:
+        s.close()

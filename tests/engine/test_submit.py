@@ -1,0 +1,380 @@
+"""Submitting task files (idempotent, all-or-nothing, precise refusals) and exporting
+results in every format, through the ``lockgate`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from typer.testing import CliRunner, Result
+
+from lockgate.app import Lockgate
+from lockgate.cli import app
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import TaskSpec, parse_task
+from lockgate.store import Store, SubmitReport
+
+from .support import (
+    PROSE_TEMPLATE,
+    SYSTEM,
+    clean_env,
+    expected_label,
+    lockgate_cmd,
+    read_jsonl,
+    rows,
+    run_worker,
+    scalar,
+    status_counts,
+    task,
+    tasks,
+    text_for,
+    write_jsonl,
+)
+
+
+def lockgate(*args: str | Path) -> Result:
+    """Run the ``lockgate`` command in this process."""
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def submitted(result: Result) -> tuple[int, int]:
+    """(submitted, already present) from the submit command's summary line."""
+    m = re.search(r"([\d,]+) submitted, ([\d,]+) already present", result.stderr)
+    assert m, result.stderr
+    return int(m[1].replace(",", "")), int(m[2].replace(",", ""))
+
+
+def task_count(store: Store) -> int:
+    return int(scalar(store, "SELECT COUNT(*) FROM task"))
+
+
+# -- idempotency ------------------------------------------------------------------------
+
+def test_submitting_a_file_twice_inserts_nothing_the_second_time(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "claims.jsonl", tasks(40))
+    first = lockgate("submit", path, "--db", db_url)
+    assert first.exit_code == 0, first.output
+    assert submitted(first) == (40, 0)
+    before = rows(store, "SELECT id, task_id, version, updated_at FROM task ORDER BY id")
+    second = lockgate("submit", path, "--db", db_url)
+    assert second.exit_code == 0, second.output
+    assert submitted(second) == (0, 40)
+    assert rows(store, "SELECT id, task_id, version, updated_at FROM task ORDER BY id") == before
+    assert {r["batch_id"] for r in rows(store, "SELECT DISTINCT batch_id FROM task")} == {
+        "claims"}, "the batch id defaults to the file's stem"
+
+
+def test_a_repeated_task_id_inside_one_file_is_inserted_once(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    lines = [task("dup", "first"), task("other"), task("dup", "second")]
+    result = lockgate("submit", write_jsonl(tmp_path / "f.jsonl", lines), "--db", db_url)
+    assert result.exit_code == 0, result.output
+    assert submitted(result) == (2, 1)
+    (dup,) = rows(store, "SELECT input_data FROM task WHERE task_id = 'dup'")
+    assert orjson.loads(dup["input_data"]) == {"text": "first"}, "the first occurrence wins"
+
+
+def test_concurrent_submits_in_threads_insert_each_task_once(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    n, k = 1200, 4
+    path = write_jsonl(tmp_path / "same.jsonl", tasks(n))
+    barrier = threading.Barrier(k)
+    inserted: list[int] = []
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        lg = Lockgate(db_url, migrate=False)
+        try:
+            barrier.wait(timeout=30)
+            inserted.append(lg.submit_file(path).inserted)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            lg.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sum(inserted) == n
+    assert task_count(store) == n
+
+
+@pytest.mark.slow
+def test_two_processes_submitting_one_file_insert_each_task_once(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    n = 1500
+    path = write_jsonl(tmp_path / "big.jsonl", tasks(n))
+    procs = [subprocess.Popen(lockgate_cmd("submit", str(path)), cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=clean_env(LOCKGATE_DATABASE_URL=db_url))
+             for _ in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    errs = [e.decode(errors="replace") for _o, e in outs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    counts = [re.search(r"([\d,]+) submitted, ([\d,]+) already present", e) for e in errs]
+    assert all(counts), errs
+    ins = [int(m[1].replace(",", "")) for m in counts if m]
+    dup = [int(m[2].replace(",", "")) for m in counts if m]
+    assert sum(ins) == n and [i + d for i, d in zip(ins, dup, strict=True)] == [n, n]
+    assert task_count(store) == n
+    assert scalar(store, "SELECT COUNT(DISTINCT task_id) FROM task") == n
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+BAD_LINES: list[tuple[Any, str, str]] = [
+    # (line content, field named, words of the reason)
+    (task("t-bad-temp", model={"temperature": 5}), "model_config.temperature",
+     "less than or equal to 2"),
+    ({k: v for k, v in task("t-no-model").items() if k != "model_config"}, "model_config",
+     "is required"),
+    ({**task("t-typo"), "retry_polcy": {}}, "retry_polcy", "not a known field"),
+    (task("t-extra-input") | {"input_data": {"text": "x", "y": 1}},
+     "input_data", "not used by the template"),
+    ({**task("t-neg"), "retry_policy": {"max_retries": -1}}, "retry_policy.max_retries",
+     "greater than or equal to 0"),
+    ({**task("t-stop"), "retry_policy": {"stop_on": ["bogus"]}}, "retry_policy.stop_on[0]",
+     "rate_limited"),
+    ("{not json", "", "not valid JSON"),
+]
+BAD_IDS = ["range", "missing", "unknown", "placeholder", "negative", "stop-on", "json"]
+
+#: SPEC T1 names six *required* meta-fields (README: only batch_id, priority and
+#: metadata are optional), but spec.TaskSpec gives delivery_rule and retry_policy
+#: defaults, so a line without them is accepted silently.
+for _missing in ("delivery_rule", "retry_policy"):
+    BAD_LINES.append(pytest.param(  # type: ignore[arg-type]
+        {k: v for k, v in task("t-no-" + _missing).items() if k != _missing}, _missing,
+        "is required"))
+    BAD_IDS.append(f"missing-{_missing}")
+
+
+@pytest.mark.parametrize("bad,field,reason", BAD_LINES, ids=BAD_IDS)
+def test_a_bad_line_is_refused_with_line_field_and_reason(
+        db_url: str, store: Store, tmp_path: Path, bad: Any, field: str, reason: str) -> None:
+    lines = [*tasks(2), bad, *tasks(2, prefix="u")]
+    result = lockgate("submit", write_jsonl(tmp_path / "f.jsonl", lines), "--db", db_url)
+    assert result.exit_code == 2, result.output
+    err = " ".join(result.stderr.split())
+    assert "line 3" in err
+    if field:
+        assert f"field '{field}'" in err
+    assert reason in err
+    assert "nothing was submitted" in err
+    assert task_count(store) == 0, "a file with a bad line must submit nothing"
+
+
+def test_skip_invalid_submits_the_good_lines_and_writes_rejects(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    good = tasks(5)
+    lines: list[Any] = [good[0], task("bad-1", model={"temperature": 9}), good[1], good[2],
+                        "[1, 2]", good[3], good[4]]
+    path = write_jsonl(tmp_path / "mixed.jsonl", lines)
+    result = lockgate("submit", path, "--db", db_url, "--skip-invalid")
+    assert result.exit_code == 0, result.output
+    assert submitted(result) == (5, 0)
+    assert {r["task_id"] for r in rows(store, "SELECT task_id FROM task")} == {
+        t["task_id"] for t in good}
+    rejects = read_jsonl(tmp_path / "mixed.rejects.jsonl")
+    assert [(r["line"], r["field"]) for r in rejects] == [
+        (2, "model_config.temperature"), (5, None)]
+    assert "less than or equal to 2" in rejects[0]["error"]
+    assert "expected a JSON object" in rejects[1]["error"]
+    assert orjson.loads(rejects[0]["raw"])["task_id"] == "bad-1"
+
+    own = tmp_path / "elsewhere.jsonl"
+    again = lockgate("submit", path, "--db", db_url, "--skip-invalid", "--rejects", own)
+    assert again.exit_code == 0, again.output
+    assert submitted(again) == (0, 5)
+    assert len(read_jsonl(own)) == 2
+
+
+def test_a_batch_named_in_the_task_lines_can_be_exported(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "file.jsonl", [t | {"batch_id": "custom"} for t in tasks(3)])
+    assert lockgate("submit", path, "--db", db_url).exit_code == 0
+    assert set(store.status()["batches"]) == {"custom"}
+    result = lockgate("export", "custom", "--db", db_url)
+    assert result.exit_code == 0, result.stderr
+    assert [r["task_id"] for r in map(orjson.loads, result.stdout.splitlines())] == [
+        t["task_id"] for t in tasks(3)]
+
+
+# -- OpenAI batch format in and out -------------------------------------------------------
+
+def openai_line(custom_id: str, text: str, *, json_mode: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "sim-small", "temperature": 0, "messages": [
+        {"role": "system", "content": SYSTEM.replace("{{", "{").replace("}}", "}")},
+        {"role": "user", "content": f"<input>\n{text}\n</input>"}]}
+    if json_mode:
+        body["response_format"] = {"type": "json_object"}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": body}
+
+
+def test_openai_batch_format_in_and_out(db_url: str, store: Store, simulator: SimulatorProcess,
+                                        tmp_path: Path) -> None:
+    lines = [openai_line(f"req-{i}", text_for(i)) for i in range(6)]
+    lines.append(openai_line("req-text", "please refund", json_mode=False))
+    path = write_jsonl(tmp_path / "requests.jsonl", lines)
+    result = lockgate("submit", path, "--db", db_url, "--format", "openai-batch",
+                      "--batch", "oa")
+    assert result.exit_code == 0, result.output
+    assert submitted(result) == (7, 0)
+    run_worker(store, concurrency=8)
+    assert status_counts(store) == {"SUCCEEDED": 7}
+
+    out = tmp_path / "out.jsonl"
+    exported = lockgate("export", "oa", "--db", db_url, "--format", "openai-batch", "-o", out)
+    assert exported.exit_code == 0, exported.output
+    by_id = {r["custom_id"]: r for r in read_jsonl(out)}
+    assert set(by_id) == {line["custom_id"] for line in lines}
+    for i in range(6):
+        line = by_id[f"req-{i}"]
+        assert line["error"] is None
+        resp = line["response"]
+        assert resp["status_code"] == 200
+        content = resp["body"]["choices"][0]["message"]["content"]
+        assert orjson.loads(content) == {"label": expected_label(text_for(i))}
+        usage = resp["body"]["usage"]
+        assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    text_reply = by_id["req-text"]["response"]["body"]["choices"][0]["message"]["content"]
+    assert orjson.loads(text_reply) == {"label": "yes"}, "text mode returns the reply as is"
+    # Braces in OpenAI messages are literal text, not placeholders.
+    snap = scalar(store, "SELECT prompt_snapshot FROM task_attempt LIMIT 1")
+    assert '{\\"label\\": \\"yes\\"}' in snap
+
+
+def test_openai_batch_bad_line_names_its_field(db_url: str, store: Store,
+                                               tmp_path: Path) -> None:
+    bad = openai_line("req-1", "x") | {"method": "GET"}
+    path = write_jsonl(tmp_path / "r.jsonl", [openai_line("req-0", "y"), bad])
+    result = lockgate("submit", path, "--db", db_url, "--format", "openai-batch")
+    assert result.exit_code == 2
+    err = " ".join(result.stderr.split())
+    assert "line 2, field 'method'" in err and "must be POST" in err
+    assert task_count(store) == 0
+
+
+# -- export with precise errors -------------------------------------------------------------
+
+def _mixed_outcomes(db_url: str, store: Store, simulator: SimulatorProcess,
+                    tmp_path: Path) -> None:
+    simulator.configure(strict_models=True)
+    lines = [
+        task("ok-refund", "please refund"),
+        task("ok-parcel", "where is my parcel"),
+        task("fail-model", "x", model={"name": "no-such-model"}),
+        task("fail-prose", "some text", template=PROSE_TEMPLATE,
+             delivery={"on_invalid": "fail"}),
+        task("dead-prose", "more text", template=PROSE_TEMPLATE,
+             retry={"max_retries": 1, "base_delay_ms": 0, "jitter": 0}),
+    ]
+    result = lockgate("submit", write_jsonl(tmp_path / "mixed.jsonl", lines), "--db", db_url)
+    assert result.exit_code == 0, result.output
+    run_worker(store, concurrency=8)
+    assert status_counts(store) == {"SUCCEEDED": 2, "FAILED": 2, "DEAD": 1}
+
+
+def test_export_jsonl_and_csv_give_the_precise_error_of_each_task(
+        db_url: str, store: Store, simulator: SimulatorProcess, tmp_path: Path) -> None:
+    _mixed_outcomes(db_url, store, simulator, tmp_path)
+    out = tmp_path / "results.jsonl"
+    result = lockgate("export", "mixed", "--db", db_url, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "exported 5 task(s)" in result.stderr
+    by_id = {r["task_id"]: r for r in read_jsonl(out)}
+    assert by_id["ok-refund"]["result"] == {"label": "yes"}
+    assert by_id["ok-parcel"]["result"] == {"label": "no"}
+    assert by_id["ok-refund"]["error"] is None
+    model_err = by_id["fail-model"]["error"]
+    assert by_id["fail-model"]["status"] == "FAILED"
+    assert model_err["class"] == "invalid_request"
+    assert "HTTP 404" in model_err["message"] and "no-such-model" in model_err["message"]
+    prose = by_id["fail-prose"]
+    assert (prose["status"], prose["error"]["class"]) == ("FAILED", "invalid_output")
+    assert "no_json_found" in prose["error"]["message"]
+    assert prose["attempts"] == 1, "on_invalid=fail does not retry"
+    dead = by_id["dead-prose"]
+    assert (dead["status"], dead["error"]["class"], dead["attempts"]) == (
+        "DEAD", "invalid_output", 2)
+
+    result = lockgate("export", "mixed", "--db", db_url, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    table = {r["task_id"]: r for r in csv.DictReader(io.StringIO(result.stdout))}
+    assert set(table) == set(by_id)
+    assert table["fail-model"]["error_class"] == "invalid_request"
+    assert "HTTP 404" in table["fail-model"]["error_message"]
+    assert table["dead-prose"]["status"] == "DEAD"
+    assert orjson.loads(table["ok-refund"]["result"]) == {"label": "yes"}
+    assert table["ok-refund"]["error_class"] == ""
+
+    result = lockgate("export", "mixed", "--db", db_url, "--format", "openai-batch")
+    assert result.exit_code == 0, result.output
+    oa = {r["custom_id"]: r for r in map(orjson.loads, result.stdout.splitlines())}
+    assert oa["fail-model"]["response"] is None
+    assert oa["fail-model"]["error"]["code"] == "invalid_request"
+    assert oa["dead-prose"]["error"]["code"] == "invalid_output"
+
+
+def test_export_of_an_unknown_batch_or_format_is_refused(db_url: str) -> None:
+    result = lockgate("export", "nope", "--db", db_url)
+    assert result.exit_code == 2
+    assert "no batch 'nope'" in result.stderr
+    result = lockgate("export", "nope", "--db", db_url, "--format", "xml")
+    assert result.exit_code == 2
+    assert "--format must be one of" in result.stderr
+
+
+def test_concurrent_submits_sharing_configs_in_crossing_order_both_succeed(
+        backend: str, db_url: str, store: Store, request: pytest.FixtureRequest) -> None:
+    """Two submissions of different tasks that use the same two configs (prompt
+    templates) in opposite orders. The generators meet at a barrier after each one's
+    first config is inserted, which forces the crossing every time (on SQLite the
+    second submission waits for the first, so the barrier just times out)."""
+    x, y = {"temperature": 0.1}, {"temperature": 0.9}
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+    reports: list[SubmitReport] = []
+
+    def specs(first: dict[str, Any], second: dict[str, Any], name: str) -> Iterator[TaskSpec]:
+        yield parse_task(task(f"{name}-1", model=first))
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=1.5)
+        yield parse_task(task(f"{name}-2", model=second))
+        yield parse_task(task(f"{name}-3", model=first))
+
+    def submit(first: dict[str, Any], second: dict[str, Any], name: str) -> None:
+        s = Store(db_url, pool_size=1)
+        try:
+            reports.append(s.submit(specs(first, second, name), batch_id=name))
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=submit, args=(x, y, "a")),
+               threading.Thread(target=submit, args=(y, x, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    assert sorted(r.inserted for r in reports) == [3, 3]
+    assert task_count(store) == 6
+    assert scalar(store, "SELECT COUNT(*) FROM task_config") == 2

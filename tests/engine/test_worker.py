@@ -1,0 +1,159 @@
+"""The worker process: graceful shutdown on SIGTERM (within and beyond the grace period),
+burst mode, and its worker row."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+
+from .support import (
+    BackgroundWorker,
+    WorkerPool,
+    rows,
+    run_worker,
+    status_counts,
+    tasks,
+    wait_for,
+    worker_id_of,
+)
+
+N = 10
+CONCURRENCY = 4
+
+
+def in_flight(sim: SimulatorProcess, n: int) -> bool:
+    return int(sim.stats()["in_flight"]) >= n
+
+
+@pytest.mark.slow
+def test_sigterm_lets_in_flight_calls_finish_and_exits_cleanly(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 3000})
+    store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
+    proc = workers.start(burst=False, concurrency=CONCURRENCY, grace=30, lease=10)
+    wid = worker_id_of(store, proc.pid)
+    wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight", timeout=60)
+    calls_at_signal = simulator.stats()["requests"]
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.log()
+
+    stats = simulator.stats()
+    assert stats["requests"] == calls_at_signal, "the worker claimed after SIGTERM"
+    assert stats["in_flight"] == 0
+    done = rows(store, "SELECT task_id, attempts FROM task WHERE status = 'SUCCEEDED'")
+    assert len(done) == calls_at_signal == stats["successes"]
+    assert all(r["attempts"] == 1 for r in done)
+    untouched = rows(store, "SELECT attempts, lease_token FROM task WHERE status = 'PENDING'")
+    assert len(untouched) == N - len(done)
+    assert all(r["attempts"] == 0 and r["lease_token"] is None for r in untouched)
+    (w,) = rows(store, "SELECT status, stopped_at, succeeded, in_flight FROM worker "
+                       "WHERE id = :w", w=wid)
+    assert w["status"] == "stopped" and w["stopped_at"] is not None
+    assert (w["succeeded"], w["in_flight"]) == (len(done), 0)
+    assert f"{len(done)} succeeded" in proc.log()
+
+
+@pytest.mark.slow
+def test_calls_still_running_when_grace_ends_are_released_unspent(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 20_000})
+    store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
+    proc = workers.start(burst=False, concurrency=CONCURRENCY, grace=0.5, lease=30)
+    wid = worker_id_of(store, proc.pid)
+    wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight", timeout=60)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(15) == 0, proc.log()
+
+    assert status_counts(store) == {"PENDING": N}
+    held = rows(store, "SELECT t.task_id, t.attempts, t.lease_token, t.leased_by, "
+                       "a.outcome, a.error_class, a.attempt FROM task t "
+                       "JOIN task_attempt a ON a.task_pk = t.id")
+    assert len(held) == CONCURRENCY
+    for r in held:
+        assert (r["attempts"], r["lease_token"], r["leased_by"]) == (0, None, None), r
+        assert (r["outcome"], r["error_class"], r["attempt"]) == (
+            "released", "lease_expired", 1)
+    assert rows(store, "SELECT status FROM worker WHERE id = :w", w=wid) == [
+        {"status": "stopped"}]
+    assert simulator.stats()["successes"] == 0
+
+    # Another worker completes everything; the released tasks run as attempt 1 again.
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 0})
+    stats = run_worker(store, concurrency=8)
+    assert stats.succeeded == N
+    assert status_counts(store) == {"SUCCEEDED": N}
+    released = {r["task_id"] for r in held}
+    for r in rows(store, "SELECT t.task_id, t.attempts, a.attempt FROM task t JOIN "
+                         "task_attempt a ON a.task_pk = t.id WHERE a.outcome = 'succeeded'"):
+        assert (r["attempts"], r["attempt"]) == (1, 1), r
+    assert len(released) == CONCURRENCY
+    assert simulator.stats()["duplicate_successes"] == 0
+
+
+def test_burst_worker_on_an_empty_queue_stops_at_once(store: Store,
+                                                      simulator: SimulatorProcess) -> None:
+    stats = run_worker(store, concurrency=4, timeout=30)
+    assert (stats.claimed, stats.succeeded) == (0, 0)
+    (w,) = rows(store, "SELECT status, concurrency FROM worker")
+    assert (w["status"], w["concurrency"]) == ("stopped", 4)
+
+
+def test_burst_worker_waits_for_a_task_backing_off(store: Store,
+                                                   simulator: SimulatorProcess) -> None:
+    """Burst mode ends only when nothing is PENDING, including tasks backing off."""
+    simulator.configure(rate_500=1.0)
+    store.submit([parse_task(t) for t in tasks(1, retry={"max_retries": 1,
+                                                         "base_delay_ms": 300,
+                                                         "jitter": 0.0})], batch_id="b")
+    stats = run_worker(store, concurrency=2, timeout=30)
+    assert (stats.retried, stats.dead) == (1, 1)
+    assert status_counts(store) == {"DEAD": 1}
+
+
+def test_a_second_stop_request_releases_in_flight_calls_at_once(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """Worker.request_stop: "a second signal means: now", also once the grace period
+    has begun (the in-flight calls here would take 4 s, the grace is a minute)."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 4000})
+    store.submit([parse_task(t) for t in tasks(CONCURRENCY)], batch_id="b")
+    with BackgroundWorker(store, concurrency=CONCURRENCY, shutdown_grace_s=60,
+                          heartbeat_s=0.1, lease_s=1.2) as bg:
+        wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight")
+        bg.request_stop()
+        wait_for(lambda: rows(store, "SELECT status FROM worker") == [{"status": "stopping"}],
+                 "the worker to report that it is stopping")
+        bg.request_stop()
+        stats = bg.stop()
+    assert (stats.released, stats.succeeded) == (CONCURRENCY, 0)
+    assert simulator.stats()["successes"] == 0
+    assert rows(store, "SELECT DISTINCT attempts, lease_token FROM task") == [
+        {"attempts": 0, "lease_token": None}]
+
+
+def test_long_calls_keep_their_lease_by_renewing_it(store: Store,
+                                                    simulator: SimulatorProcess) -> None:
+    """Calls last more than twice the lease; a second worker polls all along and must
+    never get the tasks (their leases are renewed every lease/3)."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 3500})
+    store.submit([parse_task(t) for t in tasks(CONCURRENCY)], batch_id="b")
+    with BackgroundWorker(store, concurrency=CONCURRENCY, lease_s=1.5) as holder:
+        wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight")
+        first_expiry = max(r["visible_at"] for r in rows(store, "SELECT visible_at FROM task"))
+        with BackgroundWorker(store, concurrency=CONCURRENCY, lease_s=1.5,
+                              poll_max_s=0.05) as thief:
+            wait_for(lambda: store.db_now() > first_expiry + 500,
+                     "the original leases to have run out", timeout=10)
+            assert rows(store, "SELECT COUNT(*) AS n FROM task WHERE visible_at > :t",
+                        t=first_expiry) == [{"n": CONCURRENCY}], "leases were renewed"
+            thief_stats = thief.stop()
+        held = holder.stop()
+    assert thief_stats.claimed == 0
+    assert (held.claimed, held.succeeded, held.discarded) == (CONCURRENCY,) * 2 + (0,)
+    assert status_counts(store) == {"SUCCEEDED": CONCURRENCY}
+    stats = simulator.stats()
+    assert (stats["requests"], stats["duplicate_successes"]) == (CONCURRENCY, 0)
