@@ -79,7 +79,9 @@ class Dialect:
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
-        """Serialise schema migrations across processes."""
+        """Serialise schema migrations across processes: held from before the
+        migration's transaction begins until after it commits (SQLite needs nothing:
+        its IMMEDIATE transactions already serialise writers)."""
         yield
 
     def _claim_update_sql(self, where: str) -> str:
@@ -154,8 +156,14 @@ class PostgresDialect(Dialect):
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
-        conn.execute(text("SELECT pg_advisory_xact_lock(7193001)"))
-        yield
+        conn.execute(text("SELECT pg_advisory_lock(7193001)"))
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(7193001)"))
+            conn.commit()
 
 
 class MySQLDialect(Dialect):
@@ -199,12 +207,15 @@ class MySQLDialect(Dialect):
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
         got = conn.execute(text("SELECT GET_LOCK('lockgate_migrate', 120)")).scalar()
+        conn.commit()
         if got != 1:
             raise TimeoutError("another process holds the migration lock for over 120 s")
         try:
             yield
         finally:
+            conn.rollback()
             conn.execute(text("SELECT RELEASE_LOCK('lockgate_migrate')"))
+            conn.commit()
 
 
 def _expanding(name: str) -> Any:
