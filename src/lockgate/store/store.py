@@ -102,10 +102,9 @@ class Store:
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
         # The lock is released only after the upgrade committed, so the next process
         # to take it sees the new revision (and does nothing).
-        with self.engine.connect() as conn, self.dialect.migration_lock(conn):
-            with conn.begin():
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
+        with self.engine.connect() as conn, self.dialect.migration_lock(conn), conn.begin():
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
 
     def db_now(self) -> int:
         """The database clock in ms (the one lease arithmetic uses)."""
