@@ -7,7 +7,11 @@ realistic faults. Run it with ``make demo``.
 2. generate the tasks (examples/complaints/generate.py) and submit them;
 3. work them with a progress bar (rate, ETA);
 4. print the summary: tasks by terminal state, retries, calls, duplicate calls,
-   throughput, latency percentiles, field completeness, and label accuracy.
+   throughput, latency percentiles, field completeness, and label accuracy;
+5. the release gate: register the prompt (v1 live), add a regular and a hard labelled
+   dataset, bind them with thresholds, propose v2 (better rules) and v3 (worse rules),
+   and let the workers evaluate them. The decisions are real outcomes of evaluation:
+   the simulator follows the labelling rules each prompt states.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -26,6 +32,7 @@ import generate  # noqa: E402
 
 import lockgate  # noqa: E402
 from lockgate.cli import run_batch  # noqa: E402
+from lockgate.cli_registry import decision_table, progress_table  # noqa: E402
 from lockgate.report import summarize, summary_table  # noqa: E402
 from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
 
@@ -45,6 +52,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--out", type=Path, default=Path("demo-out"))
+    ap.add_argument("--gate-items", type=int, default=200,
+                    help="items per release-gate dataset")
     a = ap.parse_args()
     console = Console()
     if a.out.exists():
@@ -89,8 +98,64 @@ def main() -> int:
             with export.open("w", encoding="utf-8") as fh:
                 lockgate.files.write_jsonl(lg.results("complaints"), fh)
             console.print(f"results: {export}   database: {a.out / 'demo.db'}")
+            gate_act(lg, console, a.gate_items)
             console.print("try: .venv/bin/lockgate status --db sqlite:///demo-out/demo.db")
+            console.print("     .venv/bin/lockgate prompt history complaints "
+                          "--db sqlite:///demo-out/demo.db")
     return 0
+
+
+#: What the gate checks, per dataset (SPEC G3): category and emotion must both be right.
+REGULAR = {"thresholds": ["accuracy>=0.95", "error_ratio<=0.02", "latency_p95_ms<=10000"],
+           "comparison": "fields:category,emotion", "non_inferiority": 0.02}
+HARD = {"thresholds": ["accuracy>=0.80", "error_ratio<=0.05"],
+        "comparison": "fields:category,emotion", "confidence": 0.95, "min_samples": 100}
+
+
+def gate_act(lg: lockgate.Lockgate, console: Console, items: int) -> None:
+    """Register the prompt, bind two datasets, and gate v2 and v3 through evaluation."""
+    console.rule("[bold]release gate")
+    first = next(generate.tasks(1, 1, [], "x", "x", 0.0))  # the labelling job's configs
+    lg.prompts.create("complaints", generate.load_prompt(HERE / "complaints" / "prompt_v1.txt"),
+                      model_config=first["model_config"], delivery_rule=first["delivery_rule"],
+                      tag="prompt-v1.0.0", note="the prompt of the labelling job")
+    for kind, binding in (("regular", REGULAR), ("hard", HARD)):
+        lg.datasets.add(kind, list(generate.dataset(kind, items, 20261201)))
+        lg.gate.bind("complaints", kind, **binding)  # type: ignore[arg-type]
+    console.print(f"prompt complaints v1 is live; datasets regular and hard "
+                  f"({items} labelled complaints each) bound:\n"
+                  f"  regular: {', '.join(REGULAR['thresholds'])}, not worse than live by "
+                  f"more than 0.02\n  hard:    {', '.join(HARD['thresholds'])}, "
+                  "Wilson lower bound at 95%, at least 100 samples")
+    for version, tag, why in (("v2", "prompt-v1.1.0", "more keywords per category"),
+                              ("v3", "prompt-v1.2.0", "rules removed, one wrong rule")):
+        template = generate.load_prompt(HERE / "complaints" / f"prompt_{version}.txt")
+        proposal = lg.prompts.propose("complaints", template, tag=tag, note=why)
+        console.print(f"\nproposed {version} ({why}): update {proposal.update_id}, "
+                      f"evaluating against live v{proposal.base_version} ...")
+        status = evaluate(lg, console, proposal.update_id)
+        console.print(decision_table(status))
+        console.print(f"live version now: v{lg.prompts.version('complaints').version}")
+
+
+def evaluate(lg: lockgate.Lockgate, console: Console, update_id: int) -> dict:
+    """Run a burst worker (it runs the gate's roles too) and show progress until decided."""
+    worker = lg.worker(burst=True)
+    thread = threading.Thread(target=lambda: lockgate.app.run_async(worker.run()),
+                              name="demo-worker")
+    thread.start()
+    from rich.live import Live
+
+    with Live(console=console, refresh_per_second=4, transient=True) as live:
+        while True:
+            status = lg.gate.status(update_id)
+            live.update(progress_table(status))
+            if status["terminal"] and not thread.is_alive():
+                break
+            time.sleep(0.25)
+    thread.join()
+    console.print(progress_table(status))
+    return status
 
 
 if __name__ == "__main__":

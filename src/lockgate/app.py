@@ -20,8 +20,13 @@ from typing import Any
 from lockgate.config import Settings, load_settings
 from lockgate.errors import SpecError
 from lockgate.files import Format, check_file, check_spec, describe_rejects, valid_specs
+from lockgate.flow.window import BatchPlan
+from lockgate.gate.api import Gate
+from lockgate.gate.service import GateService
+from lockgate.registry.api import Datasets, Prompts
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
+from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
 
 
@@ -49,6 +54,10 @@ class Lockgate:
         self.store = Store(url)
         if migrate:
             self.store.migrate()
+        #: The prompt registry, datasets and release gate (docs/gate.md).
+        self.prompts = Prompts(self.store, self.settings)
+        self.datasets = Datasets(self.store)
+        self.gate = Gate(self.store)
 
     def close(self) -> None:
         """Close the database connections."""
@@ -61,15 +70,31 @@ class Lockgate:
         self.close()
 
     def submit(self, tasks: Iterable[TaskSpec | dict[str, Any]], *,
-               batch_id: str = "default") -> SubmitReport:
-        """Validate every task, then insert them all in one transaction (idempotent)."""
+               batch_id: str = "default", plan: BatchPlan | None = None) -> SubmitReport:
+        """Validate every task, then insert them all in one transaction (idempotent).
+        ``plan`` sets the batch's weight, deadline or time window (docs/flow.md)."""
         specs = [_as_spec(t, i) for i, t in enumerate(tasks, start=1)]
-        return self.store.submit(specs, batch_id=batch_id)
+        return self._planned(self.store.submit(
+            specs, batch_id=batch_id, pool_of=self._pool_of,
+            batch_fields=plan.fields() if plan else None), plan)
+
+    def _pool_of(self, spec: TaskSpec) -> str:
+        return self.settings.pool_of(spec.model)
+
+    def _planned(self, report: SubmitReport, plan: BatchPlan | None) -> SubmitReport:
+        """A window without a target throughput gets tasks / length."""
+        w = plan.window if plan else None
+        if w is not None and w.target_per_s is None:
+            total = report.inserted + report.duplicates
+            FlowStore(self.store).set_batch(report.batch_id,
+                                            target_per_s=total * 1000.0 / w.length_ms)
+        return report
 
     def submit_file(self, path: str | Path, *, format: Format = "tasks",
                     batch_id: str | None = None, skip_invalid: bool = False,
                     rejects: str | Path | None = None,
-                    progress: Callable[[int], None] | None = None) -> SubmitReport:
+                    progress: Callable[[int], None] | None = None,
+                    plan: BatchPlan | None = None) -> SubmitReport:
         """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping)."""
         p = Path(path)
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
@@ -84,20 +109,29 @@ class Lockgate:
                 f"or pass --skip-invalid to submit the {checked.valid} good line(s):\n"
                 + describe_rejects(checked.rejected))
         skip = {n for n, _ in checked.rejected}
-        return self.store.submit(valid_specs(p, format, skip), batch_id=batch_id or p.stem,
-                                 source=str(p), progress=progress)
+        return self._planned(self.store.submit(
+            valid_specs(p, format, skip), batch_id=batch_id or p.stem, source=str(p),
+            progress=progress, pool_of=self._pool_of,
+            batch_fields=plan.fields() if plan else None), plan)
 
-    def worker(self, *, burst: bool = False, **overrides: Any) -> Worker:
-        """A worker bound to this database (run it with ``asyncio``/``run_worker``)."""
+    def worker(self, *, burst: bool = False, gate: bool = True, **overrides: Any) -> Worker:
+        """A worker bound to this database (run it with ``asyncio``/``run_worker``);
+        with ``gate`` it also runs the release gate's roles."""
         settings = self.settings
         if overrides:
             settings = settings.model_copy(update={
                 "worker": settings.worker.model_copy(update=overrides)})
-        return Worker(self.store, settings, burst=burst)
+        g = settings.gate
+        services = [GateService(self.store, lease_s=g.lease_s or settings.worker.lease_s,
+                                poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page)
+                    ] if gate and g.enabled else []
+        return Worker(self.store, settings, burst=burst, services=services)
 
-    def run_worker(self, *, burst: bool = False, **overrides: Any) -> WorkerStats:
-        """Work tasks until stopped (SIGTERM/SIGINT) or, with ``burst``, until drained."""
-        stats: WorkerStats = run_async(self.worker(burst=burst, **overrides).run())
+    def run_worker(self, *, burst: bool = False, gate: bool = True,
+                   **overrides: Any) -> WorkerStats:
+        """Work tasks until stopped (SIGTERM/SIGINT) or, with ``burst``, until drained
+        (no task PENDING and, with ``gate``, no candidate still being evaluated)."""
+        stats: WorkerStats = run_async(self.worker(burst=burst, gate=gate, **overrides).run())
         return stats
 
     def status(self) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""The command line: ``lockgate init|submit|run|worker|status|export|tasks|simulate|cleanup``."""
+"""The command line: ``lockgate init|submit|run|worker|status|export|tasks|simulate|cleanup``
+and, from cli_registry.py, ``prompt|dataset|bind|gate``."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,8 +25,11 @@ from rich.progress import (
 from rich.table import Table
 
 from lockgate.app import Lockgate, run_async
+from lockgate.cli_registry import register as register_registry
 from lockgate.errors import LockgateError
 from lockgate.files import WRITERS
+from lockgate.flow.status import report as flow_report
+from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.report import summarize, summary_table
 from lockgate.worker import WorkerStats
 
@@ -32,6 +37,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Durable, leased LLM prompt tasks on SQL databases.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect and operate on single tasks.")
 app.add_typer(tasks_app, name="tasks")
+register_registry(app)  # prompt, dataset, bind, gate (cli_registry.py)
 console = Console(stderr=True)
 out = Console()
 
@@ -59,7 +65,7 @@ def _progress() -> Progress:
 
 
 def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
-            rejects: Path | None) -> str:
+            rejects: Path | None, plan: BatchPlan | None = None) -> str:
     if fmt not in ("tasks", "openai-batch"):
         raise LockgateError(f"--format must be tasks or openai-batch, not {fmt!r}")
     if skip_invalid and rejects is None:
@@ -68,7 +74,7 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
         bar = prog.add_task("submitting", total=None, rate="")
         report = lg.submit_file(file, format=fmt, batch_id=batch,  # type: ignore[arg-type]
                                 skip_invalid=skip_invalid, rejects=rejects,
-                                progress=lambda n: prog.advance(bar, n))
+                                progress=lambda n: prog.advance(bar, n), plan=plan)
     console.print(f"batch [bold]{report.batch_id}[/bold]: {report.inserted:,} submitted, "
                   f"{report.duplicates:,} already present (skipped)")
     if skip_invalid and rejects is not None and rejects.stat().st_size:
@@ -92,13 +98,43 @@ def submit(file: Path, db: DbOpt = None, fmt: FormatOpt = "tasks",
            batch: Annotated[str | None, typer.Option(help="batch id [default: file stem]")] = None,
            skip_invalid: Annotated[bool, typer.Option(
                "--skip-invalid", help="submit the good lines, write rejects to a file")] = False,
-           rejects: Annotated[Path | None, typer.Option(help="where rejects go")] = None) -> None:
+           rejects: Annotated[Path | None, typer.Option(help="where rejects go")] = None,
+           config: ConfigOpt = None,
+           window: Annotated[str | None, typer.Option(
+               help="time window HH:MM-HH:MM (local time): tasks start at its start and "
+                    "are paced to finish inside it")] = None,
+           cron: Annotated[str | None, typer.Option(
+               help="window start from a cron expression, e.g. '0 2 * * *'")] = None,
+           duration: Annotated[str | None, typer.Option(
+               help="window length with --cron, e.g. 90m")] = None,
+           target: Annotated[float | None, typer.Option(
+               help="window target tasks/s [tasks / window length]")] = None,
+           weight: Annotated[float | None, typer.Option(
+               help="SLA base weight of the batch [1]")] = None,
+           deadline: Annotated[str | None, typer.Option(
+               help="deadline (ISO time or +90m): urgency grows as it nears")] = None) -> None:
     """Submit a task file (idempotent on task_id; nothing is half-submitted)."""
     try:
-        with _open(db) as lg:
-            _submit(lg, file, fmt, batch, skip_invalid, rejects)
+        plan = plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
+                                 deadline=deadline, target=target,
+                                 now=datetime.now().astimezone())
+    except ValueError as exc:
+        _fail(LockgateError(str(exc)))
+    try:
+        with _open(db, config) as lg:
+            _submit(lg, file, fmt, batch, skip_invalid, rejects, plan)
     except LockgateError as exc:
         _fail(exc)
+    if plan is not None and plan.window is not None:
+        w = plan.window
+        console.print(f"window {_clock(w.start_ms)} - {_clock(w.end_ms)}: tasks start at "
+                      "its start and are paced to finish inside it")
+
+
+def _clock(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%m-%d %H:%M:%S")
 
 
 WorkerOpts = dict[str, Any]
@@ -121,14 +157,19 @@ GraceOpt = Annotated[float | None, typer.Option(help="seconds to finish calls on
 def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = None,
            claim_batch: BatchOpt = None, lease: LeaseOpt = None, grace: GraceOpt = None,
            burst: Annotated[bool, typer.Option(help="exit when no task is pending")] = False,
+           gate: Annotated[bool, typer.Option(help="also run the release gate's roles")]
+           = True,
+           pool: Annotated[str | None, typer.Option(
+               help="serve only this pool (endpoint.pool) [all pools]")] = None,
            log_level: Annotated[str, typer.Option(help="logging level")] = "WARNING") -> None:
     """Work tasks until SIGTERM/SIGINT. Run any number, on any number of machines."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         with _open(db, config) as lg:
-            w = lg.worker(burst=burst, **_worker_overrides(concurrency, claim_batch, lease,
-                                                           grace))
+            w = lg.worker(burst=burst, gate=gate,
+                          **_worker_overrides(concurrency, claim_batch, lease, grace),
+                          **({"pool": pool} if pool else {}))
             console.print(f"worker {w.id} on {lg.store.dialect.name}: concurrency "
                           f"{w.ws.concurrency}, lease {w.ws.lease_s:g}s")
             stats: WorkerStats = run_async(w.run())
@@ -178,12 +219,13 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None, fmt: FormatOpt =
 
 @app.command()
 def status(db: DbOpt = None,
-           as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False
-           ) -> None:
-    """Counts per state and batch, leases in flight, workers alive."""
+           as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+           config: ConfigOpt = None) -> None:
+    """Counts per state and batch, leases in flight, workers alive, endpoints and windows."""
     try:
-        with _open(db) as lg:
+        with _open(db, config) as lg:
             st = lg.status()
+            st["flow"] = flow_report(lg.store, lg.settings, st["workers"])
     except LockgateError as exc:
         _fail(exc)
     if as_json:
@@ -207,6 +249,45 @@ def status(db: DbOpt = None,
                   str(row["succeeded"]), str(row["failed"]), str(row["discarded"]),
                   f"{(st['now'] - row['heartbeat_at']) / 1000:.1f}s")
     out.print(w)
+    _print_flow(st["flow"])
+
+
+def _print_flow(flow: dict[str, Any]) -> None:
+    """Endpoints (limits, pauses, concurrency, health) and windows (projections)."""
+    if flow["endpoints"]:
+        t = Table(title="endpoints")
+        for col in ("endpoint", "pool", "rpm", "tpm", "paused", "breaker", "concurrency",
+                    "in flight", "waiting", "latency", "failures", "fallback"):
+            t.add_column(col)
+        for e in flow["endpoints"]:
+            t.add_row(e["endpoint"], e["pool"] or "-", _num(e["rpm"]), _num(e["tpm"]),
+                      f"{e['paused_s']:g}s ({e['pause_reason']})" if e["paused_s"] else "-",
+                      e["breaker"], str(e["concurrency"]), str(e["in_flight"]),
+                      str(e["waiting"]),
+                      f"{e['latency_ms']:,.0f} ms" if e["latency_ms"] else "-",
+                      f"{e['failure_rate']:.2%}" if e["failure_rate"] is not None else "-",
+                      e["fallback"] or "-")
+        out.print(t)
+    if flow["windows"]:
+        t = Table(title="windows")
+        for col in ("batch", "window", "done", "target/s", "rate/s", "needs/s", "limits/s",
+                    "projected finish", "status"):
+            t.add_column(col)
+        for w in flow["windows"]:
+            done = w["total"] - w["remaining"]
+            t.add_row(w["batch"], f"{_clock(w['window_start'])} - {_clock(w['window_end'])}",
+                      f"{done:,}/{w['total']:,}", _num(w["target_per_s"]),
+                      f"{w['rate_per_s']:,.1f}", f"{w['required_per_s']:,.1f}",
+                      _num(w["capacity_per_s"]), _clock(w["projected_finish"]),
+                      "ok" if w["warning"] is None else "WARNING")
+        out.print(t)
+        for w in flow["windows"]:
+            if w["warning"]:
+                console.print(f"[yellow]window {w['batch']}: {w['warning']}[/yellow]")
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.4g}"
 
 
 @app.command()

@@ -26,9 +26,9 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lockgate.errors import ConfigError
 from lockgate.spec import ModelConfig
@@ -48,11 +48,45 @@ class Endpoint(_Strict):
     api_key_env: str | None = None
     model: str | None = Field(None, description="model name sent instead of the task's")
     models: tuple[str, ...] = Field((), description="task model names routed here")
-    timeout_s: float | None = Field(None, gt=0)
+    timeout_s: float | None = Field(None, gt=0,
+                                    validation_alias=AliasChoices("timeout_s", "timeout"))
     max_concurrency: int = Field(1000, ge=1)
     supports_top_k: bool = False
     send_idempotency_key: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
+    # -- flow control (docs/flow.md) --
+    pool: str = Field("default", min_length=1, max_length=100,
+                      description="worker pool that serves tasks routed here")
+    rpm: int | None = Field(None, ge=1, description="requests per limit window, all workers")
+    tpm: int | None = Field(None, ge=1, description="tokens per limit window, all workers")
+    limit_window_s: float = Field(60.0, gt=0, le=86_400, description="the provider's window")
+    tpm_counts_max_tokens: bool = Field(
+        False, description="the provider charges max_tokens (not the answer) at admission")
+    min_concurrency: int = Field(1, ge=1)
+    initial_concurrency: int | None = Field(None, ge=1, description="[max_concurrency]")
+    concurrency_policy: Literal["rule", "gradient", "fixed"] = "rule"
+    fallback: str | None = Field(None, description="endpoint that takes over its tasks")
+    cost_input_per_1k: float = Field(0.0, ge=0, description="price per 1k input tokens")
+    cost_output_per_1k: float = Field(0.0, ge=0, description="price per 1k output tokens")
+
+    @model_validator(mode="after")
+    def _check_flow(self) -> Endpoint:
+        if self.min_concurrency > self.max_concurrency:
+            raise ValueError(f"min_concurrency {self.min_concurrency} is above "
+                             f"max_concurrency {self.max_concurrency}")
+        if self.fallback == self.name:
+            raise ValueError("an endpoint cannot be its own fallback")
+        return self
+
+    @property
+    def limited(self) -> bool:
+        """Whether calls need budget from the shared bucket."""
+        return self.rpm is not None or self.tpm is not None
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """What a call with this usage costs at the configured prices."""
+        return (input_tokens * self.cost_input_per_1k
+                + output_tokens * self.cost_output_per_1k) / 1000.0
 
     def api_key(self) -> str | None:
         """The key from the environment variable this endpoint names."""
@@ -78,6 +112,53 @@ class WorkerSettings(_Strict):
     heartbeat_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0, description="time to finish in-flight calls")
     store_snapshots: bool = Field(True, description="keep the rendered prompt per attempt")
+    pool: str | None = Field(None, description="serve only this pool [all pools]")
+
+
+class FlowSettings(_Strict):
+    """Flow control (``[flow]``): shared budgets, pauses, adaptive concurrency, circuit
+    breakers, fair share and windows. docs/flow.md explains each knob."""
+
+    lease_interval_s: float = Field(0.1, gt=0, le=5, description="budget lease period")
+    headroom: float = Field(0.02, ge=0, lt=1, description="share of a limit left unused")
+    burst: float = Field(0.01, gt=0, lt=1, description="bucket size, share of a window")
+    backlog_s: float = Field(0.5, gt=0, description="calls claimed ahead of budget")
+    min_backlog: int = Field(16, ge=1)
+    adjust_interval_s: float = Field(1.0, gt=0, description="concurrency decision period")
+    min_samples: int = Field(20, ge=1, description="calls per concurrency decision")
+    latency_overhead_tokens: float = Field(20.0, ge=0,
+                                           description="gradient policy: fixed cost in tokens")
+    default_pause_s: float = Field(1.0, gt=0, description="after a 429 without headers")
+    quota_pause_s: float = Field(30.0, gt=0, description="after insufficient_quota")
+    fallback_after_s: float = Field(2.0, ge=0,
+                                    description="a longer pause sends tasks to the fallback")
+    breaker_failure_rate: float = Field(0.5, gt=0, le=1)
+    breaker_min_calls: int = Field(20, ge=1)
+    breaker_consecutive: int = Field(10, ge=1)
+    breaker_window_s: float = Field(10.0, gt=0)
+    breaker_open_s: float = Field(5.0, gt=0)
+    breaker_max_open_s: float = Field(60.0, gt=0)
+    breaker_probes: int = Field(3, ge=1)
+    fair_share: bool = Field(True, description="share claims among batches by weight")
+    lanes_refresh_s: float = Field(1.0, gt=0, description="batch (lane) discovery period")
+    failure_window_s: float = Field(3600.0, gt=0, description="failure rate look-back")
+    urgency_horizon_s: float = Field(3600.0, gt=0, description="deadline urgency starts")
+    max_urgency: float = Field(9.0, ge=0)
+    pace_every_s: float = Field(2.0, gt=0, description="window pace recomputation")
+    report_s: float = Field(2.0, gt=0, description="worker row metrics period")
+
+
+class GateSettings(_Strict):
+    """The release gate's roles inside workers (``[gate]``), and how fast workers see a
+    prompt's new live version (SPEC F4: within 5 seconds)."""
+
+    enabled: bool = Field(True, description="run the gate's roles in `lockgate worker`")
+    page: int = Field(500, ge=1, le=5000, description="items per materialise/finalise step")
+    poll_s: float = Field(0.2, gt=0, description="pause between role passes while busy")
+    idle_max_s: float = Field(2.0, gt=0, description="longest pause when there is no work")
+    lease_s: float | None = Field(None, ge=1.0, description="role leases [worker lease_s]")
+    refresh_s: float = Field(1.0, gt=0, le=5.0,
+                             description="re-check of a registry reference's live version")
 
 
 class Settings(_Strict):
@@ -86,6 +167,49 @@ class Settings(_Strict):
     default_endpoint: str | None = None
     endpoint: tuple[Endpoint, ...] = ()
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    flow: FlowSettings = Field(default_factory=FlowSettings)
+
+    @model_validator(mode="after")
+    def _check_fallbacks(self) -> Settings:
+        names = {e.name: e for e in self.endpoint}
+        if len(names) != len(self.endpoint):
+            raise ValueError("two endpoints have the same name")
+        for e in self.endpoint:
+            seen = {e.name}
+            cur = e
+            while cur.fallback is not None:
+                nxt = names.get(cur.fallback)
+                if nxt is None:
+                    raise ValueError(f"endpoint '{cur.name}' falls back to "
+                                     f"'{cur.fallback}', which is not defined")
+                if nxt.name in seen:
+                    raise ValueError(f"fallbacks of endpoint '{e.name}' form a loop")
+                seen.add(nxt.name)
+                cur = nxt
+        return self
+
+    def endpoint_named(self, name: str) -> Endpoint | None:
+        """The configured (or default) endpoint of that name."""
+        for ep in self.endpoints():
+            if ep.name == name:
+                return ep
+        return None
+
+    def pool_of(self, model: ModelConfig | None) -> str:
+        """The pool a task with this model config runs in (SPEC S3)."""
+        try:
+            return (self.route(model) if model is not None else self._default()).pool
+        except ConfigError:
+            return "default"  # the worker fails such a task with the reason
+
+    def _default(self) -> Endpoint:
+        eps = self.endpoints()
+        if self.default_endpoint:
+            for ep in eps:
+                if ep.name == self.default_endpoint:
+                    return ep
+        return eps[0]
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         """Configured endpoints, or one from the environment (the simulator by default)."""

@@ -21,7 +21,7 @@ import orjson
 
 from lockgate.errors import LockgateError, SpecError
 from lockgate.runtime import check_delivery_rule, check_template
-from lockgate.spec import TaskSpec, parse_task
+from lockgate.spec import TaskSpec, parse_task, registry_reference
 
 Format = Literal["tasks", "openai-batch"]
 MAX_SHOWN = 20
@@ -85,8 +85,11 @@ def validate_line(raw: bytes, line: int, fmt: Format) -> TaskSpec:
 
 
 def check_spec(spec: TaskSpec) -> None:
-    """Submit-time checks beyond the schema: placeholders and the delivery rule."""
-    check_template(spec.prompt_template, set(spec.input_data), spec.delivery_rule.input_defaults)
+    """Submit-time checks beyond the schema: placeholders and the delivery rule.
+    A registry reference's template is checked when it is registered, not here."""
+    if registry_reference(spec.prompt_template) is None:
+        check_template(spec.prompt_template, set(spec.input_data),
+                       spec.delivery_rule.input_defaults)
     check_delivery_rule(spec.delivery_rule)
 
 

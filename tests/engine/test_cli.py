@@ -62,9 +62,6 @@ def test_run_submits_and_works_a_file_to_the_end(db_url: str, store: Store,
     assert simulator.stats()["requests"] == n, "a finished batch is not run again"
 
 
-#: Known bug: Store.status/Store.task return dict(row._mapping), whose keys
-#: are SQLAlchemy ``quoted_name`` objects (SQLAlchemy 2.1), and orjson only accepts exact
-#: ``str`` keys, so cli.py raises TypeError instead of printing JSON.
 def test_status_shows_counts_leases_in_flight_and_live_workers(
         db_url: str, store: Store, simulator: SimulatorProcess) -> None:
     store.submit([parse_task(t) for t in tasks(8)], batch_id="b")
@@ -79,9 +76,13 @@ def test_status_shows_counts_leases_in_flight_and_live_workers(
         assert re.search(r"│ c │ 2 │ 0 │ 0 │ 0 │ 0 │", table), table
         assert "leases in flight: 3" in table and "workers alive: 1" in table
         assert "running" in table
-        st = store.status()
+        result = lockgate("status", "--db", db_url, "--json")
+        assert result.exit_code == 0, result.output
+        st = orjson.loads(result.stdout)
+        assert st["batches"] == {"b": {"PENDING": 8}, "c": {"PENDING": 2}}
         assert st["leased"] == 3
-        assert [(w["id"], w["status"]) for w in st["workers"]] == [(bg.worker.id, "running")]
+        assert [(w["id"], w["status"], w["concurrency"]) for w in st["workers"]] == [
+            (bg.worker.id, "running", 3)]
         bg.stop()
     result = lockgate("status", "--db", db_url, "--json")
     assert result.exit_code == 0, result.output
@@ -127,7 +128,9 @@ def test_tasks_show_cancel_and_retry(db_url: str, store: Store,
     run_worker(store, concurrency=4)
     assert status_counts(store) == {"CANCELLED": 1, "SUCCEEDED": 2}
 
-    doc = store.task(ids[1])  # what `tasks show` prints
+    shown = lockgate("tasks", "show", ids[1], "--db", db_url)
+    assert shown.exit_code == 0, shown.output
+    doc = orjson.loads(shown.stdout)
     assert (doc["task_id"], doc["status"]) == (ids[1], "SUCCEEDED")
     assert orjson.loads(doc["result"]) == {"label": expected_label(text_for(1))}
     assert doc["config"]["model_config"]["name"] == "sim-small"

@@ -152,13 +152,9 @@ BAD_LINES: list[tuple[Any, str, str]] = [
 ]
 BAD_IDS = ["range", "missing", "unknown", "placeholder", "negative", "stop-on", "json"]
 
-#: SPEC T1 names six *required* meta-fields (README: only batch_id, priority and
-#: metadata are optional), but spec.TaskSpec gives delivery_rule and retry_policy
-#: defaults, so a line without them is accepted silently.
-for _missing in ("delivery_rule", "retry_policy"):
-    BAD_LINES.append(pytest.param(  # type: ignore[arg-type]
-        {k: v for k, v in task("t-no-" + _missing).items() if k != _missing}, _missing,
-        "is required"))
+for _missing in ("delivery_rule", "retry_policy"):  # SPEC T1: all six are required
+    BAD_LINES.append(({k: v for k, v in task("t-no-" + _missing).items() if k != _missing},
+                      _missing, "is required"))
     BAD_IDS.append(f"missing-{_missing}")
 
 
@@ -341,7 +337,7 @@ def test_export_of_an_unknown_batch_or_format_is_refused(db_url: str) -> None:
 
 
 def test_concurrent_submits_sharing_configs_in_crossing_order_both_succeed(
-        backend: str, db_url: str, store: Store, request: pytest.FixtureRequest) -> None:
+        db_url: str, store: Store) -> None:
     """Two submissions of different tasks that use the same two configs (prompt
     templates) in opposite orders. The generators meet at a barrier after each one's
     first config is inserted, which forces the crossing every time (on SQLite the

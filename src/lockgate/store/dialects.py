@@ -69,6 +69,11 @@ class Dialect:
         """Apply fenced write-backs for rows already locked and checked; return the count."""
         raise NotImplementedError
 
+    def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
+                   lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
+        """Like :meth:`claim`, restricted to one pool and batch (index ``ix_task_lane``)."""
+        raise NotImplementedError
+
     def insert_ignore(self, table: Table) -> Insert:
         """An INSERT that skips rows whose unique key already exists."""
         raise NotImplementedError
@@ -90,6 +95,16 @@ class Dialect:
             f"attempts = attempts + 1, visible_at = {self.now} + :lease_ms, "
             f"version = version + 1, updated_at = {self.now} WHERE {where}"
         )
+
+    def _lane_select(self, cols: str, lock: str = "") -> str:
+        return (f"SELECT {cols} FROM task WHERE pool = :pool AND status = 'PENDING' "
+                f"AND batch_id = :batch AND visible_at <= {self.now} ORDER BY visible_at "
+                f"LIMIT :lim{lock}")
+
+    def _lane_params(self, pool: str, batch_id: str, limit: int, lease_ms: int, token: str,
+                     worker_id: str) -> dict[str, Any]:
+        return {"pool": pool, "batch": batch_id, "lim": limit, "lease_ms": lease_ms,
+                "tok": token, "worker": worker_id}
 
 
 class SQLiteDialect(Dialect):
@@ -120,6 +135,13 @@ class SQLiteDialect(Dialect):
 
     def insert_ignore(self, table: Table) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
+
+    def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
+                   lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
+        sub = self._lane_select("id")
+        sql = self._claim_update_sql(f"id IN ({sub})") + f" RETURNING {_CLAIM_COLS}"
+        return _claimed(conn.execute(text(sql), self._lane_params(
+            pool, batch_id, limit, lease_ms, token, worker_id)).all())
 
     def lock_for_update(self) -> str:
         return ""
@@ -153,6 +175,13 @@ class PostgresDialect(Dialect):
 
     def insert_ignore(self, table: Table) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing()
+
+    def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
+                   lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
+        sub = self._lane_select("id", " FOR UPDATE SKIP LOCKED")
+        sql = self._claim_update_sql(f"id IN ({sub})") + f" RETURNING {_CLAIM_COLS}"
+        return _claimed(conn.execute(text(sql), self._lane_params(
+            pool, batch_id, limit, lease_ms, token, worker_id)).all())
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
@@ -203,6 +232,19 @@ class MySQLDialect(Dialect):
 
     def insert_ignore(self, table: Table) -> Insert:
         return mysql.insert(table).prefix_with("IGNORE")
+
+    def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
+                   lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
+        rows = conn.execute(text(self._lane_select(_CLAIM_COLS, " FOR UPDATE SKIP LOCKED")),
+                            {"pool": pool, "batch": batch_id, "lim": limit}).all()
+        if not rows:
+            return []
+        conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
+            _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
+                                 "ids": [r[0] for r in rows]})
+        return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
+                            input_data=r[4], attempt=r[5] + 1, lease_token=token)
+                for r in rows]
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:

@@ -10,13 +10,16 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
+    Double,
     Float,
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
 
@@ -41,6 +44,12 @@ batch = Table(
     Column("id", String(KEY), primary_key=True),
     Column("source", String(1000)),
     Column("created_at", BigInteger, nullable=False),
+    # flow control (migration 0003): SLA weight, deadline and time window (SPEC S1, S2)
+    Column("base_weight", Double, nullable=False, server_default="1"),
+    Column("deadline_at", BigInteger),
+    Column("window_start", BigInteger),
+    Column("window_end", BigInteger),
+    Column("target_per_s", Double),
 )
 
 task = Table(
@@ -65,8 +74,11 @@ task = Table(
     Column("created_at", BigInteger, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
     Column("finished_at", BigInteger),
+    Column("pool", String(100), nullable=False, server_default="default"),  # 0003
     Index("ix_task_claim", "status", "visible_at"),
     Index("ix_task_batch_status", "batch_id", "status"),
+    # Per-pool, per-batch claims and the discovery of batches with pending work.
+    Index("ix_task_lane", "pool", "status", "batch_id", "visible_at"),
 )
 
 task_attempt = Table(
@@ -94,6 +106,8 @@ task_attempt = Table(
     Column("completeness", Float),
     Column("error_class", String(32)),
     Column("error_message", Text),
+    Column("prompt_version", String(KEY)),
+    Column("routed_from", String(100)),  # 0003: the primary, when a fallback answered
     Index("ix_task_attempt_task", "task_pk", "attempt"),
 )
 
@@ -114,5 +128,216 @@ worker = Table(
     Column("retried", BigInteger, nullable=False, server_default="0"),
     Column("discarded", BigInteger, nullable=False, server_default="0"),
     Column("conflicts", BigInteger, nullable=False, server_default="0"),
+    Column("version", Integer, nullable=False, server_default="0"),
+    # flow control (migration 0003): what the worker's adaptive limits look like now
+    Column("pool", String(100)),
+    Column("concurrency_limit", Integer),
+    Column("latency_ms", Double),
+    Column("failure_rate", Double),
+    Column("flow", Text),
+)
+
+# -- prompt registry (migration 0002) ---------------------------------------------------
+# JSON documents are stored as canonical JSON text (sorted keys), so equal content has
+# equal bytes and hashes on every dialect.
+
+prompt = Table(
+    "prompt", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("name", String(KEY), nullable=False, unique=True),
+    Column("live_version", Integer),
+    Column("generation", BigInteger, nullable=False, server_default="0"),
+    Column("submissions", Integer, nullable=False, server_default="0"),
+    Column("description", Text),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+prompt_version = Table(
+    "prompt_version", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("template", LongText, nullable=False),
+    Column("model_config", Text, nullable=False),
+    Column("delivery_rule", Text, nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("tag", String(100)),
+    Column("author", String(200)),
+    Column("note", Text),
+    Column("created_at", BigInteger, nullable=False),
+    UniqueConstraint("prompt_id", "version", name="uq_prompt_version_number"),
+    UniqueConstraint("prompt_id", "content_hash", name="uq_prompt_version_content"),
+    UniqueConstraint("prompt_id", "tag", name="uq_prompt_version_tag"),
+)
+
+prompt_label = Table(
+    "prompt_label", metadata,
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("label", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_by", String(200)),
+    Column("updated_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("prompt_id", "label", name="pk_prompt_label"),
+)
+
+prompt_audit = Table(
+    "prompt_audit", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("from_version", Integer),
+    Column("to_version", Integer),
+    Column("label", String(64)),
+    Column("update_id", BigInteger),
+    Column("generation", BigInteger, nullable=False),
+    Column("actor", String(200)),
+    Column("reason", Text),
+    Column("created_at", BigInteger, nullable=False),
+    Index("ix_prompt_audit_prompt", "prompt_id", "id"),
+)
+
+# -- datasets ------------------------------------------------------------------------------
+
+dataset = Table(
+    "dataset", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("name", String(KEY), nullable=False, unique=True),
+    Column("description", Text),
+    Column("source", String(1000)),
+    Column("revision", Integer, nullable=False, server_default="0"),
+    Column("item_count", Integer, nullable=False, server_default="0"),
+    Column("items_hash", String(64), nullable=False),
+    Column("input_keys", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+#: Items are immutable: a changed item is a new row, the old one is retired at the
+#: revision that replaced it, so any past revision can be read again exactly.
+dataset_item = Table(
+    "dataset_item", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("dataset_id", BigInteger, nullable=False),
+    Column("item_key", String(KEY), nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("input_data", LongText, nullable=False),
+    Column("expected", LongText, nullable=False),
+    Column("added_rev", Integer, nullable=False),
+    Column("retired_rev", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    UniqueConstraint("dataset_id", "item_key", "added_rev", name="uq_dataset_item_rev"),
+    Index("ix_dataset_item_page", "dataset_id", "id"),
+)
+
+# -- release gate (SPEC G1) -------------------------------------------------------------
+
+prompt_dataset = Table(
+    "prompt_dataset", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("dataset_id", BigInteger, nullable=False),
+    Column("settings", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("prompt_id", "dataset_id", name="uq_prompt_dataset"),
+)
+
+prompt_update = Table(
+    "prompt_update", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("candidate_version", Integer, nullable=False),
+    Column("base_version", Integer),
+    Column("base_generation", BigInteger, nullable=False),
+    Column("status", String(12), nullable=False),
+    Column("reason", Text),
+    Column("snapshot", LongText, nullable=False),
+    Column("snapshot_hash", String(64), nullable=False),
+    Column("decision", LongText),
+    Column("author", String(200)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("started_at", BigInteger),
+    Column("decided_at", BigInteger),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("prompt_id", "seq", name="uq_prompt_update_seq"),
+    Index("ix_prompt_update_status", "status"),
+)
+
+prompt_run = Table(
+    "prompt_run", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("update_id", BigInteger, nullable=False),
+    Column("dataset_id", BigInteger, nullable=False),
+    Column("dataset_name", String(KEY), nullable=False),
+    Column("subject", String(10), nullable=False),
+    Column("prompt_version", Integer, nullable=False),
+    Column("config_hash", String(64), nullable=False),
+    Column("batch_id", String(KEY), nullable=False),
+    Column("expected_items", Integer, nullable=False),
+    Column("materialized", Integer, nullable=False, server_default="0"),
+    Column("page_cursor", BigInteger, nullable=False, server_default="0"),
+    Column("status", String(14), nullable=False),
+    Column("reason", Text),
+    Column("metrics", LongText),
+    Column("lease_token", String(32)),
+    Column("lease_until", BigInteger),
+    Column("leased_by", String(64)),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("finished_at", BigInteger),
+    Column("version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("update_id", "dataset_id", "subject", name="uq_prompt_run"),
+)
+
+prompt_run_item = Table(
+    "prompt_run_item", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("run_id", BigInteger, nullable=False),
+    Column("item_id", BigInteger, nullable=False),
+    Column("item_key", String(KEY), nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("task_id", String(KEY), nullable=False),
+    Column("expected", LongText, nullable=False),
+    Column("actual", LongText),
+    Column("verdict", String(8), nullable=False),
+    Column("error", Text),
+    Column("latency_ms", Float),
+    Column("input_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("attempts", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    Column("decided_at", BigInteger),
+    UniqueConstraint("run_id", "item_id", name="uq_prompt_run_item"),
+    Index("ix_prompt_run_item_verdict", "run_id", "verdict", "item_id"),
+)
+
+# -- flow control (migration 0003) ------------------------------------------------------
+
+#: One shared token bucket per endpoint (``kind`` 'endpoint') or per paced window batch
+#: ('window'): capacities per ``window_ms``, current allowances as of ``refilled_at``
+#: (database clock), and the pause every worker honours.
+rate_limit = Table(
+    "rate_limit", metadata,
+    Column("name", String(KEY), primary_key=True),
+    Column("kind", String(12), nullable=False),
+    Column("rpm", Double),
+    Column("tpm", Double),
+    Column("window_ms", BigInteger, nullable=False),
+    Column("learned_rpm", Double),
+    Column("learned_tpm", Double),
+    Column("req_allowance", Double, nullable=False, server_default="0"),
+    Column("tok_allowance", Double, nullable=False, server_default="0"),
+    Column("refilled_at", BigInteger, nullable=False),
+    Column("paused_until", BigInteger, nullable=False, server_default="0"),
+    Column("pause_reason", String(32)),
+    Column("granted_requests", BigInteger, nullable=False, server_default="0"),
+    Column("granted_tokens", Double, nullable=False, server_default="0"),
+    Column("paced_at", BigInteger),  # window buckets: when the pace was last computed
+    Column("updated_at", BigInteger, nullable=False),
     Column("version", Integer, nullable=False, server_default="0"),
 )

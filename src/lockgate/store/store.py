@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -115,17 +115,27 @@ class Store:
 
     def submit(self, specs: Iterable[TaskSpec], *, batch_id: str,
                source: str | None = None,
-               progress: Callable[[int], None] | None = None) -> SubmitReport:
+               progress: Callable[[int], None] | None = None,
+               pool_of: Callable[[TaskSpec], str] | None = None,
+               batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
         """Insert tasks in one transaction; existing task ids are skipped (idempotent).
 
         Duplicates are detected by the unique constraint on ``task_id``, never by a
         check before the insert; a failure rolls the whole submission back.
+        ``pool_of`` names each task's worker pool (flow control); ``batch_fields`` sets
+        the batch's weight, deadline or window, and a window's tasks become visible at
+        its start.
         """
 
         def work(conn: Connection) -> SubmitReport:
             now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
             conn.execute(self.dialect.insert_ignore(schema.batch),
                          [{"id": batch_id, "source": source, "created_at": now}])
+            fields = dict(batch_fields or {})
+            if fields:
+                conn.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
+                             .values(**fields))
+            visible = max(now, int(fields.get("window_start") or now))
             inserted = total = 0
             seen_configs: set[str] = set()
             seen_batches = {batch_id}
@@ -145,7 +155,8 @@ class Store:
                     "config_hash": h, "input_data": orjson.dumps(spec.input_data).decode(),
                     "metadata": orjson.dumps(spec.metadata).decode() if spec.metadata else None,
                     "priority": spec.priority, "status": TaskStatus.PENDING,
-                    "visible_at": now, "created_at": now, "updated_at": now,
+                    "visible_at": visible, "created_at": now, "updated_at": now,
+                    "pool": pool_of(spec) if pool_of else "default",
                 })
                 if len(chunk) >= SUBMIT_CHUNK:
                     inserted += self._insert_tasks(conn, chunk)

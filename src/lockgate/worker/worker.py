@@ -17,20 +17,29 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
 from lockgate.config import Endpoint, Settings, WorkerSettings
-from lockgate.errors import ConfigError, ErrorClass
+from lockgate.errors import ConfigError, ErrorClass, LockgateError
+from lockgate.flow.control import FlowControl
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
-from lockgate.spec import TaskConfig, load_config
+from lockgate.registry.resolver import PromptResolver, RegistryRef
+from lockgate.spec import TaskConfig
 from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
-from lockgate.worker.execute import attempt_trace, decide, provider_params, run_attempt
+from lockgate.worker.execute import (
+    AttemptResult,
+    Decision,
+    attempt_trace,
+    decide,
+    provider_params,
+    run_attempt,
+)
 
 log = logging.getLogger("lockgate.worker")
 T = TypeVar("T")
@@ -55,13 +64,26 @@ class WorkerStats:
         return self.succeeded + self.failed + self.dead
 
 
+class SideService(Protocol):
+    """Something a worker runs beside its loops and stops with it (e.g. the release
+    gate's roles). ``run`` returns soon after ``stopping`` is set; an exception from it
+    stops the worker. In burst mode the worker keeps going while a service is ``busy``."""
+
+    name: str
+
+    async def run(self, stopping: asyncio.Event, worker_id: str) -> None: ...
+
+    async def busy(self) -> bool: ...
+
+
 class Worker:
     """One worker process's engine. ``await run()`` until stopped (or drained in burst)."""
 
     def __init__(self, store: Store, settings: Settings | None = None, *,
                  burst: bool = False, worker_id: str | None = None,
                  providers: dict[str, Provider] | None = None,
-                 on_progress: Callable[[WorkerStats], None] | None = None) -> None:
+                 on_progress: Callable[[WorkerStats], None] | None = None,
+                 services: Sequence[SideService] = ()) -> None:
         self.store = store
         self.settings = settings or Settings()
         self.ws: WorkerSettings = self.settings.worker
@@ -70,8 +92,10 @@ class Worker:
         self.stats = WorkerStats()
         self._providers: dict[str, Provider] = dict(providers or {})
         self._on_progress = on_progress
-        self._configs: dict[str, TaskConfig] = {}
+        self._configs: dict[str, TaskConfig | RegistryRef] = {}
         self._routes: dict[str, tuple[Endpoint, Provider, dict[str, Any]]] = {}
+        self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
+        self._services = list(services)
         self._held: dict[int, ClaimedTask] = {}
         self._running: dict[int, asyncio.Task[None]] = {}
         self._buffer: list[Finish] = []
@@ -84,6 +108,9 @@ class Worker:
         self._rng = random.Random(secrets.randbits(64))
         self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
         self._lease_ms = int(self.ws.lease_s * 1000)
+        #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
+        self.flow = FlowControl(store, self.settings, self.id, db=self._db,
+                                provider=self._provider)
 
     # -- helpers ------------------------------------------------------------------
 
@@ -123,7 +150,10 @@ class Worker:
                        pid=os.getpid(), concurrency=self.ws.concurrency)
         self._install_signals()
         side = [asyncio.create_task(self._flush_loop(), name="lockgate-flush"),
-                asyncio.create_task(self._lease_loop(), name="lockgate-lease")]
+                asyncio.create_task(self._lease_loop(), name="lockgate-lease"),
+                asyncio.create_task(self.flow.run(self._stopping), name="lockgate-flow")]
+        side += [asyncio.create_task(s.run(self._stopping, self.id), name=f"lockgate-{s.name}")
+                 for s in self._services]
         claim = asyncio.create_task(self._claim_loop(), name="lockgate-claim")
         try:
             done, _ = await asyncio.wait([claim, *side], return_when=asyncio.FIRST_COMPLETED)
@@ -176,14 +206,15 @@ class Worker:
         idle = 0.01
         failures = 0
         while not self._stopping.is_set():
-            room = self.ws.concurrency - len(self._running)
-            if room < max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4):
+            room = self.flow.claim_room(self.ws.concurrency - len(self._running))
+            if room < self.flow.claim_threshold(
+                    max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4)):
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
             try:
-                rows = await self._db(self.store.claim, min(room, self.ws.claim_batch),
-                                      lease_ms=self._lease_ms, worker_id=self.id)
+                rows = await self.flow.claim(min(room, self.ws.claim_batch),
+                                             lease_ms=self._lease_ms, worker_id=self.id)
                 failures = 0
             except Exception:
                 failures += 1
@@ -205,7 +236,12 @@ class Worker:
         if not self.burst or self._held:
             return False
         pending, _next, _now = await self._db(self.store.queue_state)
-        return not pending and not self._held
+        if pending or self._held:
+            return False
+        for s in self._services:
+            if await s.busy():
+                return False
+        return True
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -216,7 +252,7 @@ class Worker:
         if missing:
             docs = await self._db(self.store.configs, missing)
             for h, doc in docs.items():
-                self._configs[h] = load_config(doc)
+                self._configs[h] = self._prompts.load(h, doc)
         self.stats.claimed += len(rows)
         for r in rows:
             self._held[r.id] = r
@@ -252,7 +288,16 @@ class Worker:
             self._flush_wake.set()
 
     async def _attempt(self, t: ClaimedTask, started: int) -> Finish:
-        config = self._configs[t.config_hash]
+        try:
+            config, prompt_version = await self._prompts.resolve(
+                t.config_hash, self._configs[t.config_hash], self._db)
+        except LockgateError as exc:  # a registry reference that names nothing
+            return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
+                          error_class=str(ErrorClass.INVALID_REQUEST),
+                          error_message=f"prompt registry: {exc}",
+                          attempt={"attempt": t.attempt, "outcome": "failed",
+                                   "started_at": started, "error_message": str(exc),
+                                   "error_class": str(ErrorClass.INVALID_REQUEST)})
         policy = config.retry_policy
         if t.attempt > policy.max_retries + 1:
             # Earlier claims were lost (crashed workers) and spent the attempt budget.
@@ -262,7 +307,9 @@ class Worker:
                           attempt={"attempt": t.attempt, "outcome": "dead",
                                    "started_at": started, "error_message": msg,
                                    "error_class": str(ErrorClass.LEASE_EXPIRED)})
-        route = self._routes.get(t.config_hash)
+        route_key = t.config_hash if prompt_version is None else \
+            f"{t.config_hash}@{prompt_version}"
+        route = self._routes.get(route_key)
         if route is None:
             try:
                 endpoint = self.settings.route(config.model)
@@ -275,21 +322,33 @@ class Worker:
                               attempt={"attempt": t.attempt, "outcome": "failed",
                                        "started_at": started, "error_message": str(exc),
                                        "error_class": str(ErrorClass.INVALID_REQUEST)})
-            self._routes[t.config_hash] = route
-        endpoint, provider, params = route
-        res = await run_attempt(config, orjson.loads(t.input_data), endpoint, provider,
-                                idempotency_key=f"{t.task_id}:{t.attempt}",
-                                params=params)
+            self._routes[route_key] = route
+        endpoint, _provider, params = route
+        input_data = orjson.loads(t.input_data)
+
+        async def call(ep: Endpoint, provider: Provider) -> AttemptResult:
+            # The flow controller picks the endpoint (the primary, or its fallback).
+            return await run_attempt(config, input_data, ep, provider,
+                                     idempotency_key=f"{t.task_id}:{t.attempt}",
+                                     params=params if ep is endpoint else
+                                     provider_params(config, ep, self.id))
+
+        res, routed_from = await self.flow.call(t, config, endpoint, call)
         d = decide(config, t.attempt, res, self._rng)
+        rerouted = self.flow.reroutes(endpoint, res)
+        if rerouted:  # refused before any work; its fallback takes it at once
+            d = Decision(TaskStatus.PENDING, None, 0, "rerouted")
         parsed = res.parsed
+        trace = attempt_trace(t.attempt, started, res, d.outcome,
+                              store_snapshot=self.ws.store_snapshots,
+                              prompt_version=prompt_version)
+        trace["routed_from"] = routed_from
         return Finish(
             id=t.id, lease_token=t.lease_token, status=d.status, result=d.result,
             parse_status=str(parsed.status) if parsed else None,
             error_class=str(res.error_class) if res.error_class else None,
             error_message=(res.error_message or "")[:2000] or None,
-            delay_ms=d.delay_ms,
-            attempt=attempt_trace(t.attempt, started, res, d.outcome,
-                                  store_snapshot=self.ws.store_snapshots))
+            delay_ms=d.delay_ms, release_attempt=rerouted, attempt=trace)
 
     # -- write-behind ---------------------------------------------------------------
 

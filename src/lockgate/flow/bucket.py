@@ -1,0 +1,168 @@
+"""The shared budget of an endpoint as a token bucket, and the arithmetic of leasing it.
+
+One bucket row per endpoint lives in the database (``rate_limit``); every worker on
+every machine leases small chunks from it. This module is the arithmetic only: the
+store reads the row and the database clock, calls :func:`lease`, and writes the result
+back under the row's version.
+
+Why a bucket can promise "never over the limit" to a provider that counts in a sliding
+window of ``W`` ms: a bucket that refills at rate ``r`` and holds at most ``cap`` grants
+at most ``cap + r * T`` in any period ``T``. With ``r = L * (1 - headroom) / W`` and
+``cap = max(L * burst, r * min_cap_ms)`` the grants inside any window stay below ``L``
+as long as ``cap / L + headroom`` also covers the budget workers hold between the grant
+and the call (they ask for the calls waiting plus one lease interval of their rate).
+``min_cap_ms`` is two lease intervals, so refills between leases are never lost; with
+the defaults the bound holds for windows of about 20 s and more, and shorter windows
+need a larger headroom (docs/flow.md).
+Allowance may go negative: a request larger than the cap (or a settlement that charges
+more than was reserved) is paid back by later refills, so the long-run rate holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Effective capacity of a bucket: ``requests``/``tokens`` per ``window_ms``.
+
+    None means unlimited in that dimension.
+    """
+
+    requests: float | None
+    tokens: float | None
+    window_ms: int = 60_000
+    headroom: float = 0.02
+    burst: float = 0.01
+    min_cap_ms: float = 0.0
+
+    @property
+    def limited(self) -> bool:
+        return self.requests is not None or self.tokens is not None
+
+    def rate(self, limit: float | None) -> float:
+        """Refill per ms for a limit (0 for unlimited)."""
+        if limit is None:
+            return 0.0
+        return limit * (1.0 - self.headroom) / self.window_ms
+
+    def cap(self, limit: float | None) -> float:
+        """Most a bucket can hold: a small share of the window, but at least what refills
+        in ``min_cap_ms`` (so refills between two leases are not lost) and one request."""
+        if limit is None:
+            return math.inf
+        return max(1.0, limit * self.burst, self.rate(limit) * self.min_cap_ms)
+
+    def per_second(self) -> tuple[float | None, float | None]:
+        """The refill rate as (requests/s, tokens/s), the most a lease can sustain."""
+        return (None if self.requests is None else self.rate(self.requests) * 1000,
+                None if self.tokens is None else self.rate(self.tokens) * 1000)
+
+
+def effective(configured: float | None, learned: float | None) -> float | None:
+    """The limit to enforce: the configured one, lowered by what the provider reported."""
+    if configured is None:
+        return learned
+    if learned is None:
+        return configured
+    return min(configured, learned)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """The row's state: allowances, the database time they were computed at, the pause."""
+
+    requests: float
+    tokens: float
+    refilled_at: int
+    paused_until: int = 0
+
+    def refilled(self, limits: Limits, now: int) -> Bucket:
+        """The state at ``now``: allowances grown by the elapsed time, up to the cap."""
+        elapsed = max(0, now - self.refilled_at)
+        req = self.requests
+        tok = self.tokens
+        if limits.requests is not None:
+            req = min(limits.cap(limits.requests), req + elapsed * limits.rate(limits.requests))
+        if limits.tokens is not None:
+            tok = min(limits.cap(limits.tokens), tok + elapsed * limits.rate(limits.tokens))
+        return replace(self, requests=req, tokens=tok, refilled_at=max(now, self.refilled_at))
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one worker asks of one bucket in one lease.
+
+    ``requests``/``tokens``: the budget it wants, each on its own (the calls waiting,
+    and their estimated tokens); ``largest``: the biggest single call among them, which
+    may be granted on a positive token allowance even when it exceeds it;
+    ``give_requests``/``give_tokens``: unspent budget it returns; ``debt_tokens``: the
+    settlement since its last lease (real usage minus estimates, negative for a refund);
+    ``pause_ms``: a pause it learned from the provider.
+    """
+
+    requests: int = 0
+    tokens: float = 0.0
+    largest: float = 0.0
+    give_requests: float = 0.0
+    give_tokens: float = 0.0
+    debt_tokens: float = 0.0
+    pause_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a lease gave: budget, and the pause still in force (ms from now)."""
+
+    requests: int
+    tokens: float
+    paused_ms: int
+
+
+def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, Grant]:
+    """Refill to ``now``, book returns, settlements and pauses, then grant what fits.
+
+    Requests are granted whole, at most the request allowance; tokens at most the token
+    allowance, except that a positive allowance always covers the largest single call
+    asked for (the allowance goes negative and later refills pay it back), so a call
+    larger than the bucket's cap is never starved and the overdraft is one call at most.
+    Nothing is granted during a pause.
+    """
+    b = bucket.refilled(limits, now)
+    req, tok = b.requests, b.tokens
+    if limits.requests is not None:
+        req = min(limits.cap(limits.requests), req + max(0.0, ask.give_requests))
+    if limits.tokens is not None:
+        # Returns and refunds refill only up to the cap (else they would make a burst);
+        # charges are always taken, the allowance may go negative.
+        back = max(0.0, ask.give_tokens) + max(0.0, -ask.debt_tokens)
+        tok = min(limits.cap(limits.tokens), tok + back) - max(0.0, ask.debt_tokens)
+    paused_until = b.paused_until
+    if ask.pause_ms > 0:
+        paused_until = max(paused_until, now + ask.pause_ms)
+    n = 0
+    tokens = 0.0
+    if now >= paused_until:
+        if ask.requests > 0:
+            n = ask.requests if limits.requests is None else \
+                min(ask.requests, max(0, math.floor(req + 1e-9)))
+        if ask.tokens > 0:
+            if limits.tokens is None:
+                tokens = ask.tokens
+            elif tok > 0:
+                tokens = min(ask.tokens, max(tok, min(ask.largest, ask.tokens)))
+        if limits.requests is not None:
+            req -= n
+        if limits.tokens is not None:
+            tok -= tokens
+    out = replace(b, requests=req, tokens=tok, paused_until=paused_until)
+    return out, Grant(n, tokens, max(0, paused_until - now))
+
+
+def initial(limits: Limits, now: int) -> Bucket:
+    """A new bucket: full (its small cap), so starting workers cannot burst past it."""
+    return Bucket(requests=0.0 if limits.requests is None else limits.cap(limits.requests),
+                  tokens=0.0 if limits.tokens is None else limits.cap(limits.tokens),
+                  refilled_at=now)

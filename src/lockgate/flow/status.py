@@ -1,0 +1,109 @@
+"""What ``lockgate status`` says about flow control, computed from rows (pure).
+
+Per endpoint: its limits (as configured, lowered by what the provider reported), the
+pause in force, and what the live workers report (concurrency limit, calls in flight,
+latency, failure rate, breaker state). Per window batch: progress, the measured rate,
+the projected finish against the window's end, and a warning as soon as the window
+cannot be met at the endpoints' limits, or is projected to end late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from lockgate.config import Settings
+from lockgate.flow.bucket import effective
+from lockgate.flow.window import Window, capacity_per_s, project
+from lockgate.store import Store
+from lockgate.store.flow import FlowStore
+
+_BREAKER_ORDER = {"open": 2, "half_open": 1, "closed": 0}
+
+
+def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[str, Any]],
+              settings: Settings) -> list[dict[str, Any]]:
+    """One row per endpoint bucket, merged with the live workers' reports."""
+    reported: dict[str, list[dict[str, Any]]] = {}
+    for w in workers:
+        try:
+            detail = orjson.loads(w.get("flow") or "{}")
+        except orjson.JSONDecodeError:
+            continue
+        for name, d in detail.items():
+            reported.setdefault(name, []).append(d)
+    out = []
+    for b in buckets:
+        if b.get("kind") != "endpoint":
+            continue
+        name = b["name"]
+        ep = settings.endpoint_named(name)
+        ds = reported.get(name, [])
+        calls = sum(d.get("calls", 0) for d in ds)
+        lat = [(d["latency_ms"], d.get("calls", 0)) for d in ds if d.get("latency_ms")]
+        paused_ms = max(0, int(b["paused_until"]) - int(b["now"]))
+        out.append({
+            "endpoint": name,
+            "pool": ep.pool if ep else None,
+            "fallback": ep.fallback if ep else None,
+            "rpm": effective(b["rpm"], b["learned_rpm"]),
+            "tpm": effective(b["tpm"], b["learned_tpm"]),
+            "window_s": int(b["window_ms"]) / 1000,
+            "paused_s": round(paused_ms / 1000, 1) if paused_ms else 0.0,
+            "pause_reason": b["pause_reason"] if paused_ms else None,
+            "workers": len(ds),
+            "concurrency": sum(d.get("limit", 0) for d in ds),
+            "in_flight": sum(d.get("in_flight", 0) for d in ds),
+            "waiting": sum(d.get("waiting", 0) for d in ds),
+            "latency_ms": round(sum(x * max(c, 1) for x, c in lat)
+                                / sum(max(c, 1) for _, c in lat), 1) if lat else None,
+            "failure_rate": round(sum(d.get("failure_rate", 0.0) * d.get("calls", 0)
+                                      for d in ds) / calls, 4) if calls else None,
+            "breaker": max((d.get("breaker", "closed") for d in ds),
+                           key=lambda s: _BREAKER_ORDER.get(s, 0), default="closed"),
+            "granted_requests": int(b["granted_requests"]),
+        })
+    return out
+
+
+def windows(rows: Sequence[Mapping[str, Any]], eps: Sequence[Mapping[str, Any]],
+            settings: Settings, headroom: float) -> list[dict[str, Any]]:
+    """Progress and projection of every window batch."""
+    out = []
+    for r in rows:
+        counts: Mapping[str, int] = r["counts"]
+        total = sum(counts.values())
+        remaining = counts.get("PENDING", 0)
+        now = int(r["now"])
+        w = Window(int(r["window_start"]), int(r["window_end"]), r["target_per_s"])
+        rate = r["recent_done"] / 30.0
+        tokens = r.get("tokens_per_task") or 0.0
+        pools = set(r.get("pools") or [])
+        serving = [e for e in eps if e["pool"] in pools] or \
+            [e for e in eps if e["pool"] is None]
+        caps = [capacity_per_s(e["rpm"], e["tpm"], int(e["window_s"] * 1000), tokens,
+                               headroom) for e in serving]
+        capacity = None if (not caps or any(c is None for c in caps)) else \
+            sum(c for c in caps if c is not None)
+        p = project(w, remaining, rate, now, capacity)
+        out.append({
+            "batch": r["id"], "window_start": w.start_ms, "window_end": w.end_ms,
+            "open": w.start_ms <= now < w.end_ms, "total": total, "remaining": remaining,
+            "target_per_s": w.target_per_s, "rate_per_s": round(rate, 2),
+            "required_per_s": round(p.required_per_s, 2),
+            "capacity_per_s": None if capacity is None else round(capacity, 2),
+            "projected_finish": p.finish_ms, "on_time": p.on_time, "feasible": p.feasible,
+            "warning": p.warning(),
+        })
+    return out
+
+
+def report(store: Store, settings: Settings,
+           workers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The flow-control part of ``lockgate status``: endpoints, then windows."""
+    fs = FlowStore(store)
+    eps = endpoints(fs.buckets(), workers, settings)
+    return {"endpoints": eps,
+            "windows": windows(fs.windows(), eps, settings, settings.flow.headroom)}

@@ -1,0 +1,170 @@
+"""What a binding of a dataset to a prompt declares: thresholds, the comparison, the
+statistical guard, non-inferiority, prices. Frozen into every evaluation's snapshot.
+
+Threshold strings, as the command line takes them: ``accuracy>=0.9``,
+``error_ratio<=0.01``, ``latency_p95_ms<2000``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lockgate.errors import ConfigError
+
+#: Metrics a threshold can name, and which way is better.
+HIGHER_IS_BETTER = ("accuracy", "precision", "recall", "f1")
+LOWER_IS_BETTER = ("error_ratio", "latency_p50_ms", "latency_p95_ms", "cost_per_item",
+                   "tokens_per_item")
+METRICS = HIGHER_IS_BETTER + LOWER_IS_BETTER
+#: Metrics that are a share of successes k/n (the Wilson bound applies).
+PROPORTIONS = ("accuracy", "precision", "recall", "error_ratio")
+#: Metrics that need a declared positive label.
+NEEDS_POSITIVE = ("precision", "recall", "f1")
+
+Metric = Literal["accuracy", "precision", "recall", "f1", "error_ratio", "latency_p50_ms",
+                 "latency_p95_ms", "cost_per_item", "tokens_per_item"]
+Op = Literal[">=", ">", "<=", "<", "=="]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Threshold(_Strict):
+    """``metric op value``, compared on the raw, unrounded metric."""
+
+    metric: Metric
+    op: Op
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+class Comparison(_Strict):
+    """How an output is scored against the expected value.
+
+    * ``exact``: the whole output equals the expected JSON value;
+    * ``label``: the output's ``field`` equals the expected label (the expected value
+      is the label itself, or an object holding ``field``);
+    * ``fields``: every named field of the output equals the expected object's;
+    * ``scorer``: ``module:function`` called as ``f(expected, actual, input)``,
+      returning a bool, or a number where >= 0.5 is a match.
+    """
+
+    kind: Literal["exact", "label", "fields", "scorer"] = "exact"
+    field: str | None = None
+    fields: tuple[str, ...] = ()
+    scorer: str | None = None
+    ignore_case: bool = False
+
+    @model_validator(mode="after")
+    def _complete(self) -> Comparison:
+        if self.kind == "label" and not self.field:
+            raise ValueError("a label comparison names its field (label:FIELD)")
+        if self.kind == "fields" and not self.fields:
+            raise ValueError("a fields comparison names at least one field")
+        if self.kind == "scorer" and not self.scorer:
+            raise ValueError("a scorer comparison names module:function")
+        return self
+
+
+class Guard(_Strict):
+    """Statistical guard: for a proportion metric, the Wilson bound at ``confidence``
+    (lower bound for >=/>, upper bound for <=/<) must clear the threshold, and every
+    metric needs at least ``min_samples`` observations."""
+
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_samples: int = Field(0, ge=0)
+
+
+class NonInferiority(_Strict):
+    """The candidate may not be worse than the live version, evaluated on the same
+    snapshot, by more than ``margin`` on ``metric``."""
+
+    metric: Metric = "accuracy"
+    margin: float = Field(0.0, ge=0.0)
+
+
+class Prices(_Strict):
+    """Token prices, for ``cost_per_item`` (per million tokens, any currency)."""
+
+    input_per_mtok: float = Field(ge=0.0)
+    output_per_mtok: float = Field(ge=0.0)
+
+
+class BindingSettings(_Strict):
+    """Everything a binding declares."""
+
+    thresholds: tuple[Threshold, ...] = Field(min_length=1)
+    comparison: Comparison = Field(default_factory=Comparison)
+    positive_label: Any = None
+    guard: Guard | None = None
+    non_inferiority: NonInferiority | None = None
+    #: A metric with a zero denominator is undefined: it fails, unless this says "pass".
+    undefined: Literal["fail", "pass"] = "fail"
+    prices: Prices | None = None
+
+    @model_validator(mode="after")
+    def _positive_needed(self) -> BindingSettings:
+        named = {t.metric for t in self.thresholds}
+        if self.non_inferiority:
+            named.add(self.non_inferiority.metric)
+        wanting = sorted(named & set(NEEDS_POSITIVE))
+        if wanting and self.positive_label is None:
+            raise ValueError(f"{', '.join(wanting)} need a positive label (--positive)")
+        if wanting and self.comparison.kind != "label":
+            raise ValueError(f"{', '.join(wanting)} need a label comparison (label:FIELD)")
+        if "cost_per_item" in named and self.prices is None:
+            raise ValueError("cost_per_item needs prices (--price-in/--price-out)")
+        return self
+
+
+_THRESHOLD = re.compile(r"^\s*([a-z0-9_]+)\s*(>=|<=|==|>|<)\s*([-+0-9.eE]+)\s*$")
+
+
+def parse_threshold(text: str) -> Threshold:
+    """``accuracy>=0.9`` -> Threshold; ConfigError naming the problem otherwise."""
+    m = _THRESHOLD.match(text)
+    if not m:
+        raise ConfigError(f"threshold {text!r} is not METRIC OP VALUE, e.g. accuracy>=0.9")
+    metric, op, value = m.groups()
+    if metric not in METRICS:
+        raise ConfigError(f"unknown metric {metric!r} in threshold {text!r}; metrics: "
+                          f"{', '.join(METRICS)}")
+    try:
+        return Threshold(metric=metric, op=op, value=float(value))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"threshold {text!r}: {exc}") from None
+
+
+def parse_comparison(text: str) -> Comparison:
+    """``exact``, ``label:FIELD``, ``fields:A,B`` or ``scorer:module:function``."""
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "exact" and not rest:
+            return Comparison(kind="exact")
+        if kind == "label":
+            return Comparison(kind="label", field=rest)
+        if kind == "fields":
+            return Comparison(kind="fields",
+                              fields=tuple(f.strip() for f in rest.split(",") if f.strip()))
+        if kind == "scorer":
+            return Comparison(kind="scorer", scorer=rest)
+    except ValidationError as exc:
+        raise ConfigError(f"comparison {text!r}: {exc.errors()[0]['msg']}") from None
+    raise ConfigError(f"comparison {text!r}: use exact, label:FIELD, fields:A,B or "
+                      "scorer:module:function")
+
+
+def settings_from(doc: Any) -> BindingSettings:
+    """Validate a settings document; ConfigError with the first problem otherwise."""
+    try:
+        return BindingSettings.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"binding{' ' + where if where else ''}: {err['msg']}") from None

@@ -1,0 +1,85 @@
+"""Scoring one output against its expected value (pure; the scorer is user code)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lockgate.errors import ConfigError
+from lockgate.gate.binding import Comparison
+
+Scorer = Callable[[Any, Any, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """Whether the output matched, and the labels a label comparison compared."""
+
+    match: bool
+    predicted: Any = None
+    truth: Any = None
+
+
+def load_scorer(path: str) -> Scorer:
+    """Import ``module:function`` (or ``module.function``); ConfigError if impossible."""
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    if not module or not attr:
+        raise ConfigError(f"scorer {path!r} is not module:function")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import scorer {path!r}: {exc}") from None
+    if not callable(fn):
+        raise ConfigError(f"scorer {path!r} is not callable")
+    return fn
+
+
+def _norm(value: Any, ignore_case: bool) -> Any:
+    return value.casefold() if ignore_case and isinstance(value, str) else value
+
+
+def _get(value: Any, field: str) -> Any:
+    return value.get(field) if isinstance(value, dict) else None
+
+
+class Comparator:
+    """A compiled :class:`Comparison` (the scorer imported once)."""
+
+    def __init__(self, spec: Comparison) -> None:
+        self.spec = spec
+        self._scorer = load_scorer(spec.scorer) if spec.kind == "scorer" and spec.scorer \
+            else None
+
+    def truth(self, expected: Any) -> Any:
+        """The expected label of a label comparison (the value itself, or its field)."""
+        f = self.spec.field
+        if f and isinstance(expected, dict) and f in expected:
+            return expected[f]
+        return expected
+
+    def __call__(self, expected: Any, actual: Any, input: Any = None) -> Scored:
+        s = self.spec
+        ic = s.ignore_case
+        if s.kind == "label":
+            assert s.field is not None
+            truth = self.truth(expected)
+            predicted = _get(actual, s.field) if isinstance(actual, dict) else actual
+            return Scored(_norm(predicted, ic) == _norm(truth, ic), predicted, truth)
+        if s.kind == "fields":
+            ok = isinstance(expected, dict) and isinstance(actual, dict) and all(
+                _norm(actual.get(f), ic) == _norm(expected.get(f), ic) for f in s.fields)
+            return Scored(ok)
+        if s.kind == "scorer":
+            assert self._scorer is not None
+            result = self._scorer(expected, actual, input)
+            if isinstance(result, bool):
+                return Scored(result)
+            if isinstance(result, int | float):
+                return Scored(float(result) >= 0.5)
+            raise TypeError(f"scorer {s.scorer} returned {type(result).__name__}; "
+                            "return a bool or a number")
+        return Scored(_norm(actual, ic) == _norm(expected, ic))

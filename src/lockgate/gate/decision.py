@@ -1,0 +1,187 @@
+"""The gate's decision (pure): every threshold of every bound dataset against the
+metrics of its run, with the statistical guard and non-inferiority (SPEC G2, G3, G8).
+
+The outcome is binary for a candidate that was fully evaluated: ``activate`` when every
+check of every dataset passes, ``reject`` otherwise. ``fail`` means the evaluation
+could not complete (a run FAILED); the live version stays as it is in both cases.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lockgate.gate.binding import (
+    HIGHER_IS_BETTER,
+    PROPORTIONS,
+    BindingSettings,
+    Threshold,
+)
+from lockgate.gate.metrics import wilson
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt,
+    "==": operator.eq,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One comparison of the decision: what was compared with what, and the result."""
+
+    kind: str  # threshold | non_inferiority
+    metric: str
+    op: str
+    threshold: float | None
+    value: float | None
+    passed: bool
+    bound: float | None = None
+    n: int | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetResult:
+    """The checks of one dataset."""
+
+    dataset: str
+    status: str
+    passed: bool
+    checks: list[Check] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None
+    baseline_metrics: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What Reconcile concludes."""
+
+    outcome: str  # activate | reject | fail
+    reason: str
+    datasets: list[DatasetResult]
+
+    def document(self) -> dict[str, Any]:
+        """The JSON stored on ``prompt_update.decision``."""
+        return asdict(self)
+
+
+def check_threshold(t: Threshold, metrics: Mapping[str, Any],
+                    settings: BindingSettings) -> Check:
+    """One threshold against a run's metrics, under the binding's guard and policy."""
+    value = metrics.get(t.metric)
+    cmp = OPS[t.op]
+    if value is None:
+        ok = settings.undefined == "pass"
+        return Check("threshold", t.metric, t.op, t.value, None, ok,
+                     note="undefined (zero denominator); binding says "
+                          f"{settings.undefined}")
+    guard = settings.guard
+    if guard is None:
+        return Check("threshold", t.metric, t.op, t.value, value, cmp(value, t.value))
+    k_n = metrics.get("proportions", {}).get(t.metric)
+    n = int(k_n[1]) if k_n else int(metrics.get("counts", {}).get("items", 0))
+    if n < guard.min_samples:
+        return Check("threshold", t.metric, t.op, t.value, value, False, n=n,
+                     note=f"{n} samples < minimum {guard.min_samples}")
+    if t.metric in PROPORTIONS and k_n and t.op != "==":
+        interval = wilson(int(k_n[0]), n, guard.confidence)
+        assert interval is not None  # n > 0 because value is defined
+        bound = interval[0] if t.op in (">=", ">") else interval[1]
+        return Check("threshold", t.metric, t.op, t.value, value, cmp(bound, t.value),
+                     bound=bound, n=n,
+                     note=f"Wilson {'lower' if t.op in ('>=', '>') else 'upper'} bound, "
+                          f"{guard.confidence * 100:g}%")
+    return Check("threshold", t.metric, t.op, t.value, value, cmp(value, t.value), n=n)
+
+
+def check_non_inferiority(settings: BindingSettings, metrics: Mapping[str, Any],
+                          baseline: Mapping[str, Any] | None) -> Check | None:
+    """Candidate vs the live version on the same snapshot, within the margin."""
+    ni = settings.non_inferiority
+    if ni is None:
+        return None
+    value = metrics.get(ni.metric)
+    base = baseline.get(ni.metric) if baseline else None
+    higher = ni.metric in HIGHER_IS_BETTER
+    op = ">=" if higher else "<="
+    if value is None or base is None:
+        ok = settings.undefined == "pass"
+        return Check("non_inferiority", ni.metric, op, None, value, ok,
+                     note=f"undefined (candidate {value}, live {base}); binding says "
+                          f"{settings.undefined}")
+    limit = base - ni.margin if higher else base + ni.margin
+    return Check("non_inferiority", ni.metric, op, limit, value, OPS[op](value, limit),
+                 note=f"live {base!r} {'-' if higher else '+'} margin {ni.margin:g}")
+
+
+def evaluate_dataset(name: str, settings: BindingSettings, run: Mapping[str, Any],
+                     baseline: Mapping[str, Any] | None) -> DatasetResult:
+    """The checks of one dataset from its candidate run (and baseline run, if any)."""
+    status = str(run["status"])
+    if status == "EMPTY":
+        return DatasetResult(name, status, False, reason="the dataset snapshot is empty")
+    if status != "FINALIZED":
+        return DatasetResult(name, status, False, reason=run.get("reason") or status.lower())
+    metrics = dict(run["metrics"] or {})
+    checks = [check_threshold(t, metrics, settings) for t in settings.thresholds]
+    base_metrics = None
+    if settings.non_inferiority is not None:
+        if baseline is not None and baseline["status"] not in ("FINALIZED", "EMPTY"):
+            return DatasetResult(name, str(baseline["status"]), False, metrics=metrics,
+                                 reason="baseline run: " + str(baseline.get("reason")
+                                                               or baseline["status"]))
+        base_metrics = dict(baseline["metrics"] or {}) if baseline else None
+        ni = check_non_inferiority(settings, metrics, base_metrics)
+        if ni is not None:
+            checks.append(ni)
+    return DatasetResult(name, status, all(c.passed for c in checks), checks, metrics,
+                         base_metrics)
+
+
+def decide(datasets: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
+           ) -> Decision:
+    """The decision over every bound dataset.
+
+    ``datasets`` are the snapshot's entries (``name``, ``id``, ``binding``); ``runs``
+    the update's runs (``dataset_id``, ``subject``, ``status``, ``metrics``, ``reason``),
+    all terminal.
+    """
+    by_key = {(int(r["dataset_id"]), str(r["subject"])): r for r in runs}
+    results: list[DatasetResult] = []
+    failed: list[str] = []
+    for ds in datasets:
+        settings = BindingSettings.model_validate(ds["binding"])
+        cand = by_key.get((int(ds["id"]), "candidate"))
+        base = by_key.get((int(ds["id"]), "baseline"))
+        if cand is None:
+            failed.append(f"{ds['name']}: no run")
+            results.append(DatasetResult(ds["name"], "MISSING", False, reason="no run"))
+            continue
+        for r in (cand, base):
+            if r is not None and r["status"] in ("FAILED", "CANCELLED"):
+                failed.append(f"{ds['name']} ({r['subject']}): {r.get('reason') or r['status']}")
+        results.append(evaluate_dataset(ds["name"], settings, cand, base))
+    if failed:
+        return Decision("fail", "evaluation could not complete: " + "; ".join(failed),
+                        results)
+    losing = [f"{r.dataset}: " + (r.reason or ", ".join(
+        _describe(c) for c in r.checks if not c.passed)) for r in results if not r.passed]
+    if losing:
+        return Decision("reject", "; ".join(losing), results)
+    return Decision("activate", "passed every threshold", results)
+
+
+def _describe(c: Check) -> str:
+    label = c.metric if c.kind == "threshold" else f"{c.metric} vs live"
+    if c.value is None:
+        return f"{label} undefined"
+    if c.note and "samples" in c.note:
+        return f"{label}: {c.note}"
+    limit = "?" if c.threshold is None else f"{c.threshold:.6g}"
+    shown = f"{c.value:.6g}"
+    if c.bound is not None:
+        shown += f" (bound {c.bound:.6g})"
+    return f"{label} {shown} not {c.op} {limit}"

@@ -1,0 +1,69 @@
+"""The release gate inside ``lockgate worker``: a side service that runs the role steps.
+
+Every worker process runs one; they coordinate only through rows, so any number of
+them may run (or none, with ``--no-gate``). The loop polls quickly while there is gate
+work and backs off to ``idle_max_s`` when there is none; database trouble is retried
+with back-off, and any other exception stops the worker loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy.exc import DBAPIError
+
+from lockgate.errors import StoreError
+from lockgate.gate.roles import PAGE, GateRoles
+from lockgate.store import Store
+from lockgate.store.gate import GateStore
+
+log = logging.getLogger("lockgate.gate")
+
+
+class GateService:
+    """Runs :meth:`GateRoles.tick` in a thread of its own until the worker stops."""
+
+    name = "gate"
+
+    def __init__(self, store: Store, *, lease_s: float = 30.0, poll_s: float = 0.2,
+                 idle_max_s: float = 2.0, page: int = PAGE) -> None:
+        self.store = store
+        self.lease_ms = int(lease_s * 1000)
+        self.poll_s = poll_s
+        self.idle_max_s = idle_max_s
+        self.page = page
+        self.ticks = 0
+
+    async def run(self, stopping: asyncio.Event, worker_id: str) -> None:
+        """Tick until ``stopping`` is set; a step in flight stops at its next page."""
+        roles = GateRoles(self.store, worker_id=worker_id, lease_ms=self.lease_ms,
+                          page=self.page, should_stop=stopping.is_set)
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lockgate-gate")
+        delay = self.poll_s
+        failures = 0
+        try:
+            while not stopping.is_set():
+                try:
+                    did = await loop.run_in_executor(pool, roles.tick)
+                    failures = 0
+                except (StoreError, DBAPIError) as exc:
+                    failures += 1
+                    log.warning("release gate step failed (%d in a row), retrying: %s",
+                                failures, exc)
+                    did = False
+                    delay = min(5.0, 0.1 * 2 ** failures)
+                self.ticks += 1
+                delay = self.poll_s if did else min(self.idle_max_s, max(delay, self.poll_s)
+                                                    * 1.5)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), timeout=delay)
+        finally:
+            pool.shutdown(wait=False)
+
+    async def busy(self) -> bool:
+        """Whether any candidate is still PENDING or EVALUATING (keeps burst workers up)."""
+        return bool(await asyncio.to_thread(GateStore(self.store).active_updates))

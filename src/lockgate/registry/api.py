@@ -1,0 +1,197 @@
+"""The Python API of the prompt registry and datasets: ``lg.prompts`` and ``lg.datasets``.
+
+Example::
+
+    lg = lockgate.connect()
+    lg.prompts.create("complaints", read_template("prompt_v1.txt"),
+                      model_config={"name": "gpt-4o-mini", "temperature": 0.2})
+    lg.datasets.add("regular", "regular.jsonl")
+    lg.gate.bind("complaints", "regular", thresholds=["accuracy>=0.95"],
+                 comparison="fields:category,emotion")
+    p = lg.prompts.propose("complaints", read_template("prompt_v2.txt"))
+    print(lg.gate.wait(p.update_id)["status"])      # with workers running
+    lg.prompts.rollback("complaints", reason="bad labels in prod")
+"""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+from typing import Any
+
+from lockgate.config import Settings
+from lockgate.errors import NotFound, SpecError
+from lockgate.gate.snapshot import execution_path
+from lockgate.registry.content import diff, make_content, render_text
+from lockgate.registry.datasets import read_items
+from lockgate.registry.refs import PRODUCTION, check_label, check_name, parse_ref
+from lockgate.spec import RetryPolicy
+from lockgate.store import Store
+from lockgate.store.gate import GateStore, Proposal
+from lockgate.store.registry import DatasetItem, RegistryStore, VersionRow
+
+
+def default_actor() -> str | None:
+    """Who is acting, for the audit trail (the login name)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name in some containers
+        return None
+
+
+class Prompts:
+    """Prompts and their immutable versions, labels, rollback and audit trail."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.registry = RegistryStore(store)
+        self.gates = GateStore(store)
+        self.settings = settings
+
+    def create(self, name: str, template: Any, *, model_config: dict[str, Any],
+               delivery_rule: dict[str, Any] | None = None, tag: str | None = None,
+               author: str | None = None, note: str | None = None,
+               description: str | None = None) -> VersionRow:
+        """A new prompt; its version 1 is live at once (the first version has nothing to
+        be compared against). Every later change goes through :meth:`propose`."""
+        check_name(name)
+        content = make_content(template, model_config, delivery_rule)
+        return self.registry.create_prompt(name, content, tag=tag,
+                                           author=author or default_actor(), note=note,
+                                           description=description)
+
+    def propose(self, name: str, template: Any = None, *,
+                model_config: dict[str, Any] | None = None,
+                delivery_rule: dict[str, Any] | None = None, tag: str | None = None,
+                author: str | None = None, note: str | None = None,
+                retry_policy: dict[str, Any] | None = None) -> Proposal:
+        """Submit a candidate to the release gate; returns at once with the tracking id
+        (``update_id``). Parts not given are the live version's. Evaluation runs in the
+        workers; a newer proposal for the same prompt cancels this one."""
+        live = self.version(name)
+        content = make_content(live.template if template is None else template,
+                               live.model_config if model_config is None else model_config,
+                               live.delivery_rule if delivery_rule is None else delivery_rule)
+        policy = RetryPolicy.model_validate(retry_policy or {}).model_dump(mode="json")
+        self._check_inputs(name, content.template,
+                           set(content.delivery_rule.get("input_defaults") or {}))
+        return self.gates.propose(name, content, tag=tag, author=author or default_actor(),
+                                  note=note, retry_policy=policy,
+                                  execution_path=execution_path(self.settings))
+
+    def _check_inputs(self, name: str, template: Any, defaults: set[str]) -> None:
+        """Refuse a template whose placeholders a bound dataset cannot fill."""
+        from lockgate.runtime import placeholders
+        from lockgate.spec import Message
+
+        tpl = template if isinstance(template, str) else tuple(
+            Message.model_validate(m) for m in template)
+        wanted = placeholders(tpl) - defaults
+        for b in self.gates.bindings(name):
+            missing = sorted(wanted - set(b["input_keys"]))
+            if missing and b["items"]:
+                raise SpecError(f"placeholder(s) {missing} have no value in dataset "
+                                f"'{b['dataset']}' (its input fields: {b['input_keys']})",
+                                field="template")
+
+    def version(self, name: str, selector: int | str | None = None) -> VersionRow:
+        """A version by number (3, "3", "v3"), tag, label, or the live one (None)."""
+        if selector is None or selector == PRODUCTION:
+            live = self.registry.prompt(name)["live_version"]
+            if live is None:
+                raise NotFound(f"prompt '{name}' has no live version")
+            return self.registry.version(name, int(live))
+        if isinstance(selector, int):
+            return self.registry.version(name, selector)
+        text = selector.strip()
+        digits = text[1:] if text[:1] in ("v", "V") else text
+        if digits.isdigit():
+            return self.registry.version(name, int(digits))
+        labels = self.registry.prompt(name)["labels"]
+        if text in labels:
+            return self.registry.version(name, labels[text])
+        return self.registry.version_by_tag(name, text)
+
+    def resolve(self, ref: str) -> VersionRow:
+        """What a reference (``NAME``, ``NAME@canary``, ``NAME@3``) names now."""
+        r = parse_ref(ref)
+        return self.version(r.name, r.version if r.version is not None else r.label)
+
+    def show(self, name: str, selector: int | str | None = None) -> dict[str, Any]:
+        """The prompt (live version, generation, labels) and one version's content."""
+        info = self.registry.prompt(name)
+        v = self.version(name, selector)
+        info["version"] = v
+        info["text"] = "\n".join(render_text(v.template, v.model_config, v.delivery_rule))
+        return info
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every prompt with its live version."""
+        return self.registry.prompts()
+
+    def history(self, name: str) -> dict[str, Any]:
+        """Every version, and the audit trail (create, propose, activate, reject, stale,
+        cancel, rollback, label: who, when, from, to, why)."""
+        return {"prompt": self.registry.prompt(name), "versions": self.registry.versions(name),
+                "audit": self.registry.audit_trail(name)}
+
+    def diff(self, name: str, a: int | str, b: int | str | None = None) -> str:
+        """Unified diff between two versions (``b`` defaults to the live one)."""
+        va, vb = self.version(name, a), self.version(name, b)
+        return diff((f"{va.ref}", va.template, va.model_config, va.delivery_rule),
+                    (f"{vb.ref}", vb.template, vb.model_config, vb.delivery_rule))
+
+    def rollback(self, name: str, to: int | str | None = None, *, actor: str | None = None,
+                 reason: str | None = None) -> dict[str, Any]:
+        """Compare-and-swap the live version back to one that was live before (default:
+        the one before the last change). No re-evaluation; audited; workers use it
+        within their refresh interval (1 s by default)."""
+        target = None if to is None else self.version(name, to).version
+        return self.registry.rollback(name, target, actor=actor or default_actor(),
+                                      reason=reason)
+
+    def label(self, name: str, label: str, version: int | str, *, actor: str | None = None,
+              reason: str | None = None) -> int | None:
+        """Point a custom label (``canary``, …) at a version; returns the previous one."""
+        check_label(label)
+        v = self.version(name, version)
+        return self.registry.set_label(name, label, v.version, actor=actor or default_actor(),
+                                       reason=reason)
+
+
+class Datasets:
+    """Labelled datasets: items are immutable; every change is a new revision."""
+
+    def __init__(self, store: Store) -> None:
+        self.registry = RegistryStore(store)
+
+    def add(self, name: str, source: str | Path | list[DatasetItem] | list[dict[str, Any]], *,
+            replace: bool = False, expected_column: str | None = None,
+            description: str | None = None) -> dict[str, Any]:
+        """Add items from a JSONL/CSV file or a list; ``replace`` makes the dataset hold
+        exactly these items. Returns counts (added, changed, retired, unchanged)."""
+        check_name(name, "dataset")
+        if isinstance(source, str | Path):
+            items = read_items(source, expected_column=expected_column)
+            origin: str | None = str(source)
+        else:
+            from lockgate.registry.datasets import item_from
+
+            items = [i if isinstance(i, DatasetItem) else item_from(i, n)
+                     for n, i in enumerate(source, start=1)]
+            origin = None
+        return self.registry.add_items(name, items, replace=replace, source=origin,
+                                       description=description)
+
+    def show(self, name: str, *, limit: int = 5) -> dict[str, Any]:
+        """The dataset (revision, size, items hash, input fields) and its first items."""
+        info = self.registry.dataset(name)
+        info["sample"] = self.registry.items(name, limit=limit)
+        return info
+
+    def items(self, name: str, *, revision: int | None = None) -> list[dict[str, Any]]:
+        """Every item of a revision (default: the current one)."""
+        return self.registry.items(name, revision=revision)
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every dataset with its revision and size."""
+        return self.registry.datasets()

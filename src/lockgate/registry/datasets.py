@@ -1,0 +1,127 @@
+"""Reading labelled datasets from files (pure).
+
+JSONL, one object per line::
+
+    {"id": "r-001", "input": {"text": "..."}, "expected": {"category": "refund"}}
+
+``expected`` may be any JSON value (``"yes"``, an object, a list); ``label`` is accepted
+for it. Without ``input``, every key but ``id``/``expected``/``label`` is an input
+field. Without ``id``, the item id is the first 16 hex digits of the SHA-256 of its
+input, so re-adding the same file is idempotent.
+
+CSV with a header: the ``id`` column (optional), the expected column (``expected`` or
+``label``, or ``--expected-column``), or several ``expected.FIELD`` columns that make
+an expected object; every other column is an input field (text). Expected cells that
+are valid JSON (``3``, ``true``, ``{"a": 1}``) are read as JSON, others as text.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lockgate.errors import SpecError
+from lockgate.spec import canonical_json
+from lockgate.store.registry import DatasetItem
+
+_RESERVED = ("id", "expected", "label")
+
+
+def _default_id(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(inputs)).hexdigest()[:16]
+
+
+def _key(value: Any, line: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise SpecError("must be a string or an integer", field="id", line=line)
+    key = str(value)
+    if not key or len(key) > 191 or not key.isprintable():
+        raise SpecError("must be 1-191 printable characters", field="id", line=line)
+    return key
+
+
+def item_from(obj: Any, line: int) -> DatasetItem:
+    """One dataset item from a JSON object; SpecError naming the line and field."""
+    if not isinstance(obj, dict):
+        raise SpecError("expected a JSON object", line=line)
+    if "expected" in obj:
+        expected = obj["expected"]
+    elif "label" in obj:
+        expected = obj["label"]
+    else:
+        raise SpecError("is required (the expected output or label)", field="expected",
+                        line=line)
+    if "input" in obj:
+        inputs = obj["input"]
+        if not isinstance(inputs, dict) or not inputs:
+            raise SpecError("must be a non-empty object of input fields", field="input",
+                            line=line)
+    else:
+        inputs = {k: v for k, v in obj.items() if k not in _RESERVED}
+        if not inputs:
+            raise SpecError("no input fields (give 'input' or other keys)", field="input",
+                            line=line)
+    key = _key(obj["id"], line) if "id" in obj else _default_id(inputs)
+    return DatasetItem(key, inputs, expected)
+
+
+def read_jsonl(path: Path) -> Iterator[DatasetItem]:
+    """Items of a JSONL file."""
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise SpecError(f"not valid JSON ({exc})", line=n) from None
+            yield item_from(obj, n)
+
+
+def _cell(value: str) -> Any:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+
+
+def read_csv(path: Path, *, expected_column: str | None = None,
+             id_column: str = "id") -> Iterator[DatasetItem]:
+    """Items of a CSV file with a header row."""
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        fields = [h for h in header if h.startswith("expected.")]
+        column = expected_column or next((c for c in ("expected", "label") if c in header),
+                                         None)
+        if column is not None and column not in header:
+            raise SpecError(f"no column '{column}' in {path} (columns: {header})")
+        if column is None and not fields:
+            raise SpecError(f"{path} needs an 'expected' or 'label' column, or "
+                            "'expected.FIELD' columns")
+        skip = {column, id_column, *fields}
+        for n, row in enumerate(reader, start=2):
+            if column is not None:
+                expected: Any = _cell(row[column])
+            else:
+                expected = {f.split(".", 1)[1]: _cell(row[f]) for f in fields}
+            inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
+            if not inputs:
+                raise SpecError("no input columns", line=n)
+            key = _key(row[id_column], n) if row.get(id_column) else _default_id(inputs)
+            yield DatasetItem(key, inputs, expected)
+
+
+def read_items(path: str | Path, *, expected_column: str | None = None) -> list[DatasetItem]:
+    """Items of a JSONL or CSV file (by extension: .csv is CSV, anything else JSONL)."""
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(f"file {p} does not exist")
+    if p.suffix.lower() == ".csv":
+        return list(read_csv(p, expected_column=expected_column))
+    return list(read_jsonl(p))

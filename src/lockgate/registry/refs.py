@@ -1,0 +1,76 @@
+"""Names and references: ``NAME``, ``NAME@LABEL``, ``NAME@N`` (pure).
+
+A task names a registry prompt with ``prompt_template: "@registry:REF"``
+(:data:`lockgate.spec.REGISTRY_PREFIX`). ``NAME`` and ``NAME@production`` are the live
+version; ``NAME@canary`` (any custom label) the version the label points at;
+``NAME@3`` version 3, pinned.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from lockgate.errors import SpecError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,190}$")
+LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
+PRODUCTION = "production"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRef:
+    """A parsed reference: exactly one of ``label``/``version`` may be set."""
+
+    name: str
+    label: str | None = None
+    version: int | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """A pinned version never changes: resolved once, cached forever."""
+        return self.version is not None
+
+    @property
+    def pointer(self) -> str | None:
+        """The label to follow (None = the live version)."""
+        return None if self.label in (None, PRODUCTION) else self.label
+
+    def __str__(self) -> str:
+        if self.version is not None:
+            return f"{self.name}@{self.version}"
+        return f"{self.name}@{self.label}" if self.label else self.name
+
+
+def check_name(name: str, what: str = "prompt") -> str:
+    """A valid prompt or dataset name, or SpecError saying what is allowed."""
+    if not NAME_RE.match(name or ""):
+        raise SpecError(f"{what} name {name!r} must be 1-191 characters of letters, digits, "
+                        "'_', '.', '-', starting with a letter or digit")
+    return name
+
+
+def check_label(label: str) -> str:
+    """A valid label, or SpecError."""
+    if not LABEL_RE.match(label or ""):
+        raise SpecError(f"label {label!r} must start with a letter and hold letters, "
+                        "digits, '_', '.', '-' (at most 64)")
+    return label
+
+
+def parse_ref(text: str) -> PromptRef:
+    """``NAME``, ``NAME@LABEL`` or ``NAME@N`` -> PromptRef; SpecError otherwise."""
+    name, sep, rest = text.partition("@")
+    check_name(name)
+    if not sep:
+        return PromptRef(name)
+    if rest.isdigit() and not rest.startswith("0"):
+        return PromptRef(name, version=int(rest))
+    if not rest:
+        raise SpecError(f"reference {text!r} ends with '@': add a label or a version number",
+                        field="prompt_template")
+    try:
+        return PromptRef(name, label=check_label(rest))
+    except SpecError:
+        raise SpecError(f"reference {text!r}: after '@' comes a version number (3) or a "
+                        "label (canary)", field="prompt_template") from None

@@ -1,0 +1,117 @@
+"""Resolving registry references in a worker (SPEC F4: a change reaches workers within
+5 seconds, without a restart).
+
+A task whose template is ``@registry:REF`` runs under a prompt version chosen at each
+attempt. A pinned reference (``NAME@3``) is read once and cached forever (versions are
+immutable). A moving one (``NAME``, ``NAME@canary``) is re-checked at most every
+``refresh_s`` seconds (default 1 s) with one indexed read of the pointer and the
+prompt's generation; only when it changed is the new version's content read, once.
+So an activation or a rollback is seen by every worker within ``refresh_s`` plus one
+claim, and the attempt's trace names the exact version (``task_attempt.prompt_version``).
+
+The version supplies the template, model config and delivery rule. The task's own
+``model_config`` keys, if any, override the version's (an A/B test of another model,
+SPEC T4); its ``delivery_rule``, if given, replaces the version's; its retry policy is
+always its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lockgate.errors import NotFound
+from lockgate.registry.refs import PromptRef, parse_ref
+from lockgate.spec import TaskConfig, load_config, registry_reference
+from lockgate.store import Store
+from lockgate.store.registry import RegistryStore, VersionRow
+
+T = TypeVar("T")
+RunDb = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryRef:
+    """A task config that names a registry prompt instead of carrying a template."""
+
+    ref: PromptRef
+    document: dict[str, Any]
+
+
+def merge(document: dict[str, Any], version: VersionRow) -> TaskConfig:
+    """The config an attempt runs under: the version, with the task's overrides."""
+    return load_config({
+        "prompt_template": version.template,
+        "model_config": {**version.model_config, **document.get("model_config", {})},
+        "delivery_rule": document.get("delivery_rule", version.delivery_rule),
+        "retry_policy": document["retry_policy"],
+    })
+
+
+async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args)
+
+
+class PromptResolver:
+    """Per-process cache of pointers and versions, refreshed at most every ``refresh_s``."""
+
+    def __init__(self, store: Store, *, refresh_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = RegistryStore(store)
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.checks = 0
+        self._pointers: dict[tuple[str, str | None], tuple[int, float]] = {}
+        self._versions: dict[tuple[str, int], VersionRow] = {}
+        self._merged: dict[tuple[str, int], TaskConfig] = {}
+        self._pinned: dict[str, str] = {}
+        self._locks: dict[tuple[str, str | None], asyncio.Lock] = {}
+
+    def load(self, config_hash: str, document: dict[str, Any]) -> TaskConfig | RegistryRef:
+        """A stored config document, as the worker caches it by hash."""
+        ref = registry_reference(document.get("prompt_template"))
+        if ref is None:
+            pinned = document.get("prompt_version")
+            if isinstance(pinned, str):
+                self._pinned[config_hash] = pinned  # release-gate items name their version
+            return load_config(document)
+        return RegistryRef(parse_ref(ref), document)
+
+    async def resolve(self, config_hash: str, entry: TaskConfig | RegistryRef,
+                      run_db: RunDb = _to_thread) -> tuple[TaskConfig, str | None]:
+        """(config to run, ``name@N`` for the trace). Raises NotFound for a reference to a
+        prompt, label or version that does not exist."""
+        if isinstance(entry, TaskConfig):
+            return entry, self._pinned.get(config_hash)
+        ref = entry.ref
+        number = ref.version if ref.version is not None else await self._pointer(ref, run_db)
+        key = (config_hash, number)
+        config = self._merged.get(key)
+        if config is None:
+            version = self._versions.get((ref.name, number))
+            if version is None:
+                version = await run_db(self.registry.version, ref.name, number)
+                self._versions[(ref.name, number)] = version
+            config = merge(entry.document, version)
+            self._merged[key] = config
+        return config, f"{ref.name}@{number}"
+
+    async def _pointer(self, ref: PromptRef, run_db: RunDb) -> int:
+        key = (ref.name, ref.pointer)
+        cached = self._pointers.get(key)
+        if cached is not None and self.clock() - cached[1] < self.refresh_s:
+            return cached[0]
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            cached = self._pointers.get(key)  # another attempt may have refreshed it
+            if cached is not None and self.clock() - cached[1] < self.refresh_s:
+                return cached[0]
+            self.checks += 1
+            number, _generation = await run_db(self.registry.pointer, ref.name, ref.pointer)
+            if number is None:
+                raise NotFound(f"prompt '{ref.name}' has no live version")
+            self._pointers[key] = (number, self.clock())
+            return number

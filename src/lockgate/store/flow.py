@@ -1,0 +1,424 @@
+"""Every SQL statement of flow control: shared budgets, pauses, lanes, paced windows,
+per-worker metrics and the status report.
+
+The arithmetic lives in :mod:`lockgate.flow.bucket`; here rows are read under a lock
+together with the database clock, handed to it, and written back under their version.
+One transaction serves every bucket a worker touches in one tick, so a worker costs the
+database a handful of small transactions per second however many calls it makes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, bindparam, text
+
+from lockgate.flow.bucket import Ask, Bucket, Grant, Limits, effective, initial, lease
+from lockgate.flow.window import Window, paced_rate
+from lockgate.store import schema
+from lockgate.store.store import Store
+from lockgate.store.types import ClaimedTask
+
+#: Most batches per pool a lane scan reports (the rest wait for a later scan).
+MAX_LANES = 64
+#: Attempts the failure-rate query looks at, newest first, within its time span.
+RECENT_ATTEMPTS = 5000
+
+_ROW_COLS = ("name, kind, rpm, tpm, window_ms, learned_rpm, learned_tpm, req_allowance, "
+             "tok_allowance, refilled_at, paused_until, pause_reason, version")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """A bucket's configured capacity (None: unlimited in that dimension)."""
+
+    name: str
+    kind: str
+    rpm: float | None
+    tpm: float | None
+    window_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One bucket's part of a lease: what is asked, how the bucket is shaped, and what
+    the provider said about its limits (``learned_*``: None = no news; 0 = forget)."""
+
+    name: str
+    ask: Ask
+    headroom: float
+    burst: float
+    min_cap_ms: float = 0.0
+    pause_reason: str | None = None
+    learned_rpm: float | None = None
+    learned_tpm: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """What a bucket gave, the limits now in force and the pause still running."""
+
+    name: str
+    grant: Grant
+    rpm: float | None
+    tpm: float | None
+    window_ms: int
+    pause_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """A (pool, batch) with PENDING tasks, and what the batch row says about it."""
+
+    pool: str
+    batch_id: str
+    base_weight: float
+    deadline_at: int | None
+    window_start: int | None
+    window_end: int | None
+    target_per_s: float | None
+
+    @property
+    def window(self) -> Window | None:
+        if self.window_start is None or self.window_end is None:
+            return None
+        return Window(self.window_start, self.window_end, self.target_per_s)
+
+
+def window_bucket(batch_id: str) -> str:
+    """Name of the pacing bucket of a window batch."""
+    return f"window:{batch_id}"[:191]
+
+
+class FlowStore:
+    """Flow-control queries on a :class:`~lockgate.store.Store`'s engine."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.now = store.now
+        self._lock = store.dialect.lock_for_update()
+
+    def _db_now(self, conn: Connection) -> int:
+        return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+
+    # -- buckets --------------------------------------------------------------------
+
+    def ensure(self, specs: Iterable[BucketSpec]) -> None:
+        """Create missing buckets (full to their small cap) and apply configured capacities.
+
+        Several workers may start with different configs; the last to start wins, as
+        with any shared setting.
+        """
+        specs = list(specs)
+        if not specs:
+            return
+
+        def work(conn: Connection) -> None:
+            now = self._db_now(conn)
+            names = [s.name for s in specs]
+            have = {r[0]: r for r in conn.execute(text(
+                "SELECT name, rpm, tpm, window_ms FROM rate_limit WHERE name IN :n"
+            ).bindparams(bindparam("n", expanding=True)), {"n": names})}
+            for s in specs:
+                row = have.get(s.name)
+                if row is None:
+                    b = initial(Limits(s.rpm, s.tpm, s.window_ms), now)
+                    conn.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
+                        "name": s.name, "kind": s.kind, "rpm": s.rpm, "tpm": s.tpm,
+                        "window_ms": s.window_ms, "req_allowance": b.requests,
+                        "tok_allowance": b.tokens, "refilled_at": now, "paused_until": 0,
+                        "updated_at": now, "version": 0}])
+                elif (row[1], row[2], row[3]) != (s.rpm, s.tpm, s.window_ms):
+                    conn.execute(text(
+                        "UPDATE rate_limit SET rpm = :rpm, tpm = :tpm, window_ms = :w, "
+                        "updated_at = :now, version = version + 1 WHERE name = :name"),
+                        {"rpm": s.rpm, "tpm": s.tpm, "w": s.window_ms, "now": now,
+                         "name": s.name})
+
+        self.store._tx(work)
+
+    def lease(self, requests: Sequence[LeaseRequest]) -> dict[str, LeaseResult]:
+        """Lease from several buckets in one transaction (rows locked in name order).
+
+        Each bucket is refilled on the database clock, credited with returns and
+        settlements, paused if asked, and then grants what fits; the row is written
+        back only if something changed, guarded by its version.
+        """
+        if not requests:
+            return {}
+        by_name = {r.name: r for r in requests}
+        names = sorted(by_name)
+
+        def work(conn: Connection) -> dict[str, LeaseResult]:
+            rows = conn.execute(text(
+                f"SELECT {_ROW_COLS}, {self.now} FROM rate_limit WHERE name IN :n "
+                f"ORDER BY name{self._lock}").bindparams(bindparam("n", expanding=True)),
+                {"n": names}).all()
+            out: dict[str, LeaseResult] = {}
+            for r in rows:
+                req = by_name[r[0]]
+                out[r[0]] = self._lease_row(conn, r, req)
+            return out
+
+        return self.store._tx(work)
+
+    def _lease_row(self, conn: Connection, r: Any, req: LeaseRequest) -> LeaseResult:
+        (name, _kind, rpm, tpm, window_ms, l_rpm, l_tpm, req_allow, tok_allow, refilled,
+         paused_until, reason, version, now) = r
+        now = int(now)
+        if req.learned_rpm is not None:
+            l_rpm = req.learned_rpm if (req.learned_rpm and (rpm is None or
+                                                            req.learned_rpm < rpm)) else None
+        if req.learned_tpm is not None:
+            l_tpm = req.learned_tpm if (req.learned_tpm and (tpm is None or
+                                                            req.learned_tpm < tpm)) else None
+        limits = Limits(effective(rpm, l_rpm), effective(tpm, l_tpm), int(window_ms),
+                        req.headroom, req.burst, req.min_cap_ms)
+        before = Bucket(float(req_allow), float(tok_allow), int(refilled), int(paused_until))
+        after, grant = lease(before, limits, now, req.ask)
+        if req.ask.pause_ms > 0 and after.paused_until > before.paused_until:
+            reason = req.pause_reason or "provider"
+        changed = (after.paused_until != before.paused_until or grant.requests
+                   or grant.tokens or req.ask.give_requests or req.ask.give_tokens
+                   or req.ask.debt_tokens
+                   or req.learned_rpm is not None or req.learned_tpm is not None)
+        if changed:
+            n = conn.execute(text(
+                "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
+                "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
+                "learned_rpm = :lr, learned_tpm = :lt, "
+                "granted_requests = granted_requests + :gr, "
+                "granted_tokens = granted_tokens + :gt, updated_at = :now, "
+                "version = version + 1 WHERE name = :name AND version = :v"),
+                {"ra": after.requests, "ta": after.tokens, "at": after.refilled_at,
+                 "pu": after.paused_until, "why": reason, "lr": l_rpm, "lt": l_tpm,
+                 "gr": grant.requests, "gt": grant.tokens, "now": now, "name": name,
+                 "v": version}).rowcount
+            if n != 1:  # the row lock makes this unreachable; never grant on a lost race
+                grant = Grant(0, 0.0, grant.paused_ms)
+        return LeaseResult(name, grant, limits.requests, limits.tokens, int(window_ms),
+                           reason if grant.paused_ms else None)
+
+    def pause(self, name: str, ms: int, reason: str) -> int:
+        """Pause a bucket for ``ms`` from the database's now (never shortening a pause);
+        returns the pause still in force, in ms."""
+        def work(conn: Connection) -> int:
+            conn.execute(text(
+                f"UPDATE rate_limit SET paused_until = {self.now} + :ms, pause_reason = :why, "
+                f"updated_at = {self.now}, version = version + 1 "
+                f"WHERE name = :name AND paused_until < {self.now} + :ms"),
+                {"ms": ms, "why": reason, "name": name})
+            row = conn.execute(text(f"SELECT paused_until - {self.now} FROM rate_limit "
+                                    "WHERE name = :name"), {"name": name}).first()
+            return max(0, int(row[0])) if row else 0
+        return self.store._tx(work)
+
+    def buckets(self) -> list[dict[str, Any]]:
+        """Every bucket row with the database's now (for status)."""
+        with self.store.engine.connect() as conn:
+            now = self._db_now(conn)
+            rows = [dict(r._mapping) for r in conn.execute(text(
+                "SELECT * FROM rate_limit ORDER BY kind, name"))]
+        for r in rows:
+            r["now"] = now
+        return rows
+
+    # -- windows --------------------------------------------------------------------
+
+    def pace(self, lane: Lane, *, every_ms: int) -> bool:
+        """Recompute a window batch's pace (``remaining / time left``) at most once per
+        ``every_ms`` across all workers; returns whether this call did it."""
+        w = lane.window
+        if w is None:
+            return False
+        name = window_bucket(lane.batch_id)
+
+        def claim_turn(conn: Connection) -> int | None:
+            now = self._db_now(conn)
+            row = conn.execute(text(f"SELECT paced_at, rpm FROM rate_limit WHERE name = :n"
+                                    f"{self._lock}"), {"n": name}).first()
+            if row is None:
+                conn.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
+                    "name": name, "kind": "window", "rpm": 0.0, "tpm": None,
+                    "window_ms": 1000, "req_allowance": 0.0, "tok_allowance": 0.0,
+                    "refilled_at": now, "paused_until": 0, "updated_at": now,
+                    "paced_at": now, "version": 0}])
+                return now
+            paced_at, rpm = row
+            opening = rpm == 0 and now >= w.start_ms  # the window just opened: at once
+            if paced_at is not None and now - paced_at < every_ms and not opening:
+                return None
+            conn.execute(text("UPDATE rate_limit SET paced_at = :now, version = version + 1 "
+                              "WHERE name = :n"), {"now": now, "n": name})
+            return now
+
+        now = self.store._tx(claim_turn)
+        if now is None:
+            return False
+        with self.store.engine.connect() as conn:
+            remaining = int(conn.execute(text(
+                "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'"),
+                {"b": lane.batch_id}).scalar_one())
+        rate = paced_rate(w, remaining, now)
+        per_s: float | None
+        if rate is None:
+            per_s = 0.0
+        elif math.isinf(rate):
+            per_s = None  # late: only the endpoint's limits apply
+        else:
+            per_s = rate
+        self.store._tx(lambda conn: conn.execute(text(
+            "UPDATE rate_limit SET rpm = :r, version = version + 1 WHERE name = :n"),
+            {"r": per_s, "n": name}))
+        return True
+
+    # -- lanes ----------------------------------------------------------------------
+
+    @staticmethod
+    def _pools(conn: Connection) -> list[str]:
+        """Every pool that has tasks (a skip scan over ``ix_task_lane``)."""
+        out: list[str] = []
+        row = conn.execute(text("SELECT pool FROM task ORDER BY pool LIMIT 1")).first()
+        while row is not None and len(out) < 1000:
+            out.append(row[0])
+            row = conn.execute(text("SELECT pool FROM task WHERE pool > :p "
+                                    "ORDER BY pool LIMIT 1"), {"p": row[0]}).first()
+        return out
+
+    def lanes(self, pool: str | None = None) -> tuple[list[Lane], int]:
+        """The batches with PENDING tasks in ``pool`` (or every pool), with their batch
+        settings, and the database's now.
+
+        One index seek per pool and per batch found (``pool, status, batch_id``), so
+        the cost does not depend on how many tasks are pending or finished.
+        """
+        found: list[tuple[str, str]] = []
+        q = text("SELECT batch_id FROM task WHERE pool = :p AND status = 'PENDING' "
+                 "AND batch_id > :b ORDER BY batch_id LIMIT 1")
+        with self.store.engine.connect() as conn:
+            now = self._db_now(conn)
+            pools = [pool] if pool is not None else self._pools(conn)
+            for pool in pools:
+                after = ""
+                for _ in range(MAX_LANES):
+                    row = conn.execute(q, {"p": pool, "b": after}).first()
+                    if row is None:
+                        break
+                    found.append((pool, row[0]))
+                    after = row[0]
+            if not found:
+                return [], now
+            meta = {r[0]: r for r in conn.execute(text(
+                "SELECT id, base_weight, deadline_at, window_start, window_end, target_per_s "
+                "FROM batch WHERE id IN :ids").bindparams(bindparam("ids", expanding=True)),
+                {"ids": sorted({b for _p, b in found})})}
+        lanes = []
+        for pool, b in found:
+            m = meta.get(b)
+            lanes.append(Lane(pool, b, float(m[1]) if m else 1.0,
+                              m[2] if m else None, m[3] if m else None,
+                              m[4] if m else None, m[5] if m else None))
+        return lanes, now
+
+    def failure_rates(self, *, since_ms: int) -> dict[str, float]:
+        """Failure rate per batch, from the recent attempts of its task types.
+
+        A task type is a config (template, model config, delivery rule, retry policy);
+        its rate counts retried, failed and dead attempts over all attempts of the last
+        ``since_ms`` (at most the newest :data:`RECENT_ATTEMPTS`, found through the
+        primary key, so the query stays cheap however long the history). A batch gets
+        the rates of its task types, weighted by its attempts of each.
+        """
+        with self.store.engine.connect() as conn:
+            top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
+            if top is None:
+                return {}
+            rows = conn.execute(text(
+                "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
+                "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
+                "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
+                f"{self.now} - :since AND a.outcome <> 'discarded' "
+                "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash"),
+                {"low": int(top) - RECENT_ATTEMPTS, "since": since_ms}).all()
+        per_cfg: dict[str, list[int]] = {}
+        for _b, cfg, n, bad in rows:
+            acc = per_cfg.setdefault(cfg, [0, 0])
+            acc[0] += int(n)
+            acc[1] += int(bad or 0)
+        cfg_rate = {c: bad / n for c, (n, bad) in per_cfg.items() if n}
+        per_batch: dict[str, list[float]] = {}
+        for b, cfg, n, _bad in rows:
+            acc2 = per_batch.setdefault(b, [0.0, 0.0])
+            acc2[0] += int(n)
+            acc2[1] += int(n) * cfg_rate.get(cfg, 0.0)
+        return {b: s / n for b, (n, s) in per_batch.items() if n}
+
+    def claim_lanes(self, plan: Mapping[tuple[str, str], int], *, lease_ms: int,
+                    token: str, worker_id: str) -> dict[tuple[str, str], list[ClaimedTask]]:
+        """Claim from several lanes in one transaction, one index-backed statement each."""
+        d = self.store.dialect
+
+        def work(conn: Connection) -> dict[tuple[str, str], list[ClaimedTask]]:
+            return {key: d.claim_lane(conn, pool=key[0], batch_id=key[1], limit=n,
+                                      lease_ms=lease_ms, token=token, worker_id=worker_id)
+                    for key, n in sorted(plan.items()) if n > 0}
+
+        return self.store._tx(work)
+
+    # -- workers and status ---------------------------------------------------------
+
+    def report(self, worker_id: str, *, pool: str | None, concurrency_limit: int,
+               latency_ms: float | None, failure_rate: float | None,
+               detail: Mapping[str, Any]) -> None:
+        """Write the worker's adaptive limits and recent health to its row."""
+        self.store._tx(lambda conn: conn.execute(text(
+            "UPDATE worker SET pool = :pool, concurrency_limit = :c, latency_ms = :lat, "
+            "failure_rate = :f, flow = :flow WHERE id = :id"),
+            {"pool": pool, "c": concurrency_limit, "lat": latency_ms, "f": failure_rate,
+             "flow": orjson.dumps(detail).decode(), "id": worker_id}))
+
+    def windows(self) -> list[dict[str, Any]]:
+        """Window batches with PENDING tasks or a window not yet over, with their counts,
+        recent rate and mean tokens per task (for projections)."""
+        with self.store.engine.connect() as conn:
+            now = self._db_now(conn)
+            batches = [dict(r._mapping) for r in conn.execute(text(
+                "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "
+                "FROM batch WHERE window_end IS NOT NULL AND window_end >= :since "
+                "ORDER BY window_start"), {"since": now - 86_400_000})]
+            for b in batches:
+                counts = {s: int(n) for s, n in conn.execute(text(
+                    "SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status"),
+                    {"b": b["id"]})}
+                b["counts"] = counts
+                b["recent_done"] = int(conn.execute(text(
+                    "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status <> 'PENDING' "
+                    "AND finished_at >= :t"), {"b": b["id"], "t": now - 30_000}).scalar_one())
+                tok = conn.execute(text(
+                    "SELECT AVG(x.tok) FROM (SELECT a.input_tokens + a.output_tokens AS tok "
+                    "FROM task_attempt a JOIN task t ON t.id = a.task_pk WHERE t.batch_id = :b "
+                    "AND a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 200) x"),
+                    {"b": b["id"]}).scalar()
+                b["tokens_per_task"] = float(tok) if tok is not None else None
+                pools = [r[0] for r in conn.execute(text(
+                    "SELECT DISTINCT pool FROM task WHERE batch_id = :b"), {"b": b["id"]})]
+                b["pools"] = pools
+                b["now"] = now
+        return [b for b in batches if b["counts"].get("PENDING", 0) or b["window_end"] >= now]
+
+    def set_batch(self, batch_id: str, **fields: Any) -> None:
+        """Set a batch's weight, deadline or window (only the fields given)."""
+        allowed = {"base_weight", "deadline_at", "window_start", "window_end", "target_per_s"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown batch fields {sorted(bad)}")
+        if not fields:
+            return
+        sets = ", ".join(f"{k} = :{k}" for k in sorted(fields))
+        self.store._tx(lambda conn: conn.execute(
+            text(f"UPDATE batch SET {sets} WHERE id = :id"), {**fields, "id": batch_id}))
+
