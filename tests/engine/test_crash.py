@@ -33,7 +33,7 @@ CRASH_TASKS = 2000
 KILLS = 3
 LIVE_WORKERS = 3
 CONCURRENCY = 16
-LEASE_S = 2.0
+LEASE_S = 3.0
 #: Kill moments are drawn from this seed (set LOCKGATE_TEST_SEED to replay a run).
 SEED = int(os.environ.get("LOCKGATE_TEST_SEED") or random.randrange(1 << 30))
 
@@ -51,7 +51,7 @@ def registered(store: Store, procs: list[WorkerProcess]) -> list[tuple[WorkerPro
 @pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing(store: Store, simulator: SimulatorProcess,
                                                 workers: WorkerPool) -> None:
-    """Three workers (``--concurrency 16``, ``--lease 2``) run; three times, at a random
+    """Three workers (``--concurrency 16``, ``--lease 3``) run; three times, at a random
     point of progress, one is killed with SIGKILL and a replacement started.
 
     Bound on duplicate calls: a killed worker can only have called the model for the

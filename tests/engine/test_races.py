@@ -126,3 +126,28 @@ def test_a_worker_that_lost_its_lease_mid_call_does_not_overwrite(
     assert task_row(store, thief.task_id)["status"] == "SUCCEEDED"
     assert [a["outcome"] for a in attempts_of(store, thief.task_id)] == [
         "discarded", "succeeded"]
+
+
+def test_a_worker_that_re_claims_a_task_it_still_runs_keeps_track_of_both_calls(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """The worker's own lease runs out mid-call (its renewals were late) and it claims the
+    same task again, so two calls of one task run in one worker. The first answer is
+    fenced off; on shutdown the second call, still in flight, must be released."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 2000})
+    store.submit([parse_task(t) for t in tasks(1, model={"timeout_ms": 6000})], batch_id="b")
+    with BackgroundWorker(store, concurrency=2, lease_s=60, poll_max_s=0.05,
+                          shutdown_grace_s=0.5) as bg:
+        wait_for(lambda: simulator.stats()["in_flight"] >= 1, "the first call")
+        simulator.configure(rate_timeout=1.0, hang_s=60)  # later calls never answer
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE task SET visible_at = 0")  # the lease runs out
+        wait_for(lambda: simulator.stats()["hanging"] >= 1, "the worker to re-claim it")
+        (second,) = rows(store, "SELECT lease_token, attempts FROM task")
+        assert second["attempts"] == 2
+        wait_for(lambda: bg.worker.stats.discarded == 1, "the first answer to be fenced off")
+        stats = bg.stop()  # graceful; the second call outlives the grace period
+    assert (stats.discarded, stats.released) == (1, 1)
+    row = task_row(store, "t-00000")
+    assert (row["status"], row["lease_token"], row["attempts"]) == ("PENDING", None, 1)
+    assert [(a["attempt"], a["outcome"], a["lease_token"]) for a in attempts_of(
+        store, "t-00000")][1:] == [(2, "released", second["lease_token"])]

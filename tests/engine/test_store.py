@@ -253,6 +253,23 @@ def test_one_write_back_batch_applies_owned_rows_and_discards_the_rest(store: St
                         **{c.id: "succeeded" for c in kept}}
 
 
+def test_a_stale_and_a_current_write_back_of_one_task_in_one_batch(store: Store) -> None:
+    """A worker whose own lease ran out and that re-claimed the task (its renewals were
+    late) flushes both results together: only the current one may count."""
+    submit(store, 1)
+    (old,) = store.claim(1, lease_ms=300, worker_id="w1")
+    wait_lease_expired(store, old.id)
+    (new,) = store.claim(1, lease_ms=60_000, worker_id="w1")
+    assert new.id == old.id and new.lease_token != old.lease_token
+    report = store.finish([succeed(old, {"label": "old"}), succeed(new, {"label": "new"})],
+                          worker_id="w1")
+    assert orjson.loads(task_row(store, new.task_id)["result"]) == {"label": "new"}
+    outcomes = {r["lease_token"]: r["outcome"] for r in rows(
+        store, "SELECT lease_token, outcome FROM task_attempt")}
+    assert outcomes == {old.lease_token: "discarded", new.lease_token: "succeeded"}
+    assert (report.applied, report.discarded) == ([new.id], [old.id])
+
+
 def test_failed_and_dead_write_backs_keep_their_reason(store: Store) -> None:
     submit(store, 2)
     a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
@@ -270,6 +287,11 @@ def test_failed_and_dead_write_backs_keep_their_reason(store: Store) -> None:
     assert (rb["status"], rb["error_class"], rb["error_message"]) == (
         "DEAD", "server_error", "HTTP 500: boom")
     assert ra["finished_at"] is not None and rb["finished_at"] is not None
+    # An operator's retry starts the task afresh: no stale reason stays on a PENDING row.
+    store.retry(a.task_id)
+    ra = task_row(store, a.task_id)
+    assert (ra["status"], ra["error_class"], ra["error_message"], ra["result"],
+            ra["parse_status"]) == ("PENDING", None, None, None, None)
 
 
 # -- renewals and operator transitions ------------------------------------------------------

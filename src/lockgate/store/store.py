@@ -233,7 +233,9 @@ class Store:
                 if n != len(mine):
                     raise StateConflict(
                         f"write-back changed {n} rows, expected {len(mine)}; rolled back")
-            applied = {f.id for f in mine}
+            # A worker may flush a stale and a current result of one task together
+            # (it re-claimed the task after its own lease ran out): key by claim.
+            applied = {(f.id, f.lease_token) for f in mine}
             attempts = []
             for f in ordered:
                 if f.attempt is not None:
@@ -241,7 +243,7 @@ class Store:
                     a["task_pk"] = f.id
                     a["lease_token"] = f.lease_token
                     a["worker_id"] = worker_id
-                    if f.id not in applied:
+                    if (f.id, f.lease_token) not in applied:
                         a["outcome"] = "discarded"
                     attempts.append(a)
             if attempts:
@@ -250,8 +252,10 @@ class Store:
                 keys = set().union(*attempts)
                 conn.execute(schema.task_attempt.insert(),
                              [{k: a.get(k) for k in keys} for a in attempts])
-            return FinishReport(sorted(applied),
-                                [f.id for f in ordered if f.id not in applied])
+            return FinishReport(sorted(f.id for f in mine),
+                                [f.id for f in ordered
+                                 if (f.id, f.lease_token) not in applied],
+                                frozenset(applied))
 
         report = self._tx(work)
         if report.discarded:
@@ -368,7 +372,9 @@ class Store:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
         sql = text(f"UPDATE task SET status = 'PENDING', visible_at = {self.now}, "
                    f"updated_at = {self.now}, attempts = 0, lease_token = NULL, "
-                   "leased_by = NULL, finished_at = NULL, version = version + 1 "
+                   "leased_by = NULL, finished_at = NULL, result = NULL, "
+                   "parse_status = NULL, error_class = NULL, error_message = NULL, "
+                   "version = version + 1 "
                    "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
         self._transition(task_id, sql, "FAILED, DEAD or CANCELLED", "retry")
 
@@ -436,7 +442,13 @@ class Store:
                 "completeness": comp_sum / comp_n if comp_n else None}
 
     def cleanup(self, *, older_than_ms: int, tasks: bool = False) -> dict[str, int]:
-        """Retention: delete attempts (and optionally finished tasks) older than a bound."""
+        """Retention: delete attempts (and optionally finished tasks) older than a bound.
+
+        The cutoff is the database clock minus ``older_than_ms``. Tasks' ``finished_at``
+        is on that clock; attempts' ``started_at`` is the wall clock of the worker that
+        made the call, so an attempt within a worker's clock skew of the cutoff may be
+        kept or deleted one run early or late (harmless against retention periods of
+        hours or days)."""
         deleted = {"attempts": 0, "tasks": 0}
 
         def work(conn: Connection) -> None:

@@ -58,10 +58,15 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class FinishReport:
-    """What a write-back did: applied ids and the ones whose lease was lost."""
+    """What a write-back did: applied ids and the ones whose lease was lost.
+
+    ``applied_claims`` names each applied write-back by (task pk, lease token): a batch
+    may hold a stale and a current result of one task, and only the claim tells them
+    apart."""
 
     applied: list[int]
     discarded: list[int]
+    applied_claims: frozenset[tuple[int, str]] = frozenset()
 
 
 def row_dict(row: Row[Any] | Any) -> dict[str, Any]:

@@ -96,8 +96,10 @@ class Worker:
         self._routes: dict[str, tuple[Endpoint, Provider, dict[str, Any]]] = {}
         self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
         self._services = list(services)
-        self._held: dict[int, ClaimedTask] = {}
-        self._running: dict[int, asyncio.Task[None]] = {}
+        #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
+        #: re-claimed by this same worker while its first call still runs.
+        self._held: dict[tuple[int, str], ClaimedTask] = {}
+        self._running: dict[tuple[int, str], asyncio.Task[None]] = {}
         self._buffer: list[Finish] = []
         self._flush_wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -206,7 +208,12 @@ class Worker:
         idle = 0.01
         failures = 0
         while not self._stopping.is_set():
-            room = self.flow.claim_room(self.ws.concurrency - len(self._running))
+            # Back-pressure: results that wait for their write-back still hold a lease;
+            # if flushing stalls (database down), stop claiming once a flush's worth
+            # of them has piled up beyond the calls in flight.
+            room = self.flow.claim_room(min(
+                self.ws.concurrency - len(self._running),
+                self.ws.concurrency + self.ws.flush_rows - len(self._held)))
             if room < self.flow.claim_threshold(
                     max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4)):
                 self._slot_free.clear()
@@ -255,8 +262,8 @@ class Worker:
                 self._configs[h] = self._prompts.load(h, doc)
         self.stats.claimed += len(rows)
         for r in rows:
-            self._held[r.id] = r
-            self._running[r.id] = asyncio.create_task(self._execute(r))
+            self._held[r.id, r.lease_token] = r
+            self._running[r.id, r.lease_token] = asyncio.create_task(self._execute(r))
 
     async def _execute(self, t: ClaimedTask) -> None:
         started = int(time.time() * 1000)
@@ -282,7 +289,7 @@ class Worker:
                                      "started_at": started,
                                      "error_class": str(ErrorClass.INTERNAL_ERROR)})
         self._buffer.append(finish)
-        self._running.pop(t.id, None)
+        self._running.pop((t.id, t.lease_token), None)
         self._slot_free.set()
         if len(self._buffer) >= self.ws.flush_rows:
             self._flush_wake.set()
@@ -379,10 +386,9 @@ class Worker:
                 continue
             backoff = 0.05
             self.stats.flushes += 1
-            applied = set(report.applied)
             for f in batch:
-                self._held.pop(f.id, None)
-                if f.id not in applied:
+                self._held.pop((f.id, f.lease_token), None)
+                if (f.id, f.lease_token) not in report.applied_claims:
                     self.stats.discarded += 1
                 elif f.status == TaskStatus.SUCCEEDED:
                     self.stats.succeeded += 1
