@@ -399,6 +399,7 @@ class Worker:
                     self.stats.dead += 1
                 else:
                     self.stats.failed += 1
+            self._slot_free.set()  # flushed results no longer count against claiming
             if self._on_progress:
                 self._on_progress(self.stats)
 
