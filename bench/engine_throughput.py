@@ -6,7 +6,8 @@ persisted; the simulator and the naive baseline run as separate processes.
     python bench/engine_throughput.py --scenarios rss --backends sqlite
 
 Scenarios:
-  zero       0 ms simulator: lockgate tasks/s vs the naive baseline, per backend
+  zero       0 ms simulator: lockgate tasks/s vs the naive baseline, per backend and
+             per worker process count (--processes 1,2: `lockgate worker -p N`)
   lognormal  lognormal latency (mean 300 ms) at the same number of calls in flight
   claim      claim latency with 10k pending vs 1M pending vs 10k pending + 1M finished
              and 100k in flight (must stay flat: ratio <= 1.5)
@@ -89,12 +90,13 @@ def naive(sim: SimulatorProcess, tasks: int, concurrency: int) -> dict[str, Any]
                      "--concurrency", str(concurrency)])
 
 
-def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int
-                 ) -> dict[str, Any]:
+def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
+                 processes: int = 1) -> dict[str, Any]:
     sim.reset()
     submit(url, tasks)
     out = run_json([PY, str(HERE / "_worker_proc.py"), "--db", url, "--concurrency",
-                    str(concurrency)], env={"LOCKGATE_BASE_URL": sim.url})
+                    str(concurrency), "--processes", str(processes)],
+                   env={"LOCKGATE_BASE_URL": sim.url})
     s = Store(url)
     st = s.status()["batches"].get("bench", {})
     calls = s.attempt_stats("bench")["calls"]
@@ -107,18 +109,22 @@ def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int
 
 
 def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
-               tmp: Path) -> list[dict[str, Any]]:
+               tmp: Path, processes: list[int]) -> list[dict[str, Any]]:
+    """Per backend: the naive baseline, then lockgate with each process count (the
+    calls in flight are the same in total: ``concurrency`` split over the processes)."""
     rows = []
     with SimulatorProcess({"latency": latency}) as sim:
         for backend in backends:
             base = naive(sim, tasks, concurrency)
-            url = fresh_db(backend, tmp)
-            lg = lockgate_run(sim, url, tasks, concurrency)
-            rows.append({"backend": backend, "naive_rate": base["rate"], **lg,
-                         "ratio": lg["rate"] / base["rate"]})
-            print(f"  {backend:10s} naive {base['rate']:8.0f}/s  lockgate {lg['rate']:8.0f}/s "
-                  f"ratio {lg['rate'] / base['rate']:.2f}  succeeded {lg['succeeded_db']} "
-                  f"attempts {lg['attempts_db']} sim requests {lg['sim_requests']}", flush=True)
+            for n in processes:
+                url = fresh_db(backend, tmp)
+                lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n)
+                rows.append({"backend": backend, "processes": n, "naive_rate": base["rate"],
+                             **lg, "ratio": lg["rate"] / base["rate"]})
+                print(f"  {backend:10s} naive {base['rate']:8.0f}/s  lockgate x{n} "
+                      f"{lg['rate']:8.0f}/s ratio {lg['rate'] / base['rate']:.2f}  "
+                      f"succeeded {lg['succeeded_db']} attempts {lg['attempts_db']} "
+                      f"sim requests {lg['sim_requests']}", flush=True)
     return rows
 
 
@@ -220,9 +226,12 @@ def main() -> None:
     ap.add_argument("--lognormal-concurrency", type=int, default=1000)
     ap.add_argument("--claim-big", type=int, default=1_000_000)
     ap.add_argument("--rss-tasks", type=int, default=20_000)
+    ap.add_argument("--processes", default="1,2",
+                    help="lockgate worker process counts to measure (comma-separated)")
     ap.add_argument("--json", type=Path, help="write all figures here")
     a = ap.parse_args()
     backends = a.backends.split(",")
+    procs = [int(n) for n in a.processes.split(",")]
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                           "platform": platform.platform()}}
     with tempfile.TemporaryDirectory() as td:
@@ -231,11 +240,11 @@ def main() -> None:
             print(f"== {sc}", flush=True)
             if sc == "zero":
                 report[sc] = throughput(backends, a.tasks, a.concurrency,
-                                        {"kind": "fixed", "mean_ms": 0}, tmp)
+                                        {"kind": "fixed", "mean_ms": 0}, tmp, procs)
             elif sc == "lognormal":
                 report[sc] = throughput(backends, a.tasks, a.lognormal_concurrency,
                                         {"kind": "lognormal", "mean_ms": 300, "sigma": 0.5},
-                                        tmp)
+                                        tmp, procs)
             elif sc == "claim":
                 report[sc] = claim_latency(backends, tmp, a.claim_big)
             elif sc == "rss":

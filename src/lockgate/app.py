@@ -28,6 +28,7 @@ from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
+from lockgate.worker.processes import run_processes
 
 
 def run_async(coro: Any) -> Any:
@@ -52,6 +53,8 @@ class Lockgate:
                  config: str | Path | None = None, migrate: bool = True) -> None:
         self.settings = settings or load_settings(config)
         self.store = Store(url)
+        #: The database URL with its password (worker processes open their own).
+        self.url: str = self.store.engine.url.render_as_string(hide_password=False)
         if migrate:
             self.store.migrate()
         #: The prompt registry, datasets and release gate (docs/gate.md).
@@ -127,10 +130,15 @@ class Lockgate:
                     ] if gate and g.enabled else []
         return Worker(self.store, settings, burst=burst, services=services)
 
-    def run_worker(self, *, burst: bool = False, gate: bool = True,
+    def run_worker(self, *, burst: bool = False, gate: bool = True, processes: int = 1,
                    **overrides: Any) -> WorkerStats:
         """Work tasks until stopped (SIGTERM/SIGINT) or, with ``burst``, until drained
-        (no task PENDING and, with ``gate``, no candidate still being evaluated)."""
+        (no task PENDING and, with ``gate``, no candidate still being evaluated).
+        ``processes`` > 1 runs that many worker processes (one core each) and returns
+        their counters summed."""
+        if processes > 1:
+            return run_processes(self.url, self.settings, processes, burst=burst,
+                                 gate=gate, overrides=overrides)
         stats: WorkerStats = run_async(self.worker(burst=burst, gate=gate, **overrides).run())
         return stats
 

@@ -32,6 +32,7 @@ from lockgate.flow.status import report as flow_report
 from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.report import summarize, summary_table
 from lockgate.worker import WorkerStats
+from lockgate.worker.processes import run_processes
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Durable, leased LLM prompt tasks on SQL databases.")
@@ -151,6 +152,9 @@ ConcOpt = Annotated[int | None, typer.Option(help="calls in flight per process")
 BatchOpt = Annotated[int | None, typer.Option(help="rows per claim")]
 LeaseOpt = Annotated[float | None, typer.Option(help="lease seconds (renewed at 1/3)")]
 GraceOpt = Annotated[float | None, typer.Option(help="seconds to finish calls on SIGTERM")]
+ProcOpt = Annotated[int, typer.Option(
+    "--processes", "-p", min=1, max=256,
+    help="worker processes on this machine (each uses about one core)")]
 
 
 @app.command()
@@ -161,18 +165,27 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
            = True,
            pool: Annotated[str | None, typer.Option(
                help="serve only this pool (endpoint.pool) [all pools]")] = None,
+           processes: ProcOpt = 1,
            log_level: Annotated[str, typer.Option(help="logging level")] = "WARNING") -> None:
     """Work tasks until SIGTERM/SIGINT. Run any number, on any number of machines."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {**_worker_overrides(concurrency, claim_batch, lease, grace),
+                 **({"pool": pool} if pool else {})}
     try:
         with _open(db, config) as lg:
-            w = lg.worker(burst=burst, gate=gate,
-                          **_worker_overrides(concurrency, claim_batch, lease, grace),
-                          **({"pool": pool} if pool else {}))
-            console.print(f"worker {w.id} on {lg.store.dialect.name}: concurrency "
+            w = lg.worker(burst=burst, gate=gate, **overrides)
+            console.print(f"{processes} worker process(es) on {lg.store.dialect.name}: "
+                          f"concurrency {w.ws.concurrency} each, lease {w.ws.lease_s:g}s"
+                          if processes > 1 else
+                          f"worker {w.id} on {lg.store.dialect.name}: concurrency "
                           f"{w.ws.concurrency}, lease {w.ws.lease_s:g}s")
-            stats: WorkerStats = run_async(w.run())
+            if processes > 1:
+                stats: WorkerStats = run_processes(
+                    lg.url, lg.settings, processes, burst=burst, gate=gate,
+                    overrides=overrides, log_level=log_level)
+            else:
+                stats = run_async(w.run())
     except LockgateError as exc:
         _fail(exc)
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
@@ -180,23 +193,32 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                   f"{stats.discarded:,} discarded")
 
 
-def run_batch(lg: Lockgate, batch_id: str, **overrides: Any) -> float:
+def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any) -> float:
     """Work until the queue is drained, with a progress bar for ``batch_id``."""
-    counts = lg.status()["batches"].get(batch_id, {})
+    counts = lg.store.batch_counts(batch_id)
     total = sum(counts.values())
     done0 = total - counts.get("PENDING", 0)
     t0 = time.perf_counter()
     with _progress() as prog:
         bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
 
-        def update(stats: WorkerStats) -> None:
+        def show(done: int) -> None:
             elapsed = time.perf_counter() - t0
-            rate = stats.finished / elapsed if elapsed > 0 else 0.0
-            prog.update(bar, completed=done0 + stats.finished, rate=f"{rate:,.0f} tasks/s")
+            rate = (done - done0) / elapsed if elapsed > 0 else 0.0
+            prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s")
 
-        w = lg.worker(burst=True, **overrides)
-        w._on_progress = update
-        run_async(w.run())
+        if processes > 1:  # the workers are elsewhere: read progress from the database
+            def poll() -> None:
+                c = lg.store.batch_counts(batch_id)
+                show(sum(c.values()) - c.get("PENDING", 0))
+
+            run_processes(lg.url, lg.settings, processes, burst=True,
+                          overrides=overrides, tick=poll)
+            poll()
+        else:
+            w = lg.worker(burst=True, **overrides)
+            w._on_progress = lambda stats: show(done0 + stats.finished)
+            run_async(w.run())
     return time.perf_counter() - t0
 
 
@@ -205,13 +227,13 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None, fmt: FormatOpt =
         batch: Annotated[str | None, typer.Option(help="batch id [default: file stem]")] = None,
         skip_invalid: Annotated[bool, typer.Option("--skip-invalid")] = False,
         concurrency: ConcOpt = None, claim_batch: BatchOpt = None,
-        lease: LeaseOpt = None) -> None:
+        lease: LeaseOpt = None, processes: ProcOpt = 1) -> None:
     """Submit FILE and work until every task is finished (single machine)."""
     try:
         with _open(db, config) as lg:
             batch_id = _submit(lg, file, fmt, batch, skip_invalid, None)
-            elapsed = run_batch(lg, batch_id, **_worker_overrides(concurrency, claim_batch,
-                                                                  lease, None))
+            elapsed = run_batch(lg, batch_id, processes,
+                                **_worker_overrides(concurrency, claim_batch, lease, None))
             out.print(summary_table(summarize(lg.store, batch_id, elapsed)))
     except LockgateError as exc:
         _fail(exc)

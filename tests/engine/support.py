@@ -205,8 +205,9 @@ class WorkerPool:
 
     def start(self, *, burst: bool = True, concurrency: int = 32, lease: float | None = None,
               grace: float | None = None, claim_batch: int | None = None,
-              log_level: str = "WARNING") -> WorkerProcess:
-        args = ["worker", "--concurrency", str(concurrency), "--log-level", log_level]
+              log_level: str = "WARNING", extra: Sequence[str] = ()) -> WorkerProcess:
+        args = ["worker", "--concurrency", str(concurrency), "--log-level", log_level,
+                *extra]
         if burst:
             args.append("--burst")
         if lease is not None:

@@ -1,0 +1,116 @@
+"""Several worker processes on one machine, under one supervising process.
+
+One worker is one asyncio event loop, so one Python process uses about one core for
+its HTTP client, rendering and parsing. ``run_processes`` starts ``n`` of them (spawned,
+each with its own connections) against the same database; they coordinate only through
+the task rows, exactly like workers on different machines.
+
+Signals: the children run in their own process group, so a terminal's Ctrl-C reaches
+only the supervisor, which forwards each SIGINT/SIGTERM it receives once to every child
+(the first means "stop claiming, finish within the grace period", the second "now",
+as for a single worker). A child whose supervisor died (``kill -9``) stops gracefully
+by itself, so no worker outlives its supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from types import FrameType
+from typing import Any
+
+from lockgate.config import Settings
+from lockgate.errors import LockgateError
+from lockgate.worker.worker import WorkerStats
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _watch_parent(parent: int) -> None:
+    """Stop this worker (gracefully, via its own SIGTERM handler) once its supervisor
+    is gone: the child is then re-parented and ``getppid`` changes."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def _child(url: str, settings: Settings, burst: bool, gate: bool, overrides: dict[str, Any],
+           log_level: str | None, parent: int, results: Any, index: int) -> None:
+    os.setpgid(0, 0)  # out of the terminal's process group: signals come from the parent
+    if log_level:
+        logging.basicConfig(level=log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                     name="lockgate-parent-watch").start()
+    from lockgate.app import Lockgate, run_async  # imported here: app imports this module
+
+    with Lockgate(url, settings=settings, migrate=False) as lg:
+        stats: WorkerStats = run_async(
+            lg.worker(burst=burst, gate=gate, **overrides).run())
+    results.put((index, asdict(stats)))
+
+
+def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
+                  gate: bool = True, overrides: dict[str, Any] | None = None,
+                  log_level: str | None = None,
+                  tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> WorkerStats:
+    """Run ``processes`` workers until they stop (burst: the queue is drained; else a
+    signal) and return their counters summed. ``tick`` is called every ``tick_s``
+    seconds while they run (progress display). The database must be migrated already.
+
+    Raises :class:`LockgateError` naming the process if a worker exited abnormally
+    (its unfinished leases expire and other workers take the tasks over)."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    children = [ctx.Process(target=_child, name=f"lockgate-worker-{i}", daemon=False,
+                            args=(url, settings, burst, gate, dict(overrides or {}),
+                                  log_level, os.getpid(), results, i))
+                for i in range(processes)]
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for c in children:
+            if c.pid is not None and c.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in _SIGNALS}
+    try:
+        for c in children:
+            c.start()
+        while any(c.is_alive() for c in children):
+            for c in children:
+                c.join(timeout=tick_s / len(children))
+            if tick is not None:
+                tick()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    total = WorkerStats()
+    reported = set()
+    while not results.empty():
+        index, counters = results.get()
+        reported.add(index)
+        for f in fields(WorkerStats):
+            setattr(total, f.name, getattr(total, f.name) + counters[f.name])
+    failed = [(i, c.exitcode) for i, c in enumerate(children)
+              if c.exitcode != 0 or i not in reported]
+    if failed:
+        raise LockgateError(
+            "worker process(es) exited abnormally: "
+            + ", ".join(f"#{i} (exit code {code})" for i, code in failed)
+            + "; their leased tasks return to the queue when the leases expire. "
+              "Run with --log-level INFO to see why.")
+    return total

@@ -1,0 +1,117 @@
+"""Several worker processes under one supervisor (``lockgate worker -p N``, ``lockgate run
+-p N``): they share the queue, signals reach each child once, and no child outlives a
+supervisor killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+
+from .support import (
+    WorkerPool,
+    clean_env,
+    lockgate_cmd,
+    rows,
+    status_counts,
+    tasks,
+    wait_for,
+    write_jsonl,
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its new parent) counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_two_processes_share_a_batch_and_report_one_total(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    n = 300
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 60})
+    store.submit([parse_task(t) for t in tasks(n)], batch_id="b")
+    proc = workers.start(burst=True, concurrency=6, extra=["--processes", "2"])
+    assert proc.wait(120) == 0, proc.log()
+    assert status_counts(store) == {"SUCCEEDED": n}
+    ws = rows(store, "SELECT pid, status, succeeded FROM worker ORDER BY pid")
+    assert len(ws) == 2 and proc.pid not in {w["pid"] for w in ws}
+    assert all(w["status"] == "stopped" and w["succeeded"] > 0 for w in ws), ws
+    assert sum(w["succeeded"] for w in ws) == n
+    assert re.search(rf"worker stopped: {n:,} succeeded", proc.log()), proc.log()
+    assert simulator.stats()["requests"] == n
+
+
+def test_sigterm_to_the_supervisor_stops_every_child_gracefully(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    """One SIGTERM is forwarded once: the calls in flight (1.5 s each) finish within
+    the grace period and are written back; nothing is left leased."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 1500})
+    store.submit([parse_task(t) for t in tasks(200)], batch_id="b")
+    proc = workers.start(burst=False, concurrency=4, grace=30,
+                         extra=["--processes", "2"])
+    wait_for(lambda: simulator.stats()["in_flight"] >= 8, "both children's calls in flight")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.log()
+    ws = rows(store, "SELECT status, succeeded FROM worker")
+    assert [w["status"] for w in ws] == ["stopped", "stopped"]
+    assert sum(w["succeeded"] for w in ws) >= 8  # the calls in flight were finished
+    assert rows(store, "SELECT COUNT(*) AS n FROM task WHERE lease_token IS NOT NULL "
+                       "AND status = 'PENDING'") == [{"n": 0}]
+    assert simulator.stats()["duplicate_successes"] == 0
+
+
+def test_children_of_a_killed_supervisor_stop_by_themselves(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 200})
+    store.submit([parse_task(t) for t in tasks(2000)], batch_id="b")
+    proc = workers.start(burst=False, concurrency=4, grace=5, extra=["--processes", "2"])
+    found = wait_for(lambda: (r := rows(store, "SELECT pid FROM worker")) and len(r) == 2
+                     and r, "both children registered")
+    children = [int(r["pid"]) for r in found]
+    proc.popen.kill()
+    proc.popen.wait()
+    wait_for(lambda: not any(alive(p) for p in children), "the children to exit", timeout=30)
+    assert [r["status"] for r in rows(store, "SELECT status FROM worker")] == [
+        "stopped", "stopped"]
+
+
+@pytest.mark.parametrize("processes", [2])
+def test_run_with_processes_shows_progress_and_the_summary(
+        db_url: str, store: Store, simulator: SimulatorProcess, tmp_path: Path,
+        processes: int) -> None:
+    n = 120
+    path = write_jsonl(tmp_path / "tickets.jsonl", tasks(n))
+    res = subprocess.run(lockgate_cmd("run", str(path), "--processes", str(processes),
+                                      "--concurrency", "8"),
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env=clean_env(LOCKGATE_DATABASE_URL=db_url,
+                                       LOCKGATE_BASE_URL=simulator.url))
+    assert res.returncode == 0, res.stderr
+    assert status_counts(store) == {"SUCCEEDED": n}
+    summary = " ".join(res.stdout.split())
+    assert re.search(rf"tasks SUCCEEDED\W+{n}\b", summary), summary
+    assert f"{n}/{n}" in res.stderr  # the progress bar reached the end
+    assert len(rows(store, "SELECT id FROM worker")) == processes
+
+
+def test_processes_must_be_positive(db_url: str) -> None:
+    res = subprocess.run(lockgate_cmd("worker", "--processes", "0"), capture_output=True,
+                         text=True, timeout=60, env=clean_env(LOCKGATE_DATABASE_URL=db_url))
+    assert res.returncode == 2
+    assert "--processes" in res.stderr
