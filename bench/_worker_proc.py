@@ -43,6 +43,9 @@ def main() -> None:
                         "flushes": stats.flushes,
                         "maxrss_mb": max(resource.getrusage(who).ru_maxrss for who in (
                             resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024,
+                        "cpu_s": sum(u.ru_utime + u.ru_stime for u in (
+                            resource.getrusage(resource.RUSAGE_SELF),
+                            resource.getrusage(resource.RUSAGE_CHILDREN))),
                         }).decode())
 
 

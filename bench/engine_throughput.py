@@ -123,8 +123,10 @@ def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[
                              **lg, "ratio": lg["rate"] / base["rate"]})
                 print(f"  {backend:10s} naive {base['rate']:8.0f}/s  lockgate x{n} "
                       f"{lg['rate']:8.0f}/s ratio {lg['rate'] / base['rate']:.2f}  "
-                      f"succeeded {lg['succeeded_db']} attempts {lg['attempts_db']} "
-                      f"sim requests {lg['sim_requests']}", flush=True)
+                      f"client CPU/task naive {base['cpu_s'] / tasks * 1e6:.0f} us, lockgate "
+                      f"{lg['cpu_s'] / tasks * 1e6:.0f} us  succeeded {lg['succeeded_db']} "
+                      f"attempts {lg['attempts_db']} sim requests {lg['sim_requests']}",
+                      flush=True)
     return rows
 
 

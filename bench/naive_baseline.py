@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import sys
 import time
 
@@ -46,8 +47,9 @@ async def main(url: str, tasks: int, concurrency: int) -> dict[str, float]:
     await asyncio.gather(*(one(i) for i in range(tasks)))
     elapsed = time.perf_counter() - t0
     await client.close()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"calls": len(results), "elapsed_s": elapsed, "rate": len(results) / elapsed,
-            "errors": sum(errors.values())}
+            "errors": sum(errors.values()), "cpu_s": ru.ru_utime + ru.ru_stime}
 
 
 if __name__ == "__main__":
