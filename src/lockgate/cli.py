@@ -279,7 +279,8 @@ def _print_flow(flow: dict[str, Any]) -> None:
     if flow["endpoints"]:
         t = Table(title="endpoints")
         for col in ("endpoint", "pool", "rpm", "tpm", "paused", "breaker", "concurrency",
-                    "in flight", "waiting", "latency", "failures", "fallback"):
+                    "in flight", "waiting", "latency", "failures", "cost/1k calls",
+                    "fallback"):
             t.add_column(col)
         for e in flow["endpoints"]:
             t.add_row(e["endpoint"], e["pool"] or "-", _num(e["rpm"]), _num(e["tpm"]),
@@ -288,7 +289,7 @@ def _print_flow(flow: dict[str, Any]) -> None:
                       str(e["waiting"]),
                       f"{e['latency_ms']:,.0f} ms" if e["latency_ms"] else "-",
                       f"{e['failure_rate']:.2%}" if e["failure_rate"] is not None else "-",
-                      e["fallback"] or "-")
+                      _num(e["cost_per_1k_calls"]), e["fallback"] or "-")
         out.print(t)
     if flow["windows"]:
         t = Table(title="windows")

@@ -11,6 +11,9 @@ Example ``lockgate.toml``::
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"
     models = ["gpt-4o-mini"]
+    rpm = 10000                 # shared by every worker (docs/flow.md)
+    tpm = 2000000
+    fallback = "local"          # takes over on insufficient_quota or an open breaker
 
     [[endpoint]]
     name = "local"

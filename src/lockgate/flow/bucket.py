@@ -78,6 +78,8 @@ class Bucket:
     tokens: float
     refilled_at: int
     paused_until: int = 0
+    factor: float = 1.0   # share of the limits in force (lowered by the provider's 429s)
+    cut_at: int = 0
 
     def refilled(self, limits: Limits, now: int) -> Bucket:
         """The state at ``now``: allowances grown by the elapsed time, up to the cap."""
@@ -110,6 +112,17 @@ class Ask:
     give_tokens: float = 0.0
     debt_tokens: float = 0.0
     pause_ms: int = 0
+    cut: bool = False
+
+
+#: A 429 for exceeding the limit lowers the rate of every worker by 10% (at most once
+#: per ``CUT_GAP_MS``, however many calls the burst hit), down to half; it climbs back
+#: by 2% of the limit per 10 s without 429s. The provider's verdict corrects what the
+#: bucket cannot see: limits counted differently, delays that bunch calls up on the way.
+CUT = 0.9
+MIN_FACTOR = 0.5
+RECOVER_PER_MS = 0.02 / 10_000
+CUT_GAP_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +143,13 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
     larger than the bucket's cap is never starved and the overdraft is one call at most.
     Nothing is granted during a pause.
     """
-    b = bucket.refilled(limits, now)
+    factor = min(1.0, bucket.factor + max(0, now - bucket.refilled_at) * RECOVER_PER_MS)
+    cut_at = bucket.cut_at
+    if ask.cut and now - cut_at >= CUT_GAP_MS:
+        factor = max(MIN_FACTOR, factor * CUT)
+        cut_at = now
+    limits = scaled(limits, factor)
+    b = replace(bucket.refilled(limits, now), factor=factor, cut_at=cut_at)
     req, tok = b.requests, b.tokens
     if limits.requests is not None:
         req = min(limits.cap(limits.requests), req + max(0.0, ask.give_requests))
@@ -159,6 +178,15 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
             tok -= tokens
     out = replace(b, requests=req, tokens=tok, paused_until=paused_until)
     return out, Grant(n, tokens, max(0, paused_until - now))
+
+
+def scaled(limits: Limits, factor: float) -> Limits:
+    """The limits at ``factor`` of their capacity."""
+    if factor >= 1.0:
+        return limits
+    return replace(limits,
+                   requests=None if limits.requests is None else limits.requests * factor,
+                   tokens=None if limits.tokens is None else limits.tokens * factor)
 
 
 def initial(limits: Limits, now: int) -> Bucket:

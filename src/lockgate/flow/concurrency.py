@@ -7,7 +7,9 @@ Two policies behind one interface, both pure (time is passed in):
   below 0.5 %; otherwise hold. Always within [min, max].
 * :class:`GradientPolicy`, after Netflix's Gradient2: compare a short-term latency with
   a long-term baseline; ``gradient = clamp(tolerance * long / short, 0.5, 1)``;
-  ``new = limit * gradient + queue``, smoothed. Latency is taken **per output token**
+  ``new = limit * gradient + queue``. Unlike Gradient2, only increases are smoothed: a
+  decrease applies at once, so a spike halves the limit within a few decisions instead
+  of dozens. Latency is taken **per output token**
   (``latency / (overhead + output_tokens)``) so that a batch of long answers is not
   mistaken for congestion. Drops (429s, timeouts) back off multiplicatively.
 
@@ -74,7 +76,7 @@ class GradientPolicy:
     min_limit: float
     max_limit: float
     tolerance: float = 1.5
-    smoothing: float = 0.2
+    smoothing: float = 0.5
     long_windows: int = 20
     drop_backoff: float = 0.9
     drop_threshold: float = 0.01
@@ -99,10 +101,11 @@ class GradientPolicy:
         gradient = max(0.5, min(1.0, self.tolerance * self.long_latency / short))
         queue = max(math.sqrt(limit), 0.1 * limit)
         target = limit * gradient + queue
-        if target > limit and w.peak_in_flight < limit * 0.5:
-            return limit  # application-limited: no evidence the endpoint can take more
-        new = limit * (1 - self.smoothing) + target * self.smoothing
-        return min(self.max_limit, max(self.min_limit, new))
+        if target > limit:
+            if w.peak_in_flight < limit * 0.5:
+                return limit  # application-limited: no evidence the endpoint can take more
+            target = limit * (1 - self.smoothing) + target * self.smoothing
+        return min(self.max_limit, max(self.min_limit, target))
 
 
 class FixedPolicy:

@@ -53,17 +53,27 @@ _PACER_BURST = 0.25  # a window's pacing bucket holds 250 ms of its pace
 
 
 class _Recorder:
-    """Wraps a provider for one call to keep the error's rate-limit headers, which the
-    attempt result does not carry."""
+    """Wraps a provider for one call: keeps the error's rate-limit headers (which the
+    attempt result does not carry), and holds the request back if a short pause began
+    between the passage and the send (another call's 429 arrived while this one was
+    being rendered)."""
 
-    __slots__ = ("error", "inner", "name")
+    __slots__ = ("error", "hold_max", "inner", "name", "state")
 
-    def __init__(self, inner: Provider) -> None:
+    def __init__(self, inner: Provider, state: _Endpoint, hold_max: float) -> None:
         self.inner = inner
         self.name = inner.name
+        self.state = state
+        self.hold_max = hold_max
         self.error: ProviderError | None = None
 
     async def complete(self, request: CompletionRequest) -> Completion:
+        st = self.state
+        while True:
+            left = st.paused_until - time.monotonic()
+            if left <= 0 or left > self.hold_max or st.pause_reason == "quota":
+                break
+            await asyncio.sleep(left)
         try:
             return await self.inner.complete(request)
         except ProviderError as exc:
@@ -126,6 +136,8 @@ class _Endpoint:
         self.debt_tok = 0.0
         self.give_req = 0.0
         self.give_tok = 0.0
+        self.cut = False
+        self.factor = 1.0
         self.learned_rpm: float | None = None
         self.learned_tpm: float | None = None
         self._sent_rpm: float | None = None
@@ -176,6 +188,7 @@ class _Endpoint:
             "pause_reason": self.pause_reason if self.paused(now) else None,
             "calls": self.calls, "failures": self.failures, "throttled": self.throttled,
             "rerouted": self.rerouted, "rate_per_s": round(self.rate, 1),
+            "rate_factor": round(self.factor, 3),
         }
 
 
@@ -478,6 +491,7 @@ class FlowControl:
         if ec is ErrorClass.QUOTA_EXHAUSTED:
             self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
         elif ec is ErrorClass.RATE_LIMITED:
+            st.cut = st.limited  # over the limit: every worker's rate goes down a step
             self._pause(st, sig.pause_ms() or int(self.cfg.default_pause_s * 1000),
                         "rate_limited", now)
         else:
@@ -508,7 +522,8 @@ class FlowControl:
         """Acquire, call ``fn`` on the chosen endpoint, release; returns the attempt
         result and the primary's name when a fallback answered."""
         ticket = await self.acquire(task, config, primary)
-        rec = _Recorder(self._provider(ticket.state.ep))
+        rec = _Recorder(self._provider(ticket.state.ep), ticket.state,
+                        self.cfg.fallback_after_s)
         res: Any = None
         try:
             res = await fn(ticket.state.ep, rec)
@@ -681,7 +696,7 @@ class FlowControl:
             learned_tpm = st.learned_tpm
             ask = Ask(requests=want_req, tokens=want_tok, largest=largest,
                       give_requests=st.give_req, give_tokens=st.give_tok,
-                      debt_tokens=st.debt_tok, pause_ms=st.publish_pause_ms)
+                      debt_tokens=st.debt_tok, pause_ms=st.publish_pause_ms, cut=st.cut)
             if ask == Ask() and learned_rpm is None and learned_tpm is None:
                 continue
             reqs.append(LeaseRequest(st.name, ask, self.cfg.headroom, self.cfg.burst,
@@ -715,6 +730,7 @@ class FlowControl:
             st.give_req = st.give_tok = st.debt_tok = 0.0
             st.publish_pause_ms = 0
             st.publish_reason = None
+            st.cut = False
             if st.learned_rpm is not None:
                 st._sent_rpm, st.learned_rpm = st.learned_rpm, None
             if st.learned_tpm is not None:
@@ -731,6 +747,7 @@ class FlowControl:
                     st2.give_tok += r.ask.give_tokens
                     st2.debt_tok += r.ask.debt_tokens
                     st2.publish_pause_ms = max(st2.publish_pause_ms, r.ask.pause_ms)
+                    st2.cut = st2.cut or r.ask.cut
             return
         self.stats.leases += 1
         self._apply(results, by_name)
@@ -749,7 +766,7 @@ class FlowControl:
                 continue
             st.req += res.grant.requests
             st.tok += res.grant.tokens
-            st.rpm, st.tpm = res.rpm, res.tpm
+            st.rpm, st.tpm, st.factor = res.rpm, res.tpm, res.factor
             if res.grant.paused_ms:
                 until = mono + res.grant.paused_ms / 1000.0
                 if until > st.paused_until:

@@ -24,8 +24,12 @@ _BREAKER_ORDER = {"open": 2, "half_open": 1, "closed": 0}
 
 
 def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[str, Any]],
-              settings: Settings) -> list[dict[str, Any]]:
-    """One row per endpoint bucket, merged with the live workers' reports."""
+              settings: Settings,
+              usage: Mapping[str, tuple[int, float, float]] | None = None
+              ) -> list[dict[str, Any]]:
+    """One row per endpoint bucket, merged with the live workers' reports and, from
+    recent traces, the mean tokens and the cost per 1,000 calls at the configured
+    prices."""
     reported: dict[str, list[dict[str, Any]]] = {}
     for w in workers:
         try:
@@ -48,8 +52,9 @@ def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[st
             "endpoint": name,
             "pool": ep.pool if ep else None,
             "fallback": ep.fallback if ep else None,
-            "rpm": effective(b["rpm"], b["learned_rpm"]),
-            "tpm": effective(b["tpm"], b["learned_tpm"]),
+            "rpm": _times(effective(b["rpm"], b["learned_rpm"]), b),
+            "tpm": _times(effective(b["tpm"], b["learned_tpm"]), b),
+            "rate_factor": round(float(b.get("rate_factor") or 1.0), 3),
             "window_s": int(b["window_ms"]) / 1000,
             "paused_s": round(paused_ms / 1000, 1) if paused_ms else 0.0,
             "pause_reason": b["pause_reason"] if paused_ms else None,
@@ -64,8 +69,25 @@ def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[st
             "breaker": max((d.get("breaker", "closed") for d in ds),
                            key=lambda s: _BREAKER_ORDER.get(s, 0), default="closed"),
             "granted_requests": int(b["granted_requests"]),
+            **_cost(ep, (usage or {}).get(name)),
         })
     return out
+
+
+def _cost(ep: Any, use: tuple[int, float, float] | None) -> dict[str, Any]:
+    if use is None:
+        return {"tokens_in": None, "tokens_out": None, "cost_per_1k_calls": None}
+    _n, tin, tout = use
+    cost = ep.cost(tin * 1000, tout * 1000) if ep is not None else None
+    return {"tokens_in": round(tin, 1), "tokens_out": round(tout, 1),
+            "cost_per_1k_calls": None if cost is None else round(cost, 4)}
+
+
+def _times(limit: float | None, b: Mapping[str, Any]) -> float | None:
+    """A limit as enforced now: lowered by the share 429s took off (``rate_factor``)."""
+    if limit is None:
+        return None
+    return limit * float(b.get("rate_factor") or 1.0)
 
 
 def windows(rows: Sequence[Mapping[str, Any]], eps: Sequence[Mapping[str, Any]],
@@ -104,6 +126,6 @@ def report(store: Store, settings: Settings,
            workers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The flow-control part of ``lockgate status``: endpoints, then windows."""
     fs = FlowStore(store)
-    eps = endpoints(fs.buckets(), workers, settings)
+    eps = endpoints(fs.buckets(), workers, settings, fs.usage())
     return {"endpoints": eps,
             "windows": windows(fs.windows(), eps, settings, settings.flow.headroom)}

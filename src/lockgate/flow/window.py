@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 #: Part of a window kept in reserve at its end, at most ``MAX_MARGIN_MS``.
-MARGIN = 0.05
+MARGIN = 0.03
 MAX_MARGIN_MS = 300_000
 
 

@@ -29,7 +29,8 @@ MAX_LANES = 64
 RECENT_ATTEMPTS = 5000
 
 _ROW_COLS = ("name, kind, rpm, tpm, window_ms, learned_rpm, learned_tpm, req_allowance, "
-             "tok_allowance, refilled_at, paused_until, pause_reason, version")
+             "tok_allowance, refilled_at, paused_until, pause_reason, version, rate_factor, "
+             "cut_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class LeaseResult:
     tpm: float | None
     window_ms: int
     pause_reason: str | None
+    factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ class FlowStore:
 
     def _lease_row(self, conn: Connection, r: Any, req: LeaseRequest) -> LeaseResult:
         (name, _kind, rpm, tpm, window_ms, l_rpm, l_tpm, req_allow, tok_allow, refilled,
-         paused_until, reason, version, now) = r
+         paused_until, reason, version, factor, cut_at, now) = r
         now = int(now)
         if req.learned_rpm is not None:
             l_rpm = req.learned_rpm if (req.learned_rpm and (rpm is None or
@@ -178,30 +180,33 @@ class FlowStore:
                                                             req.learned_tpm < tpm)) else None
         limits = Limits(effective(rpm, l_rpm), effective(tpm, l_tpm), int(window_ms),
                         req.headroom, req.burst, req.min_cap_ms)
-        before = Bucket(float(req_allow), float(tok_allow), int(refilled), int(paused_until))
+        before = Bucket(float(req_allow), float(tok_allow), int(refilled), int(paused_until),
+                        float(factor), int(cut_at))
         after, grant = lease(before, limits, now, req.ask)
         if req.ask.pause_ms > 0 and after.paused_until > before.paused_until:
             reason = req.pause_reason or "provider"
-        changed = (after.paused_until != before.paused_until or grant.requests
-                   or grant.tokens or req.ask.give_requests or req.ask.give_tokens
-                   or req.ask.debt_tokens
-                   or req.learned_rpm is not None or req.learned_tpm is not None)
+        ask = req.ask
+        changed = (after.paused_until != before.paused_until or after.cut_at != before.cut_at
+                   or grant.requests or grant.tokens or ask.give_requests or ask.give_tokens
+                   or ask.debt_tokens or req.learned_rpm is not None
+                   or req.learned_tpm is not None)
         if changed:
             n = conn.execute(text(
                 "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
                 "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
-                "learned_rpm = :lr, learned_tpm = :lt, "
+                "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
                 "granted_requests = granted_requests + :gr, "
                 "granted_tokens = granted_tokens + :gt, updated_at = :now, "
                 "version = version + 1 WHERE name = :name AND version = :v"),
                 {"ra": after.requests, "ta": after.tokens, "at": after.refilled_at,
                  "pu": after.paused_until, "why": reason, "lr": l_rpm, "lt": l_tpm,
+                 "f": after.factor, "cut": after.cut_at,
                  "gr": grant.requests, "gt": grant.tokens, "now": now, "name": name,
                  "v": version}).rowcount
             if n != 1:  # the row lock makes this unreachable; never grant on a lost race
                 grant = Grant(0, 0.0, grant.paused_ms)
         return LeaseResult(name, grant, limits.requests, limits.tokens, int(window_ms),
-                           reason if grant.paused_ms else None)
+                           reason if grant.paused_ms else None, after.factor)
 
     def pause(self, name: str, ms: int, reason: str) -> int:
         """Pause a bucket for ``ms`` from the database's now (never shortening a pause);
@@ -356,6 +361,20 @@ class FlowStore:
             acc2[0] += int(n)
             acc2[1] += int(n) * cfg_rate.get(cfg, 0.0)
         return {b: s / n for b, (n, s) in per_batch.items() if n}
+
+    def usage(self) -> dict[str, tuple[int, float, float]]:
+        """Per endpoint over its newest answered calls (at most :data:`RECENT_ATTEMPTS`
+        overall): (calls, mean input tokens, mean output tokens)."""
+        with self.store.engine.connect() as conn:
+            top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
+            if top is None:
+                return {}
+            rows = conn.execute(text(
+                "SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
+                "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
+                "GROUP BY endpoint"), {"low": int(top) - RECENT_ATTEMPTS}).all()
+        return {r[0]: (int(r[1]), float(r[2] or 0), float(r[3] or 0))
+                for r in rows if r[0] is not None}
 
     def claim_lanes(self, plan: Mapping[tuple[str, str], int], *, lease_ms: int,
                     token: str, worker_id: str) -> dict[tuple[str, str], list[ClaimedTask]]:

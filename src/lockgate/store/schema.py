@@ -338,6 +338,8 @@ rate_limit = Table(
     Column("granted_requests", BigInteger, nullable=False, server_default="0"),
     Column("granted_tokens", Double, nullable=False, server_default="0"),
     Column("paced_at", BigInteger),  # window buckets: when the pace was last computed
+    Column("rate_factor", Double, nullable=False, server_default="1"),  # cut by 429s
+    Column("cut_at", BigInteger, nullable=False, server_default="0"),
     Column("updated_at", BigInteger, nullable=False),
     Column("version", Integer, nullable=False, server_default="0"),
 )

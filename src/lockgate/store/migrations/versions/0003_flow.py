@@ -34,6 +34,8 @@ def upgrade() -> None:
         sa.Column("granted_requests", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("granted_tokens", sa.Double, nullable=False, server_default="0"),
         sa.Column("paced_at", sa.BigInteger),
+        sa.Column("rate_factor", sa.Double, nullable=False, server_default="1"),
+        sa.Column("cut_at", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
     )

@@ -1,0 +1,143 @@
+"""The shared bucket's arithmetic: refill on the database clock, grants, returns,
+settlements, pauses, and the promise that grants never exceed a sliding-window limit."""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left
+
+import pytest
+
+from lockgate.flow.bucket import Ask, Bucket, Limits, effective, initial, lease
+
+L60 = Limits(requests=600, tokens=60_000, window_ms=60_000, headroom=0.02, burst=0.01,
+             min_cap_ms=200)
+
+
+def test_a_new_bucket_holds_only_its_small_cap() -> None:
+    b = initial(L60, now=1000)
+    assert b.requests == pytest.approx(6.0)  # 1% of the window, not the whole minute
+    assert b.tokens == pytest.approx(600.0)
+
+
+def test_refill_follows_elapsed_time_and_stops_at_the_cap() -> None:
+    b = Bucket(0.0, 0.0, refilled_at=0)
+    half = b.refilled(L60, 100)  # 100 ms of 588 req/min
+    assert half.requests == pytest.approx(0.98)
+    assert b.refilled(L60, 3_600_000).requests == pytest.approx(L60.cap(600))
+    assert b.refilled(L60, -5).requests == 0.0  # a clock going back refills nothing
+
+
+def test_requests_and_tokens_are_granted_each_within_its_allowance() -> None:
+    b = Bucket(5.5, 550.0, refilled_at=0)
+    _after, g = lease(b, L60, 0, Ask(requests=10, tokens=1500.0, largest=150.0))
+    assert (g.requests, g.tokens) == (5, 550.0)
+    _after, g = lease(b, L60, 0, Ask(requests=3, tokens=200.0, largest=80.0))
+    assert (g.requests, g.tokens) == (3, 200.0)
+
+
+def test_one_call_larger_than_the_cap_is_granted_and_paid_back_later() -> None:
+    b = Bucket(6.0, 600.0, refilled_at=0)
+    after, g = lease(b, L60, 0, Ask(requests=1, tokens=5000.0, largest=5000.0))
+    assert (g.requests, g.tokens) == (1, 5000.0)
+    assert after.tokens == pytest.approx(-4400.0)
+    # Nothing more until refills have paid the debt back.
+    _a2, g2 = lease(after, L60, 1000, Ask(requests=1, tokens=100.0, largest=100.0))
+    assert g2.tokens == 0
+
+
+def test_the_overdraft_is_one_call_at_most() -> None:
+    b = Bucket(6.0, 600.0, refilled_at=0)
+    after, g = lease(b, L60, 0, Ask(requests=6, tokens=5000.0, largest=300.0))
+    assert g.tokens == 600.0 and after.tokens == pytest.approx(0.0)
+    _a, g = lease(Bucket(6.0, 100.0, 0), L60, 0, Ask(requests=6, tokens=5000.0, largest=300))
+    assert g.tokens == 300.0
+
+
+def test_returns_and_settlements_move_the_allowance_but_never_past_the_cap() -> None:
+    b = Bucket(0.0, 0.0, refilled_at=0)
+    after, _ = lease(b, L60, 0, Ask(give_requests=100, give_tokens=100_000))
+    assert after.requests == pytest.approx(L60.cap(600))
+    assert after.tokens == pytest.approx(L60.cap(60_000))
+    after, _ = lease(after, L60, 0, Ask(debt_tokens=250.0))  # used more than reserved
+    assert after.tokens == pytest.approx(L60.cap(60_000) - 250.0)
+    after, _ = lease(after, L60, 0, Ask(debt_tokens=-100.0))  # a refund
+    assert after.tokens == pytest.approx(L60.cap(60_000) - 150.0)
+    after, _ = lease(after, L60, 0, Ask(debt_tokens=-10_000.0))  # refunds are capped too
+    assert after.tokens == pytest.approx(L60.cap(60_000))
+
+
+def test_a_pause_stops_grants_until_it_ends_and_is_never_shortened() -> None:
+    b = Bucket(6.0, 600.0, refilled_at=0)
+    b, g = lease(b, L60, 0, Ask(requests=1, tokens=10, pause_ms=2000))
+    assert (g.requests, g.paused_ms, b.paused_until) == (0, 2000, 2000)
+    b, g = lease(b, L60, 500, Ask(requests=1, tokens=10, pause_ms=100))
+    assert (g.requests, g.paused_ms, b.paused_until) == (0, 1500, 2000)
+    b, g = lease(b, L60, 2000, Ask(requests=1, tokens=10))
+    assert (g.requests, g.paused_ms) == (1, 0)
+
+
+def test_unlimited_dimensions_grant_everything() -> None:
+    free = Limits(None, None)
+    assert not free.limited
+    _b, g = lease(Bucket(0, 0, 0), free, 0, Ask(requests=1000, tokens=1e9))
+    assert g.requests == 1000
+
+
+def test_learned_limits_only_lower_the_configured_ones() -> None:
+    assert effective(1000, None) == 1000
+    assert effective(1000, 500) == 500
+    assert effective(1000, 5000) == 1000
+    assert effective(None, 300) == 300
+
+
+def _max_in_window(times: list[int], window: int) -> int:
+    times.sort()
+    return max((bisect_left(times, t + window) - i for i, t in enumerate(times)), default=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_many_workers_never_get_more_than_the_limit_in_any_window(seed: int) -> None:
+    """Eight workers lease every ~100 ms (with jitter) for what waits plus one interval,
+    and spend it at once or within the interval; the provider counts sends in a sliding
+    window. Checked over five windows, starting together at t=0 (no burst at start)."""
+    rng = random.Random(seed)
+    window, limit = 20_000, 2000
+    lim = Limits(limit, None, window, headroom=0.02, burst=0.01, min_cap_ms=200)
+    b = initial(lim, 0)
+    events = sorted((rng.randint(0, 100), w) for w in range(8))
+    sends: list[int] = []
+    next_tick = {w: t for t, w in events}
+    horizon = window * 5
+    t = 0
+    while t < horizon:
+        w = min(next_tick, key=lambda k: next_tick[k])
+        t = next_tick[w]
+        b, g = lease(b, lim, t, Ask(requests=rng.randint(20, 60)))
+        for _ in range(g.requests):
+            sends.append(t + rng.randint(0, 100))  # held at most one interval
+        next_tick[w] = t + rng.randint(60, 140)
+    assert _max_in_window(sends, window) <= limit
+    # ... and the limit is used: at least 95% of it over the run.
+    assert len(sends) >= 0.95 * limit * horizon / window
+
+
+def test_a_429_lowers_the_shared_rate_once_per_burst_and_it_recovers() -> None:
+    t = 1_000_000
+    b = Bucket(0.0, 0.0, refilled_at=t)
+    b, _ = lease(b, L60, t, Ask(cut=True))
+    assert b.factor == pytest.approx(0.9)
+    b, _ = lease(b, L60, t + 500, Ask(cut=True))  # the same burst: no second cut
+    assert b.factor == pytest.approx(0.9 + 500 * 0.02 / 10_000)
+    b, _ = lease(b, L60, t + 3000, Ask(cut=True))
+    assert b.factor < 0.9
+    # The refill follows the lowered rate ...
+    low = b.factor
+    b2, _ = lease(Bucket(0.0, 0.0, t, factor=low, cut_at=t), L60, t + 100, Ask())
+    assert b2.requests == pytest.approx(100 * 600 * 0.98 / 60_000 * low, rel=0.01)
+    # ... and it climbs back to the full limit without 429s.
+    b3, _ = lease(b, L60, t + 10 * 60_000, Ask())
+    assert b3.factor == 1.0
+    for _ in range(20):
+        b, _ = lease(b, L60, b.cut_at + 2000, Ask(cut=True))
+    assert b.factor >= 0.5

@@ -1,0 +1,270 @@
+"""The per-worker flow controller on an in-memory fake of its store: budgets, pauses,
+concurrency slots, breakers and fallbacks, without a database or a network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from lockgate.config import Endpoint, Settings
+from lockgate.errors import ErrorClass
+from lockgate.flow.bucket import Bucket, Limits, effective, initial, lease
+from lockgate.flow.control import FlowControl
+from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.spec import load_config
+from lockgate.store import ClaimedTask
+from lockgate.store.flow import BucketSpec, LeaseRequest, LeaseResult
+from lockgate.worker.execute import AttemptResult
+
+from .support import task
+
+
+class FakeFlowStore:
+    """The bucket rows in a dict, on this process's monotonic clock (ms)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[BucketSpec, Bucket, str | None]] = {}
+        self.leases = 0
+
+    @staticmethod
+    def now() -> int:
+        return int(time.monotonic() * 1000)
+
+    def ensure(self, specs: Sequence[BucketSpec]) -> None:
+        for s in specs:
+            if s.name not in self.rows:
+                self.rows[s.name] = (s, initial(Limits(s.rpm, s.tpm, s.window_ms),
+                                                self.now()), None)
+
+    def lease(self, reqs: Sequence[LeaseRequest]) -> dict[str, LeaseResult]:
+        self.leases += 1
+        out = {}
+        for r in reqs:
+            if r.name not in self.rows:
+                continue
+            spec, b, why = self.rows[r.name]
+            lim = Limits(effective(spec.rpm, None), effective(spec.tpm, None),
+                         spec.window_ms, r.headroom, r.burst, r.min_cap_ms)
+            b2, g = lease(b, lim, self.now(), r.ask)
+            if r.ask.pause_ms:
+                why = r.pause_reason
+            self.rows[r.name] = (spec, b2, why)
+            out[r.name] = LeaseResult(r.name, g, spec.rpm, spec.tpm, spec.window_ms,
+                                      why if g.paused_ms else None)
+        return out
+
+    def lanes(self, pool: str | None = None) -> tuple[list[Any], int]:
+        return [], self.now()
+
+    def failure_rates(self, *, since_ms: int) -> dict[str, float]:
+        return {}
+
+    def report(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class FakeStore:
+    """Nothing of the store is used while there is no claim."""
+
+
+class NoProvider:
+    name = "none"
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        raise AssertionError("not called in these tests")
+
+    async def close(self) -> None:
+        pass
+
+
+async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def controller(endpoints: list[dict[str, Any]], **flow: Any) -> tuple[FlowControl,
+                                                                      FakeFlowStore]:
+    settings = Settings.model_validate({"endpoint": endpoints, "flow": flow})
+    fake = FakeFlowStore()
+    fc = FlowControl(FakeStore(), settings, "w1", db=db,  # type: ignore[arg-type]
+                     provider=lambda ep: NoProvider(),
+                     flow_store=fake)  # type: ignore[arg-type]
+    return fc, fake
+
+
+CONFIG = load_config({k: v for k, v in task("x").items()
+                      if k in ("prompt_template", "model_config", "delivery_rule",
+                               "retry_policy")})
+
+
+def claimed(i: int) -> ClaimedTask:
+    return ClaimedTask(i, f"t{i}", "b", "cfg", '{"text": "where is my parcel"}', 1, "tok")
+
+
+def result(ep: str, error: ErrorClass | None = None, *, latency: float = 50.0,
+           retry_after_ms: int | None = None, tokens: tuple[int, int] = (40, 5)
+           ) -> AttemptResult:
+    comp = None if error else Completion("{}", 200, "m", tokens[0], tokens[1])
+    return AttemptResult(None, comp, None, error, None, retry_after_ms, latency,
+                         None if error is None else 500, ep, "m")
+
+
+def ep(name: str, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "base_url": "http://127.0.0.1:9/v1", **kw}
+
+
+def test_token_bound_calls_all_get_through_without_a_deadlock() -> None:
+    """Plenty of requests but few tokens: leases must still bring tokens."""
+    async def main() -> int:
+        fc, _fake = controller([ep("a", rpm=600_000, tpm=60_000, limit_window_s=1)],
+                               lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        done = 0
+
+        async def one(i: int) -> None:
+            nonlocal done
+            t = await fc.acquire(claimed(i), CONFIG, primary)
+            fc.release(t, result("a", tokens=(400, 10)), None)
+            done += 1
+
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(60))), 20)
+        stop.set()
+        await loop
+        return done
+
+    assert asyncio.run(main()) == 60
+
+
+def test_concurrency_slots_hold_calls_until_one_finishes() -> None:
+    async def main() -> list[str]:
+        fc, _ = controller([ep("a", max_concurrency=2, concurrency_policy="fixed")])
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        order: list[str] = []
+        t1 = await fc.acquire(claimed(1), CONFIG, primary)
+        await fc.acquire(claimed(2), CONFIG, primary)
+        third = asyncio.create_task(fc.acquire(claimed(3), CONFIG, primary))
+        await asyncio.sleep(0.05)
+        order.append("third waits" if not third.done() else "third went")
+        assert fc.waiting == 1 and fc.claim_room(100) == 15  # min_backlog 16, minus 1
+        fc.release(t1, result("a"), None)
+        await asyncio.wait_for(third, 1)
+        order.append("third went")
+        stop.set()
+        third.result().state.in_flight -= 2  # (the other two never finish here)
+        await loop
+        return order
+
+    assert asyncio.run(main()) == ["third waits", "third went"]
+
+
+def test_a_429_pauses_the_endpoint_locally_and_for_everyone() -> None:
+    async def main() -> tuple[float, float, str | None]:
+        fc, fake = controller([ep("a")], lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        t = await fc.acquire(claimed(1), CONFIG, primary)
+        err = ProviderError(ErrorClass.RATE_LIMITED, "429", http_status=429,
+                            retry_after_ms=400, rate_limit={"retry-after-ms": "400"})
+        fc.release(t, result("a", ErrorClass.RATE_LIMITED, retry_after_ms=400), err)
+        t0 = time.monotonic()
+        t2 = await fc.acquire(claimed(2), CONFIG, primary)  # waits out the pause
+        waited = time.monotonic() - t0
+        fc.release(t2, result("a"), None)
+        _spec, bucket, why = fake.rows["a"]
+        stop.set()
+        await loop
+        return waited, bucket.paused_until - t0 * 1000, why
+
+    waited, published_ms, why = asyncio.run(main())
+    assert waited >= 0.39, "a call went before the time the 429 named"
+    assert published_ms > 350 and why == "rate_limited"
+
+
+def test_quota_and_an_open_breaker_route_to_the_fallback() -> None:
+    async def main() -> list[tuple[str, str | None]]:
+        fc, _ = controller([ep("hosted", fallback="local"), ep("local")],
+                           quota_pause_s=30, breaker_consecutive=2, breaker_open_s=30)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        hosted = fc.settings.endpoint[0]
+        seen = []
+        t = await fc.acquire(claimed(1), CONFIG, hosted)
+        seen.append((t.state.name, t.routed_from))
+        fc.release(t, result("hosted", ErrorClass.QUOTA_EXHAUSTED), None)
+        assert fc.reroutes(hosted, result("hosted", ErrorClass.QUOTA_EXHAUSTED))
+        t = await fc.acquire(claimed(2), CONFIG, hosted)
+        seen.append((t.state.name, t.routed_from))
+        fc.release(t, result("local"), None)
+        # The quota pause ends; two server errors in a row open the breaker.
+        fc._states["hosted"].paused_until = 0.0
+        for i in (3, 4):
+            t = await fc.acquire(claimed(i), CONFIG, hosted)
+            seen.append((t.state.name, t.routed_from))
+            fc.release(t, result("hosted", ErrorClass.SERVER_ERROR), None)
+        t = await fc.acquire(claimed(5), CONFIG, hosted)
+        seen.append((t.state.name, t.routed_from))
+        fc.release(t, result("local"), None)
+        assert fc.detail()["hosted"]["breaker"] == "open"
+        stop.set()
+        await loop
+        return seen
+
+    assert asyncio.run(main()) == [("hosted", None), ("local", "hosted"), ("hosted", None),
+                                   ("hosted", None), ("local", "hosted")]
+
+
+def test_without_a_fallback_calls_wait_for_the_breaker_to_half_open() -> None:
+    async def main() -> bool:
+        fc, _ = controller([ep("a")], breaker_consecutive=1, breaker_open_s=0.2,
+                           breaker_probes=1)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        t = await fc.acquire(claimed(1), CONFIG, primary)
+        fc.release(t, result("a", ErrorClass.TIMEOUT), None)
+        t0 = time.monotonic()
+        probe = await asyncio.wait_for(fc.acquire(claimed(2), CONFIG, primary), 2)
+        assert time.monotonic() - t0 >= 0.19 and probe.probe
+        blocked = asyncio.create_task(fc.acquire(claimed(3), CONFIG, primary))
+        await asyncio.sleep(0.05)
+        assert not blocked.done(), "a second call passed a half-open breaker"
+        fc.release(probe, result("a"), None)
+        await asyncio.wait_for(blocked, 1)
+        stop.set()
+        blocked.result().state.in_flight -= 1
+        await loop
+        return fc.detail()["a"]["breaker"] == "closed"
+
+    assert asyncio.run(main())
+
+
+def test_stopping_cancels_calls_still_waiting() -> None:
+    async def main() -> None:
+        fc, _ = controller([ep("a", max_concurrency=1, concurrency_policy="fixed")])
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        t = await fc.acquire(claimed(1), CONFIG, primary)
+        waiting = asyncio.create_task(fc.acquire(claimed(2), CONFIG, primary))
+        await asyncio.sleep(0.05)
+        stop.set()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        fc.release(t, result("a"), None)
+        await asyncio.wait_for(loop, 2)
+        assert fc.waiting == 0
+
+    asyncio.run(main())
+
+
+def test_routing_refuses_unknown_policies_at_config_time() -> None:
+    with pytest.raises(ValueError):
+        Endpoint(name="a", base_url="x", concurrency_policy="vegas")  # type: ignore[arg-type]

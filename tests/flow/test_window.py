@@ -1,0 +1,98 @@
+"""Windows: clock specs, cron, the pace, projections and feasibility."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from lockgate.flow.window import (
+    BatchPlan,
+    Window,
+    capacity_per_s,
+    clock_window,
+    next_cron,
+    paced_rate,
+    parse_duration_s,
+    project,
+)
+
+TZ = timezone(timedelta(hours=8))
+
+
+def at(h: int, m: int = 0, day: int = 10) -> datetime:
+    return datetime(2026, 3, day, h, m, tzinfo=TZ)
+
+
+def test_clock_window_today_tomorrow_and_in_progress() -> None:
+    assert clock_window("02:00-03:30", at(1)) == (at(2), at(3, 30))
+    assert clock_window("02:00-03:30", at(2, 45)) == (at(2), at(3, 30))  # in progress
+    assert clock_window("02:00-03:30", at(4)) == (at(2, day=11), at(3, 30, day=11))
+    assert clock_window("23:00-01:00", at(23, 30)) == (at(23), at(1, day=11))
+    assert clock_window("23:00-01:00", at(0, 30, day=11)) == (at(23), at(1, day=11))
+
+
+@pytest.mark.parametrize("bad", ["2-3", "25:00-26:00", "02:00-02:00", "02:61-03:00"])
+def test_bad_clock_windows_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        clock_window(bad, at(1))
+
+
+def test_durations() -> None:
+    assert parse_duration_s("90m") == 5400
+    assert parse_duration_s("1h30m") == 5400
+    assert parse_duration_s("45s") == 45
+    with pytest.raises(ValueError):
+        parse_duration_s("soon")
+
+
+def test_cron() -> None:
+    assert next_cron("0 2 * * *", at(1)) == at(2)
+    assert next_cron("0 2 * * *", at(2)) == at(2, day=11)
+    assert next_cron("*/15 * * * *", at(2, 7)) == at(2, 15)
+    assert next_cron("30 1-3 * * *", at(3, 31)) == at(1, 30, day=11)
+    # 2026-03-10 is a Tuesday; 6 = Saturday, 0 and 7 = Sunday
+    assert next_cron("0 9 * * 6", at(10)) == at(9, day=14)
+    assert next_cron("0 9 * * 7", at(10)) == at(9, day=15)
+    assert next_cron("0 0 1 * *", at(10)) == datetime(2026, 4, 1, 0, 0, tzinfo=TZ)
+    with pytest.raises(ValueError):
+        next_cron("0 2 * *", at(1))
+    with pytest.raises(ValueError):
+        next_cron("61 2 * * *", at(1))
+
+
+def test_pace_is_remaining_over_time_left_minus_margin() -> None:
+    w = Window(0, 120_000)  # margin 3%: 3.6 s
+    assert paced_rate(w, 10_000, -1) is None  # not open yet
+    assert paced_rate(w, 10_000, 0) == pytest.approx(10_000 / 116.4)
+    assert paced_rate(w, 5_000, 60_000) == pytest.approx(5_000 / 56.4)  # behind: faster
+    assert paced_rate(w, 0, 60_000) == 0.0
+    assert math.isinf(paced_rate(w, 10, 117_000) or 0.0)  # late: as fast as allowed
+
+
+def test_projection_and_feasibility() -> None:
+    w = Window(0, 100_000)
+    p = project(w, 1000, 20.0, 50_000, capacity_per_s=30.0)
+    assert p.finish_ms == 100_000 and p.on_time and p.feasible and p.warning() is None
+    late = project(w, 1000, 10.0, 50_000, capacity_per_s=30.0)
+    assert late.on_time is False and "behind" in (late.warning() or "")
+    bad = project(w, 1000, 10.0, 50_000, capacity_per_s=15.0)
+    assert not bad.feasible and "infeasible" in (bad.warning() or "")
+    assert project(w, 0, 0.0, 50_000, None).on_time
+
+
+def test_capacity_from_limits() -> None:
+    assert capacity_per_s(60_000, None, 60_000, 500) == pytest.approx(1000)
+    assert capacity_per_s(60_000, 300_000, 60_000, 500) == pytest.approx(10)
+    assert capacity_per_s(None, None, 60_000, 500) is None
+
+
+def test_batch_plan_fields() -> None:
+    plan = BatchPlan(base_weight=10, window=Window(1000, 5000))
+    assert plan.fields() == {"base_weight": 10.0, "window_start": 1000, "window_end": 5000,
+                             "target_per_s": None, "deadline_at": 5000}
+    with pytest.raises(ValueError):
+        BatchPlan(window=Window(5000, 1000)).fields()
+    with pytest.raises(ValueError):
+        BatchPlan(base_weight=0).fields()
