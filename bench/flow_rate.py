@@ -2,7 +2,10 @@
 and how many 429s do they draw? (docs/benchmarks.md, "Flow control")
 
     python bench/flow_rate.py --workers 4 --tasks 20000 --rpm 60000 --runs 2
-    python bench/flow_rate.py --workers 8 --tasks 8000 --rpm 60000 --start-together
+    python bench/flow_rate.py --workers 8 --tasks 8000 --rpm 60000
+
+The worker processes always start at the same instant (a cold start of all of them is
+the burst the shared bucket must absorb).
 
 The simulator enforces a sliding window of ``--window`` seconds (the per-minute limit
 scaled to it: 60,000 RPM is 10,000 per 10 s) for requests and for tokens. Tasks come

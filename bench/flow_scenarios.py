@@ -183,6 +183,15 @@ def spike(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 # -- quota and fallback --------------------------------------------------------------------
 
+def first_success(sim: SimulatorProcess, before: int, deadline: float) -> float | None:
+    """When ``sim`` first answers successfully beyond ``before`` successes (or None)."""
+    while time.time() < deadline:
+        if sim.stats()["successes"] > before:
+            return time.time()
+        time.sleep(0.02)
+    return None
+
+
 def quota(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     lat = {"kind": "fixed", "mean_ms": 100}
     with SimulatorProcess({"latency": lat}) as hosted, \
@@ -198,20 +207,18 @@ def quota(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         w = Workers()
         w.start(a.workers, url, cfg, concurrency=32, log_dir=tmp)
         wait_until(lambda: counts(url).get("SUCCEEDED", 0) >= a.tasks // 6, 300)
+        # Takeover and return are read off the simulators' own counters (polled every
+        # 20 ms): the first answer the fallback gives after the primary ran out of
+        # quota, and the first the primary gives after its quota is back.
         t_out = time.time()  # (before the call: the simulator applies it on receipt)
         hosted.configure(quota_exhausted=True)
-        time.sleep(a.period)
+        first_local = first_success(local, local.stats()["successes"], t_out + a.period)
+        time.sleep(max(0.0, t_out + a.period - time.time()))
         t_back = time.time()
         hosted.configure(quota_exhausted=False)
+        first_home = first_success(hosted, hosted.stats()["successes"], t_back + 60)
         codes = w.wait(900)
-    att = q(url, "SELECT endpoint, routed_from, outcome, error_class, started_at, "
-                 "latency_ms FROM task_attempt ORDER BY started_at")
-    def done_at(x: dict[str, Any]) -> float:
-        return (x["started_at"] + (x["latency_ms"] or 0)) / 1000.0
-    first_local = min((done_at(x) for x in att if x["endpoint"] == "local"
-                       and x["outcome"] == "succeeded"), default=None)
-    first_home = min((done_at(x) for x in att if x["endpoint"] == "hosted"
-                      and x["outcome"] == "succeeded" and done_at(x) > t_back), default=None)
+    att = q(url, "SELECT endpoint, outcome, error_class FROM task_attempt")
     c = counts(url)
     by_ep: dict[str, int] = {}
     for x in att:
