@@ -126,7 +126,8 @@ class Lockgate:
                 "worker": settings.worker.model_copy(update=overrides)})
         g = settings.gate
         services = [GateService(self.store, lease_s=g.lease_s or settings.worker.lease_s,
-                                poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page)
+                                poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page,
+                                pool_of=settings.pool_of_document)
                     ] if gate and g.enabled else []
         return Worker(self.store, settings, burst=burst, services=services)
 

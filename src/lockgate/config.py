@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lockgate.errors import ConfigError
-from lockgate.spec import ModelConfig
+from lockgate.spec import ModelConfig, load_config
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
 
@@ -205,6 +205,15 @@ class Settings(_Strict):
             return (self.route(model) if model is not None else self._default()).pool
         except ConfigError:
             return "default"  # the worker fails such a task with the reason
+
+    def pool_of_document(self, document: dict[str, Any]) -> str:
+        """The pool of tasks made from a stored config document (the release gate's
+        evaluation items): the same routing as at submit."""
+        try:
+            model = load_config(document).model
+        except ValidationError:
+            return "default"  # the worker fails such a task with the reason
+        return self.pool_of(model)
 
     def _default(self) -> Endpoint:
         eps = self.endpoints()

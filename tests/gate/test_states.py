@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from lockgate.config import Endpoint, Settings
 from lockgate.errors import ConfigError
 from lockgate.store.gate import (
     ARROWS,
@@ -365,3 +366,21 @@ def test_terminal_states_are_never_left(env: Env, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(AssertionError, match="not an allowed transition"), \
             env.store.engine.begin() as conn:
         gs._move(conn, "prompt_update", [ids["ACTIVATED"]], ["ACTIVATED"], "EVALUATING", 0)
+
+
+def test_evaluation_tasks_go_to_the_pool_of_the_candidates_model(env: Env) -> None:
+    """Routing as at submit: a ``--pool gpu`` worker evaluates candidates for models
+    served from that pool; a model no endpoint routes stays in the default pool."""
+    settings = Settings(endpoint=(
+        Endpoint(name="gpu-box", base_url="http://127.0.0.1:9/v1", models=("sim-small",),
+                 pool="gpu"),
+        Endpoint(name="hosted", base_url="http://127.0.0.1:9/v1")))
+    env.setup()
+    p = env.prompts.propose("p", GOOD)
+    roles = env.roles(pool_of=settings.pool_of_document)
+    assert roles.start(p.update_id)
+    (run,) = runs(env, p.update_id)
+    assert roles.materialize(run)
+    assert rows(env.store, "SELECT pool, COUNT(*) AS n FROM task WHERE batch_id = :b "
+                           "GROUP BY pool", b=run["batch_id"]) == [{"pool": "gpu", "n": 40}]
+    assert Settings().pool_of_document({"prompt_template": "x"}) == "default"

@@ -55,8 +55,11 @@ class GateRoles:
 
     def __init__(self, store: Store, *, worker_id: str, lease_ms: int = 30_000,
                  page: int = PAGE, max_failures: int = MAX_STEP_FAILURES,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None,
+                 pool_of: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.gs = GateStore(store)
+        #: Routes evaluation tasks to the pool of the candidate's model (else "default").
+        self.pool_of = pool_of
         self.worker_id = worker_id
         self.lease_ms = lease_ms
         self.page = page
@@ -140,7 +143,8 @@ class GateRoles:
                 self.gs.release_run(run_id, token)
                 return True
             res = self.gs.materialize_page(run_id, token=token, lease_ms=self.lease_ms,
-                                           revision=int(revision), page=self.page)
+                                           revision=int(revision), page=self.page,
+                                           pool_of=self.pool_of)
             if res != "more":
                 if res == "lost":
                     log.warning("release gate: lost the lease of run %s while materialising",

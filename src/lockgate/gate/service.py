@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -29,8 +31,10 @@ class GateService:
     name = "gate"
 
     def __init__(self, store: Store, *, lease_s: float = 30.0, poll_s: float = 0.2,
-                 idle_max_s: float = 2.0, page: int = PAGE) -> None:
+                 idle_max_s: float = 2.0, page: int = PAGE,
+                 pool_of: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.store = store
+        self.pool_of = pool_of
         self.lease_ms = int(lease_s * 1000)
         self.poll_s = poll_s
         self.idle_max_s = idle_max_s
@@ -40,7 +44,8 @@ class GateService:
     async def run(self, stopping: asyncio.Event, worker_id: str) -> None:
         """Tick until ``stopping`` is set; a step in flight stops at its next page."""
         roles = GateRoles(self.store, worker_id=worker_id, lease_ms=self.lease_ms,
-                          page=self.page, should_stop=stopping.is_set)
+                          page=self.page, should_stop=stopping.is_set,
+                          pool_of=self.pool_of)
         loop = asyncio.get_running_loop()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lockgate-gate")
         delay = self.poll_s

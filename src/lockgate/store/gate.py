@@ -14,7 +14,7 @@ inserted together with their ``prompt_run_item`` rows, both idempotently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -462,12 +462,15 @@ class GateStore:
     # -- Materialize ------------------------------------------------------------------------
 
     def materialize_page(self, run_id: int, *, token: str, lease_ms: int, revision: int,
-                         page: int) -> str:
+                         page: int,
+                         pool_of: Callable[[dict[str, Any]], str] | None = None) -> str:
         """Freeze the next page of the dataset revision into run items and tasks.
 
         Returns ``"more"``, the run's new status when this was the last page
         (EXECUTING, EMPTY, or FAILED if the count does not match the snapshot), or
-        ``"lost"`` when the lease was lost (nothing written).
+        ``"lost"`` when the lease was lost (nothing written). ``pool_of`` maps the run's
+        config document to the pool its tasks go to (as ``submit`` routes them), so
+        that ``lockgate worker --pool`` workers evaluate candidates for their pool.
         """
 
         def work(conn: Connection) -> str:
@@ -484,6 +487,12 @@ class GateStore:
             if items:
                 meta = dumps({"gate": {"update": int(run.update_id), "run": run_id,
                                        "subject": run.subject}})
+                pool = "default"
+                if pool_of is not None:
+                    doc = conn.execute(text("SELECT document FROM task_config WHERE hash = :h"),
+                                       {"h": run.config_hash}).scalar()
+                    if doc is not None:
+                        pool = pool_of(orjson.loads(doc))
                 runs_items, tasks = [], []
                 for it in items:
                     tid = f"{run.batch_id}:{it.id}"
@@ -494,6 +503,7 @@ class GateStore:
                     tasks.append({
                         "task_id": tid, "batch_id": run.batch_id, "config_hash": run.config_hash,
                         "input_data": it.input_data, "metadata": meta, "priority": 0,
+                        "pool": pool,
                         "status": "PENDING", "visible_at": now, "created_at": now,
                         "updated_at": now})
                 conn.execute(self.dialect.insert_ignore(schema.prompt_run_item), runs_items)
