@@ -25,7 +25,6 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -37,6 +37,7 @@ from _flow_common import (
     write_config,
 )
 from _proxy import RecordingProxy
+from engine_throughput import fill_sql
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.store import Store
 
@@ -301,22 +302,9 @@ def window(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 # -- lane claims on a big table ------------------------------------------------------------
 
 def _fill(store: Store, n: int, status: str, visible: str, batch: str) -> None:
-    cols = ("task_id, batch_id, pool, config_hash, input_data, status, visible_at, "
-            "created_at, updated_at, attempts, version, priority")
-    rest = f"'{batch}', 'default', 'x', '{{}}', '{status}', {visible}, 0, 0, 0, 0, 0"
-    name = store.dialect.name
-    if name == "postgresql":
-        tid, source = f"'{batch}{status}-' || g", f"generate_series(1, {n}) AS g"
-    elif name == "mysql":
-        tid, source = f"CONCAT('{batch}{status}-', seq)", f"seq_1_to_{n}"
-    else:
-        tid, source = f"'{batch}{status}-' || i", "s"
-    sql = f"INSERT INTO task ({cols}) SELECT {tid}, {rest} FROM {source}"
-    if name == "sqlite":
-        sql = (f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s "
-               f"WHERE i < {n}) " + sql)
     with store.engine.begin() as c:
-        c.execute(text(sql))
+        c.execute(text(fill_sql(store.dialect.name, n, status, visible, batch=batch,
+                                pool="default")))
 
 
 def claim(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:

@@ -145,6 +145,16 @@ def _create_server_database(backend: str, *, migrate: bool = True) -> ServerData
     return ServerDatabase(backend, name, url, admin, cleaner, tables)
 
 
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every test: no LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml,
+    leaks in."""
+    for name in list(os.environ):
+        if name.startswith("LOCKGATE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """The database family a test runs on (one test per backend)."""

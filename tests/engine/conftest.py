@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,15 +10,6 @@ import pytest
 from lockgate.simulator.testing import SimulatorProcess
 
 from .support import WorkerPool
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml, leaks in."""
-    for name in list(os.environ):
-        if name.startswith("LOCKGATE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import text
 
 from lockgate.config import Settings, WorkerSettings
 from lockgate.store import Store
 from lockgate.worker import Worker, WorkerStats
+from queries import rows, scalar
 
 #: A prompt whose schema and rule the simulator follows literally: texts that mention
 #: "refund" are labelled yes, all others no (see docs of lockgate.simulator.prompt).
@@ -110,18 +110,6 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0,
 
 
 # -- database reads -------------------------------------------------------------------
-
-def rows(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
-    """Rows of a read-only query as dicts."""
-    with store.engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(text(sql), params)]
-
-
-def scalar(store: Store, sql: str, **params: Any) -> Any:
-    """The single value of a read-only query."""
-    with store.engine.connect() as conn:
-        return conn.execute(text(sql), params).scalar()
-
 
 def status_counts(store: Store) -> dict[str, int]:
     """Tasks per status."""

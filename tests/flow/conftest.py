@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from lockgate.store import Store
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml, leaks in."""
-    for name in list(os.environ):
-        if name.startswith("LOCKGATE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

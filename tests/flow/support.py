@@ -7,12 +7,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import text
-
 from lockgate.config import Settings
 from lockgate.providers.base import Completion, CompletionRequest, Provider, ProviderError
 from lockgate.store import Store
 from lockgate.worker import Worker, WorkerStats
+from queries import rows, scalar  # noqa: F401  (re-exported to the tests)
 
 MODEL = "sim-complaints"
 TEMPLATE = (
@@ -49,16 +48,6 @@ def task(task_id: str, text_: str = "where is my parcel", *,
 
 def tasks(n: int, prefix: str = "t", **kwargs: Any) -> list[dict[str, Any]]:
     return [task(f"{prefix}-{i:05d}", text_for(i), **kwargs) for i in range(n)]
-
-
-def rows(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
-    with store.engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(text(sql), params)]
-
-
-def scalar(store: Store, sql: str, **params: Any) -> Any:
-    with store.engine.connect() as conn:
-        return conn.execute(text(sql), params).scalar()
 
 
 def status_counts(store: Store, batch: str | None = None) -> dict[str, int]:

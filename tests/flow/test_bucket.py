@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,23 @@ def test_requests_and_tokens_are_granted_each_within_its_allowance() -> None:
     assert (g.requests, g.tokens) == (5, 550.0)
     _after, g = lease(b, L60, 0, Ask(requests=3, tokens=200.0, largest=80.0))
     assert (g.requests, g.tokens) == (3, 200.0)
+
+
+def test_while_requests_bind_tokens_go_only_with_the_requests_granted() -> None:
+    """A worker with 10 calls waiting (100 tokens each) and 2 requests held gets 3 more
+    requests: tokens for 5 calls, minus the 120 it holds, not for all 10. Without the
+    per-call estimate nothing is capped."""
+    b = Bucket(3.0, 5000.0, refilled_at=0)
+    ask = Ask(requests=8, tokens=880.0, largest=100.0, per_call=100.0, held_requests=2,
+              held_tokens=120.0)
+    _after, g = lease(b, L60, 0, ask)
+    assert (g.requests, g.tokens) == (3, 380.0)
+    _after, g = lease(b, L60, 0, Ask(requests=8, tokens=880.0, largest=100.0))
+    assert (g.requests, g.tokens) == (3, 600.0)  # all the allowance (its cap)
+    _after, g = lease(Bucket(0.0, 5000.0, refilled_at=0), L60, 0, ask)
+    assert (g.requests, g.tokens) == (0, 80.0)  # the 2 held requests still get theirs
+    _after, g = lease(Bucket(6.0, 5000.0, refilled_at=0), L60, 0, replace(ask, requests=5))
+    assert (g.requests, g.tokens) == (5, 600.0)  # requests do not bind: no cap
 
 
 def test_one_call_larger_than_the_cap_is_granted_and_paid_back_later() -> None:

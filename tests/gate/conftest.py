@@ -3,7 +3,6 @@ test's database, and worker subprocesses on it and the simulator."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,15 +12,6 @@ from lockgate.simulator.testing import SimulatorProcess
 from lockgate.store import Store
 
 from .support import Env, Workers
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml, leaks in."""
-    for name in list(os.environ):
-        if name.startswith("LOCKGATE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from lockgate.spec import load_config
 from lockgate.store import Finish, Store
 from lockgate.worker import Worker, WorkerStats
 from lockgate.worker.execute import attempt_trace, decide, run_attempt
+from queries import rows, scalar  # noqa: F401  (re-exported to the tests)
 
 MODEL = {"name": "sim-small", "temperature": 0, "timeout_ms": 20_000}
 DELIVERY = {"format": "json", "required_keys": ["label"]}
@@ -142,19 +143,19 @@ def execute(store: Store, *, limit: int = 10_000, provider: LocalProvider | None
     """Claim up to ``limit`` tasks and run them through ``run_attempt``/``decide`` (the
     one execution path), writing back fenced. With ``crash`` the claims are abandoned
     with an already-expired lease, as a worker killed mid-call leaves them."""
-    rows = store.claim(limit, lease_ms=1 if crash else 60_000, worker_id=worker_id)
-    if crash or not rows:
-        if crash and rows:
-            wait_for(lambda: _expired(store, [r.id for r in rows]), "abandoned leases expire",
+    claimed = store.claim(limit, lease_ms=1 if crash else 60_000, worker_id=worker_id)
+    if crash or not claimed:
+        if crash and claimed:
+            wait_for(lambda: _expired(store, [r.id for r in claimed]), "abandoned leases expire",
                      timeout=5)
-        return len(rows)
+        return len(claimed)
     provider = provider or LocalProvider()
-    docs = store.configs({r.config_hash for r in rows})
+    docs = store.configs({r.config_hash for r in claimed})
     ep = Endpoint(name="default", base_url="http://unused.invalid/v1")
 
     async def run() -> list[Finish]:
         out = []
-        for r in rows:
+        for r in claimed:
             config = load_config(docs[r.config_hash])
             started = int(time.time() * 1000)
             res = await run_attempt(config, orjson.loads(r.input_data), ep, provider,
@@ -170,7 +171,7 @@ def execute(store: Store, *, limit: int = 10_000, provider: LocalProvider | None
         return out
 
     store.finish(asyncio.run(run()), worker_id=worker_id)
-    return len(rows)
+    return len(claimed)
 
 
 def _expired(store: Store, ids: list[int]) -> bool:
@@ -236,18 +237,6 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
         time.sleep(interval)
-
-
-def rows(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
-    """Rows of a read-only query as dicts."""
-    with store.engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(text(sql), params)]
-
-
-def scalar(store: Store, sql: str, **params: Any) -> Any:
-    """The single value of a read-only query."""
-    with store.engine.connect() as conn:
-        return conn.execute(text(sql), params).scalar()
 
 
 def decision_figures(status: dict[str, Any]) -> dict[str, Any]:

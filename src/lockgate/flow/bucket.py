@@ -102,7 +102,10 @@ class Ask:
     may be granted on a positive token allowance even when it exceeds it;
     ``give_requests``/``give_tokens``: unspent budget it returns; ``debt_tokens``: the
     settlement since its last lease (real usage minus estimates, negative for a refund);
-    ``pause_ms``: a pause it learned from the provider.
+    ``pause_ms``: a pause it learned from the provider; ``per_call``: its estimate of
+    one waiting call's tokens, and ``held_requests``/``held_tokens``: the budget it
+    holds unspent (with them, tokens are granted only for calls that have a request
+    to go with: see :func:`lease`).
     """
 
     requests: int = 0
@@ -113,6 +116,9 @@ class Ask:
     debt_tokens: float = 0.0
     pause_ms: int = 0
     cut: bool = False
+    per_call: float = 0.0
+    held_requests: float = 0.0
+    held_tokens: float = 0.0
 
 
 #: A 429 for exceeding the limit lowers the rate of every worker by 10% (at most once
@@ -168,10 +174,18 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
             n = ask.requests if limits.requests is None else \
                 min(ask.requests, max(0, math.floor(req + 1e-9)))
         if ask.tokens > 0:
+            want = ask.tokens
+            if (limits.requests is not None and n < ask.requests and ask.per_call > 0):
+                # Requests bind: grant tokens only for the calls that can go now. Else
+                # every worker would hold the tokens of all its waiting calls, and when
+                # the inputs grow (tokens start to bind) they would all be spent at once,
+                # on top of the bucket: a burst over the token limit.
+                want = min(want, max(0.0, (ask.held_requests + n) * ask.per_call
+                                     - ask.held_tokens))
             if limits.tokens is None:
-                tokens = ask.tokens
-            elif tok > 0:
-                tokens = min(ask.tokens, max(tok, min(ask.largest, ask.tokens)))
+                tokens = want
+            elif tok > 0 and want > 0:
+                tokens = min(want, max(tok, min(ask.largest, want)))
         if limits.requests is not None:
             req -= n
         if limits.tokens is not None:

@@ -676,6 +676,7 @@ class FlowControl:
             want_req = 0
             want_tok = 0.0
             largest = 0.0
+            per = 0.0
             if st.tok < 0:  # spent beyond the grant: the bucket must learn it
                 st.debt_tok -= st.tok
                 st.tok = 0.0
@@ -696,7 +697,10 @@ class FlowControl:
             learned_tpm = st.learned_tpm
             ask = Ask(requests=want_req, tokens=want_tok, largest=largest,
                       give_requests=st.give_req, give_tokens=st.give_tok,
-                      debt_tokens=st.debt_tok, pause_ms=st.publish_pause_ms, cut=st.cut)
+                      debt_tokens=st.debt_tok, pause_ms=st.publish_pause_ms, cut=st.cut,
+                      per_call=per if want_req and want_tok else 0.0,
+                      held_requests=max(0.0, st.req) if want_req and want_tok else 0.0,
+                      held_tokens=max(0.0, st.tok) if want_req and want_tok else 0.0)
             if ask == Ask() and learned_rpm is None and learned_tpm is None:
                 continue
             reqs.append(LeaseRequest(st.name, ask, self.cfg.headroom, self.cfg.burst,

@@ -59,6 +59,13 @@ class LeaseRequest:
     learned_tpm: float | None = None
 
 
+def _recent_floor(conn: Connection) -> int | None:
+    """The attempt id below which attempts are not "recent" (None: there are none):
+    the newest :data:`RECENT_ATTEMPTS`, found through the primary key."""
+    top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
+    return None if top is None else int(top) - RECENT_ATTEMPTS
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseResult:
     """What a bucket gave, the limits now in force and the pause still running."""
@@ -339,8 +346,8 @@ class FlowStore:
         the rates of its task types, weighted by its attempts of each.
         """
         with self.store.engine.connect() as conn:
-            top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
-            if top is None:
+            low = _recent_floor(conn)
+            if low is None:
                 return {}
             rows = conn.execute(text(
                 "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
@@ -348,7 +355,7 @@ class FlowStore:
                 "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
                 f"{self.now} - :since AND a.outcome <> 'discarded' "
                 "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash"),
-                {"low": int(top) - RECENT_ATTEMPTS, "since": since_ms}).all()
+                {"low": low, "since": since_ms}).all()
         per_cfg: dict[str, list[int]] = {}
         for _b, cfg, n, bad in rows:
             acc = per_cfg.setdefault(cfg, [0, 0])
@@ -366,13 +373,13 @@ class FlowStore:
         """Per endpoint over its newest answered calls (at most :data:`RECENT_ATTEMPTS`
         overall): (calls, mean input tokens, mean output tokens)."""
         with self.store.engine.connect() as conn:
-            top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
-            if top is None:
+            low = _recent_floor(conn)
+            if low is None:
                 return {}
             rows = conn.execute(text(
                 "SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
                 "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
-                "GROUP BY endpoint"), {"low": int(top) - RECENT_ATTEMPTS}).all()
+                "GROUP BY endpoint"), {"low": low}).all()
         return {r[0]: (int(r[1]), float(r[2] or 0), float(r[3] or 0))
                 for r in rows if r[0] is not None}
 
