@@ -90,9 +90,15 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
     try:
         for c in children:
             c.start()
+        reported_dead: set[int] = set()
         while any(c.is_alive() for c in children):
-            for c in children:
+            for i, c in enumerate(children):
                 c.join(timeout=tick_s / len(children))
+                if c.exitcode not in (None, 0) and i not in reported_dead:
+                    reported_dead.add(i)  # not restarted: say so while the others run
+                    log.error("worker process #%d (pid %s) exited with code %s; %d of %d "
+                              "still running", i, c.pid, c.exitcode,
+                              sum(x.is_alive() for x in children), len(children))
             if tick is not None:
                 tick()
     finally:
