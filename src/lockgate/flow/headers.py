@@ -68,8 +68,8 @@ def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
             value = float(raw) * scale
         except ValueError:
             continue
-        if value == value and 0 < value <= MAX_PAUSE_MS:
-            return int(value + 0.999)
+        if value == value and 0 < value < MAX_PAUSE_MS:
+            return int(value + 0.999)  # round up: never retry before the time named
     return None
 
 

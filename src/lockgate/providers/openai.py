@@ -11,26 +11,12 @@ import aiohttp
 import orjson
 
 from lockgate.errors import ErrorClass
+from lockgate.flow.headers import parse_retry_after_ms
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 
 _RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                  "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
                  "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
-
-
-def _retry_after_ms(headers: Mapping[str, str]) -> int | None:
-    """Retry-After from ``retry-after-ms`` or ``retry-after`` (seconds); junk is ignored."""
-    for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            value = float(raw) * scale
-        except ValueError:
-            continue  # an HTTP date or garbage: fall back to our own back-off
-        if 0 < value < 24 * 3600 * 1000:
-            return int(value)
-    return None
 
 
 def _rate_limit(headers: Mapping[str, str]) -> dict[str, str]:
@@ -44,7 +30,7 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str]) -> Pro
     code = str(err.get("code") or "")
     etype = str(err.get("type") or "")
     message = str(err.get("message") or body)[:500]
-    retry_after = _retry_after_ms(headers)
+    retry_after = parse_retry_after_ms(headers)
     if status == 429 and "insufficient_quota" in (code, etype):
         cls = ErrorClass.QUOTA_EXHAUSTED
     elif status == 429:
