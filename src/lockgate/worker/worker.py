@@ -64,6 +64,17 @@ class WorkerStats:
         return self.succeeded + self.failed + self.dead
 
 
+def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: ErrorClass,
+              message: str, detail: str) -> Finish:
+    """A terminal write-back for a task that ends before any call is made; ``detail`` is
+    the attempt row's message, ``message`` the task's."""
+    return Finish(id=t.id, lease_token=t.lease_token, status=status,
+                  error_class=str(error_class), error_message=message,
+                  attempt={"attempt": t.attempt, "outcome": str(status).lower(),
+                           "started_at": started, "error_message": detail,
+                           "error_class": str(error_class)})
+
+
 class SideService(Protocol):
     """Something a worker runs beside its loops and stops with it (e.g. the release
     gate's roles). ``run`` returns soon after ``stopping`` is set; an exception from it
@@ -299,21 +310,13 @@ class Worker:
             config, prompt_version = await self._prompts.resolve(
                 t.config_hash, self._configs[t.config_hash], self._db)
         except LockgateError as exc:  # a registry reference that names nothing
-            return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
-                          error_class=str(ErrorClass.INVALID_REQUEST),
-                          error_message=f"prompt registry: {exc}",
-                          attempt={"attempt": t.attempt, "outcome": "failed",
-                                   "started_at": started, "error_message": str(exc),
-                                   "error_class": str(ErrorClass.INVALID_REQUEST)})
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
+                             f"prompt registry: {exc}", str(exc))
         policy = config.retry_policy
         if t.attempt > policy.max_retries + 1:
             # Earlier claims were lost (crashed workers) and spent the attempt budget.
             msg = f"attempt {t.attempt} exceeds max_retries+1 after lost leases"
-            return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.DEAD,
-                          error_class=str(ErrorClass.LEASE_EXPIRED), error_message=msg,
-                          attempt={"attempt": t.attempt, "outcome": "dead",
-                                   "started_at": started, "error_message": msg,
-                                   "error_class": str(ErrorClass.LEASE_EXPIRED)})
+            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
         route_key = t.config_hash if prompt_version is None else \
             f"{t.config_hash}@{prompt_version}"
         route = self._routes.get(route_key)
@@ -323,12 +326,8 @@ class Worker:
                 route = (endpoint, self._provider(endpoint),
                          provider_params(config, endpoint, self.id))
             except ConfigError as exc:  # not retryable: the operator must fix the config
-                return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
-                              error_class=str(ErrorClass.INVALID_REQUEST),
-                              error_message=f"configuration: {exc}",
-                              attempt={"attempt": t.attempt, "outcome": "failed",
-                                       "started_at": started, "error_message": str(exc),
-                                       "error_class": str(ErrorClass.INVALID_REQUEST)})
+                return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
+                                 f"configuration: {exc}", str(exc))
             self._routes[route_key] = route
         endpoint, _provider, params = route
         input_data = orjson.loads(t.input_data)
