@@ -9,9 +9,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,25 +66,37 @@ def machine() -> dict[str, Any]:
             "load_avg_at_start": [round(x, 2) for x in load]}
 
 
-def fresh_db(backend: str, tmp: Path) -> str:
-    """An empty, migrated database for one measurement."""
+@contextlib.contextmanager
+def run_dir(keep: Path | None, label: str) -> Iterator[Path]:
+    """The directory of one run: ``keep/label`` (kept) or a temporary one."""
+    if keep is not None:
+        path = keep / label
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+def fresh_db(backend: str, tmp: Path, name: str = DB_NAME) -> str:
+    """An empty, migrated database for one measurement (server databases: ``name``)."""
     if backend == "sqlite":
-        url = f"sqlite:///{tmp / f'flow-{time.monotonic_ns()}.db'}"
+        url = f"sqlite:///{tmp / f'{name}-{time.monotonic_ns()}.db'}"
     elif backend == "postgresql":
         eng = create_engine(PG_ADMIN.replace("postgresql://", "postgresql+psycopg://"),
                             isolation_level="AUTOCOMMIT")
         with eng.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)"))
-            c.execute(text(f"CREATE DATABASE {DB_NAME}"))
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            c.execute(text(f"CREATE DATABASE {name}"))
         eng.dispose()
-        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{DB_NAME}"
+        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
     elif backend == "mariadb":
         eng = create_engine(MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
         with eng.begin() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {DB_NAME}"))
-            c.execute(text(f"CREATE DATABASE {DB_NAME} CHARACTER SET utf8mb4"))
+            c.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            c.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
         eng.dispose()
-        url = MY_ADMIN.rsplit("/", 1)[0] + f"/{DB_NAME}"
+        url = MY_ADMIN.rsplit("/", 1)[0] + f"/{name}"
     else:
         raise SystemExit(f"unknown backend {backend}")
     s = Store(url)

@@ -28,46 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _flow_common  # noqa: E402
 from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
 from lockgate.spec import parse_task  # noqa: E402
 from lockgate.store import Store  # noqa: E402
 from workload import task_line  # noqa: E402
 
-PG_ADMIN = os.environ.get("LOCKGATE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-MY_ADMIN = os.environ.get("LOCKGATE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test")
 PY = sys.executable
 
 
 def fresh_db(backend: str, tmp: Path) -> str:
     """An empty, migrated database for one measurement."""
-    if backend == "sqlite":
-        path = tmp / f"bench-{time.monotonic_ns()}.db"
-        url = f"sqlite:///{path}"
-    elif backend == "postgresql":
-        eng = create_engine(PG_ADMIN.replace("postgresql://", "postgresql+psycopg://"),
-                            isolation_level="AUTOCOMMIT")
-        with eng.connect() as c:
-            c.execute(text("DROP DATABASE IF EXISTS lockgate_bench WITH (FORCE)"))
-            c.execute(text("CREATE DATABASE lockgate_bench"))
-        eng.dispose()
-        url = PG_ADMIN.rsplit("/", 1)[0] + "/lockgate_bench"
-    elif backend == "mariadb":
-        eng = create_engine(MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
-        with eng.begin() as c:
-            c.execute(text("DROP DATABASE IF EXISTS lockgate_bench"))
-            c.execute(text("CREATE DATABASE lockgate_bench CHARACTER SET utf8mb4"))
-        eng.dispose()
-        url = MY_ADMIN.rsplit("/", 1)[0] + "/lockgate_bench"
-    else:
-        raise SystemExit(f"unknown backend {backend}")
-    s = Store(url)
-    s.migrate()
-    s.close()
-    return url
+    return _flow_common.fresh_db(backend, tmp, name="lockgate_bench")
 
 
 def submit(url: str, n: int) -> None:

@@ -21,7 +21,6 @@ import argparse
 import bisect
 import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from _flow_common import (
     Workers,
     fresh_db,
     machine,
+    run_dir,
     spread,
     submit,
     task_line,
@@ -162,11 +162,7 @@ def main() -> None:
           f"{a.tpm} TPM, window {a.window:g}s, backend {a.backend}", flush=True)
     results = []
     for run in range(a.runs):
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d)
-            if a.keep:
-                tmp = a.keep / f"run{run}"
-                tmp.mkdir(parents=True, exist_ok=True)
+        with run_dir(a.keep, f"run{run}") as tmp:
             r = one_run(a, tmp)
         results.append(r)
         print(f"run {run + 1}: achieved {r['achieved']:.1%} of the binding limit over "

@@ -17,7 +17,6 @@ import argparse
 import itertools
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from _flow_common import (
     Workers,
     fresh_db,
     machine,
+    run_dir,
     spread,
     submit,
     task_line,
@@ -386,11 +386,7 @@ def main() -> None:
           f"backend {a.backend}", flush=True)
     results = []
     for run in range(a.runs):
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d)
-            if a.keep:
-                tmp = a.keep / f"{a.scenario}-{run}"
-                tmp.mkdir(parents=True, exist_ok=True)
+        with run_dir(a.keep, f"{a.scenario}-{run}") as tmp:
             r = SCENARIOS[a.scenario](a, tmp)
         results.append(r)
         shown = {k: v for k, v in r.items() if k not in ("samples", "rate_per_10s")}

@@ -7,7 +7,6 @@ condition against a deadline and fails with a message naming what did not happen
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -20,10 +19,10 @@ from typing import Any
 
 import orjson
 
+from helpers import clean_env, rows, scalar, wait_for
 from lockgate.config import Settings, WorkerSettings
 from lockgate.store import Store
 from lockgate.worker import Worker, WorkerStats
-from queries import rows, scalar
 
 #: A prompt whose schema and rule the simulator follows literally: texts that mention
 #: "refund" are labelled yes, all others no (see docs of lockgate.simulator.prompt).
@@ -96,19 +95,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0,
-             interval: float = 0.02) -> Any:
-    """Poll until ``predicate()`` is truthy and return its value; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
-        time.sleep(interval)
-
-
 # -- database reads -------------------------------------------------------------------
 
 def status_counts(store: Store) -> dict[str, int]:
@@ -136,13 +122,6 @@ def all_pending_done(store: Store) -> bool:
 
 
 # -- workers ----------------------------------------------------------------------------
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any LOCKGATE_* setting, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKGATE_")}
-    env.update(extra)
-    return env
-
 
 def lockgate_cmd(*args: str) -> list[str]:
     """The ``lockgate`` command line, run by this interpreter."""

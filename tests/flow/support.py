@@ -7,11 +7,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from helpers import rows, scalar  # noqa: F401  (re-exported to the tests)
 from lockgate.config import Settings
 from lockgate.providers.base import Completion, CompletionRequest, Provider, ProviderError
 from lockgate.store import Store
 from lockgate.worker import Worker, WorkerStats
-from queries import rows, scalar  # noqa: F401  (re-exported to the tests)
 
 MODEL = "sim-complaints"
 TEMPLATE = (

@@ -9,7 +9,6 @@ condition against a deadline and fails naming what did not happen.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
@@ -23,6 +22,8 @@ from typing import Any
 import orjson
 from sqlalchemy import text
 
+import helpers
+from helpers import clean_env, rows, scalar  # noqa: F401  (re-exported to the tests)
 from lockgate.config import Endpoint, Settings, WorkerSettings
 from lockgate.errors import ErrorClass
 from lockgate.gate.api import Gate
@@ -35,7 +36,6 @@ from lockgate.spec import load_config
 from lockgate.store import Finish, Store
 from lockgate.worker import Worker, WorkerStats
 from lockgate.worker.execute import attempt_trace, decide, run_attempt
-from queries import rows, scalar  # noqa: F401  (re-exported to the tests)
 
 MODEL = {"name": "sim-small", "temperature": 0, "timeout_ms": 20_000}
 DELIVERY = {"format": "json", "required_keys": ["label"]}
@@ -228,15 +228,8 @@ def peek_store(store: Store) -> Store:
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
              interval: float = 0.02) -> Any:
-    """Poll until ``predicate()`` is truthy and return it; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
-        time.sleep(interval)
+    """:func:`helpers.wait_for` with the gate tests' longer default (role steps)."""
+    return helpers.wait_for(predicate, what, timeout, interval)
 
 
 def decision_figures(status: dict[str, Any]) -> dict[str, Any]:
@@ -259,13 +252,6 @@ def decision_figures(status: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- worker processes -------------------------------------------------------------------------
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without LOCKGATE_* settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKGATE_")}
-    env.update(extra)
-    return env
-
 
 @dataclass
 class Proc:
