@@ -72,15 +72,38 @@ def _sqlite_setup(engine: Engine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=60000")
+        _sqlite_wal(cur)
+        cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _sqlite_wal(cur: Any, *, deadline_s: float = 60.0) -> None:
+    """Switch a new database file to WAL. The switch takes an exclusive lock and
+    SQLite answers "database is locked" at once, without waiting on busy_timeout,
+    while another connection opens the same fresh file; so retry for as long as a
+    writer would wait. A file that is already WAL needs no lock at all."""
+    import sqlite3
+    import time
+
+    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    give_up = time.monotonic() + deadline_s
+    pause = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= give_up:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _mysql_setup(engine: Engine) -> None:
