@@ -190,6 +190,8 @@ class Sampler(threading.Thread):
         self.sim = sim
         self.db_url = db_url
         self.grants: list[tuple[float, int]] = []  # (t, requests granted so far)
+        # (t, tokens granted so far, token allowance, learned TPM, rate factor)
+        self.buckets: list[tuple[float, float, float, float | None, float]] = []
         self.period = period
         self.samples: list[tuple[float, dict[str, Any]]] = []
         self._halt = threading.Event()
@@ -205,13 +207,18 @@ class Sampler(threading.Thread):
                 store.close()
 
     def _run(self, store: Store | None) -> None:
-        q = text("SELECT COALESCE(SUM(granted_requests), 0) FROM rate_limit "
-                 "WHERE kind = 'endpoint'")
+        q = text("SELECT COALESCE(SUM(granted_requests), 0), COALESCE(SUM(granted_tokens), 0), "
+                 "COALESCE(SUM(tok_allowance), 0), MIN(learned_tpm), MIN(rate_factor) "
+                 "FROM rate_limit WHERE kind = 'endpoint'")
         while not self._halt.is_set():
             if store is not None:
                 with contextlib.suppress(Exception), store.engine.connect() as c:
-                    self.grants.append((time.monotonic() - self.t0,
-                                        int(c.execute(q).scalar_one())))
+                    row = c.execute(q).one()
+                    now = time.monotonic() - self.t0
+                    self.grants.append((now, int(row[0])))
+                    self.buckets.append((now, float(row[1]), float(row[2]),
+                                         None if row[3] is None else float(row[3]),
+                                         float(row[4] or 1.0)))
             t = time.monotonic()
             with contextlib.suppress(Exception):  # the simulator may be busy: skip one
                 self.samples.append((t - self.t0, self.sim.stats()))

@@ -117,6 +117,7 @@ def one_run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                        for t, n in g), default=None)
     if a.keep:
         (tmp / "samples.json").write_bytes(orjson.dumps(sampler.samples))
+        (tmp / "buckets.json").write_bytes(orjson.dumps(sampler.buckets))
     u = utilisation(sampler.samples, per_window_req / a.window,
                     per_window_tok / a.window if per_window_tok else None)
     limited = stats["by_outcome"].get("rate_limited", 0)
@@ -134,6 +135,7 @@ def one_run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "tokens_per_task": round(tok, 1), "exit_codes": codes,
             "elapsed_s": round(elapsed, 1), "requests": stats["requests"],
             "rate_limited": limited, "share_429": limited / max(1, stats["requests"]),
+            "limited_by": stats.get("limited_by", {}),
             "successes": stats["successes"], **u}
 
 
@@ -168,7 +170,8 @@ def main() -> None:
         print(f"run {run + 1}: achieved {r['achieved']:.1%} of the binding limit over "
               f"{r['steady_s']}s (requests {r['req_share']:.1%}, tokens {r['tok_share']:.1%}; "
               f"max 1-s step {r.get('max_step', 0):.1%}); 429s {r['rate_limited']} of "
-              f"{r['requests']} ({r['share_429']:.2%}); elapsed {r['elapsed_s']}s; "
+              f"{r['requests']} ({r['share_429']:.2%}, by {r['limited_by']}); "
+              f"elapsed {r['elapsed_s']}s; "
               f"requests bind {r['req_bound_s']}s, tokens {r['tok_bound_s']}s; "
               f"exit codes {r['exit_codes']}; tokens/task {r['tokens_per_task']}; "
               f"429s at (s, n) {r['when_429'][:12]}; most granted in a window "

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import signal
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,8 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         cfg = write_config(tmp / "ra.toml", [{"name": "sim", "base_url": proxy.url,
                                               "rpm": 60_000}])
         w = Workers()
-        w.start(a.workers, url, cfg, concurrency=64, log_dir=tmp)
+        w.start(a.workers, url, cfg, concurrency=64, log_dir=tmp,
+                extra=["--log-level", "INFO"])  # the pauses each worker learned, and when
         wait_until(lambda: len(proxy.log) > 200, 120, 0.1)
         sim.configure(rate_429=1.0, retry_after_ms=a.retry_ms)
         t_on = time.monotonic()
@@ -110,14 +113,51 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if others:
             other += 1
             lag.append(x["t"] - min(others))
+    # When did each worker know of a pause (its own 429 or the shared row)? From its
+    # log, on the wall clock (1 ms resolution), moved onto the proxy's monotonic one.
+    known = learned_pauses(tmp, time.time() - time.monotonic())
+    after_known = 0
+    for x in log:
+        # A call the worker sent just before it learned may reach the proxy a moment
+        # later: 2 ms of tolerance.
+        if any(t + 0.002 <= x["t"] < until for t, until, _shared in known.get(x["who"], [])):
+            after_known += 1
+    first_429 = min((e["done"] for e in limited), default=None)
+    reach = [t - first_429 for pauses in known.values() for t, _u, shared in pauses
+             if shared and first_429 is not None and t >= first_429][:1000]
     c = counts(url)
     return {"exit_codes": codes, "calls": len(log), "answered_429": len(limited),
             "period_s": round(t_off - t_on, 1), "early_same_worker": same,
             "max_lag_same_s": round(max(own_lag), 3) if own_lag else 0.0,
             "early_other_workers": other,
             "max_lag_other_s": round(max(lag), 3) if lag else 0.0,
+            "calls_while_a_known_pause_ran": after_known,
+            "pause_reached_others_after_s": round(min(reach), 3) if reach else None,
+            "workers_that_learned_from_the_row": sum(
+                1 for pauses in known.values() if any(sh for _t, _u, sh in pauses)),
             "succeeded": c.get("SUCCEEDED", 0), "not_succeeded": sum(c.values()) -
             c.get("SUCCEEDED", 0)}
+
+
+_PAUSE_LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO lockgate\.flow: "
+                        r"worker (\S+): endpoint \S+ paused for (\d+) ms \(\w+\)"
+                        r"(, learned from the shared row)?")
+
+
+def learned_pauses(log_dir: Path, wall_minus_mono: float
+                   ) -> dict[str, list[tuple[float, float, bool]]]:
+    """Per worker id: (learned at, paused until, from the shared row) on the monotonic
+    clock, read off the workers' INFO logs."""
+    out: dict[str, list[tuple[float, float, bool]]] = {}
+    for path in sorted(log_dir.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            m = _PAUSE_LOG.match(line)
+            if not m:
+                continue
+            wall = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            t = wall - wall_minus_mono
+            out.setdefault(m[2], []).append((t, t + int(m[3]) / 1000.0, m[4] is not None))
+    return out
 
 
 # -- latency spike -----------------------------------------------------------------------

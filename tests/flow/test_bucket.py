@@ -23,10 +23,21 @@ def test_a_new_bucket_holds_only_its_small_cap() -> None:
 
 def test_refill_follows_elapsed_time_and_stops_at_the_cap() -> None:
     b = Bucket(0.0, 0.0, refilled_at=0)
-    half = b.refilled(L60, 100)  # 100 ms of 588 req/min
-    assert half.requests == pytest.approx(0.98)
+    half = b.refilled(L60, 100)  # 100 ms of 582 req/min: 600 less 2% and the cap's 6
+    assert half.requests == pytest.approx(0.97)
     assert b.refilled(L60, 3_600_000).requests == pytest.approx(L60.cap(600))
     assert b.refilled(L60, -5).requests == 0.0  # a clock going back refills nothing
+
+
+def test_a_provider_limit_sets_the_cap_aside_and_a_pace_does_not() -> None:
+    """Grants in any window stay under limit * (1 - headroom) with the cap included;
+    a window batch's pace (no provider window to overrun) refills at its full rate."""
+    for window in (60_000, 10_000, 1_000):
+        lim = Limits(1000, None, window, headroom=0.02, burst=0.01, min_cap_ms=200)
+        assert lim.cap(1000) + lim.rate(1000) * window == pytest.approx(980, abs=1e-6)
+    pace = Limits(50, None, 1000, headroom=0.0, burst=0.25, min_cap_ms=200, sliding=False)
+    assert pace.rate(50) == pytest.approx(0.05)
+    assert pace.cap(50) == pytest.approx(12.5)
 
 
 def test_requests_and_tokens_are_granted_each_within_its_allowance() -> None:
@@ -114,13 +125,18 @@ def _max_in_window(times: list[int], window: int) -> int:
     return max((bisect_left(times, t + window) - i for i, t in enumerate(times)), default=0)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_many_workers_never_get_more_than_the_limit_in_any_window(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "window", "use"),
+                         [(1, 20_000, 0.95), (2, 20_000, 0.95), (3, 20_000, 0.95),
+                          (4, 5_000, 0.93), (5, 5_000, 0.93)])
+def test_many_workers_never_get_more_than_the_limit_in_any_window(seed: int, window: int,
+                                                                  use: float) -> None:
     """Eight workers lease every ~100 ms (with jitter) for what waits plus one interval,
     and spend it at once or within the interval; the provider counts sends in a sliding
-    window. Checked over five windows, starting together at t=0 (no burst at start)."""
+    window. Checked over five windows, starting together at t=0 (no burst at start).
+    The cap is set aside inside the window, so a short window (where two lease
+    intervals of refill are 4% of it) holds too, at a lower rate."""
     rng = random.Random(seed)
-    window, limit = 20_000, 2000
+    limit = 2000
     lim = Limits(limit, None, window, headroom=0.02, burst=0.01, min_cap_ms=200)
     b = initial(lim, 0)
     events = sorted((rng.randint(0, 100), w) for w in range(8))
@@ -136,8 +152,8 @@ def test_many_workers_never_get_more_than_the_limit_in_any_window(seed: int) -> 
             sends.append(t + rng.randint(0, 100))  # held at most one interval
         next_tick[w] = t + rng.randint(60, 140)
     assert _max_in_window(sends, window) <= limit
-    # ... and the limit is used: at least 95% of it over the run.
-    assert len(sends) >= 0.95 * limit * horizon / window
+    # ... and the limit is used: at least 95% of it over the run (93% in 5 s windows).
+    assert len(sends) >= use * limit * horizon / window
 
 
 def test_a_429_lowers_the_shared_rate_once_per_burst_and_it_recovers() -> None:

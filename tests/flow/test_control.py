@@ -48,7 +48,7 @@ class FakeFlowStore:
                 continue
             spec, b, why = self.rows[r.name]
             lim = Limits(effective(spec.rpm, None), effective(spec.tpm, None),
-                         spec.window_ms, r.headroom, r.burst, r.min_cap_ms)
+                         spec.window_ms, r.headroom, r.burst, r.min_cap_ms, r.sliding)
             b2, g = lease(b, lim, self.now(), r.ask)
             if r.ask.pause_ms:
                 why = r.pause_reason
@@ -268,3 +268,102 @@ def test_stopping_cancels_calls_still_waiting() -> None:
 def test_routing_refuses_unknown_policies_at_config_time() -> None:
     with pytest.raises(ValueError):
         Endpoint(name="a", base_url="x", concurrency_policy="vegas")  # type: ignore[arg-type]
+
+
+class Clocked:
+    """A provider that notes which endpoint was called, and when."""
+
+    def __init__(self, name: str, calls: list[tuple[str, float]]) -> None:
+        self.name = name
+        self.calls = calls
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.calls.append((self.name, time.monotonic()))
+        return Completion("{}", 200, "m", 40, 5)
+
+    async def close(self) -> None:
+        pass
+
+
+def _pause_after_passage(endpoints: list[dict[str, Any]], pause_ms: int
+                         ) -> tuple[list[tuple[str, float]], float, str | None]:
+    """One call gets passage; before it is sent, another call's 429 names ``pause_ms``
+    (longer than the short hold, ``fallback_after_s`` = 0.1 s)."""
+    calls: list[tuple[str, float]] = []
+
+    async def main() -> tuple[float, str | None]:
+        settings = Settings.model_validate({"endpoint": endpoints,
+                                            "flow": {"fallback_after_s": 0.1}})
+        fc = FlowControl(FakeStore(), settings, "w1", db=db,  # type: ignore[arg-type]
+                         provider=lambda e: Clocked(e.name, calls),
+                         flow_store=FakeFlowStore())  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        other = await fc.acquire(claimed(1), CONFIG, primary)
+        t0 = 0.0
+
+        async def fn(e: Endpoint, provider: Any) -> AttemptResult:
+            nonlocal t0
+            if t0 == 0.0:  # the first time through: the other call's 429 arrives now
+                err = ProviderError(ErrorClass.RATE_LIMITED, "429", http_status=429,
+                                    retry_after_ms=pause_ms)
+                fc.release(other, result(primary.name, ErrorClass.RATE_LIMITED,
+                                         retry_after_ms=pause_ms), err)
+                t0 = time.monotonic()
+            req = CompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
+                                    params={}, timeout_s=5)
+            comp = await provider.complete(req)
+            return AttemptResult(None, comp, None, None, None, None, 1.0, 200, e.name, "m")
+
+        _res, routed_from = await asyncio.wait_for(fc.call(claimed(2), CONFIG, primary, fn),
+                                                   10)
+        stop.set()
+        await loop
+        return t0, routed_from
+
+    t0, routed_from = asyncio.run(main())
+    return calls, t0, routed_from
+
+
+def test_a_call_never_goes_out_during_a_pause_that_began_after_its_passage() -> None:
+    calls, t0, routed_from = _pause_after_passage([ep("a")], 600)
+    assert [name for name, _t in calls] == ["a"] and routed_from is None
+    assert calls[0][1] - t0 >= 0.59, "the call was sent before the time the 429 named"
+
+
+def test_a_long_pause_after_passage_sends_the_call_to_the_fallback_instead() -> None:
+    calls, t0, routed_from = _pause_after_passage([ep("a", fallback="b"), ep("b")], 5000)
+    assert [name for name, _t in calls] == ["b"], "the paused primary was called"
+    assert routed_from == "a" and calls[0][1] - t0 < 1.0
+
+
+def test_a_cold_task_type_sends_a_few_calls_until_an_answer_teaches_its_estimate() -> None:
+    """The first estimate is a dear guess: reserving it for every call in flight and
+    refunding it moments later would hand the shared bucket a burst. Until the first
+    answer, at most COLD_CALLS calls of the type go; then the rest, at the taught size."""
+    from lockgate.flow.control import COLD_CALLS
+
+    async def main() -> tuple[int, int, float, float]:
+        fc, _ = controller([ep("a", rpm=600_000, tpm=6_000_000)], lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        pending = [asyncio.create_task(fc.acquire(claimed(i), CONFIG, primary))
+                   for i in range(20)]
+        await asyncio.sleep(0.3)
+        first = [p for p in pending if p.done()]
+        cold_estimate = first[0].result().tokens
+        fc.release(first[0].result(), result("a", tokens=(40, 5)), None)
+        await asyncio.wait_for(asyncio.gather(*pending), 5)
+        warm = pending[-1].result().tokens
+        for p in pending[1:]:
+            fc.release(p.result(), result("a", tokens=(40, 5)), None)
+        stop.set()
+        await loop
+        return len(first), sum(1 for p in pending if p.done()), cold_estimate, warm
+
+    n_cold, n_all, cold_estimate, warm = asyncio.run(main())
+    assert n_cold == COLD_CALLS
+    assert n_all == 20
+    assert warm < cold_estimate / 3, "the later calls did not reserve the taught estimate"

@@ -7,13 +7,12 @@ back under the row's version.
 
 Why a bucket can promise "never over the limit" to a provider that counts in a sliding
 window of ``W`` ms: a bucket that refills at rate ``r`` and holds at most ``cap`` grants
-at most ``cap + r * T`` in any period ``T``. With ``r = L * (1 - headroom) / W`` and
-``cap = max(L * burst, r * min_cap_ms)`` the grants inside any window stay below ``L``
-as long as ``cap / L + headroom`` also covers the budget workers hold between the grant
-and the call (they ask for the calls waiting plus one lease interval of their rate).
-``min_cap_ms`` is two lease intervals, so refills between leases are never lost; with
-the defaults the bound holds for windows of about 20 s and more, and shorter windows
-need a larger headroom (docs/flow.md).
+at most ``cap + r * T`` in any period ``T``. The cap is ``max(L * burst, r * min_cap_ms)``
+(``min_cap_ms`` is two lease intervals, so refills between leases are never lost), and
+the rate is what remains of ``L * (1 - headroom)`` once the cap is set aside, so the
+grants inside any window stay below ``L * (1 - headroom)`` for any window length. The
+headroom is left for what the bucket cannot see: budget workers hold between the grant
+and the call, calls sent late and bunched, refunds of estimates that were too dear.
 Allowance may go negative: a request larger than the cap (or a settlement that charges
 more than was reserved) is paid back by later refills, so the long-run rate holds.
 """
@@ -37,16 +36,31 @@ class Limits:
     headroom: float = 0.02
     burst: float = 0.01
     min_cap_ms: float = 0.0
+    #: The limit is a provider's, counted in a sliding window: the cap is set aside
+    #: inside the window. False for a pace (a window batch's target rate), which is
+    #: met on average and has no window to overrun.
+    sliding: bool = True
 
     @property
     def limited(self) -> bool:
         return self.requests is not None or self.tokens is not None
 
     def rate(self, limit: float | None) -> float:
-        """Refill per ms for a limit (0 for unlimited)."""
+        """Refill per ms for a limit (0 for unlimited): what is left of the window's
+        ``limit * (1 - headroom)`` once the cap is set aside, so ``cap + rate * W``
+        never exceeds it and the headroom stays free for what the bucket cannot see."""
         if limit is None:
             return 0.0
-        return limit * (1.0 - self.headroom) / self.window_ms
+        budget = limit * (1.0 - self.headroom)
+        if not self.sliding:
+            return budget / self.window_ms
+        # cap = max(1, limit * burst, rate * min_cap_ms): the smaller of the two rates
+        # below satisfies cap + rate * W <= budget whichever term the cap takes.
+        r = min(budget / (self.window_ms + self.min_cap_ms),
+                (budget - max(1.0, limit * self.burst)) / self.window_ms)
+        # A limit of about one call per window leaves nothing after the cap: pace at
+        # half the budget then (the bound cannot hold below one whole request).
+        return max(r, budget / self.window_ms / 2)
 
     def cap(self, limit: float | None) -> float:
         """Most a bucket can hold: a small share of the window, but at least what refills

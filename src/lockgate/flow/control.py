@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -50,30 +51,47 @@ _ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
 _THROTTLED = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.QUOTA_EXHAUSTED})
 _NEVER_SENT = frozenset({ErrorClass.RENDER_ERROR})
 _PACER_BURST = 0.25  # a window's pacing bucket holds 250 ms of its pace
+#: Calls of a task type a worker sends before its first answer has taught the token
+#: estimate (per endpoint). The untaught estimate is deliberately dear; reserving it
+#: for every call in flight and refunding it later would hand a burst back to the
+#: shared bucket (the provider's window still holds what those calls really cost).
+COLD_CALLS = 4
+
+
+class _Reroute(Exception):
+    """Raised by :class:`_Recorder` instead of sending: a long pause began after the
+    call got passage and a fallback can take it (never leaves :meth:`FlowControl.call`)."""
 
 
 class _Recorder:
     """Wraps a provider for one call: keeps the error's rate-limit headers (which the
-    attempt result does not carry), and holds the request back if a short pause began
-    between the passage and the send (another call's 429 arrived while this one was
-    being rendered)."""
+    attempt result does not carry), and never sends during a pause that began between
+    the passage and the send (another call's 429 arrived while this one was being
+    rendered): it waits the pause out, or, when the pause is long and a fallback is
+    usable, hands the call back to be routed again."""
 
-    __slots__ = ("error", "hold_max", "inner", "name", "state")
+    __slots__ = ("error", "fallback_ready", "hold_max", "inner", "name", "rerouted", "state")
 
-    def __init__(self, inner: Provider, state: _Endpoint, hold_max: float) -> None:
+    def __init__(self, inner: Provider, state: _Endpoint, hold_max: float,
+                 fallback_ready: Callable[[], bool]) -> None:
         self.inner = inner
         self.name = inner.name
         self.state = state
         self.hold_max = hold_max
+        self.fallback_ready = fallback_ready
         self.error: ProviderError | None = None
+        self.rerouted = False
 
     async def complete(self, request: CompletionRequest) -> Completion:
         st = self.state
         while True:
             left = st.paused_until - time.monotonic()
-            if left <= 0 or left > self.hold_max or st.pause_reason == "quota":
+            if left <= 0:
                 break
-            await asyncio.sleep(left)
+            if (left > self.hold_max or st.pause_reason == "quota") and self.fallback_ready():
+                self.rerouted = True
+                raise _Reroute
+            await asyncio.sleep(min(left, 0.5))  # re-check: a fallback may come back
         try:
             return await self.inner.complete(request)
         except ProviderError as exc:
@@ -101,6 +119,16 @@ class Ticket:
     batch_id: str
     model: TokenModel | None
     input_chars: int
+    cold: _Cold | None = None
+
+
+@dataclass(slots=True)
+class _Cold:
+    """The calls of one task type on one endpoint before any answer taught its token
+    estimate: at most :data:`COLD_CALLS` in flight; the rest wait for ``wake``."""
+
+    in_flight: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Endpoint:
@@ -228,6 +256,7 @@ class FlowControl:
         self._provider = provider
         self._states: dict[str, _Endpoint] = {}
         self._models: dict[tuple[str, str], TokenModel] = {}
+        self._cold: dict[tuple[str, str], _Cold] = {}
         self._lanes: dict[tuple[str, str], _LaneState] = {}
         self._lane_tokens: dict[str, float] = {}
         self._failure_rates: dict[str, float] = {}
@@ -296,28 +325,61 @@ class FlowControl:
             now = time.monotonic()
             st, routed_from = self._route(primary, now)
             model = self._model(st, config, task.config_hash) if st.tok_limited else None
+            cold: _Cold | None = None
+            if model is not None and model.samples == 0:
+                cold = self._cold.setdefault((st.name, task.config_hash), _Cold())
+                if cold.in_flight >= COLD_CALLS:
+                    self.waiting += 1
+                    try:
+                        await cold.wake.wait()
+                    finally:
+                        self.waiting -= 1
+                    continue
             tokens = model.estimate(input_chars) if model is not None else 0.0
             if not st.waiters and self._can_go(st, tokens, now):
                 probe = self._pass(st, tokens, now)
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars)
+                              input_chars, self._cold_pass(cold))
             loop = asyncio.get_running_loop()
             w = _Waiter(loop.create_future(), tokens)
             st.waiters.append(w)
             st.waiting_tokens += tokens
             self.waiting += 1
             self._need(st, now)
+            if cold is not None:
+                cold.in_flight += 1  # held while it waits for budget, so others wait too
             try:
                 go = await w.fut
             except asyncio.CancelledError:
                 if w.fut.done() and not w.fut.cancelled() and w.fut.result():
                     self._undo(st, tokens)
+                self._cold_done(cold, None)
                 raise
             if go:
                 probe = st.breaker.state is BreakerState.HALF_OPEN
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars)
+                              input_chars, cold)
+            self._cold_done(cold, None)
             # rerouted: the endpoint became unusable while we waited; route again
+
+    @staticmethod
+    def _cold_pass(cold: _Cold | None) -> _Cold | None:
+        if cold is not None:
+            cold.in_flight += 1
+        return cold
+
+    def _cold_done(self, cold: _Cold | None, model: TokenModel | None) -> None:
+        """A call of a cold task type ended: once an answer taught the estimate, every
+        waiting call goes on (with a taught estimate); else the next one may try."""
+        if cold is None:
+            return
+        cold.in_flight -= 1
+        if model is not None and model.samples > 0:
+            for key, c in list(self._cold.items()):
+                if c is cold:
+                    del self._cold[key]
+        cold.wake.set()
+        cold.wake = asyncio.Event()
 
     def _can_go(self, st: _Endpoint, tokens: float, now: float) -> bool:
         return (not st.paused(now) and st.in_flight < st.adaptive.slots
@@ -343,6 +405,9 @@ class FlowControl:
         if st.waiters and st.limited and not st.has_budget(st.waiters[0].tokens) \
                 and not st.paused(now) and not self._starved:
             self._wake.set()
+
+    def _fallback_ready(self, st: _Endpoint) -> bool:
+        return self._fallback_usable(st, time.monotonic())
 
     def _fallback_usable(self, st: _Endpoint, now: float) -> bool:
         ep = st.ep
@@ -443,6 +508,7 @@ class FlowControl:
         elif ticket.probe and st.breaker.state is BreakerState.HALF_OPEN:
             st.breaker.probes_in_flight = max(0, st.breaker.probes_in_flight - 1)
         self._settle(ticket, res, completion, throttled or ec in _NEVER_SENT)
+        self._cold_done(ticket.cold, ticket.model)
         self._learn(st, ec, completion, error, res.retry_after_ms, now)
         self._dispatch(st)
 
@@ -502,6 +568,9 @@ class FlowControl:
     def _pause(self, st: _Endpoint, ms: int, reason: str, now: float) -> None:
         until = now + ms / 1000.0
         if until > st.paused_until:
+            if st.paused_until <= now:
+                log.info("worker %s: endpoint %s paused for %d ms (%s)", self.worker_id,
+                         st.name, ms, reason)
             st.paused_until = until
             st.pause_reason = reason
         if ms > st.publish_pause_ms:
@@ -521,19 +590,30 @@ class FlowControl:
                    fn: CallFn) -> tuple[Any, str | None]:
         """Acquire, call ``fn`` on the chosen endpoint, release; returns the attempt
         result and the primary's name when a fallback answered."""
-        ticket = await self.acquire(task, config, primary)
-        rec = _Recorder(self._provider(ticket.state.ep), ticket.state,
-                        self.cfg.fallback_after_s)
-        res: Any = None
-        try:
-            res = await fn(ticket.state.ep, rec)
-        finally:
-            if res is None:  # cancelled or crashed mid-call: budget counts as spent
-                ticket.state.in_flight -= 1
-                self._dispatch(ticket.state)
-            else:
-                self.release(ticket, res, rec.error)
-        return res, ticket.routed_from
+        while True:
+            ticket = await self.acquire(task, config, primary)
+            st = ticket.state
+            rec = _Recorder(self._provider(st.ep), st, self.cfg.fallback_after_s,
+                            functools.partial(self._fallback_ready, st))
+            res: Any = None
+            try:
+                res = await fn(st.ep, rec)
+            except _Reroute:
+                pass
+            finally:
+                if rec.rerouted:  # never sent: the budget goes back, the call is routed anew
+                    self._cold_done(ticket.cold, None)
+                    if ticket.probe and st.breaker.state is BreakerState.HALF_OPEN:
+                        st.breaker.probes_in_flight = max(0, st.breaker.probes_in_flight - 1)
+                    self._undo(st, ticket.tokens)
+                elif res is None:  # cancelled or crashed mid-call: budget counts as spent
+                    st.in_flight -= 1
+                    self._cold_done(ticket.cold, None)
+                    self._dispatch(st)
+                else:
+                    self.release(ticket, res, rec.error)
+            if not rec.rerouted:
+                return res, ticket.routed_from
 
     # -- claims ----------------------------------------------------------------------
 
@@ -714,7 +794,7 @@ class FlowControl:
             if rate > 0 and not math.isinf(rate):
                 want = max(0, math.ceil(max(1.0, rate * interval * 2) - ls.pace_budget))
             reqs.append(LeaseRequest(window_bucket(key[1]), Ask(requests=want), 0.0,
-                                     _PACER_BURST, self._min_cap_ms))
+                                     _PACER_BURST, self._min_cap_ms, sliding=False))
         return reqs
 
     def _mean_estimate(self, st: _Endpoint) -> float:
@@ -773,7 +853,11 @@ class FlowControl:
             st.rpm, st.tpm, st.factor = res.rpm, res.tpm, res.factor
             if res.grant.paused_ms:
                 until = mono + res.grant.paused_ms / 1000.0
-                if until > st.paused_until:
+                if until > st.paused_until + 0.001:
+                    if st.paused_until <= mono:  # a new pause, not one this worker knew
+                        log.info("worker %s: endpoint %s paused for %d ms (%s), learned "
+                                 "from the shared row", self.worker_id, name,
+                                 res.grant.paused_ms, res.pause_reason)
                     st.paused_until = until
                     st.pause_reason = res.pause_reason
             ask = by_name[name].ask

@@ -280,6 +280,7 @@ class Simulator:
             if injected:
                 message = "Rate limit reached (simulated). Please try again later."
             else:
+                self.stats.limited_by[limited_by] += 1
                 limit = cfg.rpm if limited_by == "requests" else cfg.tpm
                 message = (f"Rate limit reached for {limited_by} per {cfg.window_s:g}s: "
                            f"limit {limit}. Please try again in {ms}ms.")

@@ -61,6 +61,7 @@ class Stats:
         self.successes = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.limited_by: Counter[str] = Counter()  # 429s of the limiter: requests/tokens
 
     def begin(self, api_key: str, model: str, idempotency_key: str | None) -> None:
         """Count an incoming chat-completion request."""
@@ -108,6 +109,7 @@ class Stats:
             "hanging": self.hanging,
             "by_status": dict(self.by_status),
             "by_outcome": dict(self.by_outcome),
+            "limited_by": dict(self.limited_by),
             "by_key": dict(by_key),
             "by_model": dict(self.by_model),
             "idempotency_keys": len(self.key_counts),

@@ -57,6 +57,7 @@ class LeaseRequest:
     pause_reason: str | None = None
     learned_rpm: float | None = None
     learned_tpm: float | None = None
+    sliding: bool = True  # a provider's limit (see :class:`~lockgate.flow.bucket.Limits`)
 
 
 def _recent_floor(conn: Connection) -> int | None:
@@ -186,7 +187,7 @@ class FlowStore:
             l_tpm = req.learned_tpm if (req.learned_tpm and (tpm is None or
                                                             req.learned_tpm < tpm)) else None
         limits = Limits(effective(rpm, l_rpm), effective(tpm, l_tpm), int(window_ms),
-                        req.headroom, req.burst, req.min_cap_ms)
+                        req.headroom, req.burst, req.min_cap_ms, req.sliding)
         before = Bucket(float(req_allow), float(tok_allow), int(refilled), int(paused_until),
                         float(factor), int(cut_at))
         after, grant = lease(before, limits, now, req.ask)
