@@ -116,12 +116,15 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     # When did each worker know of a pause (its own 429 or the shared row)? From its
     # log, on the wall clock (1 ms resolution), moved onto the proxy's monotonic one.
     known = learned_pauses(tmp, time.time() - time.monotonic())
-    after_known = 0
+    after_known: list[float] = []
     for x in log:
-        # A call the worker sent just before it learned may reach the proxy a moment
-        # later: 2 ms of tolerance.
-        if any(t + 0.002 <= x["t"] < until for t, until, _shared in known.get(x["who"], [])):
-            after_known += 1
+        # How long after its worker knew of a running pause did a call reach the proxy?
+        # (A call handed to the HTTP client just before the worker learned arrives a
+        # moment later; the log's clock has 1 ms steps.)
+        gaps = [x["t"] - t for t, until, _shared in known.get(x["who"], [])
+                if t <= x["t"] < until]
+        if gaps:
+            after_known.append(max(gaps))
     first_429 = min((e["done"] for e in limited), default=None)
     reach = [t - first_429 for pauses in known.values() for t, _u, shared in pauses
              if shared and first_429 is not None and t >= first_429][:1000]
@@ -131,7 +134,9 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "max_lag_same_s": round(max(own_lag), 3) if own_lag else 0.0,
             "early_other_workers": other,
             "max_lag_other_s": round(max(lag), 3) if lag else 0.0,
-            "calls_while_a_known_pause_ran": after_known,
+            "calls_while_a_known_pause_ran": len(after_known),
+            "of_them_over_5_ms_after": sum(1 for g in after_known if g > 0.005),
+            "max_after_known_s": round(max(after_known), 4) if after_known else None,
             "pause_reached_others_after_s": round(min(reach), 3) if reach else None,
             "workers_that_learned_from_the_row": sum(
                 1 for pauses in known.values() if any(sh for _t, _u, sh in pauses)),
