@@ -48,6 +48,12 @@ def _finish_values(f: Finish) -> tuple[Any, ...]:
             f.error_message, f.delay_ms, 1 if f.release_attempt else 0)
 
 
+def _driver_cursor(conn: Connection) -> Any:
+    """The DB-API cursor under a SQLAlchemy connection, for the hot path's fixed SQL:
+    no compilation, no result wrapping (the transaction stays SQLAlchemy's)."""
+    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+
+
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
     return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
                         input_data=r[4], attempt=r[5], lease_token=r[6]) for r in rows]
@@ -82,6 +88,36 @@ class Dialect:
         """Suffix that row-locks a SELECT inside a transaction ('' where not needed)."""
         return " FOR UPDATE"
 
+    #: The driver's positional parameter marker.
+    placeholder = "%s"
+
+    def owned(self, conn: Connection, ids: Sequence[int]) -> set[tuple[int, str]]:
+        """(id, lease token) of the tasks among ``ids`` still PENDING, row-locked until
+        the transaction ends (the write-back that follows changes exactly these)."""
+        out: set[tuple[int, str]] = set()
+        cur = _driver_cursor(conn)
+        try:
+            for i in range(0, len(ids), 900):
+                part = ids[i:i + 900]
+                cur.execute("SELECT id, lease_token FROM task WHERE status = 'PENDING' AND "
+                            f"id IN ({', '.join([self.placeholder] * len(part))})"
+                            + self.lock_for_update(), tuple(part))
+                out.update((int(r[0]), str(r[1])) for r in cur.fetchall())
+        finally:
+            cur.close()
+        return out
+
+    def insert_attempts(self, conn: Connection, attempts: Sequence[dict[str, Any]]) -> None:
+        """Insert trace rows; columns absent from every row keep their defaults."""
+        cols = sorted(set().union(*attempts))
+        sql = (f"INSERT INTO task_attempt ({', '.join(cols)}) VALUES "
+               f"({', '.join([self.placeholder] * len(cols))})")
+        cur = _driver_cursor(conn)
+        try:
+            cur.executemany(sql, [tuple(a.get(c) for c in cols) for a in attempts])
+        finally:
+            cur.close()
+
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
         """Serialise schema migrations across processes: held from before the
@@ -112,21 +148,26 @@ class SQLiteDialect(Dialect):
 
     name = "sqlite"
     now = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    placeholder = "?"
 
     def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
               worker_id: str) -> list[ClaimedTask]:
         sql = self._claim_update_sql(
             f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
             f" ORDER BY visible_at LIMIT :lim)") + f" RETURNING {_CLAIM_COLS}"
-        rows = conn.execute(text(sql), {"tok": token, "worker": worker_id,
-                                        "lease_ms": lease_ms, "lim": limit}).all()
-        return _claimed(rows)
+        cur = _driver_cursor(conn)  # sqlite3 takes the :name parameters as they are
+        try:
+            cur.execute(sql, {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
+                              "lim": limit})
+            return _claimed(cur.fetchall())
+        finally:
+            cur.close()
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
         sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} FROM (SELECT "
                + ", ".join(f"? AS {c}" for c in _FINISH_COLS)
                + f") AS v WHERE {_FINISH_FENCE}")
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur = _driver_cursor(conn)
         try:
             cur.executemany(sql, [_finish_values(f) for f in rows])
             return int(cur.rowcount)

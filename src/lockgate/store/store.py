@@ -226,7 +226,7 @@ class Store:
         ordered = sorted(rows, key=lambda f: f.id)  # one lock order: fewer deadlocks
 
         def work(conn: Connection) -> FinishReport:
-            held = self._owned(conn, ordered)
+            held = self.dialect.owned(conn, [f.id for f in ordered])
             mine = [f for f in ordered if (f.id, f.lease_token) in held]
             if mine:
                 n = self.dialect.finish(conn, mine)
@@ -247,11 +247,9 @@ class Store:
                         a["outcome"] = "discarded"
                     attempts.append(a)
             if attempts:
-                # One key set for the executemany: short attempt rows (released, dead)
-                # must not make SQLAlchemy drop the columns of full traces, or fail.
-                keys = set().union(*attempts)
-                conn.execute(schema.task_attempt.insert(),
-                             [{k: a.get(k) for k in keys} for a in attempts])
+                # One column set for all: short attempt rows (released, dead) sit
+                # beside full traces.
+                self.dialect.insert_attempts(conn, attempts)
             return FinishReport(sorted(f.id for f in mine),
                                 [f.id for f in ordered
                                  if (f.id, f.lease_token) not in applied],
@@ -262,12 +260,6 @@ class Store:
             log.warning("discarded %d write-back(s) whose lease was lost: task pk %s",
                         len(report.discarded), report.discarded[:10])
         return report
-
-    def _owned(self, conn: Connection, rows: Sequence[Finish]) -> set[tuple[int, str]]:
-        sql = text(
-            "SELECT id, lease_token FROM task WHERE id IN :ids AND status = 'PENDING'"
-            + self.dialect.lock_for_update()).bindparams(bindparam("ids", expanding=True))
-        return {(r[0], r[1]) for r in conn.execute(sql, {"ids": [f.id for f in rows]})}
 
     def renew(self, held: dict[str, list[int]], *, lease_ms: int) -> int:
         """Push the lease of every task still held under these tokens forward."""
