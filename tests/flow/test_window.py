@@ -83,8 +83,9 @@ def test_projection_and_feasibility() -> None:
 
 
 def test_capacity_from_limits() -> None:
-    assert capacity_per_s(60_000, None, 60_000, 500) == pytest.approx(1000)
-    assert capacity_per_s(60_000, 300_000, 60_000, 500) == pytest.approx(10)
+    # The bucket's refill: the limit less its cap (1% of the window) per window.
+    assert capacity_per_s(60_000, None, 60_000, 500) == pytest.approx(990)
+    assert capacity_per_s(60_000, 300_000, 60_000, 500) == pytest.approx(9.9)
     assert capacity_per_s(None, None, 60_000, 500) is None
 
 

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from lockgate.flow.bucket import Limits
+
 #: Part of a window kept in reserve at its end, at most ``MAX_MARGIN_MS``.
 MARGIN = 0.03
 MAX_MARGIN_MS = 300_000
@@ -100,13 +102,17 @@ def project(window: Window, remaining: int, rate_per_s: float, now_ms: int,
 
 
 def capacity_per_s(rpm: float | None, tpm: float | None, window_ms: int,
-                   tokens_per_task: float, headroom: float = 0.0) -> float | None:
-    """Tasks/s an endpoint's limits allow for tasks of this size (None: unlimited)."""
+                   tokens_per_task: float, headroom: float = 0.0, burst: float = 0.01,
+                   min_cap_ms: float = 0.0) -> float | None:
+    """Tasks/s an endpoint's limits allow for tasks of this size (None: unlimited): the
+    rate its shared bucket refills at (:meth:`Limits.rate`), so a projection never
+    promises more than the bucket will grant."""
+    lim = Limits(rpm, tpm, window_ms, headroom, burst, min_cap_ms)
     caps = []
     if rpm is not None:
-        caps.append(rpm * (1 - headroom) * 1000.0 / window_ms)
+        caps.append(lim.rate(rpm) * 1000.0)
     if tpm is not None and tokens_per_task > 0:
-        caps.append(tpm * (1 - headroom) * 1000.0 / window_ms / tokens_per_task)
+        caps.append(lim.rate(tpm) * 1000.0 / tokens_per_task)
     return min(caps) if caps else None
 
 
