@@ -127,7 +127,7 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             after_known.append(max(gaps))
     first_429 = min((e["done"] for e in limited), default=None)
     reach = [t - first_429 for pauses in known.values() for t, _u, shared in pauses
-             if shared and first_429 is not None and t >= first_429][:1000]
+             if shared and first_429 is not None and t >= first_429]
     c = counts(url)
     return {"exit_codes": codes, "calls": len(log), "answered_429": len(limited),
             "period_s": round(t_off - t_on, 1), "early_same_worker": same,

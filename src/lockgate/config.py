@@ -150,6 +150,12 @@ class FlowSettings(_Strict):
     pace_every_s: float = Field(2.0, gt=0, description="window pace recomputation")
     report_s: float = Field(2.0, gt=0, description="worker row metrics period")
 
+    @property
+    def min_cap_ms(self) -> float:
+        """A shared bucket holds at least two lease intervals of refill, so refills
+        between two leases are never lost (:class:`lockgate.flow.bucket.Limits`)."""
+        return 2000.0 * self.lease_interval_s
+
 
 class GateSettings(_Strict):
     """The release gate's roles inside workers (``[gate]``), and how fast workers see a

@@ -127,6 +127,7 @@ class _Cold:
     """The calls of one task type on one endpoint before any answer taught its token
     estimate: at most :data:`COLD_CALLS` in flight; the rest wait for ``wake``."""
 
+    key: tuple[str, str]
     in_flight: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -268,7 +269,7 @@ class FlowControl:
         self._stopping = False
         self.waiting = 0
         self.stats = FlowStats()
-        self._min_cap_ms = 2000.0 * self.cfg.lease_interval_s
+        self._min_cap_ms = self.cfg.min_cap_ms
         self._period = self.cfg.lease_interval_s
 
     # -- per-call path (in memory) ------------------------------------------------------
@@ -327,7 +328,10 @@ class FlowControl:
             model = self._model(st, config, task.config_hash) if st.tok_limited else None
             cold: _Cold | None = None
             if model is not None and model.samples == 0:
-                cold = self._cold.setdefault((st.name, task.config_hash), _Cold())
+                key = (st.name, task.config_hash)
+                cold = self._cold.get(key)
+                if cold is None:
+                    cold = self._cold[key] = _Cold(key)
                 if cold.in_flight >= COLD_CALLS:
                     self.waiting += 1
                     try:
@@ -375,9 +379,7 @@ class FlowControl:
             return
         cold.in_flight -= 1
         if model is not None and model.samples > 0:
-            for key, c in list(self._cold.items()):
-                if c is cold:
-                    del self._cold[key]
+            self._cold.pop(cold.key, None)
         cold.wake.set()
         cold.wake = asyncio.Event()
 

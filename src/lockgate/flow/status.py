@@ -106,8 +106,8 @@ def windows(rows: Sequence[Mapping[str, Any]], eps: Sequence[Mapping[str, Any]],
         serving = [e for e in eps if e["pool"] in pools] or \
             [e for e in eps if e["pool"] is None]
         caps = [capacity_per_s(e["rpm"], e["tpm"], int(e["window_s"] * 1000), tokens,
-                               headroom, settings.flow.burst,
-                               2000.0 * settings.flow.lease_interval_s) for e in serving]
+                               headroom, settings.flow.burst, settings.flow.min_cap_ms)
+                for e in serving]
         capacity = None if (not caps or any(c is None for c in caps)) else \
             sum(c for c in caps if c is not None)
         p = project(w, remaining, rate, now, capacity)

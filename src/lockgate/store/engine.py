@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -89,9 +91,6 @@ def _sqlite_wal(cur: Any, *, deadline_s: float = 60.0) -> None:
     SQLite answers "database is locked" at once, without waiting on busy_timeout,
     while another connection opens the same fresh file; so retry for as long as a
     writer would wait. A file that is already WAL needs no lock at all."""
-    import sqlite3
-    import time
-
     if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
         return
     give_up = time.monotonic() + deadline_s

@@ -337,6 +337,15 @@ class FlowStore:
                               m[4] if m else None, m[5] if m else None))
         return lanes, now
 
+    def _recent(self, sql: str, **params: Any) -> Sequence[Any]:
+        """Rows of ``sql`` over the recent attempts (``:low`` bound to the floor below
+        which attempts are not recent); none when there are no attempts at all."""
+        with self.store.engine.connect() as conn:
+            low = _recent_floor(conn)
+            if low is None:
+                return []
+            return conn.execute(text(sql), {"low": low, **params}).all()
+
     def failure_rates(self, *, since_ms: int) -> dict[str, float]:
         """Failure rate per batch, from the recent attempts of its task types.
 
@@ -346,17 +355,13 @@ class FlowStore:
         primary key, so the query stays cheap however long the history). A batch gets
         the rates of its task types, weighted by its attempts of each.
         """
-        with self.store.engine.connect() as conn:
-            low = _recent_floor(conn)
-            if low is None:
-                return {}
-            rows = conn.execute(text(
-                "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
-                "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
-                "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
-                f"{self.now} - :since AND a.outcome <> 'discarded' "
-                "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash"),
-                {"low": low, "since": since_ms}).all()
+        rows = self._recent(
+            "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
+            "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
+            "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
+            f"{self.now} - :since AND a.outcome <> 'discarded' "
+            "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash",
+            since=since_ms)
         per_cfg: dict[str, list[int]] = {}
         for _b, cfg, n, bad in rows:
             acc = per_cfg.setdefault(cfg, [0, 0])
@@ -373,14 +378,10 @@ class FlowStore:
     def usage(self) -> dict[str, tuple[int, float, float]]:
         """Per endpoint over its newest answered calls (at most :data:`RECENT_ATTEMPTS`
         overall): (calls, mean input tokens, mean output tokens)."""
-        with self.store.engine.connect() as conn:
-            low = _recent_floor(conn)
-            if low is None:
-                return {}
-            rows = conn.execute(text(
-                "SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
-                "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
-                "GROUP BY endpoint"), {"low": low}).all()
+        rows = self._recent(
+            "SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
+            "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
+            "GROUP BY endpoint")
         return {r[0]: (int(r[1]), float(r[2] or 0), float(r[3] or 0))
                 for r in rows if r[0] is not None}
 
