@@ -13,11 +13,9 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import web
 
 from lockgate.simulator.config import SimulatorConfig
+from lockgate.simulator.http import LeanServer, serve_http
 from lockgate.simulator.server import MAX_BODY, Simulator
 
 log = logging.getLogger("lockgate.simulator")
@@ -32,7 +30,8 @@ class SimulatorHandle:
     simulator: Simulator
     host: str
     port: int
-    _runner: web.BaseRunner = field(repr=False)
+    _server: LeanServer = field(repr=False)
+    shutdown_timeout: float = 5.0
 
     @property
     def base_url(self) -> str:
@@ -48,7 +47,7 @@ class SimulatorHandle:
     async def close(self) -> None:
         """Stop accepting, release hanging requests, wait briefly for in-flight ones."""
         self.simulator.stopping.set()
-        await self._runner.cleanup()
+        await self._server.close(self.shutdown_timeout)
 
     async def __aenter__(self) -> SimulatorHandle:
         return self
@@ -61,29 +60,8 @@ async def start(config: SimulatorConfig | None = None, host: str = "127.0.0.1",
                 port: int = 0, shutdown_timeout: float = 5.0) -> SimulatorHandle:
     """Start a simulator in the running event loop; port 0 picks a free port."""
     sim = Simulator(config)
-    loop = asyncio.get_running_loop()
-
-    def request_factory(message: Any, payload: Any, protocol: Any, writer: Any,
-                        task: asyncio.Task[None]) -> web.BaseRequest:
-        return web.BaseRequest(message, payload, protocol, writer, task, loop,
-                               client_max_size=MAX_BODY)
-
-    server = web.Server(sim.dispatch, handler_cancellation=True, access_log=None,
-                        request_factory=request_factory)
-    runner = web.ServerRunner(server, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    real_port = port
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            real_port = int(address[1])
-            break
-    return SimulatorHandle(sim, host, real_port, runner)
+    server = await serve_http(sim.dispatch, host, port, max_body=MAX_BODY)
+    return SimulatorHandle(sim, host, server.port, server, shutdown_timeout)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,8 +1,11 @@
 """The HTTP server: OpenAI chat-completions protocol, fault injection and admin endpoints.
 
 One :class:`Simulator` holds the live config, the responder, the rate limiter and the
-stats; the aiohttp handlers are its methods. The request path is kept lean (one orjson
-parse, cached prompt parsing, one orjson dump) so that a single process answers several
+stats; the handlers are its methods. They take a request and return a protocol-neutral
+:class:`~lockgate.simulator.http.Reply`, so the same handlers serve the lean server of
+:mod:`.http` (what ``lockgate simulate`` runs) and an aiohttp application
+(:func:`build_app`, for embedding). The request path is kept lean (one orjson parse,
+cached prompt parsing, one orjson dump) so that a single process answers several
 thousand requests per second and is never what a benchmark measures.
 
 Order of checks for ``POST /v1/chat/completions`` (documented in docs/simulator.md):
@@ -27,6 +30,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from lockgate.simulator.config import FAULT_RATES, SimulatorConfig
+from lockgate.simulator.http import DROP, Handler, Reply, Request
 from lockgate.simulator.ratelimit import RateLimiter
 from lockgate.simulator.responder import (
     Responder,
@@ -111,13 +115,12 @@ class Simulator:
 
     def _error(self, status: int, outcome: str, message: str, type_: str,
                code: str | None = None, param: str | None = None,
-               headers: Mapping[str, str] | None = None) -> web.Response:
+               headers: Mapping[str, str] | None = None) -> Reply:
         self.stats.finish(status, outcome)
         out = {"x-request-id": f"req_{self._request_id()}"}
         if headers:
             out.update(headers)
-        return web.Response(status=status, body=_error_body(message, type_, code, param),
-                            content_type=_JSON, headers=out)
+        return Reply(status, _error_body(message, type_, code, param), out)
 
     async def _sleep_latency(self) -> None:
         lat = self.config.latency
@@ -137,8 +140,9 @@ class Simulator:
                 return outcome
         return "ok"
 
-    async def _hang(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Never answer: hold the request for ``hang_s`` (or until shutdown), then drop it."""
+    async def _hang(self) -> Reply:
+        """Never answer: hold the request for ``hang_s`` (or until shutdown), then drop the
+        connection."""
         self.stats.by_outcome["timeout"] += 1
         self.stats.hanging += 1
         try:
@@ -146,13 +150,11 @@ class Simulator:
                 await asyncio.wait_for(self.stopping.wait(), self.config.hang_s)
         finally:
             self.stats.hanging -= 1
-        if request.transport is not None:
-            request.transport.close()
-        raise web.HTTPServiceUnavailable  # never delivered: the connection is gone
+        return DROP
 
     # ------------------------------------------------------------------ handlers
 
-    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def chat(self, request: Request) -> Reply:
         """``POST /v1/chat/completions``."""
         headers = request.headers
         auth = headers.get("Authorization", "")
@@ -170,15 +172,15 @@ class Simulator:
         stats.begin(api_key, model or "(none)", idem)
         stats.in_flight += 1
         try:
-            return await self._complete(request, body, api_key, model, idem)
+            return await self._complete(body, api_key, model, idem)
         finally:
             stats.in_flight -= 1
 
-    async def _complete(self, request: web.BaseRequest, body: Any, api_key: str, model: str,
-                        idem: str | None) -> web.StreamResponse:
+    async def _complete(self, body: Any, api_key: str, model: str,
+                        idem: str | None) -> Reply:
         cfg = self.config
         checked = self._check_request(body, api_key, model)
-        if isinstance(checked, web.Response):
+        if isinstance(checked, Reply):
             return checked
         messages = checked
         if cfg.quota_exhausted:
@@ -212,7 +214,7 @@ class Simulator:
             return self._rate_limited("requests", cfg.retry_after_ms / 1000.0, False, 0,
                                       rate_headers, injected=True)
         if outcome == "timeout":
-            return await self._hang(request)
+            return await self._hang()
         await self._sleep_latency()
         if outcome == "error_500":
             return self._error(500, outcome, "The server had an error while processing your "
@@ -239,7 +241,7 @@ class Simulator:
                                                            not answer.is_json))
 
     def _check_request(self, body: Any, api_key: str,
-                       model: str) -> list[dict[str, Any]] | web.Response:
+                       model: str) -> list[dict[str, Any]] | Reply:
         """The messages of a well-formed request, or the 4xx error to send."""
         if not isinstance(body, dict):
             return self._error(400, "bad_request", "We could not parse the JSON body of your "
@@ -267,7 +269,7 @@ class Simulator:
         return messages
 
     def _rate_limited(self, limited_by: str, wait_s: float, too_large: bool, charge: int,
-                      headers: dict[str, str], injected: bool = False) -> web.Response:
+                      headers: dict[str, str], injected: bool = False) -> Reply:
         cfg = self.config
         out = dict(headers)
         if too_large:
@@ -289,7 +291,7 @@ class Simulator:
 
     def _success(self, model: str, content: str, finish: str, prompt_tokens: int,
                  completion_tokens: int, outcome: str, idem: str | None,
-                 rate_headers: dict[str, str], usable: bool) -> web.Response:
+                 rate_headers: dict[str, str], usable: bool) -> Reply:
         rid = self._request_id()
         doc = {
             "id": f"chatcmpl-{rid}",
@@ -318,61 +320,56 @@ class Simulator:
         if usable:
             stats.success(idem)
         rate_headers["x-request-id"] = f"req_{rid}"
-        return web.Response(body=body, content_type=_JSON, headers=rate_headers)
+        return Reply(200, body, rate_headers)
 
-    async def models(self, request: web.BaseRequest) -> web.Response:
+    async def models(self, request: Request) -> Reply:
         """``GET /v1/models``."""
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "lockgate-simulator"}
                 for m in self.config.models]
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
-                            content_type=_JSON)
+        return Reply(200, orjson.dumps({"object": "list", "data": data}))
 
-    async def not_found(self, request: web.BaseRequest) -> web.Response:
-        """Any other path: OpenAI-style 404 JSON rather than aiohttp's text page."""
-        return web.Response(status=404, content_type=_JSON, body=_error_body(
-            f"Unknown request URL: {request.method} {request.path}.",
-            "invalid_request_error", "unknown_url", None))
+    async def not_found(self, request: Request) -> Reply:
+        """Any other path: OpenAI-style 404 JSON rather than a text page."""
+        return Reply(404, _error_body(f"Unknown request URL: {request.method} {request.path}.",
+                                      "invalid_request_error", "unknown_url", None))
 
     # ------------------------------------------------------------------ admin
 
-    async def get_stats(self, request: web.BaseRequest) -> web.Response:
+    async def get_stats(self, request: Request) -> Reply:
         """``GET /_sim/stats[?detail=1]``."""
         detail = request.query.get("detail", "0").lower() in ("1", "true", "yes")
-        return web.Response(body=orjson.dumps(self.stats.snapshot(detail)), content_type=_JSON)
+        return Reply(200, orjson.dumps(self.stats.snapshot(detail)))
 
-    async def get_config(self, request: web.BaseRequest) -> web.Response:
+    async def get_config(self, request: Request) -> Reply:
         """``GET /_sim/config``."""
-        return web.Response(body=self.config.to_json(), content_type=_JSON)
+        return Reply(200, self.config.to_json())
 
-    async def post_config(self, request: web.BaseRequest) -> web.Response:
+    async def post_config(self, request: Request) -> Reply:
         """``POST /_sim/config``: partial update, applied to the next request."""
         try:
             patch = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
-            return web.Response(status=400, content_type=_JSON, body=_error_body(
-                f"body is not JSON: {exc}", "invalid_request_error", None, None))
+            return Reply(400, _error_body(f"body is not JSON: {exc}", "invalid_request_error",
+                                          None, None))
         if not isinstance(patch, dict):
-            return web.Response(status=400, content_type=_JSON, body=_error_body(
-                "body must be a JSON object of config fields", "invalid_request_error",
-                None, None))
+            return Reply(400, _error_body("body must be a JSON object of config fields",
+                                          "invalid_request_error", None, None))
         try:
             new = self.configure(patch)
         except ValidationError as exc:
-            return web.Response(status=400, content_type=_JSON, body=_error_body(
-                str(exc), "invalid_request_error", "invalid_config", None))
+            return Reply(400, _error_body(str(exc), "invalid_request_error", "invalid_config",
+                                          None))
         log.info("config updated: %s", sorted(patch))
-        return web.Response(body=new.to_json(), content_type=_JSON)
+        return Reply(200, new.to_json())
 
-    async def post_reset(self, request: web.BaseRequest) -> web.Response:
+    async def post_reset(self, request: Request) -> Reply:
         """``POST /_sim/reset``."""
         self.reset()
-        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+        return Reply(200, b'{"ok":true}')
 
-    async def health(self, request: web.BaseRequest) -> web.Response:
+    async def health(self, request: Request) -> Reply:
         """``GET /_sim/health``."""
-        return web.Response(body=orjson.dumps({"ok": True, "requests": self.stats.requests}),
-                            content_type=_JSON)
-
+        return Reply(200, orjson.dumps({"ok": True, "requests": self.stats.requests}))
 
     # ------------------------------------------------------------------ routing
 
@@ -390,26 +387,39 @@ class Simulator:
             ("GET", "/_sim/health"): self.health,
         }
 
-    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Low-level entry point: one dict lookup instead of aiohttp's router."""
+    async def dispatch(self, request: Request) -> Reply:
+        """The entry point of the lean server: one dict lookup instead of a router."""
         handler = self._routes.get((request.method, request.path), self.not_found)
         return await handler(request)
 
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+def _for_aiohttp(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """An aiohttp handler around a simulator handler (aiohttp's request offers the same
+    attributes as :class:`~lockgate.simulator.http.Request`)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        reply = await handler(request)  # type: ignore[arg-type]
+        if reply is DROP:
+            if request.transport is not None:
+                request.transport.close()
+            raise web.HTTPServiceUnavailable  # never delivered: the connection is gone
+        return web.Response(status=reply.status, body=reply.body,
+                            content_type=reply.content_type, headers=reply.headers)
+
+    return handle
 
 
 def build_app(sim: Simulator) -> web.Application:
     """An aiohttp Application serving ``sim``, for embedding into other aiohttp apps.
 
     :func:`~lockgate.simulator.runner.start` does not use it: it serves
-    :meth:`Simulator.dispatch` on aiohttp's low-level server, which skips the router and
-    middleware machinery per request.
+    :meth:`Simulator.dispatch` on the lean server of :mod:`lockgate.simulator.http`,
+    which costs a fraction of aiohttp's request machinery.
     """
     app = web.Application(client_max_size=MAX_BODY)
     for (method, path), handler in sim.routes().items():
-        app.router.add_route(method, path, handler)
-    app.router.add_route("*", "/{tail:.*}", sim.not_found)
+        app.router.add_route(method, path, _for_aiohttp(handler))
+    app.router.add_route("*", "/{tail:.*}", _for_aiohttp(sim.not_found))
 
     async def _on_shutdown(_app: web.Application) -> None:
         sim.stopping.set()
