@@ -46,9 +46,10 @@ def fresh_db(backend: str, tmp: Path) -> str:
     return _flow_common.fresh_db(backend, tmp, name="lockgate_bench")
 
 
-def submit(url: str, n: int) -> None:
+def submit(url: str, n: int, tokenizer: str | None = None) -> None:
     s = Store(url)
-    s.submit((parse_task(task_line(i)) for i in range(n)), batch_id="bench")
+    s.submit((parse_task(task_line(i, tokenizer=tokenizer)) for i in range(n)),
+             batch_id="bench")
     s.close()
 
 
@@ -67,9 +68,9 @@ def naive(sim: SimulatorProcess, tasks: int, concurrency: int) -> dict[str, Any]
 
 
 def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
-                 processes: int = 1) -> dict[str, Any]:
+                 processes: int = 1, tokenizer: str | None = None) -> dict[str, Any]:
     sim.reset()
-    submit(url, tasks)
+    submit(url, tasks, tokenizer)
     out = run_json([PY, str(HERE / "_worker_proc.py"), "--db", url, "--concurrency",
                     str(concurrency), "--processes", str(processes)],
                    env={"LOCKGATE_BASE_URL": sim.url})
@@ -85,7 +86,8 @@ def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
 
 
 def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
-               tmp: Path, processes: list[int]) -> list[dict[str, Any]]:
+               tmp: Path, processes: list[int],
+               tokenizer: str | None = None) -> list[dict[str, Any]]:
     """Per backend: the naive baseline, then lockgate with each process count (the
     calls in flight are the same in total: ``concurrency`` split over the processes)."""
     rows = []
@@ -94,7 +96,7 @@ def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[
             base = naive(sim, tasks, concurrency)
             for n in processes:
                 url = fresh_db(backend, tmp)
-                lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n)
+                lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n, tokenizer)
                 rows.append({"backend": backend, "processes": n, "naive_rate": base["rate"],
                              **lg, "ratio": lg["rate"] / base["rate"]})
                 print(f"  {backend:10s} naive {base['rate']:8.0f}/s  lockgate x{n} "
@@ -210,6 +212,8 @@ def main() -> None:
     ap.add_argument("--rss-tasks", type=int, default=20_000)
     ap.add_argument("--processes", default="1,2",
                     help="lockgate worker process counts to measure (comma-separated)")
+    ap.add_argument("--tokenizer", help="model_config.tokenizer of the tasks (e.g. "
+                    "'calibrated'); default: the best estimator on disk")
     ap.add_argument("--json", type=Path, help="write all figures here")
     a = ap.parse_args()
     backends = a.backends.split(",")
@@ -222,11 +226,12 @@ def main() -> None:
             print(f"== {sc}", flush=True)
             if sc == "zero":
                 report[sc] = throughput(backends, a.tasks, a.concurrency,
-                                        {"kind": "fixed", "mean_ms": 0}, tmp, procs)
+                                        {"kind": "fixed", "mean_ms": 0}, tmp, procs,
+                                        a.tokenizer)
             elif sc == "lognormal":
                 report[sc] = throughput(backends, a.tasks, a.lognormal_concurrency,
                                         {"kind": "lognormal", "mean_ms": 300, "sigma": 0.5},
-                                        tmp, procs)
+                                        tmp, procs, a.tokenizer)
             elif sc == "claim":
                 report[sc] = claim_latency(backends, tmp, a.claim_big)
             elif sc == "rss":

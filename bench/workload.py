@@ -15,8 +15,11 @@ def text(i: int) -> str:
     return f"order {i}: the parcel arrived {'broken' if i % 3 == 0 else 'on time'}"
 
 
-def task_line(i: int, batch: str = "bench") -> dict[str, Any]:
-    """A lockgate task (the six meta-fields)."""
+def task_line(i: int, batch: str = "bench", tokenizer: str | None = None) -> dict[str, Any]:
+    """A lockgate task (the six meta-fields); ``tokenizer`` picks its token estimator."""
+    model: dict[str, Any] = {"name": "sim-bench", "max_tokens": 32, "timeout_ms": 60_000}
+    if tokenizer is not None:
+        model["tokenizer"] = tokenizer
     return {
         "task_id": f"{batch}-{i:08d}",
         "batch_id": batch,
@@ -24,7 +27,7 @@ def task_line(i: int, batch: str = "bench") -> dict[str, Any]:
                              .replace("}", "}}")},
                             {"role": "user", "content": USER}],
         "input_data": {"text": text(i)},
-        "model_config": {"name": "sim-bench", "max_tokens": 32, "timeout_ms": 60_000},
+        "model_config": model,
         "delivery_rule": {"format": "json", "required_keys": ["label"]},
         "retry_policy": {"max_retries": 5, "base_delay_ms": 100, "cap_ms": 2000},
     }
