@@ -217,9 +217,7 @@ class _Connection(asyncio.Protocol):
         while True:
             try:
                 reply = await server.handler(request)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # (a cancellation, when the client goes away, passes through)
                 log.exception("handler failed for %s %s", request.method, request.path)
                 reply = _error(500, "The simulator failed on this request; see its log.")
             transport = self.transport
