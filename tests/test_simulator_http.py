@@ -86,6 +86,24 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     run(_with_server(test, SimulatorConfig.model_validate({"latency": 50})))
 
 
+def test_head_gets_headers_without_a_body() -> None:
+    async def test(host: str, port: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        # The 404's length is announced but no body follows: the next answer parses.
+        writer.write(b"HEAD /_sim/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /_sim/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 404")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += await reader.readline()
+        assert b"Content-Length: " in head
+        status, _, body = await _read_response(reader)
+        assert status == 200 and orjson.loads(body)["ok"] is True
+        writer.close()
+
+    run(_with_server(test))
+
+
 def test_http10_gets_connection_close() -> None:
     async def test(host: str, port: int) -> None:
         reader, writer = await asyncio.open_connection(host, port)

@@ -102,8 +102,8 @@ class _Date:
         return self._value
 
 
-def encode(reply: Reply, keep_alive: bool, date: bytes) -> bytes:
-    """The full HTTP/1.1 response for ``reply``."""
+def encode(reply: Reply, keep_alive: bool, date: bytes, head: bool = False) -> bytes:
+    """The full HTTP/1.1 response for ``reply`` (without the body for a HEAD request)."""
     body = reply.body
     parts = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
              b"Server: lockgate-simulator\r\n" % (
@@ -112,7 +112,8 @@ def encode(reply: Reply, keep_alive: bool, date: bytes) -> bytes:
     if reply.headers:
         parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in reply.headers.items())
     parts.append(b"\r\n" if keep_alive else b"Connection: close\r\n\r\n")
-    parts.append(body)
+    if not head:
+        parts.append(body)
     return b"".join(parts)
 
 
@@ -226,7 +227,8 @@ class _Connection(asyncio.Protocol):
             if reply is DROP:
                 transport.close()
                 return
-            transport.write(encode(reply, keep_alive, server.date()))
+            transport.write(encode(reply, keep_alive, server.date(),
+                                   head=request.method == "HEAD"))
             if not keep_alive:
                 transport.close()
                 return
