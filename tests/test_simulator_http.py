@@ -297,3 +297,11 @@ def test_build_app_serves_the_same_handlers_on_aiohttp() -> None:
             await runner.cleanup()
 
     run(main())
+
+
+def test_error_bodies_are_valid_json_whatever_the_message() -> None:
+    from lockgate.simulator.http import _error
+
+    reply = _error(400, 'bad "quote" and \\ backslash\nnewline')
+    assert orjson.loads(reply.body)["error"]["message"] == \
+        'bad "quote" and \\ backslash\nnewline'

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import httptools
+import orjson
 
 log = logging.getLogger("lockgate.simulator")
 
@@ -118,8 +119,8 @@ def encode(reply: Reply, keep_alive: bool, date: bytes, head: bool = False) -> b
 
 
 def _error(status: int, message: str) -> Reply:
-    return Reply(status, b'{"error":{"message":"%s","type":"invalid_request_error",'
-                 b'"param":null,"code":null}}' % message.encode())
+    return Reply(status, orjson.dumps({"error": {
+        "message": message, "type": "invalid_request_error", "param": None, "code": None}}))
 
 
 class _Connection(asyncio.Protocol):
