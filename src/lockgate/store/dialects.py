@@ -48,10 +48,15 @@ def _finish_values(f: Finish) -> tuple[Any, ...]:
             f.error_message, f.delay_ms, 1 if f.release_attempt else 0)
 
 
-def _driver_cursor(conn: Connection) -> Any:
-    """The DB-API cursor under a SQLAlchemy connection, for the hot path's fixed SQL:
-    no compilation, no result wrapping (the transaction stays SQLAlchemy's)."""
-    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+@contextmanager
+def _driver_cursor(conn: Connection) -> Iterator[Any]:
+    """A DB-API cursor under a SQLAlchemy connection, closed on exit, for the hot path's
+    fixed SQL: no compilation, no result wrapping (the transaction stays SQLAlchemy's)."""
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        yield cur
+    finally:
+        cur.close()
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
@@ -95,16 +100,13 @@ class Dialect:
         """(id, lease token) of the tasks among ``ids`` still PENDING, row-locked until
         the transaction ends (the write-back that follows changes exactly these)."""
         out: set[tuple[int, str]] = set()
-        cur = _driver_cursor(conn)
-        try:
+        with _driver_cursor(conn) as cur:
             for i in range(0, len(ids), 900):
                 part = ids[i:i + 900]
                 cur.execute("SELECT id, lease_token FROM task WHERE status = 'PENDING' AND "
                             f"id IN ({', '.join([self.placeholder] * len(part))})"
                             + self.lock_for_update(), tuple(part))
                 out.update((int(r[0]), str(r[1])) for r in cur.fetchall())
-        finally:
-            cur.close()
         return out
 
     def insert_attempts(self, conn: Connection, attempts: Sequence[dict[str, Any]]) -> None:
@@ -112,11 +114,8 @@ class Dialect:
         cols = sorted(set().union(*attempts))
         sql = (f"INSERT INTO task_attempt ({', '.join(cols)}) VALUES "
                f"({', '.join([self.placeholder] * len(cols))})")
-        cur = _driver_cursor(conn)
-        try:
+        with _driver_cursor(conn) as cur:
             cur.executemany(sql, [tuple(a.get(c) for c in cols) for a in attempts])
-        finally:
-            cur.close()
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
@@ -155,24 +154,18 @@ class SQLiteDialect(Dialect):
         sql = self._claim_update_sql(
             f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
             f" ORDER BY visible_at LIMIT :lim)") + f" RETURNING {_CLAIM_COLS}"
-        cur = _driver_cursor(conn)  # sqlite3 takes the :name parameters as they are
-        try:
+        with _driver_cursor(conn) as cur:  # sqlite3 takes the :name parameters as they are
             cur.execute(sql, {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                               "lim": limit})
             return _claimed(cur.fetchall())
-        finally:
-            cur.close()
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
         sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} FROM (SELECT "
                + ", ".join(f"? AS {c}" for c in _FINISH_COLS)
                + f") AS v WHERE {_FINISH_FENCE}")
-        cur = _driver_cursor(conn)
-        try:
+        with _driver_cursor(conn) as cur:
             cur.executemany(sql, [_finish_values(f) for f in rows])
             return int(cur.rowcount)
-        finally:
-            cur.close()
 
     def insert_ignore(self, table: Table) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
