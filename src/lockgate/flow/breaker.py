@@ -82,11 +82,17 @@ class Breaker:
             self.probes_in_flight += 1
         return True
 
+    def unjudged(self, probe: bool) -> None:
+        """A call ``allow`` let through ended without a verdict on the endpoint (it was
+        never sent, or the provider throttled it): a probe's place is free again."""
+        if probe and self.state is BreakerState.HALF_OPEN:
+            self.probes_in_flight = max(0, self.probes_in_flight - 1)
+
     def record(self, now: float, *, failed: bool, probe: bool = False) -> None:
         """The outcome of a call ``allow`` let through (``probe``: it was let through
         half-open). Calls that started before the breaker opened are only counted."""
         if probe and self.state is BreakerState.HALF_OPEN:
-            self.probes_in_flight = max(0, self.probes_in_flight - 1)
+            self.unjudged(probe)
             if failed:
                 self._open(now)
                 return

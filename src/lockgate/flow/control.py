@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import secrets
@@ -73,7 +72,7 @@ class _Recorder:
     __slots__ = ("error", "fallback_ready", "hold_max", "inner", "name", "rerouted", "state")
 
     def __init__(self, inner: Provider, state: _Endpoint, hold_max: float,
-                 fallback_ready: Callable[[], bool]) -> None:
+                 fallback_ready: Callable[[_Endpoint, float], bool]) -> None:
         self.inner = inner
         self.name = inner.name
         self.state = state
@@ -85,10 +84,12 @@ class _Recorder:
     async def complete(self, request: CompletionRequest) -> Completion:
         st = self.state
         while True:
-            left = st.paused_until - time.monotonic()
+            now = time.monotonic()
+            left = st.paused_until - now
             if left <= 0:
                 break
-            if (left > self.hold_max or st.pause_reason == "quota") and self.fallback_ready():
+            if ((left > self.hold_max or st.pause_reason == "quota")
+                    and self.fallback_ready(st, now)):
                 self.rerouted = True
                 raise _Reroute
             await asyncio.sleep(min(left, 0.5))  # re-check: a fallback may come back
@@ -408,9 +409,6 @@ class FlowControl:
                 and not st.paused(now) and not self._starved:
             self._wake.set()
 
-    def _fallback_ready(self, st: _Endpoint) -> bool:
-        return self._fallback_usable(st, time.monotonic())
-
     def _fallback_usable(self, st: _Endpoint, now: float) -> bool:
         ep = st.ep
         for _ in range(8):
@@ -507,8 +505,8 @@ class FlowControl:
         st.failure_ewma += 0.02 * ((1.0 if (failed or throttled) else 0.0) - st.failure_ewma)
         if not throttled and ec not in _NEVER_SENT:
             st.breaker.record(now, failed=failed, probe=ticket.probe)
-        elif ticket.probe and st.breaker.state is BreakerState.HALF_OPEN:
-            st.breaker.probes_in_flight = max(0, st.breaker.probes_in_flight - 1)
+        else:
+            st.breaker.unjudged(ticket.probe)
         self._settle(ticket, res, completion, throttled or ec in _NEVER_SENT)
         self._cold_done(ticket.cold, ticket.model)
         self._learn(st, ec, completion, error, res.retry_after_ms, now)
@@ -596,7 +594,7 @@ class FlowControl:
             ticket = await self.acquire(task, config, primary)
             st = ticket.state
             rec = _Recorder(self._provider(st.ep), st, self.cfg.fallback_after_s,
-                            functools.partial(self._fallback_ready, st))
+                            self._fallback_usable)
             res: Any = None
             try:
                 res = await fn(st.ep, rec)
@@ -605,8 +603,7 @@ class FlowControl:
             finally:
                 if rec.rerouted:  # never sent: the budget goes back, the call is routed anew
                     self._cold_done(ticket.cold, None)
-                    if ticket.probe and st.breaker.state is BreakerState.HALF_OPEN:
-                        st.breaker.probes_in_flight = max(0, st.breaker.probes_in_flight - 1)
+                    st.breaker.unjudged(ticket.probe)
                     self._undo(st, ticket.tokens)
                 elif res is None:  # cancelled or crashed mid-call: budget counts as spent
                     st.in_flight -= 1
