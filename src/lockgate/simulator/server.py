@@ -45,7 +45,6 @@ from lockgate.simulator.stats import Stats
 log = logging.getLogger("lockgate.simulator")
 
 MAX_BODY = 64 * 1024 * 1024
-_JSON = "application/json"
 _OUTCOMES = {
     "rate_429": "injected_429",
     "rate_500": "error_500",
