@@ -9,10 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import parse_task
 from lockgate.store import ClaimedTask, Finish, Store
+from lockgate.store import store as store_module
 
 from .support import rows, scalar, task_row, tasks, wait_for
 
@@ -316,6 +319,83 @@ def test_renew_extends_only_leases_still_held(store: Store) -> None:
     for t in (a, c):
         assert task_row(store, t.task_id)["visible_at"] >= now + 60_000
     assert store.claim(10, lease_ms=60_000, worker_id="w3") == []
+
+
+def _waiting_on_a_row_lock(store: Store) -> int:
+    """Statements now waiting for a row lock held by another transaction."""
+    if store.dialect.name == "postgresql":
+        sql = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+               "AND datname = current_database()")
+    else:  # a two-row locking read still running after 200 ms is waiting for a lock
+        sql = ("SELECT count(*) FROM information_schema.processlist WHERE command = 'Query' "
+               "AND info LIKE '%FOR UPDATE' AND time_ms > 200")
+    return int(scalar(store, sql))
+
+
+def test_renewal_locks_rows_in_id_order_like_a_write_back(store: Store) -> None:
+    """Lease renewal and a write-back of the same leases run side by side in a worker;
+    both must take their row locks in id order, or they deadlock. Row a is rewritten
+    first, so its newest version lies after b's on disk, where a plain UPDATE's scan
+    would find (and lock) b first."""
+    if store.dialect.name == "sqlite":
+        pytest.skip("SQLite has no row locks: its writers are serialised")
+    submit(store, 2)
+    a, b = sorted(store.claim(2, lease_ms=60_000, worker_id="w1"), key=lambda c: c.id)
+    assert a.lease_token == b.lease_token
+    assert store.renew({a.lease_token: [a.id]}, lease_ms=60_000) == 1
+    renewed: list[int] = []
+    with store.engine.connect() as holder, store.engine.connect() as prober:
+        holder.begin()
+        assert store.dialect.owned(holder, [a.id]) == {(a.id, a.lease_token)}
+        renewal = threading.Thread(target=lambda: renewed.append(store.renew(
+            {a.lease_token: [b.id, a.id]}, lease_ms=60_000)))
+        renewal.start()
+        try:
+            wait_for(lambda: _waiting_on_a_row_lock(store) > 0, "the renewal to wait on a")
+            prober.begin()
+            nowait = " FOR UPDATE NOWAIT"
+            # The renewal waits on a without holding b: b can be locked at once.
+            assert prober.execute(text(f"SELECT id FROM task WHERE id = :i{nowait}"),
+                                  {"i": b.id}).scalar() == b.id
+            prober.rollback()
+        finally:
+            holder.rollback()
+        renewal.join(timeout=30)
+    assert renewed == [2]
+
+
+def test_a_deadlock_on_the_hot_path_is_a_retryable_error(store: Store) -> None:
+    """The write-back's statements go straight to the driver; a deadlock there must
+    still come out as SQLAlchemy's error, which the store retries."""
+    if store.dialect.name == "sqlite":
+        pytest.skip("SQLite has no row locks: its writers are serialised")
+    submit(store, 2)
+    a, b = sorted(store.claim(2, lease_ms=60_000, worker_id="w1"), key=lambda c: c.id)
+    errors: list[BaseException] = []
+
+    def lock(conn: Any, first: int, second: int, ready: threading.Barrier) -> None:
+        try:
+            store.dialect.owned(conn, [first])
+            ready.wait(timeout=30)
+            store.dialect.owned(conn, [second])
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            conn.rollback()
+
+    ready = threading.Barrier(2)
+    with store.engine.connect() as one, store.engine.connect() as two:
+        one.begin()
+        two.begin()
+        threads = [threading.Thread(target=lock, args=(one, a.id, b.id, ready)),
+                   threading.Thread(target=lock, args=(two, b.id, a.id, ready))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert len(errors) == 1, errors
+    assert isinstance(errors[0], DBAPIError), type(errors[0])
+    assert store_module._transient(errors[0]), errors[0]
 
 
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:

@@ -9,11 +9,12 @@ in one statement, and how to serialise migrations across processes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from sqlalchemy import Connection, Table, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
 from lockgate.store.types import ClaimedTask, Finish
@@ -51,12 +52,25 @@ def _finish_values(f: Finish) -> tuple[Any, ...]:
 @contextmanager
 def _driver_cursor(conn: Connection) -> Iterator[Any]:
     """A DB-API cursor under a SQLAlchemy connection, closed on exit, for the hot path's
-    fixed SQL: no compilation, no result wrapping (the transaction stays SQLAlchemy's)."""
+    fixed SQL: no compilation, no result wrapping (the transaction stays SQLAlchemy's).
+
+    Driver errors come out as SQLAlchemy's, as from ``conn.execute``: the store retries
+    deadlocks and lock timeouts by their wrapped class, and a lost connection is
+    invalidated so that the pool does not hand it out again."""
+    dbapi_conn = conn.connection.dbapi_connection
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         yield cur
+    except conn.dialect.loaded_dbapi.Error as exc:
+        lost = conn.dialect.is_disconnect(exc, dbapi_conn, cur)
+        if lost:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(None, None, exc, conn.dialect.loaded_dbapi.Error,
+                                  connection_invalidated=lost,
+                                  dialect=conn.dialect) from exc
     finally:
-        cur.close()
+        with suppress(Exception):  # a cursor of a lost connection may not close
+            cur.close()
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
@@ -98,14 +112,19 @@ class Dialect:
 
     def owned(self, conn: Connection, ids: Sequence[int]) -> set[tuple[int, str]]:
         """(id, lease token) of the tasks among ``ids`` still PENDING, row-locked until
-        the transaction ends (the write-back that follows changes exactly these)."""
+        the transaction ends (the write-back that follows changes exactly these).
+
+        Rows are locked in id order. Every statement that locks several leased rows
+        (write-back, lease renewal) locks them through here first: two transactions
+        taking overlapping rows in different orders would deadlock. ``ids`` must be
+        sorted."""
         out: set[tuple[int, str]] = set()
         with _driver_cursor(conn) as cur:
             for i in range(0, len(ids), 900):
                 part = ids[i:i + 900]
                 cur.execute("SELECT id, lease_token FROM task WHERE status = 'PENDING' AND "
-                            f"id IN ({', '.join([self.placeholder] * len(part))})"
-                            + self.lock_for_update(), tuple(part))
+                            f"id IN ({', '.join([self.placeholder] * len(part))}) "
+                            "ORDER BY id" + self.lock_for_update(), tuple(part))
                 out.update((int(r[0]), str(r[1])) for r in cur.fetchall())
         return out
 

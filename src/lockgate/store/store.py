@@ -271,11 +271,15 @@ class Store:
         ).bindparams(bindparam("ids", expanding=True))
 
         def work(conn: Connection) -> int:
+            # Lock every row first, in id order across all tokens (as a write-back
+            # does): updating token by token would take them in a different order.
+            current = self.dialect.owned(conn, sorted(i for ids in held.values() for i in ids))
             n = 0
             for tok, ids in held.items():
-                for i in range(0, len(ids), 1000):
+                mine = sorted(i for i in ids if (i, tok) in current)
+                for i in range(0, len(mine), 1000):
                     n += conn.execute(sql, {"lease_ms": lease_ms, "tok": tok,
-                                            "ids": ids[i:i + 1000]}).rowcount
+                                            "ids": mine[i:i + 1000]}).rowcount
             return n
 
         return self._tx(work)
