@@ -4,7 +4,10 @@ operator transitions. Lease expiry is observed on the database clock, never by s
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,6 +19,7 @@ from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import parse_task
 from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.store import store as store_module
+from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
 
 from .support import rows, scalar, task_row, tasks, wait_for
 
@@ -396,6 +400,76 @@ def test_a_deadlock_on_the_hot_path_is_a_retryable_error(store: Store) -> None:
     assert len(errors) == 1, errors
     assert isinstance(errors[0], DBAPIError), type(errors[0])
     assert store_module._transient(errors[0]), errors[0]
+
+
+# -- SQLite's one write lock --------------------------------------------------------------
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'lock.db'}")
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _other_writer(store: Store) -> sqlite3.Connection:
+    """A second connection to the same file, outside lockgate (no busy wait)."""
+    raw = sqlite3.connect(store.engine.url.database or "", isolation_level=None, timeout=0)
+    return raw
+
+
+def test_sqlite_reads_leave_the_write_lock_free(sqlite_store: Store) -> None:
+    """Status, progress and flow-control reads must not hold the lock every claim and
+    write-back needs (a plain BEGIN IMMEDIATE would take it for a SELECT)."""
+    submit(sqlite_store, 3)
+    other = _other_writer(sqlite_store)
+    try:
+        with sqlite_store.read() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM task")).scalar_one() == 3
+            other.execute("BEGIN IMMEDIATE")  # would raise "database is locked"
+            other.execute("ROLLBACK")
+            assert sqlite_store.status()["batches"]["b"]["PENDING"] == 3
+    finally:
+        other.close()
+
+
+def test_sqlite_writer_waits_for_another_process_then_proceeds(sqlite_store: Store) -> None:
+    submit(sqlite_store, 2)
+    other = _other_writer(sqlite_store)
+    other.execute("BEGIN IMMEDIATE")
+    got: list[list[ClaimedTask]] = []
+    claimer = threading.Thread(target=lambda: got.append(
+        sqlite_store.claim(2, lease_ms=60_000, worker_id="w1")))
+    try:
+        claimer.start()
+        claimer.join(timeout=0.3)
+        assert claimer.is_alive() and not got, "the claim must wait for the lock"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    claimer.join(timeout=30)
+    assert [len(g) for g in got] == [2]
+    with sqlite_store.engine.connect() as conn:  # the busy timeout is restored after
+        busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+    assert busy == BUSY_TIMEOUT_MS
+
+
+def test_sqlite_writer_gives_up_at_its_deadline(sqlite_store: Store) -> None:
+    other = _other_writer(sqlite_store)
+    mine = _other_writer(sqlite_store)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _begin_immediate(mine, deadline_s=0.05)
+        assert mine.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_TIMEOUT_MS
+        other.execute("ROLLBACK")
+        _begin_immediate(mine, deadline_s=0.05)
+        mine.execute("ROLLBACK")
+    finally:
+        other.close()
+        mine.close()
 
 
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:

@@ -13,6 +13,8 @@ from sqlalchemy.engine import make_url
 from lockgate.errors import ConfigError
 
 DEFAULT_URL = "sqlite:///lockgate.db"
+#: How long a SQLite statement waits for a lock held by another connection.
+BUSY_TIMEOUT_MS = 60_000
 
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -69,12 +71,13 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
 def _sqlite_setup(engine: Engine) -> None:
     # pysqlite's own transaction handling defers BEGIN and cannot take the write lock
     # up front; take control and begin every transaction IMMEDIATE, so two writers
-    # queue on busy_timeout instead of failing on a lock upgrade.
+    # queue for the lock instead of failing on a lock upgrade. Reads (Store.read) begin
+    # deferred: in WAL mode they need no lock at all.
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         _sqlite_wal(cur)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
@@ -83,7 +86,33 @@ def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # Straight to the driver: it runs once per transaction on the hot path.
-        conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
+        raw = conn.connection.driver_connection
+        if conn.get_execution_options().get("lockgate_read"):
+            raw.execute("BEGIN")  # a WAL reader takes no lock
+        else:
+            _begin_immediate(raw)
+
+
+def _begin_immediate(raw: sqlite3.Connection, *,
+                     deadline_s: float = BUSY_TIMEOUT_MS / 1000) -> None:
+    """Take SQLite's write lock, trying again every millisecond while another process
+    holds it. SQLite's own busy handler sleeps 1, 2, 5, 10 ... then 100 ms between
+    tries, so a writer that lost a few rounds to a busy neighbour slept up to 100 ms
+    past the moment the lock was free (two worker processes on one file lost seconds
+    per run to it). Other statements keep the busy timeout."""
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        give_up = time.monotonic() + deadline_s
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= give_up:
+                    raise
+            time.sleep(0.001)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def _sqlite_wal(cur: Any, *, deadline_s: float = 60.0) -> None:

@@ -232,7 +232,7 @@ class FlowStore:
 
     def buckets(self) -> list[dict[str, Any]]:
         """Every bucket row with the database's now (for status)."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             now = self._db_now(conn)
             rows = [dict(r._mapping) for r in conn.execute(text(
                 "SELECT * FROM rate_limit ORDER BY kind, name"))]
@@ -272,7 +272,7 @@ class FlowStore:
         now = self.store._tx(claim_turn)
         if now is None:
             return False
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             remaining = int(conn.execute(text(
                 "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'"),
                 {"b": lane.batch_id}).scalar_one())
@@ -312,7 +312,7 @@ class FlowStore:
         found: list[tuple[str, str]] = []
         q = text("SELECT batch_id FROM task WHERE pool = :p AND status = 'PENDING' "
                  "AND batch_id > :b ORDER BY batch_id LIMIT 1")
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             now = self._db_now(conn)
             pools = [pool] if pool is not None else self._pools(conn)
             for pool in pools:
@@ -340,7 +340,7 @@ class FlowStore:
     def _recent(self, sql: str, **params: Any) -> Sequence[Any]:
         """Rows of ``sql`` over the recent attempts (``:low`` bound to the floor below
         which attempts are not recent); none when there are no attempts at all."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             low = _recent_floor(conn)
             if low is None:
                 return []
@@ -412,7 +412,7 @@ class FlowStore:
     def windows(self) -> list[dict[str, Any]]:
         """Window batches with PENDING tasks or a window not yet over, with their counts,
         recent rate and mean tokens per task (for projections)."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             now = self._db_now(conn)
             batches = [dict(r._mapping) for r in conn.execute(text(
                 "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "

@@ -196,7 +196,7 @@ class GateStore:
 
     def bindings(self, prompt: str) -> list[dict[str, Any]]:
         """The datasets bound to a prompt, with their settings and current revision."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             p = self.registry.prompt_row(conn, prompt)
             return self._bindings(conn, int(p.id))
 
@@ -326,7 +326,7 @@ class GateStore:
 
     def update(self, update_id: int) -> dict[str, Any]:
         """One update with its snapshot and decision decoded."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = conn.execute(text(
                 "SELECT u.*, p.name AS prompt, p.live_version, p.generation "
                 "FROM prompt_update u JOIN prompt p ON p.id = u.prompt_id WHERE u.id = :u"),
@@ -348,20 +348,20 @@ class GateStore:
         if prompt is not None:
             sql += " WHERE p.name = :n"
             params["n"] = prompt
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [dict(r._mapping) for r in conn.execute(
                 text(sql + " ORDER BY u.id DESC LIMIT :lim"), params)]
 
     def active_updates(self) -> list[tuple[int, str]]:
         """(id, status) of every update still PENDING or EVALUATING (index on status)."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [(int(r[0]), str(r[1])) for r in conn.execute(text(
                 "SELECT id, status FROM prompt_update WHERE status IN :st ORDER BY id"
             ).bindparams(_ids("st")), {"st": list(ACTIVE_UPDATES)})]
 
     def runs(self, update_id: int) -> list[dict[str, Any]]:
         """The runs of an update, with their metrics decoded."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             rows = [dict(r._mapping) for r in conn.execute(text(
                 "SELECT *, " + self.now + " AS db_now FROM prompt_run WHERE update_id = :u "
                 "ORDER BY dataset_name, subject DESC"), {"u": update_id})]
@@ -374,7 +374,7 @@ class GateStore:
         if not batch_ids:
             return {}
         out: dict[str, dict[str, int]] = {b: {} for b in batch_ids}
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             for b, s, n in conn.execute(text(
                     "SELECT batch_id, status, COUNT(*) FROM task WHERE batch_id IN :ids "
                     "GROUP BY batch_id, status").bindparams(_ids()), {"ids": list(batch_ids)}):
@@ -386,7 +386,7 @@ class GateStore:
         if not run_ids:
             return {}
         out: dict[int, dict[str, int]] = {r: {} for r in run_ids}
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             for r, v, n in conn.execute(text(
                     "SELECT run_id, verdict, COUNT(*) FROM prompt_run_item WHERE run_id IN :ids "
                     "GROUP BY run_id, verdict").bindparams(_ids()), {"ids": list(run_ids)}):
@@ -537,7 +537,7 @@ class GateStore:
 
     def undecided_items(self, run_id: int, *, limit: int) -> list[dict[str, Any]]:
         """Run items without a verdict, with their task's outcome and attempt figures."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             rows = [dict(r._mapping) for r in conn.execute(text(
                 "SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
                 "t.status, t.result, t.error_class, t.error_message, t.attempts, "
@@ -587,7 +587,7 @@ class GateStore:
 
     def outcomes(self, run_id: int) -> list[dict[str, Any]]:
         """Every item of a run with its verdict, for metrics and the snapshot check."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [dict(r._mapping) for r in conn.execute(text(
                 "SELECT i.item_id, i.item_key, i.content_hash, i.expected, i.actual, "
                 "i.verdict, i.error, i.latency_ms, i.input_tokens, i.output_tokens, "

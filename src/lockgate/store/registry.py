@@ -212,7 +212,7 @@ class RegistryStore:
 
     def prompt(self, name: str) -> dict[str, Any]:
         """The prompt row with its labels."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = self.prompt_row(conn, name)
             out = dict(row._mapping)
             out["labels"] = {r.label: int(r.version) for r in conn.execute(text(
@@ -222,21 +222,21 @@ class RegistryStore:
 
     def prompts(self) -> list[dict[str, Any]]:
         """Every prompt with its live version and generation."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [dict(r._mapping) for r in conn.execute(text(
                 "SELECT name, live_version, generation, submissions, updated_at "
                 "FROM prompt ORDER BY name"))]
 
     def version(self, name: str, version: int) -> VersionRow:
         """One version of a prompt."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = self.prompt_row(conn, name)
             return self._version(conn, name, int(row.id), version)
 
     def version_by_tag(self, name: str, tag: str) -> VersionRow:
         """The version a tag names."""
         v = schema.prompt_version
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = self.prompt_row(conn, name)
             found = conn.execute(select(v).where(v.c.prompt_id == row.id,
                                                  v.c.tag == tag)).first()
@@ -247,14 +247,14 @@ class RegistryStore:
     def versions(self, name: str) -> list[VersionRow]:
         """Every version of a prompt, oldest first."""
         v = schema.prompt_version
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = self.prompt_row(conn, name)
             return [_version_row(name, r) for r in conn.execute(
                 select(v).where(v.c.prompt_id == row.id).order_by(v.c.version))]
 
     def audit_trail(self, name: str) -> list[dict[str, Any]]:
         """The prompt's audit rows, oldest first."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = self.prompt_row(conn, name)
             return [dict(r._mapping) for r in conn.execute(text(
                 "SELECT id, action, from_version, to_version, label, update_id, generation, "
@@ -264,7 +264,7 @@ class RegistryStore:
     def pointer(self, name: str, label: str | None) -> tuple[int | None, int]:
         """(version the name or label points at, generation): the workers' cheap check,
         one primary-key or unique-index read."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             if label is None or label == PRODUCTION:
                 row = conn.execute(text("SELECT live_version, generation FROM prompt "
                                         "WHERE name = :n"), {"n": name}).first()
@@ -433,7 +433,7 @@ class RegistryStore:
 
     def dataset(self, name: str) -> dict[str, Any]:
         """The dataset row (revision, item count, items hash, input keys)."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             row = conn.execute(text(
                 "SELECT id, name, description, source, revision, item_count, items_hash, "
                 "input_keys, created_at, updated_at FROM dataset WHERE name = :n"),
@@ -446,7 +446,7 @@ class RegistryStore:
 
     def datasets(self) -> list[dict[str, Any]]:
         """Every dataset with its revision and size."""
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [dict(r._mapping) for r in conn.execute(text(
                 "SELECT name, revision, item_count, items_hash, updated_at FROM dataset "
                 "ORDER BY name"))]
@@ -463,7 +463,7 @@ class RegistryStore:
         if limit is not None:
             sql += " LIMIT :lim"
             params["lim"] = limit
-        with self.store.engine.connect() as conn:
+        with self.store.read() as conn:
             return [{"id": r.item_key, "pk": int(r.id), "content_hash": r.content_hash,
                      "input": orjson.loads(r.input_data), "expected": orjson.loads(r.expected)}
                     for r in conn.execute(text(sql), params)]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,6 +70,11 @@ class Store:
         self.engine = engine or create(url, pool_size=pool_size)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
         self.now = self.dialect.now
+        # SQLite lets one write transaction in at a time, and a writer that finds the
+        # file locked polls with sleeps that grow to 100 ms. Threads of this process
+        # queue here instead and get the lock the moment it is free.
+        self._writer: AbstractContextManager[Any] = (
+            threading.Lock() if self.dialect.name == "sqlite" else nullcontext())
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -75,12 +82,18 @@ class Store:
         """Release every pooled connection."""
         self.engine.dispose()
 
+    def read(self) -> Connection:
+        """A connection for reading only (use it in a ``with``). On SQLite its
+        transactions begin deferred: a reader of a WAL file neither waits for the one
+        writer nor holds the write lock against it, as ``BEGIN IMMEDIATE`` would."""
+        return self.engine.connect().execution_options(lockgate_read=True)
+
     def _tx(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
         """Run ``fn`` in one transaction, retrying deadlocks and lock timeouts."""
         delay = 0.005
         for i in range(attempts):
             try:
-                with self.engine.begin() as conn:
+                with self._writer, self.engine.begin() as conn:
                     return fn(conn)
             except OperationalError as exc:
                 if i == attempts - 1 or not _transient(exc):
@@ -108,7 +121,7 @@ class Store:
 
     def db_now(self) -> int:
         """The database clock in ms (the one lease arithmetic uses)."""
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
 
     # -- submission ---------------------------------------------------------------
@@ -211,7 +224,7 @@ class Store:
             return {}
         q = select(schema.task_config.c.hash, schema.task_config.c.document).where(
             schema.task_config.c.hash.in_(bindparam("h", expanding=True)))
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return {h: orjson.loads(d) for h, d in conn.execute(q, {"h": wanted})}
 
     def finish(self, rows: Sequence[Finish], *, worker_id: str) -> FinishReport:
@@ -286,7 +299,7 @@ class Store:
 
     def queue_state(self) -> tuple[bool, int | None, int]:
         """(any task PENDING, earliest visible_at among them, database now)."""
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             row = conn.execute(text(
                 f"SELECT MIN(visible_at), {self.now} FROM task WHERE status = 'PENDING'"
             )).one()
@@ -321,7 +334,7 @@ class Store:
     def batch_counts(self, batch_id: str) -> dict[str, int]:
         """Tasks of one batch per state (index-backed: cheap enough to poll)."""
         t = schema.task
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return {s: int(n) for s, n in conn.execute(
                 select(t.c.status, func.count()).where(t.c.batch_id == batch_id)
                 .group_by(t.c.status))}
@@ -329,7 +342,7 @@ class Store:
     def status(self, *, alive_within_ms: int = 30_000) -> dict[str, Any]:
         """Counts per batch and state, leases in flight, and live workers."""
         t = schema.task
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
             counts: dict[str, dict[str, int]] = {}
             for b, s, n in conn.execute(select(t.c.batch_id, t.c.status, func.count())
@@ -352,7 +365,7 @@ class Store:
     def task(self, task_id: str) -> dict[str, Any]:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
         t, a = schema.task, schema.task_attempt
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             row = conn.execute(select(t).where(t.c.task_id == task_id)).first()
             if row is None:
                 raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
@@ -404,14 +417,14 @@ class Store:
                    a.c.model, a.c.latency_ms).select_from(t.outerjoin(a, won)).order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             res = conn.execution_options(yield_per=1000).execute(q)
             for row in res:
                 yield row_dict(row)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return conn.execute(select(schema.batch.c.id).where(
                 schema.batch.c.id == batch_id)).first() is not None
 
@@ -428,7 +441,7 @@ class Store:
         parse: dict[str, int] = {}
         comp_sum = 0.0
         comp_n = 0
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             for outcome, lat, comp, err, ps in conn.execution_options(
                     yield_per=5000).execute(q):
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
