@@ -74,7 +74,7 @@ class Store:
         # file locked polls with sleeps that grow to 100 ms. Threads of this process
         # queue here instead and get the lock the moment it is free.
         self._writer: AbstractContextManager[Any] = (
-            threading.Lock() if self.dialect.name == "sqlite" else nullcontext())
+            threading.RLock() if self.dialect.name == "sqlite" else nullcontext())
 
     # -- plumbing -----------------------------------------------------------------
 
