@@ -9,6 +9,9 @@ Scenarios:
   zero       0 ms simulator: lockgate tasks/s vs the naive baseline, per backend and
              per worker process count (--processes 1,2: `lockgate worker -p N`)
   lognormal  lognormal latency (mean 300 ms) at the same number of calls in flight
+             (both throughput scenarios time lockgate end to end, including the start
+             of its worker processes, and also from its first call, as the baseline is
+             timed)
   claim      claim latency with 10k pending vs 1M pending vs 10k pending + 1M finished
              and 100k in flight (must stay flat: ratio <= 1.5)
   rss        peak RSS of a worker processing N vs 10N tasks (must stay flat)
