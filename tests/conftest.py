@@ -19,9 +19,12 @@ databases from).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,10 +102,20 @@ class ServerDatabase:
     tables: list[str]
 
     def wipe(self) -> None:
-        """Delete every row of every table the migrations created."""
+        """Delete every row of every table the migrations created, and start the ids
+        from 1 again."""
         with self.cleaner.begin() as conn:
             if self.backend == "postgresql":
-                conn.execute(text(f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY"))
+                # DELETE and setval: a few ms, where TRUNCATE takes about 50 ms (it
+                # gives every table new files). The schema has no foreign keys.
+                for table in self.tables:
+                    conn.execute(text(f"DELETE FROM {table}"))
+                sequences = conn.execute(text(
+                    "SELECT sequence_name FROM information_schema.sequences "
+                    "WHERE sequence_schema = current_schema()")).scalars().all()
+                if sequences:
+                    conn.execute(text("SELECT " + ", ".join(
+                        f"setval('{name}', 1, false)" for name in sequences)))
             else:
                 conn.execute(text("SET FOREIGN_KEY_CHECKS = 0"))
                 for table in self.tables:
@@ -178,15 +191,28 @@ def db_url(backend: str, _module_database: ServerDatabase | None, tmp_path: Path
     """URL of a migrated, empty lockgate database on ``backend``."""
     require_server(backend)
     if _module_database is None:
-        url = f"sqlite:///{tmp_path / 'lockgate.db'}"
-        store = Store(url, pool_size=1)
-        try:
-            store.migrate()
-        finally:
-            store.close()
-        return url
+        target = tmp_path / "lockgate.db"
+        shutil.copyfile(_migrated_sqlite_template(), target)
+        return f"sqlite:///{target}"
     _module_database.wipe()
     return _module_database.url
+
+
+@functools.cache
+def _migrated_sqlite_template() -> Path:
+    """A migrated SQLite file, made once per test session and copied for each test (a
+    migration takes about 0.1 s; a copy a millisecond). Closing the store checkpoints
+    the WAL into the file, so the file alone is the whole database."""
+    directory = Path(tempfile.mkdtemp(prefix="lockgate-template-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    path = directory / "template.db"
+    store = Store(f"sqlite:///{path}", pool_size=1)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    assert not path.with_name(path.name + "-wal").exists(), "the WAL was not checkpointed"
+    return path
 
 
 @pytest.fixture
