@@ -2,7 +2,8 @@
 
 ``db_url`` runs each test that asks for it on SQLite, PostgreSQL and MariaDB:
 
-* SQLite: a fresh file in the test's ``tmp_path``;
+* SQLite: a fresh file in the test's ``tmp_path`` (a copy of one file migrated once per
+  session);
 * PostgreSQL: a fresh schema per test module in the ``test`` database (the URL sets
   ``search_path``, so lockgate and its worker subprocesses see only that schema);
 * MariaDB: a fresh database per test module.
