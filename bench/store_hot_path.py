@@ -2,6 +2,11 @@
 in one thread, until the queue is empty. Prints microseconds per task for each half.
 
     python bench/store_hot_path.py --backends sqlite,postgresql,mariadb --tasks 20000
+    python bench/store_hot_path.py --backends postgresql --backlog 300000
+
+``--backlog N`` first inserts N more PENDING tasks that are not yet visible, in one
+statement and with no ANALYZE afterwards: the state of the table right after a large
+submission, before the database has gathered statistics on it.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from sqlalchemy import text
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_throughput import fresh_db, submit
+from engine_throughput import fill_sql, fresh_db, submit
 from lockgate.store import Store
 from lockgate.store.types import Finish
 
@@ -31,10 +38,14 @@ def trace() -> dict[str, object]:
             "error_message": None, "prompt_version": None}
 
 
-def run(backend: str, tasks: int, batch: int) -> tuple[float, float]:
+def run(backend: str, tasks: int, batch: int, backlog: int = 0) -> tuple[float, float]:
     url = fresh_db(backend, Path(tempfile.mkdtemp()))
     submit(url, tasks)
     store = Store(url)
+    if backlog:
+        with store.engine.begin() as conn:
+            conn.execute(text(fill_sql(store.dialect.name, backlog, "PENDING",
+                                       "99999999999999", batch="backlog")))
     claim_s = finish_s = 0.0
     done = 0
     try:
@@ -61,11 +72,14 @@ def main() -> None:
     ap.add_argument("--backends", default="sqlite,postgresql,mariadb")
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--backlog", type=int, default=0,
+                    help="PENDING tasks not yet visible, inserted without ANALYZE")
     a = ap.parse_args()
     for backend in a.backends.split(","):
-        claim_us, finish_us = run(backend, a.tasks, a.batch)
+        claim_us, finish_us = run(backend, a.tasks, a.batch, a.backlog)
         print(f"{backend:10s} claim {claim_us:6.1f} us/task, write-back {finish_us:6.1f} "
-              f"us/task ({a.batch} per batch, traces included)", flush=True)
+              f"us/task ({a.batch} per batch, traces included, backlog {a.backlog})",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,11 @@ _FINISH_SET = """
     {t}version = t.version + 1,
     {t}updated_at = {now}
 """
-_FINISH_FENCE = "t.id = v.id AND t.lease_token = v.tok AND t.status = 'PENDING'"
+# No status condition here: the rows were locked and checked PENDING by ``owned`` in
+# the same transaction. Naming the status let PostgreSQL, before its first ANALYZE of
+# a freshly submitted batch, plan the write-back over every PENDING row through the
+# claim index (127 ms for 256 rows among 300k pending, against 1 ms by primary key).
+_FINISH_FENCE = "t.id = v.id AND t.lease_token = v.tok"
 _FINISH_COLS = ("id", "tok", "status", "result", "parse_status", "error_class",
                 "error_message", "delay_ms", "release_attempt")
 
@@ -122,10 +126,13 @@ class Dialect:
         with _driver_cursor(conn) as cur:
             for i in range(0, len(ids), 900):
                 part = ids[i:i + 900]
-                cur.execute("SELECT id, lease_token FROM task WHERE status = 'PENDING' AND "
+                # The status is checked here, not in WHERE: looked up by id alone, the
+                # rows are found by primary key whatever the planner's statistics say.
+                cur.execute("SELECT id, lease_token, status FROM task WHERE "
                             f"id IN ({', '.join([self.placeholder] * len(part))}) "
                             "ORDER BY id" + self.lock_for_update(), tuple(part))
-                out.update((int(r[0]), str(r[1])) for r in cur.fetchall())
+                out.update((int(r[0]), str(r[1])) for r in cur.fetchall()
+                           if r[2] == "PENDING")
         return out
 
     def insert_attempts(self, conn: Connection, attempts: Sequence[dict[str, Any]]) -> None:

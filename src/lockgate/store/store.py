@@ -280,7 +280,7 @@ class Store:
             return 0
         sql = text(
             f"UPDATE task SET visible_at = {self.now} + :lease_ms, updated_at = {self.now} "
-            "WHERE id IN :ids AND lease_token = :tok AND status = 'PENDING'"
+            "WHERE id IN :ids AND lease_token = :tok"  # PENDING: checked under lock by owned()
         ).bindparams(bindparam("ids", expanding=True))
 
         def work(conn: Connection) -> int:
