@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -102,37 +103,37 @@ def _begin_immediate(raw: sqlite3.Connection, *,
     per run to it). Other statements keep the busy timeout."""
     raw.execute("PRAGMA busy_timeout=0")
     try:
-        give_up = time.monotonic() + deadline_s
-        while True:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= give_up:
-                    raise
-            time.sleep(0.001)
+        _while_locked(lambda: raw.execute("BEGIN IMMEDIATE"), deadline_s=deadline_s,
+                      pause_s=0.001, max_pause_s=0.001)
     finally:
         raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
-def _sqlite_wal(cur: Any, *, deadline_s: float = 60.0) -> None:
+def _sqlite_wal(cur: Any, *, deadline_s: float = BUSY_TIMEOUT_MS / 1000) -> None:
     """Switch a new database file to WAL. The switch takes an exclusive lock and
     SQLite answers "database is locked" at once, without waiting on busy_timeout,
     while another connection opens the same fresh file; so retry for as long as a
     writer would wait. A file that is already WAL needs no lock at all."""
     if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
         return
+    _while_locked(lambda: cur.execute("PRAGMA journal_mode=WAL"), deadline_s=deadline_s,
+                  pause_s=0.005, max_pause_s=0.2)
+
+
+def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: float,
+                  max_pause_s: float) -> None:
+    """Call ``run`` until SQLite no longer answers "database is locked" (pausing
+    ``pause_s``, doubled up to ``max_pause_s``), re-raising after ``deadline_s``."""
     give_up = time.monotonic() + deadline_s
-    pause = 0.005
     while True:
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
+            run()
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() >= give_up:
                 raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, max_pause_s)
 
 
 def _mysql_setup(engine: Engine) -> None:
