@@ -217,6 +217,18 @@ def _migrated_sqlite_template() -> Path:
 
 
 @pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """A :class:`Store` on a fresh, migrated SQLite file (for SQLite-only tests)."""
+    target = tmp_path / "lockgate.db"
+    shutil.copyfile(_migrated_sqlite_template(), target)
+    s = Store(f"sqlite:///{target}")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
 def fresh_db_url(backend: str, tmp_path: Path) -> Iterator[str]:
     """URL of a brand-new database on ``backend`` that no migration has touched."""
     require_server(backend)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -404,20 +402,9 @@ def test_a_deadlock_on_the_hot_path_is_a_retryable_error(store: Store) -> None:
 
 # -- SQLite's one write lock --------------------------------------------------------------
 
-@pytest.fixture
-def sqlite_store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'lock.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 def _other_writer(store: Store) -> sqlite3.Connection:
     """A second connection to the same file, outside lockgate (no busy wait)."""
-    raw = sqlite3.connect(store.engine.url.database or "", isolation_level=None, timeout=0)
-    return raw
+    return sqlite3.connect(store.engine.url.database or "", isolation_level=None, timeout=0)
 
 
 def test_sqlite_reads_leave_the_write_lock_free(sqlite_store: Store) -> None:

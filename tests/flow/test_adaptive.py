@@ -9,8 +9,6 @@ by the other scenarios).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,16 +20,6 @@ from lockgate.worker import Worker
 from .support import rows, run_workers, settings, status_counts, tasks
 
 N = 2500
-
-
-@pytest.fixture
-def sqlite_store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'lockgate.db'}")
-    s.migrate()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.mark.parametrize("policy", ["rule", "gradient"])
