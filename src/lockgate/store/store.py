@@ -71,8 +71,8 @@ class Store:
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
         self.now = self.dialect.now
         # SQLite lets one write transaction in at a time, and a writer that finds the
-        # file locked polls with sleeps that grow to 100 ms. Threads of this process
-        # queue here instead and get the lock the moment it is free.
+        # file locked can only poll for it (engine._begin_immediate). Threads of this
+        # process queue here instead and get the lock the moment it is free.
         self._writer: AbstractContextManager[Any] = (
             threading.RLock() if self.dialect.name == "sqlite" else nullcontext())
 
