@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -54,6 +54,17 @@ def test_valid_fast_path() -> None:
 def test_text_format_passes_through() -> None:
     p = parse_output("  any text  ", DeliveryRule(format="text"))
     assert p.status is ParseStatus.VALID and p.value == "  any text  "
+
+
+@pytest.mark.parametrize("raw, value", [
+    ('"hello"', "hello"),
+    ('"[not json"', "[not json"),  # not repaired into an array: it stays the string
+    ('"a {broken"', "a {broken"),
+])
+def test_a_json_string_stays_a_string_where_no_shape_is_expected(raw: str,
+                                                                 value: str) -> None:
+    p = parse_output(raw, DeliveryRule())
+    assert (p.status, p.value) == (ParseStatus.VALID, value)
 
 
 @pytest.mark.parametrize("raw, fix", [
@@ -249,6 +260,8 @@ _chatter = st.text(st.characters(blacklist_characters="{}", blacklist_categories
 @settings(max_examples=300, deadline=None)
 @given(obj=st.dictionaries(st.text(max_size=10), _json_values, max_size=6),
        before=_chatter, after=_chatter, indent=st.booleans())
+@example(obj={}, before='"', after='"', indent=False)  # the whole output is a JSON string
+@example(obj={}, before='"so: ', after=' ok"', indent=False)
 def test_any_object_in_chatter_is_recovered_exactly(obj: dict[str, Any], before: str,
                                                     after: str, indent: bool) -> None:
     body = json.dumps(obj, ensure_ascii=False, indent=2 if indent else None)

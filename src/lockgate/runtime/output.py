@@ -106,13 +106,20 @@ def parse_output(raw: str, rule: DeliveryRule) -> Parsed:
     except orjson.JSONDecodeError:
         value = _MISSING
     if value is not _MISSING:
-        if _fast_ok(value, plan):
-            return Parsed(ParseStatus.VALID, value)
-        if isinstance(value, str) and plan.expect is not None:
-            inner = _recover(value, plan, fixes)  # JSON text inside a JSON string
-            if isinstance(inner, dict | list):
+        if isinstance(value, str) and any(c in value for c in "{["):
+            # JSON text inside a JSON string: the answer encoded twice, or chatter that
+            # happens to be quoted. Where no shape is expected, a string stays a string
+            # unless an object or array is found in it as it stands (not repaired).
+            found = Fixes()
+            inner = _recover(value, plan, found)
+            if isinstance(inner, dict | list) and (plan.expect is not None or not any(
+                    f.startswith("repaired:") for f in found.applied)):
+                for label in found.applied:
+                    fixes.repair(label)
                 fixes.repair("decoded:string")
                 value = inner
+        if not fixes.applied and _fast_ok(value, plan):
+            return Parsed(ParseStatus.VALID, value)
     else:
         value = _recover(raw, plan, fixes)
         if isinstance(value, Parsed):
