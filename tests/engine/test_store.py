@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
 from lockgate.errors import NotFound, StateConflict
@@ -457,6 +457,29 @@ def test_sqlite_writer_gives_up_at_its_deadline(sqlite_store: Store) -> None:
     finally:
         other.close()
         mine.close()
+
+
+def test_sqlite_batches_are_split_under_the_bound_parameter_limit(
+        sqlite_store: Store) -> None:
+    """SQLite's hot path binds a whole batch in one statement; a batch beyond the
+    connection's limit on bound parameters goes in several, and nothing is lost."""
+    ids = submit(sqlite_store, 40)
+    event.listen(sqlite_store.engine, "connect", lambda raw, _rec: raw.setlimit(
+        sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 100))
+    sqlite_store.engine.dispose()  # reconnect under the lower limit
+    claimed = sqlite_store.claim(40, lease_ms=60_000, worker_id="w1")
+    assert sorted(c.task_id for c in claimed) == sorted(ids)
+    assert {(c.attempt, len(c.lease_token)) for c in claimed} == {(1, 32)}
+    report = sqlite_store.finish([succeed(c, {"label": f"é {c.task_id}"}) for c in claimed],
+                                 worker_id="w1")
+    assert len(report.applied) == 40 and report.discarded == []
+    done = rows(sqlite_store, "SELECT t.task_id, t.result, t.status, a.raw_output, a.outcome "
+                              "FROM task t JOIN task_attempt a ON a.task_pk = t.id")
+    assert len(done) == 40
+    for r in done:
+        value = orjson.dumps({"label": f"é {r['task_id']}"}).decode()
+        assert (r["status"], r["result"], r["raw_output"], r["outcome"]) == (
+            "SUCCEEDED", value, value, "succeeded"), r
 
 
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
