@@ -699,14 +699,21 @@ class FlowControl:
                     self._stopping = True
                     self._cancel_waiters()
                 if self._stopping and not any(st.in_flight for st in self._states.values()):
-                    break
+                    break  # ``finally`` gives the unused budget back
                 busy = any(st.limited and (st.waiters or st.rate > 1.0)
                            for st in self._states.values()) or any(
                     ls.wanted and ls.lane.window is not None for ls in self._lanes.values())
                 timeout = self.cfg.lease_interval_s if busy else \
                     max(self.cfg.lease_interval_s, 0.5)
+                if self._stopping:
+                    # Nothing new to lease for (the waiters were cancelled): look every
+                    # 20 ms for the last call to come back, and lease only to publish
+                    # what a call still in flight taught (a pause).
+                    timeout = 0.02
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                if self._stopping and not self._wake.is_set():
+                    continue
                 self._wake.clear()
                 now = time.monotonic()
                 if now - self._last_lease < self.cfg.lease_interval_s / 4:
@@ -736,6 +743,11 @@ class FlowControl:
                 await self._give_back()
             with contextlib.suppress(Exception):
                 await self._report()
+
+    def wake(self) -> None:
+        """Run the background loop now (the worker calls this when it starts stopping,
+        so that the loop notices without waiting out its period)."""
+        self._wake.set()
 
     def _cancel_waiters(self) -> None:
         for st in self._states.values():

@@ -105,6 +105,7 @@ class Worker:
         self._on_progress = on_progress
         self._configs: dict[str, TaskConfig | RegistryRef] = {}
         self._routes: dict[str, tuple[Endpoint, Provider, dict[str, Any]]] = {}
+        self._fb_params: dict[tuple[str, str], dict[str, Any]] = {}
         self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
         self._services = list(services)
         #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
@@ -114,6 +115,8 @@ class Worker:
         self._buffer: list[Finish] = []
         self._flush_wake = asyncio.Event()
         self._slot_free = asyncio.Event()
+        #: Set when the last held task's result is written back (burst mode's end).
+        self._held_empty = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_finished = asyncio.Event()
         self._hard = asyncio.Event()
@@ -149,6 +152,7 @@ class Worker:
         if self._hard_stop:
             self._hard.set()
         self._stopping.set()
+        self.flow.wake()
         self._slot_free.set()
         self._flush_wake.set()
 
@@ -176,6 +180,7 @@ class Worker:
                     raise RuntimeError(f"{t.get_name()} stopped unexpectedly")
             await claim
             self._stopping.set()  # burst drained, or a stop was requested
+            self.flow.wake()
             await self._drain()
             await asyncio.wait_for(asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60)
         finally:
@@ -246,7 +251,13 @@ class Worker:
                 continue
             if await self._queue_drained():
                 return
-            await self._sleep(idle)
+            self._held_empty.clear()
+            if self.burst and self._held:
+                # The queue looks empty but calls still run: look again as soon as the
+                # last of them is written back, not after a poll interval.
+                await self._sleep(idle, self._held_empty)
+            else:
+                await self._sleep(idle)
             idle = min(self.ws.poll_max_s, idle * 2)
 
     async def _queue_drained(self) -> bool:
@@ -261,9 +272,18 @@ class Worker:
                 return False
         return True
 
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+    async def _sleep(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Sleep until ``seconds`` pass, the worker stops or ``wake`` is set."""
+        if wake is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._stopping, wake)]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def _start(self, rows: list[ClaimedTask]) -> None:
         missing = {r.config_hash for r in rows} - self._configs.keys()
@@ -333,11 +353,12 @@ class Worker:
         input_data = orjson.loads(t.input_data)
 
         async def call(ep: Endpoint, provider: Provider) -> AttemptResult:
-            # The flow controller picks the endpoint (the primary, or its fallback).
+            # The flow controller picks the endpoint (the primary, or its fallback; its
+            # own copy of the settings, so compared by name).
             return await run_attempt(config, input_data, ep, provider,
                                      idempotency_key=f"{t.task_id}:{t.attempt}",
-                                     params=params if ep is endpoint else
-                                     provider_params(config, ep, self.id))
+                                     params=params if ep.name == endpoint.name else
+                                     self._fallback_params(route_key, config, ep))
 
         res, routed_from = await self.flow.call(t, config, endpoint, call)
         d = decide(config, t.attempt, res, self._rng)
@@ -355,6 +376,14 @@ class Worker:
             error_class=str(res.error_class) if res.error_class else None,
             error_message=(res.error_message or "")[:2000] or None,
             delay_ms=d.delay_ms, release_attempt=rerouted, attempt=trace)
+
+    def _fallback_params(self, route_key: str, config: TaskConfig,
+                         ep: Endpoint) -> dict[str, Any]:
+        key = (route_key, ep.name)
+        params = self._fb_params.get(key)
+        if params is None:
+            params = self._fb_params[key] = provider_params(config, ep, self.id)
+        return params
 
     # -- write-behind ---------------------------------------------------------------
 
@@ -398,6 +427,8 @@ class Worker:
                     self.stats.dead += 1
                 else:
                     self.stats.failed += 1
+            if not self._held:
+                self._held_empty.set()
             self._slot_free.set()  # flushed results no longer count against claiming
             if self._on_progress:
                 self._on_progress(self.stats)
