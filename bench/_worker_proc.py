@@ -22,6 +22,7 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--concurrency", type=int, default=512)
     ap.add_argument("--claim-batch", type=int, default=256)
+    ap.add_argument("--prefetch", type=int, help="tasks kept ready beyond the calls in flight")
     ap.add_argument("--no-snapshots", action="store_true", help="skip prompt snapshots")
     ap.add_argument("--processes", type=int, default=1,
                     help="worker processes (lockgate worker --processes); the time includes "
@@ -29,8 +30,9 @@ def main() -> None:
     a = ap.parse_args()
 
     store = Store(a.db)
-    settings = Settings(worker=WorkerSettings(concurrency=a.concurrency, claim_batch=a.claim_batch,
-                                              store_snapshots=not a.no_snapshots))
+    settings = Settings(worker=WorkerSettings(
+        concurrency=a.concurrency, claim_batch=a.claim_batch, prefetch=a.prefetch,
+        store_snapshots=not a.no_snapshots))
     t0 = time.perf_counter()
     if a.processes > 1:
         stats = run_processes(a.db, settings, a.processes, burst=True, gate=False)

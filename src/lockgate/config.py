@@ -108,6 +108,10 @@ class WorkerSettings(_Strict):
 
     concurrency: int = Field(512, ge=1, le=100_000, description="calls in flight")
     claim_batch: int = Field(256, ge=1, le=5000, description="rows per claim")
+    prefetch: int | None = Field(
+        None, ge=0, le=100_000,
+        description="claimed tasks kept ready to start the moment a call ends, beyond "
+                    "the calls in flight [min(claim_batch, concurrency // 4)]")
     lease_s: float = Field(60.0, ge=1.0, description="lease length; renewed at 1/3")
     flush_interval_s: float = Field(0.02, gt=0, description="write-behind flush period")
     flush_rows: int = Field(500, ge=1, le=5000, description="write-behind batch size")

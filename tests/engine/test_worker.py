@@ -16,6 +16,7 @@ from .support import (
     WorkerPool,
     rows,
     run_worker,
+    scalar,
     status_counts,
     tasks,
     wait_for,
@@ -93,6 +94,29 @@ def test_calls_still_running_when_grace_ends_are_released_unspent(
         assert (r["attempts"], r["attempt"]) == (1, 1), r
     assert len(released) == CONCURRENCY
     assert simulator.stats()["duplicate_successes"] == 0
+
+
+def test_tasks_kept_ready_hold_leases_and_go_back_unspent_at_shutdown(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """Beyond its calls in flight a worker keeps ``prefetch`` claimed tasks ready to
+    start. They hold leases but are not called; a stop gives them back without
+    spending an attempt and without an attempt row (no call was made)."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 20_000})
+    store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
+    with BackgroundWorker(store, concurrency=2, prefetch=3, shutdown_grace_s=0.2) as bg:
+        wait_for(lambda: in_flight(simulator, 2), "calls in flight")
+        wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task "
+                                       "WHERE lease_token IS NOT NULL") == 5, "5 leases")
+        assert simulator.stats()["requests"] == 2, "a task kept ready was called"
+        stats = bg.stop()
+
+    assert stats.released == 5  # two calls cut off by the stop, three never started
+    assert status_counts(store) == {"PENDING": N}
+    assert rows(store, "SELECT attempts, lease_token, leased_by FROM task "
+                       "WHERE attempts <> 0 OR lease_token IS NOT NULL "
+                       "OR leased_by IS NOT NULL") == []
+    assert rows(store, "SELECT outcome, COUNT(*) AS n FROM task_attempt GROUP BY outcome"
+                ) == [{"outcome": "released", "n": 2}]
 
 
 def test_burst_worker_on_an_empty_queue_stops_at_once(store: Store,

@@ -9,6 +9,7 @@ then expire and the tasks run again (at-least-once; the re-runs are counted).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -112,9 +113,16 @@ class Worker:
         #: re-claimed by this same worker while its first call still runs.
         self._held: dict[tuple[int, str], ClaimedTask] = {}
         self._running: dict[tuple[int, str], asyncio.Task[None]] = {}
+        #: Claimed, held and not started yet: each starts the moment a call ends, so
+        #: the calls in flight stay at ``concurrency`` while the next claim is made.
+        self._ready: collections.deque[ClaimedTask] = collections.deque()
+        self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
+            self.ws.claim_batch, self.ws.concurrency // 4)
         self._buffer: list[Finish] = []
         self._flush_wake = asyncio.Event()
         self._slot_free = asyncio.Event()
+        self._ended = 0  # calls ended since the claim loop went to sleep
+        self._wake_after = 1  # ... and how many it waits for
         #: Set when the last held task's result is written back (burst mode's end).
         self._held_empty = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -226,12 +234,19 @@ class Worker:
         while not self._stopping.is_set():
             # Back-pressure: results that wait for their write-back still hold a lease;
             # if flushing stalls (database down), stop claiming once a flush's worth
-            # of them has piled up beyond the calls in flight.
+            # of them has piled up beyond the calls in flight and the tasks kept ready.
+            places = self.ws.concurrency + self._prefetch
             room = self.flow.claim_room(min(
-                self.ws.concurrency - len(self._running),
-                self.ws.concurrency + self.ws.flush_rows - len(self._held)))
-            if room < self.flow.claim_threshold(
-                    max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4)):
+                places - len(self._running) - len(self._ready),
+                places + self.ws.flush_rows - len(self._held)))
+            threshold = self.flow.claim_threshold(
+                max(1, min(self.ws.claim_batch, self.ws.concurrency) // 4))
+            if room < threshold:
+                # Wake when enough calls have ended to make a claim worth it (not at
+                # every one of them), or when a flush or the flow controller may have
+                # changed the room.
+                self._ended = 0
+                self._wake_after = threshold - room
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
@@ -294,7 +309,13 @@ class Worker:
         self.stats.claimed += len(rows)
         for r in rows:
             self._held[r.id, r.lease_token] = r
-            self._running[r.id, r.lease_token] = asyncio.create_task(self._execute(r))
+            if len(self._running) < self.ws.concurrency:
+                self._launch(r)
+            else:
+                self._ready.append(r)
+
+    def _launch(self, t: ClaimedTask) -> None:
+        self._running[t.id, t.lease_token] = asyncio.create_task(self._execute(t))
 
     async def _execute(self, t: ClaimedTask) -> None:
         started = int(time.time() * 1000)
@@ -321,7 +342,11 @@ class Worker:
                                      "error_class": str(ErrorClass.INTERNAL_ERROR)})
         self._buffer.append(finish)
         self._running.pop((t.id, t.lease_token), None)
-        self._slot_free.set()
+        if self._ready and not self._stopping.is_set():
+            self._launch(self._ready.popleft())
+        self._ended += 1
+        if self._ended >= self._wake_after:
+            self._slot_free.set()
         if len(self._buffer) >= self.ws.flush_rows:
             self._flush_wake.set()
 
@@ -391,7 +416,7 @@ class Worker:
         backoff = 0.05
         while True:
             if not self._buffer:
-                if (self._stopping.is_set() and not self._running
+                if (self._stopping.is_set() and not self._running and not self._ready
                         and self._claim_finished.is_set()):
                     return
                 self._flush_wake.clear()
@@ -434,7 +459,16 @@ class Worker:
                 self._on_progress(self.stats)
 
     async def _drain(self) -> None:
-        """After claiming stopped: let in-flight calls finish within the grace period."""
+        """After claiming stopped: give back the tasks kept ready (never called, so no
+        attempt is spent), and let in-flight calls finish within the grace period."""
+        while self._ready:
+            r = self._ready.popleft()
+            self._buffer.append(Finish(
+                id=r.id, lease_token=r.lease_token, status=TaskStatus.PENDING,
+                error_class=str(ErrorClass.LEASE_EXPIRED),
+                error_message="released: worker shut down before calling",
+                release_attempt=True))
+            self.stats.released += 1
         if self._running and not self._hard_stop:
             # Wait for the calls, the grace period or a second stop request (hard).
             calls = asyncio.ensure_future(asyncio.wait(list(self._running.values())))
