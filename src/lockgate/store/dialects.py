@@ -253,17 +253,29 @@ class SQLiteDialect(Dialect):
     @staticmethod
     def _values(cur: Any, rows: list[tuple[Any, ...]],
                 width: int) -> Iterator[tuple[tuple[Any, ...], str]]:
-        """``rows`` in chunks that fit the connection's limit on bound parameters:
-        each chunk's parameters, flattened, and its VALUES list of placeholders."""
+        """``rows`` in chunks: each chunk's parameters, flattened, and its VALUES list
+        of placeholders.
+
+        Chunks hold a power of two rows, at most 256 and within the connection's limit
+        on bound parameters. sqlite3 keeps every statement text it runs in a per-
+        connection cache, and a VALUES list of a few thousand parameters compiles to a
+        large program: one text per batch size let a worker's memory grow with the
+        sizes it met (148 to 234 MB over 20,000 and 200,000 tasks). Powers of two keep
+        it to nine texts per statement, for at most nine steps per batch."""
         try:
             limit = cur.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except AttributeError:  # not the standard library's sqlite3
             limit = 999  # SQLite's smallest default
-        per = max(1, limit // width)
+        most = min(256, max(1, limit // width))
+        size = 1 << (most.bit_length() - 1)  # the largest power of two within it
         one = "(" + ", ".join(["?"] * width) + ")"
-        for i in range(0, len(rows), per):
-            chunk = rows[i:i + per]
-            yield tuple(v for r in chunk for v in r), ", ".join([one] * len(chunk))
+        i = 0
+        while i < len(rows):
+            while size > len(rows) - i:
+                size //= 2
+            chunk = rows[i:i + size]
+            yield tuple(v for r in chunk for v in r), ", ".join([one] * size)
+            i += size
 
     def insert_ignore(self, table: Table) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
