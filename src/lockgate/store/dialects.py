@@ -261,7 +261,8 @@ class SQLiteDialect(Dialect):
         connection cache, and a VALUES list of a few thousand parameters compiles to a
         large program: one text per batch size let a worker's memory grow with the
         sizes it met (148 to 234 MB over 20,000 and 200,000 tasks). Powers of two keep
-        it to nine texts per statement, for at most nine steps per batch."""
+        it to nine texts per statement, for at most nine steps per batch of up to 511
+        rows."""
         try:
             limit = cur.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except AttributeError:  # not the standard library's sqlite3
