@@ -84,6 +84,13 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
                         input_data=r[4], attempt=r[5], lease_token=r[6]) for r in rows]
 
 
+def _leased(rows: Sequence[Any], token: str) -> list[ClaimedTask]:
+    """Rows read before the UPDATE that leased them (``_CLAIM_COLS`` up to
+    ``attempts``): the attempt is the one that UPDATE counted, the token its own."""
+    return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
+                        input_data=r[4], attempt=r[5] + 1, lease_token=token) for r in rows]
+
+
 class Dialect:
     """The interface; one subclass per database family."""
 
@@ -216,9 +223,7 @@ class SQLiteDialect(Dialect):
             if cur.rowcount != len(rows):
                 raise AssertionError(f"claim leased {cur.rowcount} of {len(rows)} rows "
                                      "under the write lock")
-        return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
-                            input_data=r[4], attempt=r[5] + 1, lease_token=token)
-                for r in rows]
+        return _leased(rows, token)
 
     def owned(self, conn: Connection, ids: Sequence[int]) -> set[tuple[int, str]]:
         # No row locks to order: the transaction already holds the database's write lock.
@@ -352,9 +357,7 @@ class MySQLDialect(Dialect):
         conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
             _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                                  "ids": ids})
-        return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
-                            input_data=r[4], attempt=r[5] + 1, lease_token=token)
-                for r in rows]
+        return _leased(rows, token)
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
         # One statement per batch size: sent as driver SQL, because each distinct text()
@@ -379,9 +382,7 @@ class MySQLDialect(Dialect):
         conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
             _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                                  "ids": [r[0] for r in rows]})
-        return [ClaimedTask(id=r[0], task_id=r[1], batch_id=r[2], config_hash=r[3],
-                            input_data=r[4], attempt=r[5] + 1, lease_token=token)
-                for r in rows]
+        return _leased(rows, token)
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
