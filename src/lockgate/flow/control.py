@@ -700,16 +700,18 @@ class FlowControl:
                     self._cancel_waiters()
                 if self._stopping and not any(st.in_flight for st in self._states.values()):
                     break  # ``finally`` gives the unused budget back
-                busy = any(st.limited and (st.waiters or st.rate > 1.0)
-                           for st in self._states.values()) or any(
-                    ls.wanted and ls.lane.window is not None for ls in self._lanes.values())
-                timeout = self.cfg.lease_interval_s if busy else \
-                    max(self.cfg.lease_interval_s, 0.5)
                 if self._stopping:
                     # Nothing new to lease for (the waiters were cancelled): look every
                     # 20 ms for the last call to come back, and lease only to publish
                     # what a call still in flight taught (a pause).
                     timeout = 0.02
+                else:
+                    busy = any(st.limited and (st.waiters or st.rate > 1.0)
+                               for st in self._states.values()) or any(
+                        ls.wanted and ls.lane.window is not None
+                        for ls in self._lanes.values())
+                    timeout = self.cfg.lease_interval_s if busy else \
+                        max(self.cfg.lease_interval_s, 0.5)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if self._stopping and not self._wake.is_set():
