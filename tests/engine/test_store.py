@@ -299,6 +299,29 @@ def test_failed_and_dead_write_backs_keep_their_reason(store: Store) -> None:
             ra["parse_status"]) == ("PENDING", None, None, None, None)
 
 
+def test_nul_characters_in_answers_and_errors_are_stored_as_replacement(store: Store) -> None:
+    # PostgreSQL refuses NUL in text: unreplaced, the whole batch's write-back failed
+    # on every retry. Every backend stores the same U+FFFD.
+    submit(store, 2)
+    a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
+    report = store.finish([
+        Finish(id=a.id, lease_token=a.lease_token, status="SUCCEEDED",
+               result=orjson.dumps({"label": "y\x00es"}).decode(), parse_status="valid",
+               attempt=trace(a, "succeeded", raw_output='{"label": "y\x00es"}')),
+        Finish(id=b.id, lease_token=b.lease_token, status="FAILED",
+               error_class="invalid_request", error_message="HTTP 400: b\x00ad",
+               attempt=trace(b, "failed", raw_output="\x00", error_message="b\x00ad")),
+    ], worker_id="w1")
+    assert sorted(report.applied) == sorted([a.id, b.id])
+    ra, rb = task_row(store, a.task_id), task_row(store, b.task_id)
+    assert orjson.loads(ra["result"]) == {"label": "y\x00es"}, "JSON escapes it already"
+    assert rb["error_message"] == "HTTP 400: b\ufffdad"
+    traces = {
+        r["task_pk"]: (r["raw_output"], r["error_message"])
+        for r in rows(store, "SELECT task_pk, raw_output, error_message FROM task_attempt")}
+    assert traces == {a.id: ('{"label": "y\ufffdes"}', None), b.id: ("\ufffd", "b\ufffdad")}
+
+
 # -- renewals and operator transitions ------------------------------------------------------
 
 def test_renew_extends_only_leases_still_held(store: Store) -> None:

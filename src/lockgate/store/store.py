@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +41,27 @@ T = TypeVar("T")
 _RETRY_CODES_MYSQL = {1205, 1213}
 _RETRY_SQLSTATES_PG = {"40001", "40P01"}
 SUBMIT_CHUNK = 500
+
+
+def _storable(f: Finish) -> Finish:
+    """``f`` with every NUL character in its texts replaced by U+FFFD.
+
+    A model's answer or a provider's error body may contain NUL (JSON allows
+    ``\\u0000``), and PostgreSQL refuses it in a text column. Refused, the write-back
+    of a whole batch would fail on every retry, and its tasks would be called again
+    each time their leases ran out. The replacement is the same on every backend."""
+    texts = (f.result, f.error_message, f.error_class, f.parse_status)
+    trace = f.attempt
+    if not (any(t is not None and "\x00" in t for t in texts)
+            or (trace and any(isinstance(v, str) and "\x00" in v for v in trace.values()))):
+        return f
+
+    def clean(v: Any) -> Any:
+        return v.replace("\x00", "\ufffd") if isinstance(v, str) else v
+
+    return replace(f, result=clean(f.result), error_message=clean(f.error_message),
+                   error_class=clean(f.error_class), parse_status=clean(f.parse_status),
+                   attempt={k: clean(v) for k, v in trace.items()} if trace else trace)
 
 
 def _transient(exc: DBAPIError) -> bool:
@@ -236,7 +257,8 @@ class Store:
         """
         if not rows:
             return FinishReport([], [])
-        ordered = sorted(rows, key=lambda f: f.id)  # one lock order: fewer deadlocks
+        # One lock order (by id): fewer deadlocks.
+        ordered = sorted((_storable(f) for f in rows), key=lambda f: f.id)
 
         def work(conn: Connection) -> FinishReport:
             held = self.dialect.owned(conn, [f.id for f in ordered])
