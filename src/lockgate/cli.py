@@ -207,7 +207,7 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
             rate = (done - done0) / elapsed if elapsed > 0 else 0.0
             prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s")
 
-        if processes > 1:  # the workers are elsewhere: read progress from the database
+        if processes > 1:  # most workers are other processes: read progress from the database
             def poll() -> None:
                 c = lg.store.batch_counts(batch_id)
                 show(sum(c.values()) - c.get("PENDING", 0))

@@ -1,15 +1,17 @@
 """Several worker processes on one machine, under one supervising process.
 
 One worker is one asyncio event loop, so one Python process uses about one core for
-its HTTP client, rendering and parsing. ``run_processes`` starts ``n`` of them (spawned,
-each with its own connections) against the same database; they coordinate only through
-the task rows, exactly like workers on different machines.
+its HTTP client, rendering and parsing. ``run_processes`` runs ``n`` of them against
+the same database: the supervising process itself is one, and it spawns the other
+``n - 1`` (each with its own connections). They coordinate only through the task rows,
+exactly like workers on different machines. The supervisor's own worker starts at
+once, while each spawned child spends a second or more importing lockgate anew.
 
 Signals: the children run in their own process group, so a terminal's Ctrl-C reaches
-only the supervisor, which forwards each SIGINT/SIGTERM it receives once to every child
-(the first means "stop claiming, finish within the grace period", the second "now",
-as for a single worker). A child whose supervisor died (``kill -9``) stops gracefully
-by itself, so no worker outlives its supervisor.
+only the supervisor, which acts on each SIGINT/SIGTERM it receives and forwards it once
+to every child (the first means "stop claiming, finish within the grace period", the
+second "now", as for a single worker). A child whose supervisor died (``kill -9``)
+stops gracefully by itself, so no worker outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -61,57 +63,34 @@ def _child(url: str, settings: Settings, burst: bool, gate: bool, overrides: dic
     results.put((index, asdict(stats)))
 
 
-def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
-                  gate: bool = True, overrides: dict[str, Any] | None = None,
-                  log_level: str | None = None,
-                  tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> WorkerStats:
-    """Run ``processes`` workers until they stop (burst: the queue is drained; else a
-    signal) and return their counters summed. ``tick`` is called every ``tick_s``
-    seconds while they run (progress display). The database must be migrated already.
-
-    Raises :class:`LockgateError` naming the process if a worker exited abnormally
-    (its unfinished leases expire and other workers take the tasks over)."""
-    if processes < 1:
-        raise ValueError(f"processes must be >= 1, got {processes}")
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    children = [ctx.Process(target=_child, name=f"lockgate-worker-{i}", daemon=False,
-                            args=(url, settings, burst, gate, dict(overrides or {}),
-                                  log_level, os.getpid(), results, i))
-                for i in range(processes)]
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
+def _supervise(children: list[Any], processes: int, done: threading.Event,
+               tick: Callable[[], None] | None, tick_s: float) -> None:
+    """Until ``done``: report children that exited abnormally (they are not
+    restarted; the others go on) and call ``tick`` about every ``tick_s`` seconds."""
+    reported_dead: set[str] = set()
+    while not done.is_set():
         for c in children:
-            if c.pid is not None and c.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.pid, signum)
+            c.join(timeout=tick_s / len(children))
+            if c.exitcode not in (None, 0) and c.name not in reported_dead:
+                reported_dead.add(c.name)
+                log.error("worker process %s (pid %s) exited with code %s; %d of %d "
+                          "still running", c.name, c.pid, c.exitcode,
+                          1 + sum(x.is_alive() for x in children), processes)
+        if not children:
+            done.wait(tick_s)
+        if tick is not None:
+            tick()
 
-    previous = {s: signal.signal(s, forward) for s in _SIGNALS}
-    try:
-        for c in children:
-            c.start()
-        reported_dead: set[int] = set()
-        while any(c.is_alive() for c in children):
-            for i, c in enumerate(children):
-                c.join(timeout=tick_s / len(children))
-                if c.exitcode not in (None, 0) and i not in reported_dead:
-                    reported_dead.add(i)  # not restarted: say so while the others run
-                    log.error("worker process #%d (pid %s) exited with code %s; %d of %d "
-                              "still running", i, c.pid, c.exitcode,
-                              sum(x.is_alive() for x in children), len(children))
-            if tick is not None:
-                tick()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    total = WorkerStats()
+
+def _add_children(total: WorkerStats, children: list[Any], results: Any) -> WorkerStats:
+    """Add the children's counters to ``total``; raise if any did not report."""
     reported = set()
     while not results.empty():
         index, counters = results.get()
         reported.add(index)
         for f in fields(WorkerStats):
             setattr(total, f.name, getattr(total, f.name) + counters[f.name])
-    failed = [(i, c.exitcode) for i, c in enumerate(children)
+    failed = [(i, c.exitcode) for i, c in enumerate(children, 1)
               if c.exitcode != 0 or i not in reported]
     if failed:
         raise LockgateError(
@@ -120,3 +99,61 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
             + "; their leased tasks return to the queue when the leases expire. "
               "Run with --log-level INFO to see why.")
     return total
+
+
+def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
+                  gate: bool = True, overrides: dict[str, Any] | None = None,
+                  log_level: str | None = None,
+                  tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> WorkerStats:
+    """Run ``processes`` workers (this process and ``processes - 1`` spawned children)
+    until they stop (burst: the queue is drained; else a signal) and return their
+    counters summed. ``tick`` is called every ``tick_s`` seconds while they run, from a
+    supervising thread (progress display). The database must be migrated already.
+
+    Raises :class:`LockgateError` naming the process if a child exited abnormally (its
+    unfinished leases expire and other workers take the tasks over)."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    from lockgate.app import Lockgate, run_async  # imported here: app imports this module
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    children = [ctx.Process(target=_child, name=f"lockgate-worker-{i}", daemon=False,
+                            args=(url, settings, burst, gate, dict(overrides or {}),
+                                  log_level, os.getpid(), results, i))
+                for i in range(1, processes)]
+
+    def forward(signum: int, _frame: FrameType | None = None) -> None:
+        for c in children:
+            if c.pid is not None and c.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signum)
+
+    done = threading.Event()
+    watcher = threading.Thread(target=_supervise, name="lockgate-supervisor", daemon=True,
+                               args=(children, processes, done, tick, tick_s))
+    previous = {s: signal.signal(s, forward) for s in _SIGNALS}
+    try:
+        for c in children:
+            c.start()
+        watcher.start()
+        with Lockgate(url, settings=settings, migrate=False) as lg:
+            own = lg.worker(burst=burst, gate=gate, **(overrides or {}))
+            own.on_signal = forward  # while it runs, its event loop receives the signals
+            try:
+                total: WorkerStats = run_async(own.run())
+            except BaseException:
+                forward(signal.SIGTERM)  # do not leave the children working unsupervised
+                raise
+            finally:  # its loop gave the signals back to the default handlers
+                for s in _SIGNALS:
+                    signal.signal(s, forward)
+        for c in children:
+            c.join()
+    finally:
+        done.set()
+        if watcher.is_alive():
+            watcher.join()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return _add_children(total, children, results)

@@ -131,6 +131,9 @@ class Worker:
         self._hard_stop = False
         self._rng = random.Random(secrets.randbits(64))
         self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
+        #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
+        #: has acted on it (a supervisor that is also a worker forwards it on).
+        self.on_signal: Callable[[int], None] | None = None
         self._lease_ms = int(self.ws.lease_s * 1000)
         #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
         self.flow = FlowControl(store, self.settings, self.id, db=self._db,
@@ -211,7 +214,12 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self.request_stop)
+                loop.add_signal_handler(sig, self._signalled, sig)
+
+    def _signalled(self, sig: int) -> None:
+        self.request_stop()
+        if self.on_signal is not None:
+            self.on_signal(sig)
 
     def _remove_signals(self) -> None:
         with contextlib.suppress(Exception):
