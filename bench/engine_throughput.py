@@ -99,13 +99,15 @@ def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
 def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
                tmp: Path, processes: list[int],
                tokenizer: str | None = None) -> list[dict[str, Any]]:
-    """Per backend: the naive baseline, then lockgate with each process count (the
-    calls in flight are the same in total: ``concurrency`` split over the processes)."""
+    """Per backend and process count: the naive baseline, then lockgate right after it
+    (the calls in flight are the same in total: ``concurrency`` split over the
+    processes). Each lockgate run gets a baseline of its own, measured just before it:
+    the machine's speed drifts by 10-40 % within minutes on shared virtual machines."""
     rows = []
     with SimulatorProcess({"latency": latency}) as sim:
         for backend in backends:
-            base = naive(sim, tasks, concurrency)
             for n in processes:
+                base = naive(sim, tasks, concurrency)
                 url = fresh_db(backend, tmp)
                 lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n, tokenizer)
                 rows.append({"backend": backend, "processes": n, "naive_rate": base["rate"],

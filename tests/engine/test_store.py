@@ -505,6 +505,55 @@ def test_sqlite_batches_are_split_under_the_bound_parameter_limit(
             "SUCCEEDED", value, value, "succeeded"), r
 
 
+def test_server_batches_travel_as_json_split_by_size_and_keep_every_value(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL and MySQL read a write-back batch and its trace rows from JSON texts,
+    several when the batch is large: quotes, backslashes, newlines, CJK and emoji,
+    NULLs, integers and floats all arrive as they were, and a stale claim in the
+    middle of the batch is still discarded."""
+    if store.dialect.name == "sqlite":
+        pytest.skip("SQLite binds its batches as VALUES lists (test above)")
+    monkeypatch.setattr(type(store.dialect), "_JSON_BYTES", 2048)
+    submit(store, 30)
+    claimed = store.claim(30, lease_ms=60_000, worker_id="w1")
+    stale = claimed[7]
+    text_of = {c.id: f'"q" \\ b\nline 投诉 😀 {c.task_id} ' + "x" * 300 for c in claimed}
+    batch = [Finish(id=c.id, lease_token=c.lease_token if c is not stale else "0" * 32,
+                    status="SUCCEEDED" if i % 2 else "PENDING",
+                    result=orjson.dumps({"t": text_of[c.id]}).decode() if i % 2 else None,
+                    parse_status="valid" if i % 2 else None,
+                    error_class=None if i % 2 else "rate_limited",
+                    error_message=None if i % 2 else text_of[c.id], delay_ms=0 if i % 2 else 5,
+                    attempt=trace(c, "succeeded" if i % 2 else "retry",
+                                  raw_output=text_of[c.id], latency_ms=12.25,
+                                  http_status=200 if i % 2 else 429, estimated_tokens=None))
+             for i, c in enumerate(claimed)]
+    report = store.finish(batch, worker_id="w1")
+    assert report.discarded == [stale.id]
+    assert sorted(report.applied) == sorted(c.id for c in claimed if c is not stale)
+    tasks_now = {r["id"]: r for r in rows(store, "SELECT id, status, result, error_class, "
+                                                 "error_message FROM task")}
+    for i, c in enumerate(claimed):
+        r = tasks_now[c.id]
+        if c is stale:
+            assert (r["status"], r["result"], r["error_message"]) == ("PENDING", None, None)
+        elif i % 2:
+            assert (r["status"], orjson.loads(r["result"]), r["error_message"]) == (
+                "SUCCEEDED", {"t": text_of[c.id]}, None)
+        else:
+            assert (r["status"], r["error_class"], r["error_message"]) == (
+                "PENDING", "rate_limited", text_of[c.id])
+    traces = rows(store, "SELECT task_pk, outcome, raw_output, latency_ms, http_status, "
+                         "estimated_tokens, worker_id FROM task_attempt")
+    assert len(traces) == 30
+    for t in traces:
+        i = next(i for i, c in enumerate(claimed) if c.id == t["task_pk"])
+        outcome = "discarded" if claimed[i] is stale else "succeeded" if i % 2 else "retry"
+        assert (t["outcome"], t["raw_output"], t["latency_ms"], t["http_status"],
+                t["estimated_tokens"], t["worker_id"]) == (
+            outcome, text_of[t["task_pk"]], 12.25, 200 if i % 2 else 429, None, "w1"), t
+
+
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
     ids = submit(store, 2)
     store.cancel(ids[0])
