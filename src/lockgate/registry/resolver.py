@@ -80,6 +80,11 @@ class PromptResolver:
             return load_config(document)
         return RegistryRef(parse_ref(ref), document)
 
+    def pinned(self, config_hash: str) -> str | None:
+        """The version a plain config names (release-gate items), else None: what
+        :meth:`resolve` returns for a :class:`TaskConfig` without awaiting anything."""
+        return self._pinned.get(config_hash)
+
     async def resolve(self, config_hash: str, entry: TaskConfig | RegistryRef,
                       run_db: RunDb = _to_thread) -> tuple[TaskConfig, str | None]:
         """(config to run, ``name@N`` for the trace). Raises NotFound for a reference to a
