@@ -117,3 +117,20 @@ def test_processes_must_be_positive(db_url: str) -> None:
                          text=True, timeout=60, env=clean_env(LOCKGATE_DATABASE_URL=db_url))
     assert res.returncode == 2
     assert "--processes" in res.stderr
+
+
+def test_a_supervisor_whose_own_worker_cannot_start_says_why_and_stops_its_children(
+        db_url: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[endpoint]]\nname = "main"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                   'api_key_env = "LOCKGATE_TEST_UNSET_KEY"\n')
+    res = subprocess.run(lockgate_cmd("worker", "--config", str(cfg), "--burst",
+                                      "--processes", "2"),
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=clean_env(LOCKGATE_DATABASE_URL=db_url))
+    # It exits (so its child did: a supervisor waits for every child it started) with
+    # the configuration error itself, not a report of crashed processes.
+    assert res.returncode == 2, res.stderr
+    err = " ".join(res.stderr.split())
+    assert "$LOCKGATE_TEST_UNSET_KEY" in err and "not set" in err, err
+    assert "exited abnormally" not in err, err
