@@ -79,7 +79,10 @@ def _supervise(children: list[Any], processes: int, done: threading.Event,
         if not children:
             done.wait(tick_s)
         if tick is not None:
-            tick()
+            try:
+                tick()
+            except Exception:  # a progress display must not end the supervision
+                log.warning("progress update failed", exc_info=True)
 
 
 def _add_children(total: WorkerStats, children: list[Any], results: Any) -> WorkerStats:
