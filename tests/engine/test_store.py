@@ -554,6 +554,24 @@ def test_server_batches_travel_as_json_split_by_size_and_keep_every_value(
             outcome, text_of[t["task_pk"]], 12.25, 200 if i % 2 else 429, None, "w1"), t
 
 
+def test_a_trace_of_megabytes_is_written_back_with_its_batch(store: Store) -> None:
+    """A prompt snapshot or answer of 10 MB (more than half of MySQL's default 16 MB
+    packet, so not as hex) goes in with the small rows around it."""
+    submit(store, 3)
+    claimed = store.claim(3, lease_ms=60_000, worker_id="w1")
+    big = "投诉" * 1_700_000  # 10.2 MB in UTF-8
+    report = store.finish([succeed(c, {"label": "no"}) if i != 1 else Finish(
+        id=c.id, lease_token=c.lease_token, status="SUCCEEDED", result='{"label": "yes"}',
+        parse_status="valid", attempt=trace(c, "succeeded", raw_output=big))
+        for i, c in enumerate(claimed)], worker_id="w1")
+    assert sorted(report.applied) == sorted(c.id for c in claimed)
+    sizes = {r["task_pk"]: r["n"] for r in rows(
+        store, "SELECT task_pk, LENGTH(raw_output) AS n FROM task_attempt")}
+    # LENGTH counts characters on PostgreSQL and SQLite, bytes on MySQL
+    assert sizes[claimed[1].id] in (len(big), len(big.encode()))
+    assert len(sizes) == 3
+
+
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
     ids = submit(store, 2)
     store.cancel(ids[0])

@@ -397,23 +397,31 @@ class MySQLDialect(Dialect):
         return _leased(rows, token)
 
     #: JSON per statement: sent in hex (below), so each statement is twice this, far
-    #: under the servers' smallest default ``max_allowed_packet`` (16 MB).
+    #: under the servers' default ``max_allowed_packet`` (16 MB).
     _JSON_BYTES = 1 << 20
     _FINISH_TYPES = ("BIGINT", "LONGTEXT", "LONGTEXT", "LONGTEXT", "LONGTEXT", "LONGTEXT",
                      "LONGTEXT", "BIGINT", "INT")
 
-    @staticmethod
-    def _json_table(batch: bytes, types: Sequence[str]) -> str:
-        """A batch of rows (JSON arrays, one member per column) as a table.
+    @classmethod
+    def _json_table(cls, batch: bytes, types: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """A batch of rows (JSON arrays, one member per column) as a table, and the
+        statement's parameters.
 
         The JSON goes in as a hex literal, not a bound parameter: PyMySQL escapes a
         string parameter character by character in Python (about 40 µs of the GIL per
-        trace row), and a hex digit needs no escaping. Rows are positional (``$[i]``):
-        MariaDB looks members of an object up by name far more slowly. A JSON null
-        reads as SQL NULL (MySQL since 8.0.21, MariaDB since 10.6)."""
+        trace row), and a hex digit needs no escaping. Only a single row larger than a
+        whole batch (a prompt snapshot of megabytes) goes as a parameter, at half the
+        size of its hex on the wire: the server's ``max_allowed_packet`` (16 MB by
+        default) bounds one statement. Rows are positional (``$[i]``): MariaDB looks
+        members of an object up by name far more slowly. A JSON null reads as SQL NULL
+        (MySQL since 8.0.21, MariaDB since 10.6)."""
         cols = ", ".join(f"c{i} {t} PATH '$[{i}]'" for i, t in enumerate(types))
-        return (f"JSON_TABLE(CONVERT(X'{batch.hex()}' USING utf8mb4), '$[*]' "
-                f"COLUMNS ({cols}))")
+        params: tuple[str, ...]
+        if len(batch) <= cls._JSON_BYTES:
+            source, params = f"CONVERT(X'{batch.hex()}' USING utf8mb4)", ()
+        else:
+            source, params = "%s", (batch.decode(),)
+        return f"JSON_TABLE({source}, '$[*]' COLUMNS ({cols}))", params
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
         fields = ", ".join(f"c{i} AS {c}" for i, c in enumerate(_FINISH_COLS))
@@ -421,9 +429,9 @@ class MySQLDialect(Dialect):
         changed = 0
         with _driver_cursor(conn) as cur:
             for batch in _json_batches([_finish_values(f) for f in rows], self._JSON_BYTES):
-                cur.execute(f"UPDATE task AS t JOIN (SELECT {fields} FROM "
-                            f"{self._json_table(batch, self._FINISH_TYPES)} AS j) AS v "
-                            f"ON {_FINISH_FENCE} SET {set_clause}")
+                table, params = self._json_table(batch, self._FINISH_TYPES)
+                cur.execute(f"UPDATE task AS t JOIN (SELECT {fields} FROM {table} AS j) AS v "
+                            f"ON {_FINISH_FENCE} SET {set_clause}", params or None)
                 changed += cur.rowcount
         return changed
 
@@ -434,8 +442,9 @@ class MySQLDialect(Dialect):
         with _driver_cursor(conn) as cur:
             for batch in _json_batches([[a.get(c) for c in cols] for a in attempts],
                                        self._JSON_BYTES):
+                table, params = self._json_table(batch, types)
                 cur.execute(f"INSERT INTO task_attempt ({', '.join(cols)}) SELECT {picked} "
-                            f"FROM {self._json_table(batch, types)} AS j")
+                            f"FROM {table} AS j", params or None)
 
     def insert_ignore(self, table: Table) -> Insert:
         return mysql.insert(table).prefix_with("IGNORE")
