@@ -49,6 +49,8 @@ _FINISH_SET = """
 _FINISH_FENCE = "t.id = v.id AND t.lease_token = v.tok"
 _FINISH_COLS = ("id", "tok", "status", "result", "parse_status", "error_class",
                 "error_message", "delay_ms", "release_attempt")
+#: The Python type of each, to declare it when the values are read back from JSON.
+_FINISH_KINDS: tuple[type, ...] = (int, str, str, str, str, str, str, int, int)
 
 
 def _finish_values(f: Finish) -> tuple[Any, ...]:
@@ -328,11 +330,10 @@ class PostgresDialect(Dialect):
 
     #: Rows per JSON parameter are bounded only to bound the memory of one statement.
     _JSON_BYTES = 32 << 20
-    _FINISH_TYPES = ("bigint", "text", "text", "text", "text", "text", "text", "bigint", "int")
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
-        values = ", ".join(f"(e->>{i})::{t} AS {c}" for i, (c, t) in
-                           enumerate(zip(_FINISH_COLS, self._FINISH_TYPES, strict=True)))
+        values = ", ".join(f"(e->>{i})::{_PG_TYPES[k]} AS {c}" for i, (c, k) in
+                           enumerate(zip(_FINISH_COLS, _FINISH_KINDS, strict=True)))
         sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} "
                f"FROM (SELECT {values} FROM json_array_elements(%s::json) AS e) AS v "
                f"WHERE {_FINISH_FENCE}")
@@ -344,9 +345,9 @@ class PostgresDialect(Dialect):
         return changed
 
     def insert_attempts(self, conn: Connection, attempts: Sequence[dict[str, Any]]) -> None:
-        cols = ", ".join(sorted(set().union(*attempts)))
-        types = ", ".join(f"{c} {_PG_TYPES[_ATTEMPT_KINDS[c]]}"
-                          for c in sorted(set().union(*attempts)))
+        names = sorted(set().union(*attempts))
+        cols = ", ".join(names)
+        types = ", ".join(f"{c} {_PG_TYPES[_ATTEMPT_KINDS[c]]}" for c in names)
         sql = (f"INSERT INTO task_attempt ({cols}) SELECT {cols} "
                f"FROM json_to_recordset(%s::json) AS x({types})")
         with _driver_cursor(conn) as cur:
@@ -399,8 +400,7 @@ class MySQLDialect(Dialect):
     #: JSON per statement: sent in hex (below), so each statement is twice this, far
     #: under the servers' default ``max_allowed_packet`` (16 MB).
     _JSON_BYTES = 1 << 20
-    _FINISH_TYPES = ("BIGINT", "LONGTEXT", "LONGTEXT", "LONGTEXT", "LONGTEXT", "LONGTEXT",
-                     "LONGTEXT", "BIGINT", "INT")
+    _FINISH_TYPES = tuple(_MY_TYPES[k] for k in _FINISH_KINDS)
 
     @classmethod
     def _json_table(cls, batch: bytes, types: Sequence[str]) -> tuple[str, tuple[str, ...]]:

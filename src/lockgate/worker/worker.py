@@ -395,9 +395,9 @@ class Worker:
             # coroutine it returns is awaited directly, one frame fewer to resume at
             # every step of the HTTP call.
             return run_attempt(config, input_data, ep, provider,
-                                     idempotency_key=f"{t.task_id}:{t.attempt}",
-                                     params=params if ep.name == endpoint.name else
-                                     self._fallback_params(route_key, config, ep))
+                               idempotency_key=f"{t.task_id}:{t.attempt}",
+                               params=params if ep.name == endpoint.name else
+                               self._fallback_params(route_key, config, ep))
 
         res, routed_from = await self.flow.call(t, config, endpoint, call)
         d = decide(config, t.attempt, res, self._rng)
