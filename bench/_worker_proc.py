@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=1,
                     help="worker processes (lockgate worker --processes); the time includes "
                          "starting them")
+    ap.add_argument("--start-method", choices=["fork", "spawn"],
+                    help="how the children start [fork: this process has one thread]")
     a = ap.parse_args()
 
     store = Store(a.db)
@@ -35,7 +37,8 @@ def main() -> None:
         store_snapshots=not a.no_snapshots))
     t0 = time.perf_counter()
     if a.processes > 1:
-        stats = run_processes(a.db, settings, a.processes, burst=True, gate=False)
+        stats = run_processes(a.db, settings, a.processes, burst=True, gate=False,
+                              release=store.close, method=a.start_method)
     else:
         stats = run_async(Worker(store, settings, burst=True).run())
     elapsed = time.perf_counter() - t0

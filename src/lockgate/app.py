@@ -139,7 +139,7 @@ class Lockgate:
         their counters summed."""
         if processes > 1:
             return run_processes(self.url, self.settings, processes, burst=burst,
-                                 gate=gate, overrides=overrides)
+                                 gate=gate, overrides=overrides, release=self.store.close)
         stats: WorkerStats = run_async(self.worker(burst=burst, gate=gate, **overrides).run())
         return stats
 

@@ -58,11 +58,13 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _progress() -> Progress:
+def _progress(auto_refresh: bool = True) -> Progress:
+    """A progress bar; without ``auto_refresh`` it starts no thread of its own and is
+    redrawn on each update (worker processes are forked only from a single thread)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                    console=console, transient=False)
+                    console=console, transient=False, auto_refresh=auto_refresh)
 
 
 def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
@@ -183,7 +185,7 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
             if processes > 1:
                 stats: WorkerStats = run_processes(
                     lg.url, lg.settings, processes, burst=burst, gate=gate,
-                    overrides=overrides, log_level=log_level)
+                    overrides=overrides, log_level=log_level, release=lg.store.close)
             else:
                 stats = run_async(w.run())
     except LockgateError as exc:
@@ -199,13 +201,14 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
     total = sum(counts.values())
     done0 = total - counts.get("PENDING", 0)
     t0 = time.perf_counter()
-    with _progress() as prog:
+    with _progress(auto_refresh=processes == 1) as prog:
         bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
 
         def show(done: int) -> None:
             elapsed = time.perf_counter() - t0
             rate = (done - done0) / elapsed if elapsed > 0 else 0.0
-            prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s")
+            prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s",
+                        refresh=processes > 1)
 
         if processes > 1:  # most workers are other processes: read progress from the database
             def poll() -> None:
@@ -213,7 +216,7 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
                 show(sum(c.values()) - c.get("PENDING", 0))
 
             run_processes(lg.url, lg.settings, processes, burst=True,
-                          overrides=overrides, tick=poll)
+                          overrides=overrides, tick=poll, release=lg.store.close)
             poll()
         else:
             w = lg.worker(burst=True, **overrides)

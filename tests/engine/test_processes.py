@@ -4,17 +4,21 @@ child once, and no child outlives a supervisor killed with SIGKILL."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from lockgate.app import Lockgate
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import Store
+from lockgate.worker.processes import run_processes
 
 from .support import (
     WorkerPool,
@@ -46,8 +50,11 @@ def test_two_processes_share_a_batch_and_report_one_total(
     n = 300
     simulator.configure(latency={"kind": "fixed", "mean_ms": 60})
     store.submit([parse_task(t) for t in tasks(n)], batch_id="b")
-    proc = workers.start(burst=True, concurrency=6, extra=["--processes", "2"])
+    proc = workers.start(burst=True, concurrency=6, log_level="INFO",
+                         extra=["--processes", "2"])
     assert proc.wait(120) == 0, proc.log()
+    # The CLI has one thread when it starts the child: it forks (no second import).
+    assert "starting 1 worker process(es) by fork" in proc.log(), proc.log()
     assert status_counts(store) == {"SUCCEEDED": n}
     ws = rows(store, "SELECT pid, status, succeeded FROM worker ORDER BY pid")
     assert len(ws) == 2 and proc.pid in {w["pid"] for w in ws}, "the supervisor works too"
@@ -55,6 +62,29 @@ def test_two_processes_share_a_batch_and_report_one_total(
     assert sum(w["succeeded"] for w in ws) == n
     assert re.search(rf"worker stopped: {n:,} succeeded", proc.log()), proc.log()
     assert simulator.stats()["requests"] == n
+
+
+def test_a_supervisor_with_other_threads_spawns_its_children(
+        db_url: str, store: Store, simulator: SimulatorProcess,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The test process runs threads (the simulator's output drainer), where a fork
+    could inherit a held lock: the API then spawns fresh interpreters, which work the
+    same queue to the end."""
+    n = 200
+    assert threading.active_count() > 1
+    monkeypatch.setenv("LOCKGATE_BASE_URL", simulator.url)
+    store.submit([parse_task(t) for t in tasks(n)], batch_id="b")
+    caplog.set_level(logging.INFO, logger="lockgate.worker.processes")
+    with Lockgate(db_url) as lg:
+        stats = lg.run_worker(burst=True, gate=False, processes=2, concurrency=4)
+    assert "starting 1 worker process(es) by spawn" in caplog.text
+    assert stats.succeeded == n
+    assert status_counts(store) == {"SUCCEEDED": n}
+    ws = rows(store, "SELECT pid, succeeded FROM worker")
+    assert len(ws) == 2 and os.getpid() in {w["pid"] for w in ws}
+    assert simulator.stats()["requests"] == n
+    with pytest.raises(ValueError, match="method='spawn'"):
+        run_processes(db_url, lg.settings, 2, burst=True, method="fork")
 
 
 def test_sigterm_to_the_supervisor_stops_every_child_gracefully(

@@ -2,10 +2,18 @@
 
 One worker is one asyncio event loop, so one Python process uses about one core for
 its HTTP client, rendering and parsing. ``run_processes`` runs ``n`` of them against
-the same database: the supervising process itself is one, and it spawns the other
+the same database: the supervising process itself is one, and it starts the other
 ``n - 1`` (each with its own connections). They coordinate only through the task rows,
-exactly like workers on different machines. The supervisor's own worker starts at
-once, while each spawned child spends a second or more importing lockgate anew.
+exactly like workers on different machines.
+
+Children are forked when the supervisor has a single thread at that moment (the usual
+case: ``lockgate worker`` and ``lockgate run`` start them before any thread), so they
+begin working within milliseconds with the modules already imported. A fork of a
+process with other threads could inherit a lock one of them holds, so otherwise they
+are spawned: each then spends a second or more of CPU importing lockgate anew. The
+supervisor's own worker starts at once either way. The caller's pooled database
+connections are closed first (``release``), as SQLAlchemy advises before a fork: a
+child opens its own and inherits none.
 
 Signals: the children run in their own process group, so a terminal's Ctrl-C reaches
 only the supervisor, which acts on each SIGINT/SIGTERM it receives and forwards it once
@@ -50,6 +58,10 @@ def _watch_parent(parent: int) -> None:
 def _child(url: str, settings: Settings, burst: bool, gate: bool, overrides: dict[str, Any],
            log_level: str | None, parent: int, results: Any, index: int) -> None:
     os.setpgid(0, 0)  # out of the terminal's process group: signals come from the parent
+    # A forked child inherited the supervisor's forwarding handlers: restore what a
+    # fresh interpreter has until the worker's event loop installs its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if log_level:
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -104,14 +116,28 @@ def _add_children(total: WorkerStats, children: list[Any], results: Any) -> Work
     return total
 
 
+def start_method() -> str:
+    """``fork`` when this process has one thread and the platform forks, else ``spawn``."""
+    if threading.active_count() == 1 and "fork" in mp.get_all_start_methods():
+        return "fork"
+    return "spawn"
+
+
 def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
                   gate: bool = True, overrides: dict[str, Any] | None = None,
                   log_level: str | None = None,
-                  tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> WorkerStats:
-    """Run ``processes`` workers (this process and ``processes - 1`` spawned children)
-    until they stop (burst: the queue is drained; else a signal) and return their
-    counters summed. ``tick`` is called every ``tick_s`` seconds while they run, from a
+                  tick: Callable[[], None] | None = None, tick_s: float = 0.5,
+                  release: Callable[[], None] | None = None,
+                  method: str | None = None) -> WorkerStats:
+    """Run ``processes`` workers (this process and ``processes - 1`` children) until
+    they stop (burst: the queue is drained; else a signal) and return their counters
+    summed. ``tick`` is called every ``tick_s`` seconds while they run, from a
     supervising thread (progress display). The database must be migrated already.
+    ``release`` is called just before the children start: it should close the caller's
+    idle pooled connections (``Store.close``; they reopen on their next use), so that
+    no forked child inherits a database connection, an SQLite file lock or WAL index
+    state. ``method`` is the multiprocessing start method, by default
+    :func:`start_method`.
 
     Raises :class:`LockgateError` naming the process if a child exited abnormally (its
     unfinished leases expire and other workers take the tasks over)."""
@@ -119,7 +145,12 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
         raise ValueError(f"processes must be >= 1, got {processes}")
     from lockgate.app import Lockgate, run_async  # imported here: app imports this module
 
-    ctx = mp.get_context("spawn")
+    method = method or start_method()
+    if method == "fork" and threading.active_count() > 1:
+        raise ValueError("fork with other threads running could deadlock a child; "
+                         "use method='spawn'")
+    ctx: Any = mp.get_context(method)  # typeshed: BaseContext, which lacks Process
+    log.info("starting %d worker process(es) by %s", processes - 1, method)
     results = ctx.SimpleQueue()
     children = [ctx.Process(target=_child, name=f"lockgate-worker-{i}", daemon=False,
                             args=(url, settings, burst, gate, dict(overrides or {}),
@@ -137,6 +168,8 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
                                args=(children, processes, done, tick, tick_s))
     previous = {s: signal.signal(s, forward) for s in _SIGNALS}
     try:
+        if release is not None:
+            release()
         for c in children:
             c.start()
         watcher.start()
