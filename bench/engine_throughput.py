@@ -8,7 +8,8 @@ persisted; the simulator and the naive baseline run as separate processes.
 Scenarios:
   zero       0 ms simulator: lockgate tasks/s vs the naive baseline, per backend and
              per worker process count (--processes 1,2: `lockgate worker -p N`)
-  lognormal  lognormal latency (mean 300 ms) at the same number of calls in flight
+  lognormal  lognormal latency (mean 300 ms; --lognormal-mean-ms) at the same number of
+             calls in flight (--lognormal-concurrency)
              (both throughput scenarios time lockgate end to end, including the start
              of its worker processes, and also from its first call, as the baseline is
              timed)
@@ -64,10 +65,11 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     return dict(orjson.loads(res.stdout.strip().splitlines()[-1]))
 
 
-def naive(sim: SimulatorProcess, tasks: int, concurrency: int) -> dict[str, Any]:
+def naive(sim: SimulatorProcess, tasks: int, concurrency: int,
+          gc_threshold: int = 0) -> dict[str, Any]:
     sim.reset()
     return run_json([PY, str(HERE / "naive_baseline.py"), sim.url, "--tasks", str(tasks),
-                     "--concurrency", str(concurrency)])
+                     "--concurrency", str(concurrency), "--gc-threshold", str(gc_threshold)])
 
 
 def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
@@ -97,8 +99,8 @@ def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
 
 
 def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
-               tmp: Path, processes: list[int],
-               tokenizer: str | None = None) -> list[dict[str, Any]]:
+               tmp: Path, processes: list[int], tokenizer: str | None = None,
+               naive_gc: int = 0) -> list[dict[str, Any]]:
     """Per backend and process count: the naive baseline, then lockgate right after it
     (the calls in flight are the same in total: ``concurrency`` split over the
     processes). Each lockgate run gets a baseline of its own, measured just before it:
@@ -107,7 +109,7 @@ def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[
     with SimulatorProcess({"latency": latency}) as sim:
         for backend in backends:
             for n in processes:
-                base = naive(sim, tasks, concurrency)
+                base = naive(sim, tasks, concurrency, naive_gc)
                 url = fresh_db(backend, tmp)
                 lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n, tokenizer)
                 rows.append({"backend": backend, "processes": n, "naive_rate": base["rate"],
@@ -224,12 +226,18 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=512)
     ap.add_argument("--lognormal-concurrency", type=int, default=1000)
+    ap.add_argument("--lognormal-mean-ms", type=float, default=300,
+                    help="mean latency of the lognormal scenario (the target is set at 300)")
     ap.add_argument("--claim-big", type=int, default=1_000_000)
     ap.add_argument("--rss-tasks", type=int, default=20_000)
     ap.add_argument("--processes", default="1,2",
                     help="lockgate worker process counts to measure (comma-separated)")
     ap.add_argument("--tokenizer", help="model_config.tokenizer of the tasks (e.g. "
                     "'calibrated'); default: the best estimator on disk")
+    ap.add_argument("--naive-gc-threshold", type=int, default=0,
+                    help="young-generation GC threshold of the baseline [0: the "
+                         "interpreter's, as a naive program runs; a lockgate worker "
+                         "raises its own to max(50000, 50 x concurrency)]")
     ap.add_argument("--json", type=Path, help="write all figures here")
     a = ap.parse_args()
     backends = a.backends.split(",")
@@ -243,11 +251,12 @@ def main() -> None:
             if sc == "zero":
                 report[sc] = throughput(backends, a.tasks, a.concurrency,
                                         {"kind": "fixed", "mean_ms": 0}, tmp, procs,
-                                        a.tokenizer)
+                                        a.tokenizer, a.naive_gc_threshold)
             elif sc == "lognormal":
                 report[sc] = throughput(backends, a.tasks, a.lognormal_concurrency,
-                                        {"kind": "lognormal", "mean_ms": 300, "sigma": 0.5},
-                                        tmp, procs, a.tokenizer)
+                                        {"kind": "lognormal", "mean_ms": a.lognormal_mean_ms,
+                                         "sigma": 0.5},
+                                        tmp, procs, a.tokenizer, a.naive_gc_threshold)
             elif sc == "claim":
                 report[sc] = claim_latency(backends, tmp, a.claim_big)
             elif sc == "rss":

@@ -2,13 +2,18 @@
 (same HTTP client, same request bodies), bounded by a semaphore, results kept in memory
 and nothing persisted. Prints one JSON line: {"calls", "elapsed_s", "rate"}.
 
-    python bench/naive_baseline.py URL --tasks 20000 --concurrency 512
+    python bench/naive_baseline.py URL --tasks 20000 --concurrency 512 [--gc-threshold N]
+
+It runs with the interpreter's garbage-collector settings unless --gc-threshold sets
+the young generation's (a lockgate worker raises it while it runs: to compare with the
+same setting).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import resource
 import sys
 import time
@@ -57,5 +62,9 @@ if __name__ == "__main__":
     ap.add_argument("url")
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--gc-threshold", type=int, default=0,
+                    help="young-generation GC threshold [0: the interpreter's]")
     a = ap.parse_args()
+    if a.gc_threshold:
+        gc.set_threshold(a.gc_threshold, *gc.get_threshold()[1:])
     print(orjson.dumps(run_async(main(a.url, a.tasks, a.concurrency))).decode())

@@ -120,6 +120,10 @@ class WorkerSettings(_Strict):
     shutdown_grace_s: float = Field(30.0, ge=0, description="time to finish in-flight calls")
     store_snapshots: bool = Field(True, description="keep the rendered prompt per attempt")
     pool: str | None = Field(None, description="serve only this pool [all pools]")
+    gc_threshold: int | None = Field(
+        None, ge=0, le=100_000_000,
+        description="the garbage collector's young-generation threshold while the worker "
+                    "runs [max(50000, 50 x concurrency)]; 0 keeps the interpreter's")
 
 
 class FlowSettings(_Strict):

@@ -33,6 +33,7 @@ from lockgate.providers.openai import OpenAICompatible
 from lockgate.registry.resolver import PromptResolver, RegistryRef
 from lockgate.spec import TaskConfig
 from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
+from lockgate.worker import collector
 from lockgate.worker.execute import (
     AttemptResult,
     Decision,
@@ -171,7 +172,14 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         """Work until stopped by signal/``request_stop`` (or, in burst mode, until no
-        task is PENDING anywhere). Returns the counters."""
+        task is PENDING anywhere). Returns the counters. While it runs, the garbage
+        collector's young-generation threshold is raised (``gc_threshold``; see
+        :mod:`lockgate.worker.collector`)."""
+        with collector.raised_threshold(collector.young_threshold(
+                self.ws.concurrency, self.ws.gc_threshold)):
+            return await self._run()
+
+    async def _run(self) -> WorkerStats:
         for ep in self.settings.endpoints():
             self._provider(ep)  # fail fast on a missing API key
         await self._db(self.store.register_worker, self.id, hostname=socket.gethostname(),
