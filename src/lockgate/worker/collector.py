@@ -5,11 +5,11 @@ objects. A worker with a thousand calls in flight keeps tens of thousands of you
 objects alive at any moment (requests, responses, coroutines, rendered prompts), so
 nearly every collection finds them alive and promotes them; the older generations
 then grow and are traversed again and again. Measured on one worker process with
-1,000 calls in flight (docs/benchmarks.md): 2,350 young, 210 middle and 19 full
-collections took 4.5 s of a 14 s run, and stalled the event loop for up to 300 ms at a
-time. With the threshold above the in-flight working set, collections become rare
-and the same run took 2 young collections. Cyclic garbage still gets collected, once
-that many net allocations have piled up, so memory stays bounded.
+1,000 calls in flight (``bench/worker_gc.py``, docs/benchmarks.md): about 2,400 young,
+220 middle and 20 full collections took 5.3 s of a 15 s run and stalled the event loop
+for up to 340 ms at a time. With the threshold above the in-flight working set,
+collections become rare: the same run made 2 young collections. Cyclic garbage still
+gets collected, once that many net allocations have piled up, so memory stays bounded.
 
 The setting is process-wide: the first worker to start in a process raises it, the
 last to stop puts back what it found.
