@@ -45,9 +45,9 @@ from workload import task_line  # noqa: E402
 PY = sys.executable
 
 
-def fresh_db(backend: str, tmp: Path) -> str:
+def fresh_db(backend: str, tmp: Path, name: str = "lockgate_bench") -> str:
     """An empty, migrated database for one measurement."""
-    return _flow_common.fresh_db(backend, tmp, name="lockgate_bench")
+    return _flow_common.fresh_db(backend, tmp, name=name)
 
 
 def submit(url: str, n: int, tokenizer: str | None = None) -> None:
@@ -163,29 +163,35 @@ def _fill(store: Store, n: int, status: str, visible: str) -> None:
             c.execute(text("ANALYZE"))
 
 
-def _claim_ms(store: Store, rounds: int = 60, batch: int = 100) -> float:
+def _claim_ms(store: Store, rounds: int, batch: int = 100) -> list[float]:
     times = []
     for i in range(rounds):
         t0 = time.perf_counter()
         got = store.claim(batch, lease_ms=600_000, worker_id=f"bench-{i}")
         times.append((time.perf_counter() - t0) * 1000)
         assert len(got) == batch, "the fill ran out of visible rows"
-    return statistics.median(times)
+    return times
 
 
-def claim_latency(backends: list[str], tmp: Path, big: int) -> list[dict[str, Any]]:
+def claim_latency(backends: list[str], tmp: Path, big: int, passes: int = 4,
+                  rounds: int = 20) -> list[dict[str, Any]]:
+    """Median latency of claiming 100 rows in three tables. The three are filled first,
+    then measured in turn, ``rounds`` claims each, over ``passes`` passes: this
+    machine's speed drifts within minutes, and measuring one table after the other
+    moved the ratios by more than their own size."""
     rows = []
     for backend in backends:
-        res: dict[str, Any] = {"backend": backend}
-        for label, fills in (
+        cases = (
             ("pending_10k", [(10_000, "PENDING", "0")]),
             (f"pending_{big // 1000}k", [(big, "PENDING", "0")]),
             (f"pending_10k_finished_{big // 1000}k_inflight_100k",
              [(10_000, "PENDING", "0"), (big, "SUCCEEDED", "0"),
               (100_000, "INFLIGHT", "99999999999999")]),
-        ):
-            url = fresh_db(backend, tmp)
-            store = Store(url)
+        )
+        stores: dict[str, Store] = {}
+        for i, (label, fills) in enumerate(cases):
+            t0 = time.perf_counter()
+            store = stores[label] = Store(fresh_db(backend, tmp, name=f"lockgate_claim{i}"))
             for n, status, vis in fills:
                 # in-flight rows are PENDING with a lease far in the future
                 _fill(store, n, status, vis)
@@ -193,14 +199,27 @@ def claim_latency(backends: list[str], tmp: Path, big: int) -> list[dict[str, An
                 with store.engine.begin() as c:
                     c.execute(text("UPDATE task SET status = 'PENDING', lease_token = 'x' "
                                    "WHERE status = 'INFLIGHT'"))
-            t0 = time.perf_counter()
-            res[label] = _claim_ms(store)
+            print(f"  {backend:10s} {label:45s} filled ({time.perf_counter() - t0:.1f}s)",
+                  flush=True)
+        times: dict[str, list[float]] = {label: [] for label in stores}
+        per_pass: dict[str, list[float]] = {label: [] for label in stores}
+        for _ in range(passes):
+            for label, store in stores.items():
+                t = _claim_ms(store, rounds)
+                times[label] += t
+                per_pass[label].append(statistics.median(t))
+        res: dict[str, Any] = {"backend": backend}
+        for label, store in stores.items():
             store.close()
+            res[label] = statistics.median(times[label])
             print(f"  {backend:10s} {label:45s} median claim of 100 rows: "
-                  f"{res[label]:.2f} ms ({time.perf_counter() - t0:.1f}s)", flush=True)
+                  f"{res[label]:.2f} ms (per pass: "
+                  f"{', '.join(f'{m:.2f}' for m in per_pass[label])})", flush=True)
         keys = [k for k in res if k != "backend"]
         res["ratio_big_vs_10k"] = res[keys[1]] / res[keys[0]]
         res["ratio_finished_vs_10k"] = res[keys[2]] / res[keys[0]]
+        print(f"  {backend:10s} ratios: {res['ratio_big_vs_10k']:.2f} (1M pending), "
+              f"{res['ratio_finished_vs_10k']:.2f} (1M finished, 100k in flight)", flush=True)
         rows.append(res)
     return rows
 
