@@ -213,7 +213,6 @@ class SQLiteDialect(Dialect):
 
     name = "sqlite"
     now = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-    placeholder = "?"
     _ROW_JSON = "json_array(id, task_id, batch_id, config_hash, input_data, attempts)"
 
     def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
