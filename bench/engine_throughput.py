@@ -66,10 +66,11 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any
 
 
 def naive(sim: SimulatorProcess, tasks: int, concurrency: int,
-          gc_threshold: int = 0) -> dict[str, Any]:
+          gc_threshold: int = 0, style: str = "semaphore") -> dict[str, Any]:
     sim.reset()
     return run_json([PY, str(HERE / "naive_baseline.py"), sim.url, "--tasks", str(tasks),
-                     "--concurrency", str(concurrency), "--gc-threshold", str(gc_threshold)])
+                     "--concurrency", str(concurrency), "--gc-threshold", str(gc_threshold),
+                     "--style", style])
 
 
 def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
@@ -100,7 +101,7 @@ def lockgate_run(sim: SimulatorProcess, url: str, tasks: int, concurrency: int,
 
 def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[str, Any],
                tmp: Path, processes: list[int], tokenizer: str | None = None,
-               naive_gc: int = 0) -> list[dict[str, Any]]:
+               naive_gc: int = 0, naive_style: str = "semaphore") -> list[dict[str, Any]]:
     """Per backend and process count: the naive baseline, then lockgate right after it
     (the calls in flight are the same in total: ``concurrency`` split over the
     processes). Each lockgate run gets a baseline of its own, measured just before it:
@@ -109,7 +110,7 @@ def throughput(backends: list[str], tasks: int, concurrency: int, latency: dict[
     with SimulatorProcess({"latency": latency}) as sim:
         for backend in backends:
             for n in processes:
-                base = naive(sim, tasks, concurrency, naive_gc)
+                base = naive(sim, tasks, concurrency, naive_gc, naive_style)
                 url = fresh_db(backend, tmp)
                 lg = lockgate_run(sim, url, tasks, max(1, concurrency // n), n, tokenizer)
                 rows.append({"backend": backend, "processes": n, "naive_rate": base["rate"],
@@ -253,6 +254,10 @@ def main() -> None:
                     help="lockgate worker process counts to measure (comma-separated)")
     ap.add_argument("--tokenizer", help="model_config.tokenizer of the tasks (e.g. "
                     "'calibrated'); default: the best estimator on disk")
+    ap.add_argument("--naive-style", choices=["semaphore", "pool"], default="semaphore",
+                    help="how the baseline is written (bench/naive_baseline.py): one "
+                         "coroutine per call under a semaphore, as the targets specify, or "
+                         "a pool of as many coroutines as calls in flight")
     ap.add_argument("--naive-gc-threshold", type=int, default=0,
                     help="young-generation GC threshold of the baseline [0: the "
                          "interpreter's, as a naive program runs; a lockgate worker "
@@ -270,12 +275,13 @@ def main() -> None:
             if sc == "zero":
                 report[sc] = throughput(backends, a.tasks, a.concurrency,
                                         {"kind": "fixed", "mean_ms": 0}, tmp, procs,
-                                        a.tokenizer, a.naive_gc_threshold)
+                                        a.tokenizer, a.naive_gc_threshold, a.naive_style)
             elif sc == "lognormal":
                 report[sc] = throughput(backends, a.tasks, a.lognormal_concurrency,
                                         {"kind": "lognormal", "mean_ms": a.lognormal_mean_ms,
                                          "sigma": 0.5},
-                                        tmp, procs, a.tokenizer, a.naive_gc_threshold)
+                                        tmp, procs, a.tokenizer, a.naive_gc_threshold,
+                                        a.naive_style)
             elif sc == "claim":
                 report[sc] = claim_latency(backends, tmp, a.claim_big)
             elif sc == "rss":
