@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -85,6 +86,27 @@ def test_a_supervisor_with_other_threads_spawns_its_children(
     assert simulator.stats()["requests"] == n
     with pytest.raises(ValueError, match="method='spawn'"):
         run_processes(db_url, lg.settings, 2, burst=True, method="fork")
+
+
+def test_a_thread_that_python_does_not_know_of_also_rules_out_fork() -> None:
+    """faulthandler's watchdog is a native thread: threading does not list it, the
+    kernel does. A fresh interpreter (this one runs other threads already) forks
+    before it starts and spawns, or refuses an explicit fork, while it runs."""
+    script = (
+        "import faulthandler, threading\n"
+        "from lockgate.config import Settings\n"
+        "from lockgate.worker.processes import run_processes, start_method\n"
+        "print(threading.active_count(), start_method())\n"
+        "faulthandler.dump_traceback_later(600)\n"
+        "print(threading.active_count(), start_method())\n"
+        "try:\n"
+        "    run_processes('sqlite://', Settings(), 2, method='fork')\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()
+    assert out[:2] == ["1 fork", "1 spawn"], out
+    assert "method='spawn'" in out[2], out
 
 
 def test_sigterm_to_the_supervisor_stops_every_child_gracefully(

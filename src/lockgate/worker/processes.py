@@ -117,10 +117,23 @@ def _add_children(total: WorkerStats, children: list[Any], results: Any) -> Work
 
 
 def start_method() -> str:
-    """``fork`` when this process has one thread and the platform forks, else ``spawn``."""
-    if threading.active_count() == 1 and "fork" in mp.get_all_start_methods():
+    """``fork`` when this process has one thread and the platform forks, else ``spawn``.
+
+    Threads that Python does not know of count too, where ``/proc`` tells: a thread
+    started by an extension module (a native library's worker pool, faulthandler's
+    watchdog) is as unsafe to fork around as a Python one."""
+    if _os_threads() == 1 and "fork" in mp.get_all_start_methods():
         return "fork"
     return "spawn"
+
+
+def _os_threads() -> int:
+    """Threads of this process: the kernel's count where ``/proc`` has it, else
+    Python's."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
@@ -146,7 +159,7 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
     from lockgate.app import Lockgate, run_async  # imported here: app imports this module
 
     method = method or start_method()
-    if method == "fork" and threading.active_count() > 1:
+    if method == "fork" and _os_threads() > 1:
         raise ValueError("fork with other threads running could deadlock a child; "
                          "use method='spawn'")
     ctx: Any = mp.get_context(method)  # typeshed: BaseContext, which lacks Process
