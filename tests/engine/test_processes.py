@@ -90,8 +90,9 @@ def test_a_supervisor_with_other_threads_spawns_its_children(
 
 def test_a_thread_that_python_does_not_know_of_also_rules_out_fork() -> None:
     """faulthandler's watchdog is a native thread: threading does not list it, the
-    kernel does. A fresh interpreter (this one runs other threads already) forks
-    before it starts and spawns, or refuses an explicit fork, while it runs."""
+    kernel does. A fresh interpreter (this one runs other threads already) chooses
+    fork before the watchdog starts, and spawn while it runs (an explicit fork is
+    refused then)."""
     script = (
         "import faulthandler, threading\n"
         "from lockgate.config import Settings\n"
