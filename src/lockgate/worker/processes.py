@@ -158,8 +158,9 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
         raise ValueError(f"processes must be >= 1, got {processes}")
     from lockgate.app import Lockgate, run_async  # imported here: app imports this module
 
-    method = method or start_method()
-    if method == "fork" and _os_threads() > 1:
+    if method is None:
+        method = start_method()
+    elif method == "fork" and _os_threads() > 1:
         raise ValueError("fork with other threads running could deadlock a child; "
                          "use method='spawn'")
     ctx: Any = mp.get_context(method)  # typeshed: BaseContext, which lacks Process
