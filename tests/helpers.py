@@ -4,10 +4,13 @@ SQL, polling, and a clean environment for subprocesses."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from sqlalchemy import text
 
 from lockgate.store import Store
@@ -36,6 +39,52 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
         time.sleep(interval)
+
+
+#: Server ports of the databases when the URL names none.
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def _server_sessions(store: Store) -> set[int]:
+    """Client ports of the TCP sessions the database server has open right now."""
+    backend = store.engine.url.get_backend_name()
+    if backend == "postgresql":
+        return {p for (p,) in _tuples(store, "SELECT client_port FROM pg_stat_activity "
+                                             "WHERE client_port IS NOT NULL")}
+    hosts = [h for (h,) in _tuples(store, "SELECT HOST FROM information_schema.PROCESSLIST")]
+    return {int(h.rsplit(":", 1)[1]) for h in hosts if h and h.rsplit(":", 1)[-1].isdigit()}
+
+
+def _tuples(store: Store, sql: str) -> list[tuple[Any, ...]]:
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(sql))]
+
+
+def kill_settled(popen: subprocess.Popen[bytes], store: Store) -> None:
+    """SIGKILL a process that talks to ``store``'s database and return only once the
+    server has closed every session the process had.
+
+    A client killed right after sending COMMIT still has that transaction committed:
+    the server reads what is left in the socket after the process is gone. A read taken
+    between the kill and the server closing the session can miss those writes. So the
+    process is frozen (SIGSTOP) while its sessions are listed, then killed, and the
+    server is polled until none of them remains. SQLite has no server: a killed
+    process's uncommitted transaction is gone with it, so only the kill is needed.
+    """
+    url = store.engine.url
+    backend = url.get_backend_name()
+    ports: set[int] = set()
+    if backend != "sqlite":
+        db_port = url.port or _DEFAULT_PORTS[backend]
+        popen.send_signal(signal.SIGSTOP)
+        ports = {c.laddr.port for c in psutil.Process(popen.pid).net_connections("tcp")
+                 if c.raddr and c.raddr.port == db_port}
+    popen.send_signal(signal.SIGKILL)
+    assert popen.wait(10) == -signal.SIGKILL
+    if ports:
+        wait_for(lambda: not ports & _server_sessions(store),
+                 f"the database to close the sessions of killed process {popen.pid}",
+                 timeout=30)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ import orjson
 from sqlalchemy import text
 
 import helpers
-from helpers import clean_env, rows, scalar  # noqa: F401  (re-exported to the tests)
+from helpers import clean_env, kill_settled, rows, scalar  # noqa: F401  (re-exported)
 from lockgate.config import Endpoint, Settings, WorkerSettings
 from lockgate.errors import ErrorClass
 from lockgate.gate.api import Gate
@@ -304,11 +304,12 @@ class Workers:
     def logs(self) -> str:
         return "\n".join(f"--- worker {p.pid}:\n{p.log()[-3000:]}" for p in self.procs)
 
-    def catch(self, victim: Callable[[], Proc | None], what: str, *,
+    def catch(self, store: Store, victim: Callable[[], Proc | None], what: str, *,
               timeout: float = 120.0) -> Proc:
         """Freeze every live worker (SIGSTOP), look at the rows, and kill -9 the process
         ``victim()`` names, in exactly the state it was seen in; otherwise thaw them all
-        (SIGCONT), let them run a few milliseconds, and look again."""
+        (SIGCONT), let them run a few milliseconds, and look again. Returns once the
+        database has closed the victim's sessions (see :func:`helpers.kill_settled`)."""
         deadline = time.monotonic() + timeout
         while True:
             live = [p for p in self.procs if p.alive()]
@@ -318,8 +319,7 @@ class Workers:
             try:
                 chosen = victim()
                 if chosen is not None:
-                    chosen.popen.send_signal(signal.SIGKILL)
-                    assert chosen.popen.wait(10) == -signal.SIGKILL
+                    kill_settled(chosen.popen, store)
                     return chosen
             finally:
                 for p in live:

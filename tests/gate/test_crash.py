@@ -109,10 +109,11 @@ def test_kill_9_in_materialise_execute_and_finalise_reaches_the_same_decision(
         v = gs.verdict_counts([int(r["id"])])[int(r["id"])]
         return v.get("PENDING", 0) > 0 and v.get("MATCH", 0) > 0
 
-    workers.catch(lambda: run_holder(materialising), "a worker half-way through materialising")
+    workers.catch(store, lambda: run_holder(materialising),
+                  "a worker half-way through materialising")
     assert (run_of() or {})["status"] == "MATERIALIZING"
-    workers.catch(task_holder, "a worker with evaluation calls in flight")
-    workers.catch(lambda: run_holder(finalising), "a worker half-way through finalising")
+    workers.catch(store, task_holder, "a worker with evaluation calls in flight")
+    workers.catch(store, lambda: run_holder(finalising), "a worker half-way through finalising")
     assert not [p for p in workers.procs if p.alive()], "every worker process was killed"
     finisher = BackgroundWorker(store, gate=True, lease_s=1.0)  # a fresh worker finishes
     try:
