@@ -47,17 +47,12 @@ _DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
 
 def _server_sessions(store: Store) -> set[int]:
     """Client ports of the TCP sessions the database server has open right now."""
-    backend = store.engine.url.get_backend_name()
-    if backend == "postgresql":
-        return {p for (p,) in _tuples(store, "SELECT client_port FROM pg_stat_activity "
-                                             "WHERE client_port IS NOT NULL")}
-    hosts = [h for (h,) in _tuples(store, "SELECT HOST FROM information_schema.PROCESSLIST")]
-    return {int(h.rsplit(":", 1)[1]) for h in hosts if h and h.rsplit(":", 1)[-1].isdigit()}
-
-
-def _tuples(store: Store, sql: str) -> list[tuple[Any, ...]]:
-    with store.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(text(sql))]
+    if store.engine.url.get_backend_name() == "postgresql":
+        return {r["port"] for r in rows(store, "SELECT client_port AS port FROM "
+                                               "pg_stat_activity WHERE client_port IS NOT NULL")}
+    ports = (str(r["host"] or "").rpartition(":")[2]
+             for r in rows(store, "SELECT HOST AS host FROM information_schema.PROCESSLIST"))
+    return {int(p) for p in ports if p.isdigit()}
 
 
 def kill_settled(popen: subprocess.Popen[bytes], store: Store) -> None:
