@@ -42,6 +42,7 @@ from _proxy import RecordingProxy
 from engine_throughput import fill_sql
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.store import Store
+from lockgate.worker.execute import idempotency_key
 
 OUT = Path(__file__).resolve().parent / "out" / "flow_scenarios.jsonl"
 
@@ -92,9 +93,9 @@ def retry_after(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         t_off = time.monotonic()
         codes = w.wait(600)
         log = [dict(e) for e in proxy.log if "status" in e]
-    who = {f"{r['task_id']}:{r['attempt']}": r["worker_id"] for r in q(
-        url, "SELECT t.task_id, a.attempt, a.worker_id FROM task_attempt a "
-             "JOIN task t ON t.id = a.task_pk")}
+    who = {idempotency_key(r["task_id"], r["lease_token"], r["attempt"]): r["worker_id"]
+           for r in q(url, "SELECT t.task_id, a.lease_token, a.attempt, a.worker_id "
+                           "FROM task_attempt a JOIN task t ON t.id = a.task_pk")}
     for e in log:
         e["who"] = who.get(e.get("key") or "")
     limited = [e for e in log if e["status"] == 429]

@@ -30,6 +30,7 @@ from lockgate.simulator import SimulatorConfig, start
 from lockgate.simulator.prompt import ENUM, INT, TEXT, parse_instructions
 from lockgate.simulator.ratelimit import RateLimiter, format_duration
 from lockgate.simulator.responder import Responder, split_prompt
+from lockgate.simulator.stats import task_of
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 
@@ -391,6 +392,16 @@ def test_stats_count_duplicates(client: Client, simulator: SimulatorProcess) -> 
     assert detail["duplicate_key_counts"] == {"t1:1": 2}
     simulator.reset()
     assert simulator.stats()["requests"] == 0
+
+
+def test_a_task_is_its_key_without_the_claim_and_attempt() -> None:
+    """lockgate's workers send ``{task_id}:{claim}:{attempt}``; task ids may hold colons
+    (release-gate items do); other clients send ``{task_id}:{attempt}``."""
+    assert task_of("t1:0123456789abcdef:2") == "t1"
+    assert task_of("gate:u1:d2:cand:7:0123456789abcdef:1") == "gate:u1:d2:cand:7"
+    assert task_of("t1:1") == "t1"
+    assert task_of("naive-3:1") == "naive-3"
+    assert task_of("plain") == "plain"
 
 
 # ------------------------------------------------------------------------ answers

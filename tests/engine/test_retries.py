@@ -26,6 +26,7 @@ from .support import (
     scalar,
     task,
     task_row,
+    wait_for,
 )
 
 # -- the back-off formula ---------------------------------------------------------------
@@ -228,3 +229,26 @@ def test_attempt_trace_records_the_whole_call(store: Store, simulator: Simulator
     assert failed["prompt_sha256"] == ok["prompt_sha256"], "the same prompt, replayable"
     assert failed["model"] == MODEL
     assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 2
+
+
+def test_idempotency_keys_never_repeat_after_an_operator_retry_or_a_reused_task_id(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """``tasks retry`` resets the attempt count and ``cleanup --tasks`` frees task ids for
+    a new submission: a key of ``{task_id}:{attempt}`` was then sent again, and a
+    provider that honours it would replay the earlier answer. Each claim's key differs."""
+    simulator.configure(rate_500=1.0)
+    submit(store, task("t1", "where is my parcel", retry={"max_retries": 0}))
+    assert run_worker(store, concurrency=2).dead == 1
+    simulator.configure(rate_500=0.0)
+    store.retry("t1")
+    assert run_worker(store, concurrency=2).succeeded == 1
+    finished = scalar(store, "SELECT finished_at FROM task")
+    wait_for(lambda: store.db_now() > finished, "the clock to pass the finish")
+    assert store.cleanup(older_than_ms=0, tasks=True)["tasks"] == 1
+    submit(store, task("t1", "where is my parcel"))
+    assert run_worker(store, concurrency=2).succeeded == 1
+
+    stats = simulator.stats(detail=True)
+    assert (stats["requests"], stats["idempotency_keys"]) == (3, 3)
+    assert (stats["duplicate_keys"], stats["duplicate_key_counts"]) == (0, {})
+    assert stats["task_successes"] == {"t1": 2}, "the key still names its task"

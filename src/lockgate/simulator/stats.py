@@ -1,11 +1,12 @@
 """Request accounting: what the simulator saw, so tests can prove no loss and count duplicates.
 
-Clients send ``Idempotency-Key: {task_id}:{attempt}``. Two numbers answer different
-questions:
+lockgate's workers send ``Idempotency-Key: {task_id}:{claim}:{attempt}`` (``claim``
+the first 16 hex digits of the lease token, new at every claim); other clients may send
+``{task_id}:{attempt}``. Two numbers answer different questions:
 
 * ``duplicate_keys``: keys that arrived more than once (a client re-sent the very same
   attempt, e.g. an HTTP-level retry);
-* ``duplicate_successes``: per task (the key without its last ``:suffix``), the number
+* ``duplicate_successes``: per task (the key without its claim and attempt), the number
   of well-formed successful answers beyond the first, summed over tasks. This is the
   count of duplicate LLM calls that a queue's at-least-once delivery caused.
 
@@ -15,6 +16,7 @@ Both are maintained incrementally so a snapshot is O(number of keys) only with
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -31,8 +33,15 @@ def mask_key(key: str) -> str:
     return f"{key[:4]}...{key[-4:]}"
 
 
+_CLAIM_KEY = re.compile(r"(.*):[0-9a-f]{16}:\d+")
+
+
 def task_of(idempotency_key: str) -> str:
-    """The task part of ``{task_id}:{attempt}`` (the whole key when it has no colon)."""
+    """The task part of ``{task_id}:{claim}:{attempt}`` or ``{task_id}:{attempt}`` (the
+    whole key when it has no colon)."""
+    m = _CLAIM_KEY.fullmatch(idempotency_key)
+    if m is not None:
+        return m.group(1)
     head, sep, _tail = idempotency_key.rpartition(":")
     return head if sep else idempotency_key
 

@@ -115,6 +115,17 @@ def decide(config: TaskConfig, attempt: int, res: AttemptResult,
     return Decision(status, result, 0, "dead" if status is TaskStatus.DEAD else "failed")
 
 
+def idempotency_key(task_id: str, lease_token: str, attempt: int) -> str:
+    """The ``Idempotency-Key`` of one call: ``{task_id}:{token[:16]}:{attempt}``.
+
+    The lease token is drawn afresh for every claim, so the key never repeats, not
+    after ``tasks retry`` (which resets the attempt count) nor when a task id is used
+    again after ``cleanup``: a provider that honours the key can never replay the
+    answer of an earlier claim. 64 random bits of the token are plenty against chance
+    collisions; the task id and attempt keep the key readable."""
+    return f"{task_id}:{lease_token[:16]}:{attempt}"
+
+
 def _dump(value: Any) -> str:
     return orjson.dumps(value).decode()
 

@@ -39,6 +39,7 @@ from lockgate.worker.execute import (
     Decision,
     attempt_trace,
     decide,
+    idempotency_key,
     provider_params,
     run_attempt,
 )
@@ -396,6 +397,7 @@ class Worker:
             self._routes[route_key] = route
         endpoint, _provider, params = route
         input_data = orjson.loads(t.input_data)
+        key = idempotency_key(t.task_id, t.lease_token, t.attempt)
 
         def call(ep: Endpoint, provider: Provider) -> Coroutine[Any, Any, AttemptResult]:
             # The flow controller picks the endpoint (the primary, or its fallback; its
@@ -403,7 +405,7 @@ class Worker:
             # coroutine it returns is awaited directly, one frame fewer to resume at
             # every step of the HTTP call.
             return run_attempt(config, input_data, ep, provider,
-                               idempotency_key=f"{t.task_id}:{t.attempt}",
+                               idempotency_key=key,
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
