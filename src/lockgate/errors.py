@@ -93,6 +93,8 @@ class ErrorClass(StrEnum):
     INVALID_OUTPUT = "invalid_output"
     RENDER_ERROR = "render_error"
     LEASE_EXPIRED = "lease_expired"
+    #: Given back unfinished by a worker that was shutting down (no attempt spent).
+    RELEASED_AT_SHUTDOWN = "released_at_shutdown"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -105,5 +107,6 @@ RETRYABLE: frozenset[ErrorClass] = frozenset({
     ErrorClass.SERVER_ERROR,
     ErrorClass.INVALID_OUTPUT,
     ErrorClass.LEASE_EXPIRED,
+    ErrorClass.RELEASED_AT_SHUTDOWN,
     ErrorClass.INTERNAL_ERROR,
 })

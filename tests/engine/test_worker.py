@@ -78,7 +78,7 @@ def test_calls_still_running_when_grace_ends_are_released_unspent(
     for r in held:
         assert (r["attempts"], r["lease_token"], r["leased_by"]) == (0, None, None), r
         assert (r["outcome"], r["error_class"], r["attempt"]) == (
-            "released", "lease_expired", 1)
+            "released", "released_at_shutdown", 1)
     assert rows(store, "SELECT status FROM worker WHERE id = :w", w=wid) == [
         {"status": "stopped"}]
     assert simulator.stats()["successes"] == 0
@@ -117,6 +117,9 @@ def test_tasks_kept_ready_hold_leases_and_go_back_unspent_at_shutdown(
                        "OR leased_by IS NOT NULL") == []
     assert rows(store, "SELECT outcome, COUNT(*) AS n FROM task_attempt GROUP BY outcome"
                 ) == [{"outcome": "released", "n": 2}]
+    assert rows(store, "SELECT error_class, COUNT(*) AS n FROM task WHERE error_class IS "
+                       "NOT NULL GROUP BY error_class"
+                ) == [{"error_class": "released_at_shutdown", "n": 5}], "not lease_expired"
 
 
 def test_burst_worker_on_an_empty_queue_stops_at_once(store: Store,

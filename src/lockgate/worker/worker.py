@@ -341,12 +341,12 @@ class Worker:
         except asyncio.CancelledError:
             # Shutdown ran out of grace: give the task back without spending an attempt.
             finish = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
-                            error_class=str(ErrorClass.LEASE_EXPIRED),
+                            error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
                             error_message="released: worker shut down mid-call",
                             release_attempt=True,
                             attempt={"attempt": t.attempt, "outcome": "released",
                                      "started_at": started,
-                                     "error_class": str(ErrorClass.LEASE_EXPIRED)})
+                                     "error_class": str(ErrorClass.RELEASED_AT_SHUTDOWN)})
             self.stats.released += 1
         except Exception as exc:  # a bug must not lose the task: retry it later
             log.exception("internal error executing task %s", t.task_id)
@@ -489,7 +489,7 @@ class Worker:
             r = self._ready.popleft()
             self._buffer.append(Finish(
                 id=r.id, lease_token=r.lease_token, status=TaskStatus.PENDING,
-                error_class=str(ErrorClass.LEASE_EXPIRED),
+                error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
                 error_message="released: worker shut down before calling",
                 release_attempt=True))
             self.stats.released += 1
