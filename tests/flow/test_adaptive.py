@@ -43,7 +43,7 @@ def test_a_latency_spike_halves_concurrency_which_recovers_after_and_nothing_is_
     phase = {"now": "before", "since": 0.0}
 
     async def tick(elapsed: float) -> None:
-        st = w.flow._states.get("sim")
+        st = w.flow.states.get("sim")
         if st is None:
             return
         limit = st.adaptive.slots

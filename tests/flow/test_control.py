@@ -5,70 +5,77 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import pytest
 
 from lockgate.config import Endpoint, Settings
 from lockgate.errors import ErrorClass
-from lockgate.flow.bucket import Bucket, Limits, effective, initial, lease
+from lockgate.flow.admission import COLD_CALLS
 from lockgate.flow.control import FlowControl
-from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.providers.base import CallOutcome, Completion, CompletionRequest, ProviderError
 from lockgate.spec import load_config
 from lockgate.store import ClaimedTask
-from lockgate.store.flow import BucketSpec, LeaseRequest, LeaseResult
-from lockgate.worker.execute import AttemptResult
+from lockgate.store.flow import BucketRow, BucketSpec, BucketState, BucketStep, Lane
 
 from .support import task
 
+T = TypeVar("T")
+
 
 class FakeFlowStore:
-    """The bucket rows in a dict, on this process's monotonic clock (ms)."""
+    """The bucket rows in a dict, on this process's monotonic clock (ms); the lease
+    arithmetic is flow control's own, as on a database."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[BucketSpec, Bucket, str | None]] = {}
-        self.leases = 0
+        self.rows: dict[str, tuple[BucketSpec, BucketState]] = {}
 
     @staticmethod
     def now() -> int:
         return int(time.monotonic() * 1000)
 
-    def ensure(self, specs: Sequence[BucketSpec]) -> None:
+    def ensure(self, specs: Iterable[BucketSpec]) -> None:
         for s in specs:
             if s.name not in self.rows:
-                self.rows[s.name] = (s, initial(Limits(s.rpm, s.tpm, s.window_ms),
-                                                self.now()), None)
+                self.rows[s.name] = (s, BucketState(0.0, 0.0, self.now() - s.window_ms, 0,
+                                                    None, None, None, 1.0, 0))
 
-    def lease(self, reqs: Sequence[LeaseRequest]) -> dict[str, LeaseResult]:
-        self.leases += 1
+    def update_buckets(self, names: Iterable[str],
+                       step: BucketStep[T]) -> dict[str, tuple[T, bool]]:
         out = {}
-        for r in reqs:
-            if r.name not in self.rows:
+        for name in sorted(set(names)):
+            if name not in self.rows:
                 continue
-            spec, b, why = self.rows[r.name]
-            lim = Limits(effective(spec.rpm, None), effective(spec.tpm, None),
-                         spec.window_ms, r.headroom, r.burst, r.min_cap_ms, r.sliding)
-            b2, g = lease(b, lim, self.now(), r.ask)
-            if r.ask.pause_ms:
-                why = r.pause_reason
-            self.rows[r.name] = (spec, b2, why)
-            out[r.name] = LeaseResult(r.name, g, spec.rpm, spec.tpm, spec.window_ms,
-                                      why if g.paused_ms else None)
+            spec, state = self.rows[name]
+            update, answer = step(BucketRow(name, spec.rpm, spec.tpm, spec.window_ms, state,
+                                            self.now()))
+            if update is not None:
+                self.rows[name] = (spec, update.state)
+            out[name] = (answer, True)
         return out
 
-    def lanes(self, pool: str | None = None) -> tuple[list[Any], int]:
+    def lanes(self, pool: str | None = None) -> tuple[list[Lane], int]:
         return [], self.now()
+
+    def pace(self, batch_id: str, *, opens_at: int, every_ms: int,
+             rate: Callable[[int, int], float | None]) -> bool:
+        return False
 
     def failure_rates(self, *, since_ms: int) -> dict[str, float]:
         return {}
 
-    def report(self, *args: Any, **kwargs: Any) -> None:
+    def claim(self, n: int, *, lease_ms: int, worker_id: str) -> list[ClaimedTask]:
+        return []
+
+    def claim_lanes(self, plan: Mapping[tuple[str, str], int], *, lease_ms: int,
+                    token: str, worker_id: str) -> dict[tuple[str, str], list[ClaimedTask]]:
+        return {}
+
+    def report(self, worker_id: str, *, pool: str | None, concurrency_limit: int,
+               latency_ms: float | None, failure_rate: float | None,
+               detail: Mapping[str, Any]) -> None:
         pass
-
-
-class FakeStore:
-    """Nothing of the store is used while there is no claim."""
 
 
 class NoProvider:
@@ -89,9 +96,7 @@ def controller(endpoints: list[dict[str, Any]], **flow: Any) -> tuple[FlowContro
                                                                       FakeFlowStore]:
     settings = Settings.model_validate({"endpoint": endpoints, "flow": flow})
     fake = FakeFlowStore()
-    fc = FlowControl(FakeStore(), settings, "w1", db=db,  # type: ignore[arg-type]
-                     provider=lambda ep: NoProvider(),
-                     flow_store=fake)  # type: ignore[arg-type]
+    fc = FlowControl(fake, settings, "w1", db=db, provider=lambda ep: NoProvider())
     return fc, fake
 
 
@@ -104,12 +109,16 @@ def claimed(i: int) -> ClaimedTask:
     return ClaimedTask(i, f"t{i}", "b", "cfg", '{"text": "where is my parcel"}', 1, "tok")
 
 
-def result(ep: str, error: ErrorClass | None = None, *, latency: float = 50.0,
-           retry_after_ms: int | None = None, tokens: tuple[int, int] = (40, 5)
-           ) -> AttemptResult:
-    comp = None if error else Completion("{}", 200, "m", tokens[0], tokens[1])
-    return AttemptResult(None, comp, None, error, None, retry_after_ms, latency,
-                         None if error is None else 500, ep, "m")
+def result(error: ErrorClass | None = None, *, latency: float = 50.0,
+           retry_after_ms: int | None = None, tokens: tuple[int, int] = (40, 5),
+           headers: dict[str, str] | None = None) -> CallOutcome:
+    """What a call came to: an answer with this usage, or an error of this class."""
+    if error is None:
+        return CallOutcome(Completion("{}", 200, "m", tokens[0], tokens[1],
+                                      rate_limit=headers or {}), None, latency)
+    return CallOutcome(None, ProviderError(error, "failed", http_status=500,
+                                           retry_after_ms=retry_after_ms,
+                                           rate_limit=headers), latency)
 
 
 def ep(name: str, **kw: Any) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def test_token_bound_calls_all_get_through_without_a_deadlock() -> None:
         async def one(i: int) -> None:
             nonlocal done
             t = await fc.acquire(claimed(i), CONFIG, primary)
-            fc.release(t, result("a", tokens=(400, 10)), None)
+            fc.release(t, result(tokens=(400, 10)))
             done += 1
 
         await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(60))), 20)
@@ -153,7 +162,7 @@ def test_concurrency_slots_hold_calls_until_one_finishes() -> None:
         await asyncio.sleep(0.05)
         order.append("third waits" if not third.done() else "third went")
         assert fc.waiting == 1 and fc.claim_room(100) == 15  # min_backlog 16, minus 1
-        fc.release(t1, result("a"), None)
+        fc.release(t1, result())
         await asyncio.wait_for(third, 1)
         order.append("third went")
         stop.set()
@@ -171,17 +180,16 @@ def test_a_429_pauses_the_endpoint_locally_and_for_everyone() -> None:
         loop = asyncio.create_task(fc.run(stop))
         primary = fc.settings.endpoint[0]
         t = await fc.acquire(claimed(1), CONFIG, primary)
-        err = ProviderError(ErrorClass.RATE_LIMITED, "429", http_status=429,
-                            retry_after_ms=400, rate_limit={"retry-after-ms": "400"})
-        fc.release(t, result("a", ErrorClass.RATE_LIMITED, retry_after_ms=400), err)
+        fc.release(t, result(ErrorClass.RATE_LIMITED, retry_after_ms=400,
+                             headers={"retry-after-ms": "400"}))
         t0 = time.monotonic()
         t2 = await fc.acquire(claimed(2), CONFIG, primary)  # waits out the pause
         waited = time.monotonic() - t0
-        fc.release(t2, result("a"), None)
-        _spec, bucket, why = fake.rows["a"]
+        fc.release(t2, result())
+        _spec, bucket = fake.rows["a"]
         stop.set()
         await loop
-        return waited, bucket.paused_until - t0 * 1000, why
+        return waited, bucket.paused_until - t0 * 1000, bucket.pause_reason
 
     waited, published_ms, why = asyncio.run(main())
     assert waited >= 0.39, "a call went before the time the 429 named"
@@ -198,20 +206,20 @@ def test_quota_and_an_open_breaker_route_to_the_fallback() -> None:
         seen = []
         t = await fc.acquire(claimed(1), CONFIG, hosted)
         seen.append((t.state.name, t.routed_from))
-        fc.release(t, result("hosted", ErrorClass.QUOTA_EXHAUSTED), None)
-        assert fc.reroutes(hosted, result("hosted", ErrorClass.QUOTA_EXHAUSTED))
+        fc.release(t, result(ErrorClass.QUOTA_EXHAUSTED))
+        assert fc.reroutes(hosted, ErrorClass.QUOTA_EXHAUSTED)
         t = await fc.acquire(claimed(2), CONFIG, hosted)
         seen.append((t.state.name, t.routed_from))
-        fc.release(t, result("local"), None)
+        fc.release(t, result())
         # The quota pause ends; two server errors in a row open the breaker.
-        fc._states["hosted"].paused_until = 0.0
+        fc.states["hosted"].paused_until = 0.0
         for i in (3, 4):
             t = await fc.acquire(claimed(i), CONFIG, hosted)
             seen.append((t.state.name, t.routed_from))
-            fc.release(t, result("hosted", ErrorClass.SERVER_ERROR), None)
+            fc.release(t, result(ErrorClass.SERVER_ERROR))
         t = await fc.acquire(claimed(5), CONFIG, hosted)
         seen.append((t.state.name, t.routed_from))
-        fc.release(t, result("local"), None)
+        fc.release(t, result())
         assert fc.detail()["hosted"]["breaker"] == "open"
         stop.set()
         await loop
@@ -229,14 +237,14 @@ def test_without_a_fallback_calls_wait_for_the_breaker_to_half_open() -> None:
         loop = asyncio.create_task(fc.run(stop))
         primary = fc.settings.endpoint[0]
         t = await fc.acquire(claimed(1), CONFIG, primary)
-        fc.release(t, result("a", ErrorClass.TIMEOUT), None)
+        fc.release(t, result(ErrorClass.TIMEOUT))
         t0 = time.monotonic()
         probe = await asyncio.wait_for(fc.acquire(claimed(2), CONFIG, primary), 2)
         assert time.monotonic() - t0 >= 0.19 and probe.probe
         blocked = asyncio.create_task(fc.acquire(claimed(3), CONFIG, primary))
         await asyncio.sleep(0.05)
         assert not blocked.done(), "a second call passed a half-open breaker"
-        fc.release(probe, result("a"), None)
+        fc.release(probe, result())
         await asyncio.wait_for(blocked, 1)
         stop.set()
         blocked.result().state.in_flight -= 1
@@ -258,7 +266,7 @@ def test_stopping_cancels_calls_still_waiting() -> None:
         stop.set()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        fc.release(t, result("a"), None)
+        fc.release(t, result())
         await asyncio.wait_for(loop, 2)
         assert fc.waiting == 0
 
@@ -294,30 +302,26 @@ def _pause_after_passage(endpoints: list[dict[str, Any]], pause_ms: int
     async def main() -> tuple[float, str | None]:
         settings = Settings.model_validate({"endpoint": endpoints,
                                             "flow": {"fallback_after_s": 0.1}})
-        fc = FlowControl(FakeStore(), settings, "w1", db=db,  # type: ignore[arg-type]
-                         provider=lambda e: Clocked(e.name, calls),
-                         flow_store=FakeFlowStore())  # type: ignore[arg-type]
+        fc = FlowControl(FakeFlowStore(), settings, "w1", db=db,
+                         provider=lambda e: Clocked(e.name, calls))
         stop = asyncio.Event()
         loop = asyncio.create_task(fc.run(stop))
         primary = fc.settings.endpoint[0]
         other = await fc.acquire(claimed(1), CONFIG, primary)
         t0 = 0.0
 
-        async def fn(e: Endpoint, provider: Any) -> AttemptResult:
+        async def fn(e: Endpoint, provider: Any) -> Completion:
             nonlocal t0
             if t0 == 0.0:  # the first time through: the other call's 429 arrives now
-                err = ProviderError(ErrorClass.RATE_LIMITED, "429", http_status=429,
-                                    retry_after_ms=pause_ms)
-                fc.release(other, result(primary.name, ErrorClass.RATE_LIMITED,
-                                         retry_after_ms=pause_ms), err)
+                fc.release(other, result(ErrorClass.RATE_LIMITED, retry_after_ms=pause_ms))
                 t0 = time.monotonic()
             req = CompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
                                     params={}, timeout_s=5)
-            comp = await provider.complete(req)
-            return AttemptResult(None, comp, None, None, None, None, 1.0, 200, e.name, "m")
+            comp: Completion = await provider.complete(req)
+            return comp
 
-        _res, routed_from = await asyncio.wait_for(fc.call(claimed(2), CONFIG, primary, fn),
-                                                   10)
+        _res, passage = await asyncio.wait_for(fc.call(claimed(2), CONFIG, primary, fn), 10)
+        routed_from = passage.routed_from
         stop.set()
         await loop
         return t0, routed_from
@@ -342,8 +346,6 @@ def test_a_cold_task_type_sends_a_few_calls_until_an_answer_teaches_its_estimate
     """The first estimate is a dear guess: reserving it for every call in flight and
     refunding it moments later would hand the shared bucket a burst. Until the first
     answer, at most COLD_CALLS calls of the type go; then the rest, at the taught size."""
-    from lockgate.flow.control import COLD_CALLS
-
     async def main() -> tuple[int, int, float, float]:
         fc, _ = controller([ep("a", rpm=600_000, tpm=6_000_000)], lease_interval_s=0.02)
         stop = asyncio.Event()
@@ -354,11 +356,11 @@ def test_a_cold_task_type_sends_a_few_calls_until_an_answer_teaches_its_estimate
         await asyncio.sleep(0.3)
         first = [p for p in pending if p.done()]
         cold_estimate = first[0].result().tokens
-        fc.release(first[0].result(), result("a", tokens=(40, 5)), None)
+        fc.release(first[0].result(), result(tokens=(40, 5)))
         await asyncio.wait_for(asyncio.gather(*pending), 5)
         warm = pending[-1].result().tokens
         for p in pending[1:]:
-            fc.release(p.result(), result("a", tokens=(40, 5)), None)
+            fc.release(p.result(), result(tokens=(40, 5)))
         stop.set()
         await loop
         return len(first), sum(1 for p in pending if p.done()), cold_estimate, warm

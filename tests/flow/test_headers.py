@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockgate.flow.headers import (
+from lockgate.providers.headers import (
     Signals,
     parse_count,
     parse_duration_ms,

@@ -10,10 +10,12 @@ import pytest
 from sqlalchemy import text
 
 from lockgate.flow.bucket import Ask, Limits
+from lockgate.flow.lanes import pace_of, window_of
+from lockgate.flow.leasing import LeaseRequest, lease_buckets
 from lockgate.flow.window import BatchPlan, Window
 from lockgate.spec import parse_task
 from lockgate.store import Store
-from lockgate.store.flow import BucketSpec, FlowStore, LeaseRequest, window_bucket
+from lockgate.store.flow import BucketSpec, FlowStore, window_bucket
 
 from .support import rows, scalar, task, tasks
 
@@ -32,14 +34,14 @@ def age(store: Store, name: str, ms: int) -> None:
 def test_a_bucket_starts_small_and_refills_on_the_database_clock(store: Store) -> None:
     fs = FlowStore(store)
     fs.ensure([BucketSpec("ep", "endpoint", 6000, None, 60_000)])
-    g = fs.lease([req("ep", requests=1000)])["ep"].grant
+    g = lease_buckets(fs, [req("ep", requests=1000)])["ep"].grant
     assert g.requests == 60, "a new bucket holds 1% of the window, not the whole minute"
     t1 = scalar(store, "SELECT refilled_at FROM rate_limit")
-    g2 = fs.lease([req("ep", requests=1000)])["ep"].grant.requests
+    g2 = lease_buckets(fs, [req("ep", requests=1000)])["ep"].grant.requests
     t2 = scalar(store, "SELECT refilled_at FROM rate_limit")
     assert g2 <= (t2 - t1) * 0.1 + 1, "more than the refill since the last lease (99/s)"
     age(store, "ep", 500)  # half a second at 99/s (100/s less the cap's 60 per minute)
-    g = fs.lease([req("ep", requests=1000)])["ep"].grant
+    g = lease_buckets(fs, [req("ep", requests=1000)])["ep"].grant
     assert 49 <= g.requests <= 60  # half a second of refill, never above the cap
     row = rows(store, "SELECT granted_requests, version FROM rate_limit")[0]
     assert row["version"] >= 2 and row["granted_requests"] == 60 + g2 + g.requests
@@ -66,7 +68,7 @@ def test_concurrent_leases_never_grant_more_than_the_bucket_holds(db_url: str) -
         fs = FlowStore(s)
         barrier.wait()
         for _ in range(10):
-            n = fs.lease([req("ep", requests=50)])["ep"].grant.requests
+            n = lease_buckets(fs, [req("ep", requests=50)])["ep"].grant.requests
             with lock:
                 granted.append(n)
         s.close()
@@ -88,9 +90,9 @@ def test_concurrent_leases_never_grant_more_than_the_bucket_holds(db_url: str) -
 def test_returns_and_settlements_reach_the_shared_row(store: Store) -> None:
     fs = FlowStore(store)
     fs.ensure([BucketSpec("ep", "endpoint", 6000, 600_000, 60_000)])
-    fs.lease([req("ep", requests=10, tokens=1000)])
+    lease_buckets(fs, [req("ep", requests=10, tokens=1000)])
     (b,) = rows(store, "SELECT tok_allowance, refilled_at FROM rate_limit")
-    fs.lease([req("ep", debt_tokens=300)])
+    lease_buckets(fs, [req("ep", debt_tokens=300)])
     (a,) = rows(store, "SELECT tok_allowance, refilled_at FROM rate_limit")
     # 10 per ms, less the cap's 6,000 per minute
     refill = (a["refilled_at"] - b["refilled_at"]) * Limits(6000, 600_000, 60_000, 0.0, 0.01
@@ -104,10 +106,10 @@ def test_a_pause_is_shared_and_never_shortened(db_url: str) -> None:
     try:
         fa, fb = FlowStore(a), FlowStore(b)
         fa.ensure([BucketSpec("ep", "endpoint", 6000, None, 60_000)])
-        res = fa.lease([LeaseRequest("ep", Ask(pause_ms=30_000), 0.0, 0.01,
+        res = lease_buckets(fa, [LeaseRequest("ep", Ask(pause_ms=30_000), 0.0, 0.01,
                                      pause_reason="rate_limited")])["ep"]
         assert res.grant.paused_ms > 29_000 and res.pause_reason == "rate_limited"
-        other = fb.lease([req("ep", requests=5)])["ep"]
+        other = lease_buckets(fb, [req("ep", requests=5)])["ep"]
         assert other.grant.requests == 0, "another worker got budget during the pause"
         assert 0 < other.grant.paused_ms <= 30_000
         assert fb.pause("ep", 1000, "exhausted") > 28_000, "a short pause shortened it"
@@ -121,9 +123,9 @@ def test_a_pause_is_shared_and_never_shortened(db_url: str) -> None:
 def test_learned_limits_lower_the_bucket_and_can_be_forgotten(store: Store) -> None:
     fs = FlowStore(store)
     fs.ensure([BucketSpec("ep", "endpoint", 6000, None, 60_000)])
-    r = fs.lease([LeaseRequest("ep", Ask(), 0.0, 0.01, learned_rpm=600)])["ep"]
+    r = lease_buckets(fs, [LeaseRequest("ep", Ask(), 0.0, 0.01, learned_rpm=600)])["ep"]
     assert r.rpm == 600
-    r = fs.lease([LeaseRequest("ep", Ask(), 0.0, 0.01, learned_rpm=9000)])["ep"]
+    r = lease_buckets(fs, [LeaseRequest("ep", Ask(), 0.0, 0.01, learned_rpm=9000)])["ep"]
     assert r.rpm == 6000  # a higher limit than configured is not adopted
     assert scalar(store, "SELECT learned_rpm FROM rate_limit") is None
 
@@ -174,7 +176,8 @@ def test_a_window_batch_is_invisible_until_its_start(store: Store) -> None:
     assert b["deadline_at"] == b["window_end"]
     lanes, _ = FlowStore(store).lanes()
     (lw,) = [ln for ln in lanes if ln.batch_id == "w"]
-    assert lw.window is not None and lw.window.start_ms == b["window_start"]
+    w = window_of(lw)
+    assert w is not None and w.start_ms == b["window_start"]
 
 
 def test_the_pace_is_computed_once_per_period_by_whoever_comes_first(store: Store) -> None:
@@ -182,12 +185,15 @@ def test_the_pace_is_computed_once_per_period_by_whoever_comes_first(store: Stor
     _submit(store, 100, "w", plan=BatchPlan(window=Window(now - 1000, now + 99_000)))
     fs = FlowStore(store)
     (lane,), _ = fs.lanes()
-    assert fs.pace(lane, every_ms=60_000)
-    assert not fs.pace(lane, every_ms=60_000), "a second worker recomputed it at once"
+    w = window_of(lane)
+    assert w is not None
+    assert fs.pace("w", opens_at=w.start_ms, every_ms=60_000, rate=pace_of(w))
+    assert not fs.pace("w", opens_at=w.start_ms, every_ms=60_000, rate=pace_of(w)), \
+        "a second worker recomputed it at once"
     rate = scalar(store, "SELECT rpm FROM rate_limit WHERE name = :n", n=window_bucket("w"))
     # 100 tasks over ~100 s minus a 3% margin: about 1.03/s.
     assert 1.0 <= rate <= 1.2
-    grant = fs.lease([LeaseRequest(window_bucket("w"), Ask(requests=50), 0.0, 0.25)])
+    grant = lease_buckets(fs, [LeaseRequest(window_bucket("w"), Ask(requests=50), 0.0, 0.25)])
     assert grant[window_bucket("w")].grant.requests <= 1  # a bucket of 250 ms of pace
 
 

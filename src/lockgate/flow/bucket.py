@@ -109,28 +109,25 @@ class Bucket:
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """What one worker asks of one bucket in one lease.
+    """What one worker asks of one bucket in one lease. With ``per_call`` and the
+    budget it holds, tokens are granted only for calls that have a request to go
+    with (see :func:`lease`)."""
 
-    ``requests``/``tokens``: the budget it wants, each on its own (the calls waiting,
-    and their estimated tokens); ``largest``: the biggest single call among them, which
-    may be granted on a positive token allowance even when it exceeds it;
-    ``give_requests``/``give_tokens``: unspent budget it returns; ``debt_tokens``: the
-    settlement since its last lease (real usage minus estimates, negative for a refund);
-    ``pause_ms``: a pause it learned from the provider; ``per_call``: its estimate of
-    one waiting call's tokens, and ``held_requests``/``held_tokens``: the budget it
-    holds unspent (with them, tokens are granted only for calls that have a request
-    to go with: see :func:`lease`).
-    """
-
+    #: The budget it wants, each on its own: the calls waiting, their estimated tokens.
     requests: int = 0
     tokens: float = 0.0
+    #: The biggest single call among them, which may be granted on a positive token
+    #: allowance even when it exceeds it.
     largest: float = 0.0
-    give_requests: float = 0.0
+    give_requests: float = 0.0  # unspent budget it returns
     give_tokens: float = 0.0
+    #: The settlement since its last lease: real usage minus estimates (negative: a
+    #: refund).
     debt_tokens: float = 0.0
-    pause_ms: int = 0
-    cut: bool = False
-    per_call: float = 0.0
+    pause_ms: int = 0  # a pause it learned from the provider
+    cut: bool = False  # a 429 for the rate: every worker's rate goes down a step
+    per_call: float = 0.0  # its estimate of one waiting call's tokens
+    #: The budget it holds unspent.
     held_requests: float = 0.0
     held_tokens: float = 0.0
 

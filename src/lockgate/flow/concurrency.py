@@ -51,11 +51,11 @@ class RulePolicy:
 
     min_limit: float
     max_limit: float
-    slow_ms: float = 2000.0
+    slow_ms: float = 2000.0  # slow and failing: x decrease
     failing: float = 0.05
-    fast_ms: float = 800.0
-    clean: float = 0.005
     decrease: float = 0.5
+    fast_ms: float = 800.0  # fast and clean (at least half the slots used): x increase
+    clean: float = 0.005
     increase: float = 1.2
     name: str = "rule"
 
@@ -75,9 +75,10 @@ class GradientPolicy:
 
     min_limit: float
     max_limit: float
-    tolerance: float = 1.5
-    smoothing: float = 0.5
-    long_windows: int = 20
+    tolerance: float = 1.5  # short-term latency may be this much above the baseline
+    smoothing: float = 0.5  # of increases only; a decrease applies at once
+    long_windows: int = 20  # the baseline's averaging length, in decisions
+    #: A window with more than ``drop_threshold`` drops multiplies by ``drop_backoff``.
     drop_backoff: float = 0.9
     drop_threshold: float = 0.01
     name: str = "gradient"

@@ -5,12 +5,16 @@ with the size of the task's input (``tokens_per_char * chars``); the output part
 recent mean of real completions for that task type, capped by ``max_tokens``. Both
 start from a cautious guess and move towards the real figures with an exponential
 average, so reservations settle close to what the provider charges and the
-post-call settlement (real minus reserved) stays small.
+post-call settlement (real minus reserved) stays small. :class:`TokenModels` keeps one
+model per task type and endpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from lockgate.config import Endpoint
+from lockgate.spec import TaskConfig
 
 #: Before anything was measured: a token is about 4 Latin characters or 1 CJK one;
 #: assume the dearer end so the first calls over-reserve rather than overshoot.
@@ -65,3 +69,26 @@ def charged_tokens(prompt_tokens: int | None, completion_tokens: int | None,
     if counts_max_tokens and max_tokens is not None:
         return prompt_tokens + max_tokens
     return prompt_tokens + (completion_tokens or 0)
+
+
+class TokenModels:
+    """The :class:`TokenModel` of each task type (config) on each endpoint of a worker."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, str], TokenModel] = {}
+
+    def get(self, ep: Endpoint, config: TaskConfig, config_hash: str) -> TokenModel:
+        key = (ep.name, config_hash)
+        m = self._models.get(key)
+        if m is None:
+            tpl = config.prompt_template
+            chars = len(tpl) if isinstance(tpl, str) else sum(len(x.content) for x in tpl)
+            m = self._models[key] = TokenModel(chars, config.model.max_tokens,
+                                               ep.tpm_counts_max_tokens)
+        return m
+
+    def mean_estimate(self, endpoint: str) -> float:
+        """The mean reservation of a call without input on ``endpoint`` (500 when no
+        task type has been seen there)."""
+        ms = [m.estimate(0) for (name, _h), m in self._models.items() if name == endpoint]
+        return sum(ms) / len(ms) if ms else 500.0

@@ -47,6 +47,32 @@ class ProviderError(Exception):
         self.rate_limit = rate_limit or {}
 
 
+@dataclass(slots=True)
+class CallOutcome:
+    """What one call to a provider came to, as flow control judges it: the answer or
+    the error, and how long the provider took. (Whether the answer was usable is the
+    prompt's business, not the endpoint's.)"""
+
+    completion: Completion | None
+    error: ProviderError | None
+    latency_ms: float
+
+    @property
+    def error_class(self) -> ErrorClass | None:
+        return None if self.error is None else self.error.error_class
+
+    @property
+    def rate_limit(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of the answer or of the error."""
+        if self.completion is not None:
+            return self.completion.rate_limit
+        return self.error.rate_limit if self.error is not None else {}
+
+    @property
+    def retry_after_ms(self) -> int | None:
+        return None if self.error is None else self.error.retry_after_ms
+
+
 class Provider(Protocol):
     """Anything that answers chat completions."""
 

@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 
 from lockgate.errors import ErrorClass
-from lockgate.flow.headers import parse_retry_after_ms
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.providers.headers import parse_retry_after_ms
 
 _RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                  "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",

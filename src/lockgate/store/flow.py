@@ -1,24 +1,22 @@
 """Every SQL statement of flow control: shared budgets, pauses, lanes, paced windows,
 per-worker metrics and the status report.
 
-The arithmetic lives in :mod:`lockgate.flow.bucket`; here rows are read under a lock
-together with the database clock, handed to it, and written back under their version.
+The arithmetic lives in flow control (:mod:`lockgate.flow.leasing`), which hands it in
+as a function: here rows are read under a lock together with the database clock, given
+to that function, and written back under their version.
 One transaction serves every bucket a worker touches in one tick, so a worker costs the
 database a handful of small transactions per second however many calls it makes.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, bindparam, text
 
-from lockgate.flow.bucket import Ask, Bucket, Grant, Limits, effective, initial, lease
-from lockgate.flow.window import Window, paced_rate
 from lockgate.store import schema
 from lockgate.store.store import Store
 from lockgate.store.types import ClaimedTask
@@ -27,6 +25,8 @@ from lockgate.store.types import ClaimedTask
 MAX_LANES = 64
 #: Attempts the failure-rate query looks at, newest first, within its time span.
 RECENT_ATTEMPTS = 5000
+
+R = TypeVar("R")
 
 _ROW_COLS = ("name, kind, rpm, tpm, window_ms, learned_rpm, learned_tpm, req_allowance, "
              "tok_allowance, refilled_at, paused_until, pause_reason, version, rate_factor, "
@@ -45,19 +45,46 @@ class BucketSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseRequest:
-    """One bucket's part of a lease: what is asked, how the bucket is shaped, and what
-    the provider said about its limits (``learned_*``: None = no news; 0 = forget)."""
+class BucketState:
+    """What a lease changes in a ``rate_limit`` row: allowances and the database time
+    they were computed at, the pause, the limits the provider reported, the share of
+    the limits in force and when it was last cut."""
+
+    req_allowance: float
+    tok_allowance: float
+    refilled_at: int
+    paused_until: int
+    pause_reason: str | None
+    learned_rpm: float | None
+    learned_tpm: float | None
+    rate_factor: float
+    cut_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRow:
+    """A ``rate_limit`` row as read under its lock, with the database's now (ms)."""
 
     name: str
-    ask: Ask
-    headroom: float
-    burst: float
-    min_cap_ms: float = 0.0
-    pause_reason: str | None = None
-    learned_rpm: float | None = None
-    learned_tpm: float | None = None
-    sliding: bool = True  # a provider's limit (see :class:`~lockgate.flow.bucket.Limits`)
+    rpm: float | None
+    tpm: float | None
+    window_ms: int
+    state: BucketState
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketUpdate:
+    """A row's new state and what the lease granted (added to the row's counters)."""
+
+    state: BucketState
+    granted_requests: int
+    granted_tokens: float
+
+
+#: Decides a locked row's update and what to answer for it (flow control's arithmetic,
+#: :func:`lockgate.flow.leasing.lease_step`); None: leave the row as it is.
+BucketStep = Callable[[BucketRow], tuple[BucketUpdate | None, R]]
 
 
 def _recent_floor(conn: Connection) -> int | None:
@@ -65,19 +92,6 @@ def _recent_floor(conn: Connection) -> int | None:
     the newest :data:`RECENT_ATTEMPTS`, found through the primary key."""
     top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
     return None if top is None else int(top) - RECENT_ATTEMPTS
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseResult:
-    """What a bucket gave, the limits now in force and the pause still running."""
-
-    name: str
-    grant: Grant
-    rpm: float | None
-    tpm: float | None
-    window_ms: int
-    pause_reason: str | None
-    factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +106,14 @@ class Lane:
     window_end: int | None
     target_per_s: float | None
 
-    @property
-    def window(self) -> Window | None:
-        if self.window_start is None or self.window_end is None:
-            return None
-        return Window(self.window_start, self.window_end, self.target_per_s)
+
+def _bucket_row(r: Any) -> tuple[BucketRow, int]:
+    """A row of ``SELECT {_ROW_COLS}, now`` and its version."""
+    (name, _kind, rpm, tpm, window_ms, l_rpm, l_tpm, req_allow, tok_allow, refilled,
+     paused_until, reason, version, factor, cut_at, now) = r
+    state = BucketState(float(req_allow), float(tok_allow), int(refilled), int(paused_until),
+                        reason, l_rpm, l_tpm, float(factor), int(cut_at))
+    return BucketRow(name, rpm, tpm, int(window_ms), state, int(now)), int(version)
 
 
 def window_bucket(batch_id: str) -> str:
@@ -118,8 +135,10 @@ class FlowStore:
     # -- buckets --------------------------------------------------------------------
 
     def ensure(self, specs: Iterable[BucketSpec]) -> None:
-        """Create missing buckets (full to their small cap) and apply configured capacities.
+        """Create missing buckets and apply configured capacities.
 
+        A new row counts as last refilled a whole window ago, so its first lease finds
+        it full, at the small cap the bucket's arithmetic sets (never a window's worth).
         Several workers may start with different configs; the last to start wins, as
         with any shared setting.
         """
@@ -136,12 +155,11 @@ class FlowStore:
             for s in specs:
                 row = have.get(s.name)
                 if row is None:
-                    b = initial(Limits(s.rpm, s.tpm, s.window_ms), now)
                     conn.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
                         "name": s.name, "kind": s.kind, "rpm": s.rpm, "tpm": s.tpm,
-                        "window_ms": s.window_ms, "req_allowance": b.requests,
-                        "tok_allowance": b.tokens, "refilled_at": now, "paused_until": 0,
-                        "updated_at": now, "version": 0}])
+                        "window_ms": s.window_ms, "req_allowance": 0.0,
+                        "tok_allowance": 0.0, "refilled_at": now - s.window_ms,
+                        "paused_until": 0, "updated_at": now, "version": 0}])
                 elif (row[1], row[2], row[3]) != (s.rpm, s.tpm, s.window_ms):
                     conn.execute(text(
                         "UPDATE rate_limit SET rpm = :rpm, tpm = :tpm, window_ms = :w, "
@@ -151,70 +169,46 @@ class FlowStore:
 
         self.store._tx(work)
 
-    def lease(self, requests: Sequence[LeaseRequest]) -> dict[str, LeaseResult]:
-        """Lease from several buckets in one transaction (rows locked in name order).
-
-        Each bucket is refilled on the database clock, credited with returns and
-        settlements, paused if asked, and then grants what fits; the row is written
-        back only if something changed, guarded by its version.
-        """
-        if not requests:
+    def update_buckets(self, names: Iterable[str],
+                       step: BucketStep[R]) -> dict[str, tuple[R, bool]]:
+        """Lock the rows named (in name order) in one transaction, read each with the
+        database clock, and write back what ``step`` decides, guarded by the row's
+        version. Returns per row found what ``step`` answered and whether its update
+        (if any) was written."""
+        names = sorted(set(names))
+        if not names:
             return {}
-        by_name = {r.name: r for r in requests}
-        names = sorted(by_name)
 
-        def work(conn: Connection) -> dict[str, LeaseResult]:
+        def work(conn: Connection) -> dict[str, tuple[R, bool]]:
             rows = conn.execute(text(
                 f"SELECT {_ROW_COLS}, {self.now} FROM rate_limit WHERE name IN :n "
                 f"ORDER BY name{self._lock}").bindparams(bindparam("n", expanding=True)),
                 {"n": names}).all()
-            out: dict[str, LeaseResult] = {}
+            out: dict[str, tuple[R, bool]] = {}
             for r in rows:
-                req = by_name[r[0]]
-                out[r[0]] = self._lease_row(conn, r, req)
+                row, version = _bucket_row(r)
+                update, answer = step(row)
+                out[row.name] = (answer, update is None or self._write(conn, row, update,
+                                                                       version))
             return out
 
         return self.store._tx(work)
 
-    def _lease_row(self, conn: Connection, r: Any, req: LeaseRequest) -> LeaseResult:
-        (name, _kind, rpm, tpm, window_ms, l_rpm, l_tpm, req_allow, tok_allow, refilled,
-         paused_until, reason, version, factor, cut_at, now) = r
-        now = int(now)
-        if req.learned_rpm is not None:
-            l_rpm = req.learned_rpm if (req.learned_rpm and (rpm is None or
-                                                            req.learned_rpm < rpm)) else None
-        if req.learned_tpm is not None:
-            l_tpm = req.learned_tpm if (req.learned_tpm and (tpm is None or
-                                                            req.learned_tpm < tpm)) else None
-        limits = Limits(effective(rpm, l_rpm), effective(tpm, l_tpm), int(window_ms),
-                        req.headroom, req.burst, req.min_cap_ms, req.sliding)
-        before = Bucket(float(req_allow), float(tok_allow), int(refilled), int(paused_until),
-                        float(factor), int(cut_at))
-        after, grant = lease(before, limits, now, req.ask)
-        if req.ask.pause_ms > 0 and after.paused_until > before.paused_until:
-            reason = req.pause_reason or "provider"
-        ask = req.ask
-        changed = (after.paused_until != before.paused_until or after.cut_at != before.cut_at
-                   or grant.requests or grant.tokens or ask.give_requests or ask.give_tokens
-                   or ask.debt_tokens or req.learned_rpm is not None
-                   or req.learned_tpm is not None)
-        if changed:
-            n = conn.execute(text(
-                "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
-                "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
-                "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
-                "granted_requests = granted_requests + :gr, "
-                "granted_tokens = granted_tokens + :gt, updated_at = :now, "
-                "version = version + 1 WHERE name = :name AND version = :v"),
-                {"ra": after.requests, "ta": after.tokens, "at": after.refilled_at,
-                 "pu": after.paused_until, "why": reason, "lr": l_rpm, "lt": l_tpm,
-                 "f": after.factor, "cut": after.cut_at,
-                 "gr": grant.requests, "gt": grant.tokens, "now": now, "name": name,
-                 "v": version}).rowcount
-            if n != 1:  # the row lock makes this unreachable; never grant on a lost race
-                grant = Grant(0, 0.0, grant.paused_ms)
-        return LeaseResult(name, grant, limits.requests, limits.tokens, int(window_ms),
-                           reason if grant.paused_ms else None, after.factor)
+    @staticmethod
+    def _write(conn: Connection, row: BucketRow, u: BucketUpdate, version: int) -> bool:
+        st = u.state
+        return conn.execute(text(
+            "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
+            "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
+            "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
+            "granted_requests = granted_requests + :gr, "
+            "granted_tokens = granted_tokens + :gt, updated_at = :now, "
+            "version = version + 1 WHERE name = :name AND version = :v"),
+            {"ra": st.req_allowance, "ta": st.tok_allowance, "at": st.refilled_at,
+             "pu": st.paused_until, "why": st.pause_reason, "lr": st.learned_rpm,
+             "lt": st.learned_tpm, "f": st.rate_factor, "cut": st.cut_at,
+             "gr": u.granted_requests, "gt": u.granted_tokens, "now": row.now,
+             "name": row.name, "v": version}).rowcount == 1
 
     def pause(self, name: str, ms: int, reason: str) -> int:
         """Pause a bucket for ``ms`` from the database's now (never shortening a pause);
@@ -242,13 +236,13 @@ class FlowStore:
 
     # -- windows --------------------------------------------------------------------
 
-    def pace(self, lane: Lane, *, every_ms: int) -> bool:
-        """Recompute a window batch's pace (``remaining / time left``) at most once per
-        ``every_ms`` across all workers; returns whether this call did it."""
-        w = lane.window
-        if w is None:
-            return False
-        name = window_bucket(lane.batch_id)
+    def pace(self, batch_id: str, *, opens_at: int, every_ms: int,
+             rate: Callable[[int, int], float | None]) -> bool:
+        """Recompute a window batch's pace at most once per ``every_ms`` across all
+        workers (and at once when the window ``opens_at``); returns whether this call
+        did it. ``rate(remaining, now)`` gives the tasks/s to store (None: only the
+        endpoint's limits apply)."""
+        name = window_bucket(batch_id)
 
         def claim_turn(conn: Connection) -> int | None:
             now = self._db_now(conn)
@@ -262,7 +256,7 @@ class FlowStore:
                     "paced_at": now, "version": 0}])
                 return now
             paced_at, rpm = row
-            opening = rpm == 0 and now >= w.start_ms  # the window just opened: at once
+            opening = rpm == 0 and now >= opens_at  # the window just opened: at once
             if paced_at is not None and now - paced_at < every_ms and not opening:
                 return None
             conn.execute(text("UPDATE rate_limit SET paced_at = :now, version = version + 1 "
@@ -275,15 +269,8 @@ class FlowStore:
         with self.store.read() as conn:
             remaining = int(conn.execute(text(
                 "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'"),
-                {"b": lane.batch_id}).scalar_one())
-        rate = paced_rate(w, remaining, now)
-        per_s: float | None
-        if rate is None:
-            per_s = 0.0
-        elif math.isinf(rate):
-            per_s = None  # late: only the endpoint's limits apply
-        else:
-            per_s = rate
+                {"b": batch_id}).scalar_one())
+        per_s = rate(remaining, now)
         self.store._tx(lambda conn: conn.execute(text(
             "UPDATE rate_limit SET rpm = :r, version = version + 1 WHERE name = :n"),
             {"r": per_s, "n": name}))
@@ -384,6 +371,10 @@ class FlowStore:
             "GROUP BY endpoint")
         return {r[0]: (int(r[1]), float(r[2] or 0), float(r[3] or 0))
                 for r in rows if r[0] is not None}
+
+    def claim(self, n: int, *, lease_ms: int, worker_id: str) -> list[ClaimedTask]:
+        """The engine's plain claim (:meth:`Store.claim`): a worker serving one batch."""
+        return self.store.claim(n, lease_ms=lease_ms, worker_id=worker_id)
 
     def claim_lanes(self, plan: Mapping[tuple[str, str], int], *, lease_ms: int,
                     token: str, worker_id: str) -> dict[tuple[str, str], list[ClaimedTask]]:

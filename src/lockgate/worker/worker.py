@@ -33,6 +33,7 @@ from lockgate.providers.openai import OpenAICompatible
 from lockgate.registry.resolver import PromptResolver, RegistryRef
 from lockgate.spec import TaskConfig
 from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
+from lockgate.store.flow import FlowStore
 from lockgate.worker import collector
 from lockgate.worker.execute import (
     AttemptResult,
@@ -138,7 +139,7 @@ class Worker:
         self.on_signal: Callable[[int], None] | None = None
         self._lease_ms = int(self.ws.lease_s * 1000)
         #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
-        self.flow = FlowControl(store, self.settings, self.id, db=self._db,
+        self.flow = FlowControl(FlowStore(store), self.settings, self.id, db=self._db,
                                 provider=self._provider)
 
     # -- helpers ------------------------------------------------------------------
@@ -409,22 +410,23 @@ class Worker:
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
-        res, routed_from = await self.flow.call(t, config, endpoint, call)
+        res, passage = await self.flow.call(t, config, endpoint, call)
         d = decide(config, t.attempt, res, self._rng)
-        rerouted = self.flow.reroutes(endpoint, res)
-        if rerouted:  # refused before any work; its fallback takes it at once
-            d = Decision(TaskStatus.PENDING, None, 0, "rerouted")
+        unspent = passage.unspent is not None
+        if unspent:  # not the task's fault (e.g. refused before any work, a fallback
+            # takes it at once): retried without spending an attempt
+            d = Decision(TaskStatus.PENDING, None, passage.delay_ms, str(passage.unspent))
         parsed = res.parsed
         trace = attempt_trace(t.attempt, started, res, d.outcome,
                               store_snapshot=self.ws.store_snapshots,
                               prompt_version=prompt_version)
-        trace["routed_from"] = routed_from
+        trace["routed_from"] = passage.routed_from
         return Finish(
             id=t.id, lease_token=t.lease_token, status=d.status, result=d.result,
             parse_status=str(parsed.status) if parsed else None,
             error_class=str(res.error_class) if res.error_class else None,
             error_message=(res.error_message or "")[:2000] or None,
-            delay_ms=d.delay_ms, release_attempt=rerouted, attempt=trace)
+            delay_ms=d.delay_ms, release_attempt=unspent, attempt=trace)
 
     def _fallback_params(self, route_key: str, config: TaskConfig,
                          ep: Endpoint) -> dict[str, Any]:

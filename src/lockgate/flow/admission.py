@@ -1,0 +1,241 @@
+"""Passage for calls: route, then let a call go at once or queue it per endpoint until
+pause, breaker, concurrency slot and budget allow (all in memory, no I/O).
+
+A call passes by one function, :meth:`Admission.admit`, whether it finds the way free
+(:meth:`Admission.acquire`) or is let go from the queue (:meth:`Admission.dispatch`).
+The queue is FIFO per endpoint; when the endpoint becomes unusable and a fallback is
+usable, its waiting calls are sent back to be routed again.
+
+Before an answer has taught a task type's token estimate, at most :data:`COLD_CALLS`
+of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lockgate.config import Endpoint
+from lockgate.flow.breaker import BreakerState
+from lockgate.flow.endpoint import EndpointState, Waiter
+from lockgate.flow.estimate import TokenModel, TokenModels
+from lockgate.flow.routing import Router
+from lockgate.spec import TaskConfig
+from lockgate.store.types import ClaimedTask
+
+#: Calls of a task type a worker sends before its first answer has taught the token
+#: estimate (per endpoint). The untaught estimate is deliberately dear; reserving it
+#: for every call in flight and refunding it later would hand a burst back to the
+#: shared bucket (the provider's window still holds what those calls really cost).
+COLD_CALLS = 4
+
+
+@dataclass(slots=True)
+class Cold:
+    """The calls of one task type on one endpoint before any answer taught its token
+    estimate: at most :data:`COLD_CALLS` in flight; the rest wait for ``wake``."""
+
+    key: tuple[str, str]
+    in_flight: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ColdGate:
+    """The :class:`Cold` records of the task types not taught yet."""
+
+    def __init__(self) -> None:
+        self._cold: dict[tuple[str, str], Cold] = {}
+
+    def get(self, key: tuple[str, str]) -> Cold:
+        cold = self._cold.get(key)
+        if cold is None:
+            cold = self._cold[key] = Cold(key)
+        return cold
+
+    def done(self, cold: Cold | None, model: TokenModel | None) -> None:
+        """A call of a cold task type ended: once an answer taught the estimate, every
+        waiting call goes on (with a taught estimate); else the next one may try."""
+        if cold is None:
+            return
+        cold.in_flight -= 1
+        if model is not None and model.samples > 0:
+            self._cold.pop(cold.key, None)
+        cold.wake.set()
+        cold.wake = asyncio.Event()
+
+
+@dataclass(slots=True)
+class Ticket:
+    """Passage for one call: where it goes and what it reserved."""
+
+    state: EndpointState
+    tokens: float
+    probe: bool
+    routed_from: str | None
+    batch_id: str
+    model: TokenModel | None
+    input_chars: int
+    cold: Cold | None = None
+
+
+class Admission:
+    """The per-endpoint queues of one worker (see the module docstring).
+
+    ``wake`` runs the flow loop now (a lease); ``starved`` says whether the last lease
+    got less than it asked (then an early lease would not help)."""
+
+    def __init__(self, router: Router, models: TokenModels, *, wake: Callable[[], None],
+                 starved: Callable[[], bool]) -> None:
+        self.router = router
+        self.models = models
+        self.cold = ColdGate()
+        self._wake = wake
+        self._starved = starved
+        #: Set once the first lease told this worker the shared pauses.
+        self.ready = asyncio.Event()
+        #: Calls waiting for passage (or for a cold task type's first answer).
+        self.waiting = 0
+
+    async def acquire(self, task: ClaimedTask, config: TaskConfig,
+                      primary: Endpoint) -> Ticket:
+        """Wait until a call for ``task`` may go; reserve its budget and slot."""
+        input_chars = len(task.input_data)
+        if not self.ready.is_set():  # a worker starting during a pause must honour it
+            await self.ready.wait()
+        while True:
+            now = time.monotonic()
+            st, routed_from = self.router.route(primary, now)
+            model = self.models.get(st.ep, config, task.config_hash) if st.tok_limited \
+                else None
+            cold: Cold | None = None
+            if model is not None and model.samples == 0:
+                cold = self.cold.get((st.name, task.config_hash))
+                if cold.in_flight >= COLD_CALLS:
+                    self.waiting += 1
+                    try:
+                        await cold.wake.wait()
+                    finally:
+                        self.waiting -= 1
+                    continue
+            tokens = model.estimate(input_chars) if model is not None else 0.0
+            if self._free(st, tokens, now):
+                probe = self.admit(st, tokens, now)
+                if cold is not None:
+                    cold.in_flight += 1
+                return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
+                              input_chars, cold)
+            w = self._enqueue(st, tokens, now)
+            if cold is not None:
+                cold.in_flight += 1  # held while it waits for budget, so others wait too
+            try:
+                go = await w.fut
+            except asyncio.CancelledError:
+                if w.fut.done() and not w.fut.cancelled() and w.fut.result():
+                    self.undo(st, tokens)
+                self.cold.done(cold, None)
+                raise
+            if go:
+                return Ticket(st, tokens, w.probe, routed_from, task.batch_id, model,
+                              input_chars, cold)
+            self.cold.done(cold, None)
+            # rerouted: the endpoint became unusable while the call waited; route again
+
+    def _enqueue(self, st: EndpointState, tokens: float, now: float) -> Waiter:
+        """Queue a call; dispatch what can go, and lease early if the bucket had room."""
+        w = Waiter(asyncio.get_running_loop().create_future(), tokens)
+        st.waiters.append(w)
+        st.waiting_tokens += tokens
+        self.waiting += 1
+        self.dispatch(st)
+        if st.waiters and st.limited and not st.has_budget(st.waiters[0].tokens) \
+                and not st.paused(now) and not self._starved():
+            self._wake()
+        return w
+
+    @staticmethod
+    def admit(st: EndpointState, tokens: float, now: float) -> bool:
+        """Let one call pass: the breaker counts it (a probe unless closed), it spends
+        budget and takes a slot. Returns whether it is a probe."""
+        probe = st.breaker.state is not BreakerState.CLOSED
+        st.breaker.allow(now)
+        st.spend(tokens)
+        st.adaptive.note_in_flight(st.in_flight)
+        return probe
+
+    @staticmethod
+    def _room(st: EndpointState, tokens: float) -> bool:
+        return st.in_flight < st.adaptive.slots and st.has_budget(tokens)
+
+    def _free(self, st: EndpointState, tokens: float, now: float) -> bool:
+        """Whether a call may pass at once (no call queued before it)."""
+        return (not st.waiters and not st.paused(now) and self._room(st, tokens)
+                and st.breaker.available(now))
+
+    def undo(self, st: EndpointState, tokens: float) -> None:
+        """A call that passed was never sent: its slot and budget are free again."""
+        st.in_flight -= 1
+        if st.limited:
+            st.ledger.refund(tokens)
+        self.dispatch(st)
+
+    def _drop(self, st: EndpointState, w: Waiter) -> None:
+        st.waiting_tokens -= w.tokens
+        self.waiting -= 1
+
+    def dispatch(self, st: EndpointState) -> None:
+        """Let waiting calls go while slot, budget, pause and breaker allow; send them
+        back to routing when the endpoint became unusable and a fallback is usable."""
+        if not st.waiters:
+            return
+        now = time.monotonic()
+        if not self.router.usable(st, now) and self.router.fallback(st.ep, now) is not None:
+            self._reroute(st)
+            return
+        if st.paused(now):
+            self._timer(st, st.paused_until - now)
+            return
+        q = st.waiters
+        while q:
+            w = q[0]
+            if w.fut.done():  # its task was cancelled
+                self._drop(st, q.popleft())
+                continue
+            if not self._room(st, w.tokens):
+                break
+            if not st.breaker.available(now):
+                self._timer(st, max(0.05, st.breaker.open_until - now))
+                break
+            self._drop(st, q.popleft())
+            w.probe = self.admit(st, w.tokens, now)
+            w.fut.set_result(True)
+
+    def _reroute(self, st: EndpointState) -> None:
+        while st.waiters:
+            w = st.waiters.popleft()
+            self._drop(st, w)
+            if not w.fut.done():
+                w.fut.set_result(False)
+
+    def _timer(self, st: EndpointState, delay: float) -> None:
+        if st.timer is not None and not st.timer.cancelled():
+            return
+
+        def fire() -> None:
+            st.timer = None
+            self.dispatch(st)
+            if st.waiters and st.limited:
+                self._wake()
+
+        st.timer = asyncio.get_running_loop().call_later(max(0.0, delay), fire)
+
+    def cancel_all(self) -> None:
+        """The worker stops: every waiting call is cancelled."""
+        for st in self.router.states.values():
+            while st.waiters:
+                w = st.waiters.popleft()
+                self.waiting -= 1
+                if not w.fut.done():
+                    w.fut.cancel()
+            st.waiting_tokens = 0.0

@@ -1,0 +1,152 @@
+"""What a finished call teaches: health figures, the adaptive limit's samples, the
+breaker's verdict, the settlement of reserved tokens, and the limits and pauses the
+provider's answer names (docs/flow.md, "Learning from the provider").
+
+A 429 for the rate pauses the endpoint and cuts the shared rate; ``insufficient_quota``
+pauses it for ``quota_pause_s``; a remaining of 0 with a reset pauses it until the
+reset. Pauses are published to the shared row with the next lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from lockgate.config import FlowSettings
+from lockgate.errors import ErrorClass
+from lockgate.flow.admission import Admission, Ticket
+from lockgate.flow.endpoint import EndpointState
+from lockgate.flow.estimate import charged_tokens
+from lockgate.providers.base import CallOutcome, Completion
+from lockgate.providers.headers import read_signals
+
+log = logging.getLogger("lockgate.flow")
+
+#: Failures that are the endpoint's own (they feed the breaker).
+ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
+                               ErrorClass.CONNECTION_ERROR})
+#: Refusals for the rate or the quota (they pause instead).
+THROTTLED = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.QUOTA_EXHAUSTED})
+
+
+class Feedback:
+    """Accounts for the calls of one worker as they end."""
+
+    def __init__(self, cfg: FlowSettings, admission: Admission, worker_id: str, *,
+                 learn_tokens: Callable[[str, float], None],
+                 wake: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.admission = admission
+        self.worker_id = worker_id
+        self._learn_tokens = learn_tokens
+        self._wake = wake
+
+    def unsent(self, t: Ticket) -> None:
+        """A call that had passage was never sent (rendering failed, or it was handed
+        back to routing): the budget goes back, the breaker's probe place is free."""
+        t.state.breaker.unjudged(t.probe)
+        self.admission.cold.done(t.cold, None)
+        self.admission.undo(t.state, t.tokens)
+
+    def abandoned(self, t: Ticket) -> None:
+        """A call was cancelled or crashed while it was being sent: its budget counts
+        as spent (the provider may have counted it)."""
+        t.state.in_flight -= 1
+        self.admission.cold.done(t.cold, None)
+        self.admission.dispatch(t.state)
+
+    def release(self, t: Ticket, out: CallOutcome) -> None:
+        """Account for a call the provider answered (or failed): settle tokens, learn
+        limits and pauses, feed the concurrency policy and the breaker, and let the next
+        call go."""
+        st = t.state
+        st.in_flight -= 1
+        now = time.monotonic()
+        ec = out.error_class
+        throttled = ec in THROTTLED
+        failed = ec in ENDPOINT_FAILURES
+        h = st.health
+        h.calls += 1
+        if failed or throttled:
+            h.failures += 1
+        if throttled:
+            h.throttled += 1
+        if t.routed_from:
+            h.rerouted += 1
+        completion = out.completion
+        st.adaptive.record(0.0 if throttled else out.latency_ms, ok=not failed,
+                           dropped=throttled or ec is ErrorClass.TIMEOUT,
+                           output_tokens=completion.completion_tokens if completion else None,
+                           in_flight=st.in_flight + 1)
+        if not throttled:
+            lat = out.latency_ms
+            h.latency_ewma = lat if h.latency_ewma is None else \
+                h.latency_ewma + 0.05 * (lat - h.latency_ewma)
+        h.failure_ewma += 0.02 * ((1.0 if (failed or throttled) else 0.0) - h.failure_ewma)
+        if throttled:
+            st.breaker.unjudged(t.probe)
+            if st.limited:  # the provider did not count it: the reservation goes back
+                st.ledger.refund(t.tokens)
+        else:
+            st.breaker.record(now, failed=failed, probe=t.probe)
+            if completion is not None:
+                self._settle(t, completion)
+        self.admission.cold.done(t.cold, t.model)
+        self._learn(st, out, now)
+        self.admission.dispatch(st)
+
+    def _settle(self, t: Ticket, completion: Completion) -> None:
+        """Teach the token estimate, and carry real minus reserved tokens to the next
+        lease (the usage unknown: the reservation stands)."""
+        st = t.state
+        m = t.model
+        if m is not None:
+            m.learn(t.input_chars, completion.prompt_tokens, completion.completion_tokens)
+        charged = charged_tokens(completion.prompt_tokens, completion.completion_tokens,
+                                 m.max_tokens if m else None, st.ep.tpm_counts_max_tokens)
+        if charged is None:
+            return
+        if st.tok_limited:
+            st.ledger.debt_tok += charged - t.tokens
+        self._learn_tokens(t.batch_id, float(charged))
+
+    def _learn(self, st: EndpointState, out: CallOutcome, now: float) -> None:
+        headers = out.rate_limit
+        ec = out.error_class
+        if ec is None:
+            # A success: read the headers fully only when something is exhausted, and
+            # every 32nd answer to learn the limits (parsing costs more than the rest
+            # of the accounting together).
+            st.health.answers += 1
+            if not headers or (headers.get("x-ratelimit-remaining-requests") != "0"
+                               and headers.get("x-ratelimit-remaining-tokens") != "0"
+                               and st.health.answers % 32):
+                return
+        sig = read_signals(headers, out.retry_after_ms)
+        led = st.ledger
+        if sig.limit_requests is not None and sig.limit_requests != led.sent_rpm:
+            led.learned_rpm = float(sig.limit_requests)
+        if sig.limit_tokens is not None and sig.limit_tokens != led.sent_tpm:
+            led.learned_tpm = float(sig.limit_tokens)
+        if ec is ErrorClass.QUOTA_EXHAUSTED:
+            self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
+        elif ec is ErrorClass.RATE_LIMITED:
+            led.cut = st.limited  # over the limit: every worker's rate goes down a step
+            self._pause(st, sig.pause_ms() or int(self.cfg.default_pause_s * 1000),
+                        "rate_limited", now)
+        else:
+            ms = sig.pause_ms()
+            if ms:
+                self._pause(st, ms, "exhausted", now)
+
+    def _pause(self, st: EndpointState, ms: int, reason: str, now: float) -> None:
+        until = now + ms / 1000.0
+        if until > st.paused_until:
+            if st.paused_until <= now:
+                log.info("worker %s: endpoint %s paused for %d ms (%s)", self.worker_id,
+                         st.name, ms, reason)
+            st.paused_until = until
+            st.pause_reason = reason
+        st.ledger.publish_pause(ms, reason)
+        self._wake()  # publish at once: other workers learn it on their next lease
