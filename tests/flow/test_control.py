@@ -369,3 +369,36 @@ def test_a_cold_task_type_sends_a_few_calls_until_an_answer_teaches_its_estimate
     assert n_cold == COLD_CALLS
     assert n_all == 20
     assert warm < cold_estimate / 3, "the later calls did not reserve the taught estimate"
+
+
+def test_per_task_type_caches_stay_bounded_however_many_types_pass() -> None:
+    """With OpenAI-batch input every task may be a task type of its own: the token
+    models, the cold-start records and the per-batch token figures keep only the most
+    recently used (issue: unbounded per-config caches)."""
+    from lockgate.flow.admission import COLD_KEPT
+    from lockgate.flow.estimate import MODELS_KEPT
+    from lockgate.flow.lanes import BATCHES_KEPT
+
+    n = max(MODELS_KEPT, COLD_KEPT, BATCHES_KEPT) + 500
+
+    async def main() -> tuple[int, int, int, float]:
+        fc, _ = controller([ep("a", rpm=600_000_000, tpm=600_000_000)],
+                           lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        for i in range(n):
+            t = await fc.acquire(ClaimedTask(i, f"t{i}", f"b{i}", f"cfg{i}", "{}", 1, "tok"),
+                                 CONFIG, primary)
+            # Every other type never gets an answer that teaches it (a 400): it stays cold.
+            fc.release(t, result() if i % 2 else result(ErrorClass.INVALID_REQUEST))
+        taught = fc.admission.models.get(primary, CONFIG, f"cfg{n - 1}").samples
+        stop.set()
+        await loop
+        return (len(fc.admission.models), len(fc.admission.cold), len(fc.lanes.tokens),
+                taught)
+
+    models, cold, batches, taught = asyncio.run(main())
+    assert models <= MODELS_KEPT and cold <= COLD_KEPT and batches <= BATCHES_KEPT
+    assert cold > 0 and batches > 0
+    assert taught == 1, "the most recent task type was evicted"

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cachetools import LRUCache
+
 from lockgate.config import Endpoint
 from lockgate.flow.breaker import BreakerState
 from lockgate.flow.endpoint import EndpointState, Waiter
@@ -30,6 +32,9 @@ from lockgate.store.types import ClaimedTask
 #: for every call in flight and refunding it later would hand a burst back to the
 #: shared bucket (the provider's window still holds what those calls really cost).
 COLD_CALLS = 4
+#: Task types not taught yet that a worker keeps track of (an answer forgets a type at
+#: once; these are types whose calls keep failing without one).
+COLD_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -43,10 +48,15 @@ class Cold:
 
 
 class ColdGate:
-    """The :class:`Cold` records of the task types not taught yet."""
+    """The :class:`Cold` records of the task types not taught yet, the
+    :data:`COLD_KEPT` most recently used (calls waiting on an evicted record still hold
+    it and are woken by it)."""
 
-    def __init__(self) -> None:
-        self._cold: dict[tuple[str, str], Cold] = {}
+    def __init__(self, maxsize: int = COLD_KEPT) -> None:
+        self._cold: LRUCache[tuple[str, str], Cold] = LRUCache(maxsize)
+
+    def __len__(self) -> int:
+        return len(self._cold)
 
     def get(self, key: tuple[str, str]) -> Cold:
         cold = self._cold.get(key)
@@ -60,8 +70,8 @@ class ColdGate:
         if cold is None:
             return
         cold.in_flight -= 1
-        if model is not None and model.samples > 0:
-            self._cold.pop(cold.key, None)
+        if model is not None and model.samples > 0 and self._cold.get(cold.key) is cold:
+            del self._cold[cold.key]
         cold.wake.set()
         cold.wake = asyncio.Event()
 

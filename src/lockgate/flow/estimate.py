@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cachetools import LRUCache
+
 from lockgate.config import Endpoint
 from lockgate.spec import TaskConfig
 
@@ -21,6 +23,10 @@ from lockgate.spec import TaskConfig
 INITIAL_TOKENS_PER_CHAR = 0.5
 DEFAULT_OUTPUT_TOKENS = 256
 ALPHA = 0.05
+#: Task types (per endpoint) whose token model a worker keeps, the most recently used.
+#: With OpenAI-batch input every task may be a task type of its own: an unbounded map
+#: would grow with every task processed.
+MODELS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -72,10 +78,14 @@ def charged_tokens(prompt_tokens: int | None, completion_tokens: int | None,
 
 
 class TokenModels:
-    """The :class:`TokenModel` of each task type (config) on each endpoint of a worker."""
+    """The :class:`TokenModel` of each task type (config) on each endpoint of a worker,
+    the :data:`MODELS_KEPT` most recently used (an evicted type starts cautious again)."""
 
-    def __init__(self) -> None:
-        self._models: dict[tuple[str, str], TokenModel] = {}
+    def __init__(self, maxsize: int = MODELS_KEPT) -> None:
+        self._models: LRUCache[tuple[str, str], TokenModel] = LRUCache(maxsize)
+
+    def __len__(self) -> int:
+        return len(self._models)
 
     def get(self, ep: Endpoint, config: TaskConfig, config_hash: str) -> TokenModel:
         key = (ep.name, config_hash)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from cachetools import LRUCache
+
 from lockgate.config import FlowSettings
 from lockgate.flow.bucket import Ask
 from lockgate.flow.leasing import DbCall, LeaseRequest, LeaseResult
@@ -31,6 +33,8 @@ log = logging.getLogger("lockgate.flow")
 PACER_BURST = 0.25
 #: Tokens a task of a batch is taken to cost before any answer of it was measured.
 DEFAULT_TASK_TOKENS = 500.0
+#: Batches whose tokens per task a worker keeps, the most recently answered.
+BATCHES_KEPT = 1024
 
 PaceFn = Callable[[int, int], float | None]
 
@@ -89,7 +93,8 @@ class Lanes:
         self.rows = rows
         self._db = db
         self._lanes: dict[tuple[str, str], LaneState] = {}
-        self._tokens: dict[str, float] = {}  # per batch: tokens per task, moving average
+        #: Per batch: tokens per task, a moving average.
+        self.tokens: LRUCache[str, float] = LRUCache(BATCHES_KEPT)
         self._failure_rates: dict[str, float] = {}
         self._fair = FairShare()
         self.lane_claims = 0
@@ -99,8 +104,8 @@ class Lanes:
 
     def learn_tokens(self, batch_id: str, charged: float) -> None:
         """One answered call of the batch cost ``charged`` tokens."""
-        old = self._tokens.get(batch_id)
-        self._tokens[batch_id] = charged if old is None else old + 0.05 * (charged - old)
+        old = self.tokens.get(batch_id)
+        self.tokens[batch_id] = charged if old is None else old + 0.05 * (charged - old)
 
     # -- pacing buckets --------------------------------------------------------------
 
@@ -188,7 +193,7 @@ class Lanes:
                 elif not math.isinf(ls.pace_rate):
                     cap = int(ls.pace_budget + 1e-9)
             demands.append(Demand(key, ls.weight,
-                                  self._tokens.get(key[1], DEFAULT_TASK_TOKENS), cap))
+                                  self.tokens.get(key[1], DEFAULT_TASK_TOKENS), cap))
         return demands
 
     async def claim(self, room: int, *, lease_ms: int, worker_id: str) -> list[ClaimedTask]:

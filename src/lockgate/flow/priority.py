@@ -57,7 +57,6 @@ class FairShare:
     def __init__(self, *, max_credit_rounds: float = 2.0) -> None:
         self._deficit: dict[Hashable, float] = {}
         self.max_credit_rounds = max_credit_rounds
-        self.served_tokens: dict[Hashable, float] = {}
 
     def plan(self, room: int, lanes: Sequence[Demand]) -> dict[Hashable, int]:
         """How many tasks to claim from each lane, ``room`` in total at most."""
@@ -103,7 +102,6 @@ class FairShare:
                 continue
             g = got.get(key, 0)
             cost = g * max(1.0, d.tokens_per_task)
-            self.served_tokens[key] = self.served_tokens.get(key, 0.0) + cost
             left = self._deficit.get(key, 0.0) - cost
             if g < n:
                 left = min(left, 0.0)
