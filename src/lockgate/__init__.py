@@ -17,6 +17,7 @@ _EXPORTS = {
     "connect": "lockgate.app",
     "connect_async": "lockgate.app",
     "ConfigError": "lockgate.errors",
+    "DatabaseUnavailable": "lockgate.errors",
     "ErrorClass": "lockgate.errors",
     "LockgateError": "lockgate.errors",
     "NotFound": "lockgate.errors",
@@ -32,6 +33,7 @@ _MODULES = ("config", "files")
 __all__ = [
     "AsyncLockgate",
     "ConfigError",
+    "DatabaseUnavailable",
     "ErrorClass",
     "Lockgate",
     "LockgateError",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from lockgate.app import AsyncLockgate, Lockgate, connect, connect_async
     from lockgate.errors import (
         ConfigError,
+        DatabaseUnavailable,
         ErrorClass,
         LockgateError,
         NotFound,

@@ -9,7 +9,13 @@ Every error a user can see is a :class:`LockgateError`; each class has a stable
     │   └── TemplateError      a template's placeholders do not match its input
     ├── NotFound               a task, batch or prompt does not exist
     ├── StateConflict          a conditional update found the row in another state
-    └── StoreError             the database refused or is unreachable
+    └── StoreError             the database refused the operation
+        └── DatabaseUnavailable    the database cannot be reached (retry later)
+
+Database driver and SQLAlchemy exceptions never leave the store: they are mapped at one
+boundary (:func:`lockgate.store.failures.map_db_errors`) to :class:`StoreError`, whose
+``transient`` flag says whether trying again later can succeed (a lost connection, a
+deadlock, a locked or full SQLite file) or not (a value the schema refuses).
 
 Provider failures are not exceptions of this tree: they are classified into an
 :class:`ErrorClass` (the typed taxonomy that retry policies name in ``stop_on``)
@@ -51,7 +57,13 @@ class SpecError(LockgateError):
         if field:
             parts.append(f"field '{field}'")
         prefix = ": ".join([", ".join(parts)]) + ": " if parts else ""
-        super().__init__(prefix + (message or "invalid task spec"))
+        #: The message without the line and field prefix.
+        self.reason = message or "invalid task spec"
+        super().__init__(prefix + self.reason)
+
+    def at_line(self, line: int | None) -> SpecError:
+        """The same error, located at ``line`` of a file."""
+        return type(self)(self.reason, field=self.field, line=line)
 
 
 class TemplateError(SpecError):
@@ -77,6 +89,20 @@ class StoreError(LockgateError):
 
     code = "store_error"
 
+    def __init__(self, message: str | None = None, *, transient: bool = False) -> None:
+        #: Whether the same operation may succeed if tried again later.
+        self.transient = transient
+        super().__init__(message)
+
+
+class DatabaseUnavailable(StoreError):
+    """The database could not be reached."""
+
+    code = "database_unavailable"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, transient=True)
+
 
 class ErrorClass(StrEnum):
     """Why an attempt failed. Stored on attempts and tasks; named by ``stop_on``."""
@@ -92,6 +118,9 @@ class ErrorClass(StrEnum):
     CONTENT_FILTERED = "content_filtered"
     INVALID_OUTPUT = "invalid_output"
     RENDER_ERROR = "render_error"
+    #: The database refused to store the attempt's result (a value its schema cannot
+    #: hold); not retried: the same answer would be refused again.
+    STORAGE_ERROR = "storage_error"
     LEASE_EXPIRED = "lease_expired"
     #: Given back unfinished by a worker that was shutting down (no attempt spent).
     RELEASED_AT_SHUTDOWN = "released_at_shutdown"

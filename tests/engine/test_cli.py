@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import orjson
@@ -153,15 +154,20 @@ def test_tasks_show_cancel_and_retry(db_url: str, store: Store,
 def test_cleanup_deletes_old_traces_and_finished_tasks_only(
         db_url: str, store: Store, simulator: SimulatorProcess) -> None:
     store.submit([parse_task(t) for t in tasks(3)], batch_id="b")
-    run_worker(store, concurrency=4)
+    # The worker's machine runs an hour fast and an hour slow: its attempts are still
+    # stamped on the database's clock, which cleanup compares them with.
+    run_worker(store, concurrency=4, wall_clock=lambda: time.time() + 3600)
     store.submit([parse_task(t) for t in tasks(2, prefix="later")], batch_id="b")
-    assert lockgate("cleanup", "--db", db_url, "--older-than", "1d").exit_code == 0
-    assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 3, "recent traces stay"
+    run_worker(store, concurrency=4, wall_clock=lambda: time.time() - 3600,
+               until=lambda: scalar(store, "SELECT COUNT(*) FROM task_attempt") == 5)
+    store.submit([parse_task(t) for t in tasks(2, prefix="last")], batch_id="b")
+    assert lockgate("cleanup", "--db", db_url, "--older-than", "30m").exit_code == 0
+    assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 5, "recent traces stay"
     wait_for(lambda: store.db_now() > scalar(store, "SELECT MAX(started_at) FROM task_attempt"),
              "the clock to pass the last attempt")
     result = lockgate("cleanup", "--db", db_url, "--older-than", "0s", "--tasks")
     assert result.exit_code == 0, result.output
-    assert "deleted 3 attempt(s), 3 task(s)" in result.stderr
+    assert "deleted 5 attempt(s), 5 task(s)" in result.stderr
     assert status_counts(store) == {"PENDING": 2}
     bad = lockgate("cleanup", "--db", db_url, "--older-than", "soon")
     assert bad.exit_code == 2 and "--older-than takes a number" in bad.stderr
@@ -171,6 +177,18 @@ def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
     result = lockgate("status", "--db", "lockgate.db")
     assert result.exit_code == 2
     assert "has no scheme" in flat(result.stderr)
+    result = lockgate("status", "--db", "app:s3cret@db.example/lockgate")
+    assert result.exit_code == 2
+    assert "app:***@db.example/lockgate" in flat(result.stderr)
+    assert "s3cret" not in result.output
+    result = lockgate("status", "--db", "sqlite:/tmp/a.db")
+    assert result.exit_code == 2
+    assert "lacks '//' after 'sqlite:'" in flat(result.stderr)
+    result = lockgate("status", "--db", "postgresql://app:s3cret@127.0.0.1:9/lockgate")
+    assert result.exit_code == 2
+    err = flat(result.stderr)
+    assert "cannot reach the database postgresql://app:***@127.0.0.1:9/lockgate" in err
+    assert "s3cret" not in result.output and "Traceback" not in result.output
     result = lockgate("submit", tmp_path / "missing.jsonl", "--db",
                       f"sqlite:///{tmp_path / 'x.db'}")
     assert result.exit_code == 2

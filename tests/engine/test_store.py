@@ -16,8 +16,8 @@ from sqlalchemy.exc import DBAPIError
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import parse_task
 from lockgate.store import ClaimedTask, Finish, Store
-from lockgate.store import store as store_module
 from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
+from lockgate.store.failures import is_conflict
 
 from .support import rows, scalar, task_row, tasks, wait_for
 
@@ -230,8 +230,31 @@ def test_terminal_state_is_final_for_a_second_write_back(store: Store) -> None:
     before = task_row(store, c.task_id)
     again = Finish(id=c.id, lease_token=c.lease_token, status="PENDING", delay_ms=0,
                    error_class="server_error", attempt=trace(c, "retry"))
-    assert store.finish([again], worker_id="w1").discarded == [c.id]
+    report = store.finish([again], worker_id="w1")
+    # The claim's write-back is already in: a second one changes nothing (and is taken
+    # for the resend of the first, below).
+    assert report.applied == [] and report.discarded == []
     assert task_row(store, c.task_id) == before
+    assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 1
+
+
+def test_a_write_back_sent_again_after_a_lost_acknowledgement_counts_as_applied(
+        store: Store) -> None:
+    """A worker whose write-back committed but whose connection dropped before the
+    acknowledgement sends the same batch again: it is recognised as written, neither
+    recorded twice nor counted as a lost lease."""
+    submit(store, 3)
+    claims = store.claim(3, lease_ms=60_000, worker_id="w1")
+    batch = [succeed(c, {"label": "no"}) for c in claims[:2]]
+    first = store.finish(batch, worker_id="w1")
+    before = [task_row(store, c.task_id) for c in claims[:2]]
+    again = store.finish([*batch, succeed(claims[2], {"label": "yes"})], worker_id="w1")
+    assert again.applied == [claims[2].id] and again.discarded == []
+    assert again.applied_claims == first.applied_claims | {(claims[2].id,
+                                                            claims[2].lease_token)}
+    assert [task_row(store, c.task_id) for c in claims[:2]] == before
+    assert rows(store, "SELECT outcome, COUNT(*) AS n FROM task_attempt GROUP BY outcome") \
+        == [{"outcome": "succeeded", "n": 3}]
 
 
 def test_one_write_back_batch_applies_owned_rows_and_discards_the_rest(store: Store) -> None:
@@ -420,7 +443,7 @@ def test_a_deadlock_on_the_hot_path_is_a_retryable_error(store: Store) -> None:
             t.join(timeout=60)
     assert len(errors) == 1, errors
     assert isinstance(errors[0], DBAPIError), type(errors[0])
-    assert store_module._transient(errors[0]), errors[0]
+    assert is_conflict(errors[0]), errors[0]
 
 
 # -- SQLite's one write lock --------------------------------------------------------------
@@ -573,7 +596,7 @@ def test_a_trace_of_megabytes_is_written_back_with_its_batch(store: Store) -> No
 
 
 def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
-    ids = submit(store, 2)
+    ids = submit(store, 3)
     store.cancel(ids[0])
     with pytest.raises(StateConflict, match="CANCELLED"):
         store.cancel(ids[0])
@@ -584,8 +607,27 @@ def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
     store.retry(ids[0])
     row = task_row(store, ids[0])
     assert (row["status"], row["attempts"], row["finished_at"]) == ("PENDING", 0, None)
-    claimed = store.claim(10, lease_ms=60_000, worker_id="w1")
-    assert {c.task_id for c in claimed} == set(ids)
+    # A task that FAILED with its fallback delivered keeps a result and a reason: a
+    # retry clears both, with its attempt count and lease.
+    (c,) = [c for c in store.claim(10, lease_ms=60_000, worker_id="w1")
+            if c.task_id == ids[2]] or [None]
+    assert c is not None
+    store.finish([Finish(id=c.id, lease_token=c.lease_token, status="FAILED",
+                         result='{"label": "other"}', parse_status="invalid_json",
+                         error_class="invalid_output", error_message="no JSON",
+                         attempt=trace(c, "failed"))], worker_id="w1")
+    failed = task_row(store, ids[2])
+    assert (failed["status"], failed["result"], failed["error_class"]) == (
+        "FAILED", '{"label": "other"}', "invalid_output")
+    store.retry(ids[2])
+    row = task_row(store, ids[2])
+    assert (row["status"], row["result"], row["parse_status"], row["error_class"],
+            row["error_message"], row["attempts"], row["lease_token"],
+            row["finished_at"]) == ("PENDING", None, None, None, None, 0, None, None)
+    store.cancel(ids[1])  # leased by w1 above: cancelled all the same
+    store.retry(ids[1])
+    claimed = store.claim(10, lease_ms=60_000, worker_id="w2")
+    assert {c.task_id for c in claimed} == {ids[1], ids[2]}  # ids[0] is w1's
 
 
 # -- migrations ----------------------------------------------------------------------------

@@ -174,6 +174,10 @@ class Dialect:
         """Insert trace rows; columns absent from every row keep their defaults."""
         raise NotImplementedError
 
+    def max_input_bytes(self, conn: Connection, ceiling: int) -> int:
+        """The largest task input (JSON bytes) this database takes, at most ``ceiling``."""
+        return ceiling
+
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
         """Serialise schema migrations across processes: held from before the
@@ -458,6 +462,12 @@ class MySQLDialect(Dialect):
             _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                                  "ids": [r[0] for r in rows]})
         return _leased(rows, token)
+
+    def max_input_bytes(self, conn: Connection, ceiling: int) -> int:
+        # A trace row holds the input twice at most (prompt snapshot and answer), and a
+        # string parameter may double when escaped: a quarter of a packet is safe.
+        packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
+        return min(ceiling, packet // 4)
 
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:

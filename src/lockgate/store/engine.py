@@ -12,6 +12,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from lockgate.errors import ConfigError
+from lockgate.redact import redact_url
 
 DEFAULT_URL = "sqlite:///lockgate.db"
 #: How long a SQLite statement waits for a lock held by another connection.
@@ -25,15 +26,30 @@ _DRIVERS = {
 }
 
 
-def database_url(url: str | None = None) -> str:
-    """The URL to use: the argument, else ``LOCKGATE_DATABASE_URL``, else SQLite."""
+_EXAMPLES = ("sqlite:///lockgate.db (a file here), sqlite:////var/lib/lockgate.db "
+             "(an absolute path), postgresql://user@host/db or mysql://user@host/db")
+
+
+def database_url(url: str | None = None, *, with_driver: bool = True) -> str:
+    """The URL to use: the argument, else ``LOCKGATE_DATABASE_URL``, else SQLite, with
+    the driver lockgate uses for its scheme (unless ``with_driver`` is false). A
+    malformed URL is refused with a message that shows it (password hidden) and how to
+    write it."""
     url = url or os.environ.get("LOCKGATE_DATABASE_URL") or DEFAULT_URL
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigError(
-            f"database URL '{url}' has no scheme; use e.g. sqlite:///lockgate.db, "
-            "postgresql://user@host/db or mysql://user@host/db")
-    return f"{_DRIVERS.get(scheme, scheme)}://{rest}"
+        head, colon, _tail = url.partition(":")
+        if colon and head.split("+")[0].lower() in {*_DRIVERS, "sqlite"}:
+            raise ConfigError(
+                f"database URL '{redact_url(url)}' lacks '//' after '{head}:'; write it "
+                f"as {head}://... (e.g. {_EXAMPLES})")
+        raise ConfigError(f"'{redact_url(url)}' is not a database URL (it has no scheme); "
+                          f"use e.g. {_EXAMPLES}")
+    family = scheme.split("+")[0].lower()
+    if family not in {*_DRIVERS, "sqlite"}:
+        raise ConfigError(f"database URL '{redact_url(url)}': unsupported database "
+                          f"'{scheme}'; use sqlite, postgresql or mysql/mariadb")
+    return f"{_DRIVERS.get(scheme, scheme) if with_driver else scheme}://{rest}"
 
 
 def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
@@ -42,7 +58,8 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     try:
         parsed = make_url(resolved)
     except Exception as exc:
-        raise ConfigError(f"cannot parse database URL: {exc}") from None
+        raise ConfigError(f"cannot parse database URL '{redact_url(resolved)}': "
+                          f"{str(exc).replace(resolved, redact_url(resolved))}") from None
     kwargs: dict[str, Any] = {}
     backend = parsed.get_backend_name()
     if backend == "sqlite":

@@ -493,21 +493,37 @@ class GateStore:
                                        {"h": run.config_hash}).scalar()
                     if doc is not None:
                         pool = pool_of(orjson.loads(doc))
-                runs_items, tasks = [], []
-                for it in items:
-                    tid = f"{run.batch_id}:{it.id}"
-                    runs_items.append({
-                        "run_id": run_id, "item_id": it.id, "item_key": it.item_key,
-                        "content_hash": it.content_hash, "task_id": tid,
-                        "expected": it.expected, "verdict": V.PENDING, "created_at": now})
-                    tasks.append({
-                        "task_id": tid, "batch_id": run.batch_id, "config_hash": run.config_hash,
-                        "input_data": it.input_data, "metadata": meta, "priority": 0,
-                        "pool": pool,
-                        "status": "PENDING", "visible_at": now, "created_at": now,
-                        "updated_at": now})
-                conn.execute(self.dialect.insert_ignore(schema.prompt_run_item), runs_items)
+                tasks = [{
+                    "task_id": f"{run.batch_id}:{it.id}", "batch_id": run.batch_id,
+                    "config_hash": run.config_hash, "input_data": it.input_data,
+                    "metadata": meta, "priority": 0, "pool": pool, "status": "PENDING",
+                    "visible_at": now, "created_at": now, "updated_at": now}
+                    for it in items]
                 conn.execute(self.dialect.insert_ignore(schema.task), tasks)
+                # Insert-ignore keeps a row that exists already: make sure each is the
+                # one this run made (the ``gate:`` namespace is refused to submitters,
+                # but a database may hold older rows), and point the items at them by
+                # row id, never by task id.
+                rows = {r.task_id: r for r in conn.execute(text(
+                    "SELECT id, task_id, batch_id, config_hash FROM task WHERE task_id IN :ids"
+                ).bindparams(_ids()), {"ids": [t["task_id"] for t in tasks]})}
+                foreign = [t["task_id"] for t in tasks
+                           if rows[t["task_id"]].batch_id != run.batch_id
+                           or rows[t["task_id"]].config_hash != run.config_hash]
+                if foreign:
+                    why = (f"task id {foreign[0]!r} belongs to a task the release gate did "
+                              "not create; the evaluation cannot trust its result")
+                    self._move(conn, "prompt_run", [run_id], [R.MATERIALIZING], R.FAILED, now,
+                               sets=", reason = :reason, lease_token = NULL, "
+                                    "lease_until = NULL, finished_at = :now",
+                               params={"reason": why})
+                    return str(R.FAILED)
+                conn.execute(self.dialect.insert_ignore(schema.prompt_run_item), [{
+                    "run_id": run_id, "item_id": it.id, "item_key": it.item_key,
+                    "content_hash": it.content_hash, "task_id": t["task_id"],
+                    "task_pk": rows[t["task_id"]].id, "expected": it.expected,
+                    "verdict": V.PENDING, "created_at": now}
+                    for it, t in zip(items, tasks, strict=True)])
                 conn.execute(text("UPDATE prompt_run SET page_cursor = :c WHERE id = :r"),
                              {"c": items[-1].id, "r": run_id})
             if len(items) == page:
@@ -515,7 +531,7 @@ class GateStore:
             count = int(conn.execute(text(
                 "SELECT COUNT(*) FROM prompt_run_item WHERE run_id = :r"), {"r": run_id}
             ).scalar_one())
-            reason = None
+            reason: str | None = None
             if count != run.expected_items:
                 to = R.FAILED
                 reason = (f"materialised {count} items but the snapshot holds "
@@ -542,7 +558,7 @@ class GateStore:
                 "SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
                 "t.status, t.result, t.error_class, t.error_message, t.attempts, "
                 "t.input_data FROM prompt_run_item i LEFT JOIN task t "
-                "ON t.task_id = i.task_id WHERE i.run_id = :r AND i.verdict = 'PENDING' "
+                "ON t.id = i.task_pk WHERE i.run_id = :r AND i.verdict = 'PENDING' "
                 "ORDER BY i.item_id LIMIT :n"), {"r": run_id, "n": limit})]
             pks = [r["task_pk"] for r in rows if r["task_pk"] is not None]
             figures: dict[int, dict[str, Any]] = {}
@@ -614,17 +630,22 @@ class GateStore:
 
         return self.store._tx(work)
 
-    def step_failed(self, run_id: int, message: str, *, max_failures: int) -> str | None:
-        """Count a failed role step on a run; the run ends FAILED after ``max_failures``.
-        Returns the run's status when it changed."""
+    def step_failed(self, run_id: int, message: str, *, token: str,
+                    max_failures: int) -> str | None:
+        """Count a failed role step on a run and give its lease back; the run ends FAILED
+        after ``max_failures``. Fenced by the step's lease ``token``: a step whose lease
+        was taken over by another worker changes nothing (it may not clear the new
+        holder's lease). Returns the run's status when it changed."""
 
         def work(conn: Connection) -> str | None:
             now = self._now(conn)
-            conn.execute(text(
+            if not conn.execute(text(
                 "UPDATE prompt_run SET failures = failures + 1, reason = :m, "
-                "lease_token = NULL, lease_until = NULL WHERE id = :r AND status IN :st"
-            ).bindparams(_ids("st")), {"m": message[:2000], "r": run_id,
-                                       "st": list(ACTIVE_RUNS)})
+                "lease_token = NULL, lease_until = NULL WHERE id = :r AND status IN :st "
+                "AND (lease_token = :tok OR lease_token IS NULL)"
+            ).bindparams(_ids("st")), {"m": message[:2000], "r": run_id, "tok": token,
+                                       "st": list(ACTIVE_RUNS)}).rowcount:
+                return None
             row = conn.execute(text("SELECT status, failures FROM prompt_run WHERE id = :r"),
                                {"r": run_id}).one()
             if row.status in ACTIVE_RUNS and row.failures >= max_failures:

@@ -50,6 +50,9 @@ batch = Table(
     Column("window_start", BigInteger),
     Column("window_end", BigInteger),
     Column("target_per_s", Double),
+    # 0004: 0 while a submit is writing the batch's tasks (an interrupted submit leaves
+    # it 0: running the same submit again completes the batch)
+    Column("complete", Integer, nullable=False, server_default="1"),
 )
 
 task = Table(
@@ -106,7 +109,7 @@ task_attempt = Table(
     Column("completeness", Float),
     Column("error_class", String(32)),
     Column("error_message", Text),
-    Column("prompt_version", String(KEY)),
+    Column("prompt_version", String(255)),  # name@N; 0004 (was 191)
     Column("routed_from", String(100)),  # 0003: the primary, when a fallback answered
     Index("ix_task_attempt_task", "task_pk", "attempt"),
 )
@@ -302,6 +305,7 @@ prompt_run_item = Table(
     Column("item_key", String(KEY), nullable=False),
     Column("content_hash", String(64), nullable=False),
     Column("task_id", String(KEY), nullable=False),
+    Column("task_pk", BigInteger),  # 0004: the task row this item runs as
     Column("expected", LongText, nullable=False),
     Column("actual", LongText),
     Column("verdict", String(8), nullable=False),

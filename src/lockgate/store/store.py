@@ -12,20 +12,27 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine, bindparam, func, select, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from lockgate.errors import NotFound, StateConflict, StoreError
-from lockgate.spec import TaskSpec, canonical_json, config_hash
+from lockgate.errors import NotFound, SpecError, StateConflict
+from lockgate.spec import (
+    MAX_INPUT_BYTES,
+    RESERVED_ID_PREFIX,
+    TaskSpec,
+    canonical_json,
+    config_hash,
+)
 from lockgate.store import schema
 from lockgate.store.dialects import Dialect, dialect_for
-from lockgate.store.engine import create
+from lockgate.store.engine import create, database_url
+from lockgate.store.failures import is_conflict, map_db_errors, translate
 from lockgate.store.types import (
     TERMINAL,
     ClaimedTask,
@@ -38,9 +45,15 @@ from lockgate.store.types import (
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
 
-_RETRY_CODES_MYSQL = {1205, 1213}
-_RETRY_SQLSTATES_PG = {"40001", "40P01"}
-SUBMIT_CHUNK = 500
+#: A submit commits its tasks in chunks of at most this many bytes of input ...
+SUBMIT_CHUNK_BYTES = 4 << 20
+#: ... or this many rows, whichever comes first.
+SUBMIT_CHUNK_ROWS = 2000
+
+_WRITTEN_BEFORE = text(
+    "SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
+    "AND lease_token IN :toks AND outcome <> 'discarded'"
+).bindparams(bindparam("ids", expanding=True), bindparam("toks", expanding=True))
 
 
 def _storable(f: Finish) -> Finish:
@@ -64,23 +77,15 @@ def _storable(f: Finish) -> Finish:
                    attempt={k: clean(v) for k, v in trace.items()} if trace else trace)
 
 
-def _transient(exc: DBAPIError) -> bool:
-    orig = exc.orig
-    code = getattr(orig, "args", (None,))[0] if orig is not None else None
-    if isinstance(code, int) and code in _RETRY_CODES_MYSQL:
-        return True
-    if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES_PG:
-        return True
-    return "database is locked" in str(orig)
-
-
 @dataclass(frozen=True, slots=True)
 class SubmitReport:
-    """How a submission went: rows inserted and task ids that already existed."""
+    """How a submission went: rows inserted, task ids that already existed, and the
+    batches those already belong to when that is not this one (task id -> count)."""
 
     batch_id: str
     inserted: int
     duplicates: int
+    elsewhere: dict[str, int] = field(default_factory=dict)
 
 
 class Store:
@@ -89,11 +94,15 @@ class Store:
     def __init__(self, url: str | None = None, *, pool_size: int = 4,
                  engine: Engine | None = None) -> None:
         self.engine = engine or create(url, pool_size=pool_size)
+        #: The URL as given (with its password), for messages, which show it redacted.
+        self.url: str = database_url(url, with_driver=False) if engine is None else \
+            self.engine.url.render_as_string(hide_password=False)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
         self.now = self.dialect.now
         # SQLite lets one write transaction in at a time, and a writer that finds the
         # file locked can only poll for it (engine._begin_immediate). Threads of this
         # process queue here instead and get the lock the moment it is free.
+        self._max_input: int | None = None
         self._writer: AbstractContextManager[Any] = (
             threading.RLock() if self.dialect.name == "sqlite" else nullcontext())
 
@@ -103,29 +112,37 @@ class Store:
         """Release every pooled connection."""
         self.engine.dispose()
 
-    def read(self) -> Connection:
-        """A connection for reading only (use it in a ``with``). On SQLite its
-        transactions begin deferred: a reader of a WAL file neither waits for the one
-        writer nor holds the write lock against it, as ``BEGIN IMMEDIATE`` would."""
-        return self.engine.connect().execution_options(lockgate_read=True)
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for reading only, in a ``with``. On SQLite its transactions
+        begin deferred: a reader of a WAL file neither waits for the one writer nor
+        holds the write lock against it, as ``BEGIN IMMEDIATE`` would. Database errors
+        come out as :class:`StoreError`."""
+        with map_db_errors(self.url), self.engine.connect() as conn:
+            yield conn.execution_options(lockgate_read=True)
 
     def _tx(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
-        """Run ``fn`` in one transaction, retrying deadlocks and lock timeouts."""
+        """Run ``fn`` in one transaction, retrying deadlocks and lock timeouts; every
+        database error comes out as :class:`StoreError`."""
         delay = 0.005
         for i in range(attempts):
             try:
                 with self._writer, self.engine.begin() as conn:
                     return fn(conn)
-            except OperationalError as exc:
-                if i == attempts - 1 or not _transient(exc):
-                    raise StoreError(f"database error: {exc.orig}") from exc
             except DBAPIError as exc:
-                if i == attempts - 1 or not _transient(exc):
-                    raise
+                if i == attempts - 1 or not is_conflict(exc):
+                    raise translate(exc, self.url) from exc
+            except SQLAlchemyError as exc:
+                raise translate(exc, self.url) from exc
             log.debug("transient database conflict, retrying (attempt %d)", i + 1)
             time.sleep(delay)
             delay = min(0.5, delay * 2)
         raise AssertionError("unreachable")
+
+    def ping(self) -> None:
+        """Raise :class:`DatabaseUnavailable` unless the database answers now."""
+        with self.read() as conn:
+            conn.execute(text("SELECT 1"))
 
     def migrate(self) -> None:
         """Create or upgrade the schema to the newest revision (safe to run concurrently)."""
@@ -136,9 +153,19 @@ class Store:
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
         # The lock is released only after the upgrade committed, so the next process
         # to take it sees the new revision (and does nothing).
-        with self.engine.connect() as conn, self.dialect.migration_lock(conn), conn.begin():
+        with map_db_errors(self.url), self.engine.connect() as conn, \
+                self.dialect.migration_lock(conn), conn.begin():
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def max_input_bytes(self) -> int:
+        """The largest task input (JSON bytes) this database can store and write back
+        with its trace: MySQL/MariaDB bound a statement by ``max_allowed_packet``, and a
+        trace holds the rendered prompt (the input again) beside the answer."""
+        if self._max_input is None:
+            with self.read() as conn:
+                self._max_input = self.dialect.max_input_bytes(conn, MAX_INPUT_BYTES)
+        return self._max_input
 
     def db_now(self) -> int:
         """The database clock in ms (the one lease arithmetic uses)."""
@@ -152,73 +179,120 @@ class Store:
                progress: Callable[[int], None] | None = None,
                pool_of: Callable[[TaskSpec], str] | None = None,
                batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
-        """Insert tasks in one transaction; existing task ids are skipped (idempotent).
+        """Insert tasks; task ids that exist already are skipped (idempotent).
 
-        Duplicates are detected by the unique constraint on ``task_id``, never by a
-        check before the insert; a failure rolls the whole submission back.
-        ``pool_of`` names each task's worker pool (flow control); ``batch_fields`` sets
-        the batch's weight, deadline or window, and a window's tasks become visible at
-        its start.
+        Tasks are written in chunks of at most :data:`SUBMIT_CHUNK_BYTES` (or
+        :data:`SUBMIT_CHUNK_ROWS`), each committed at once, so workers start on the
+        first chunk while the rest is written, and a SQLite writer lock is held only
+        for one chunk's insert (``specs`` is consumed, and validated, outside it). The
+        batch is marked incomplete until the last chunk is in: an interrupted submit
+        leaves it so (``status`` shows it), and the same submit run again completes it.
+        Duplicates are found by the unique constraint on ``task_id``, never by a check
+        before the insert. ``pool_of`` names each task's worker pool (flow control);
+        ``batch_fields`` sets the batch's weight, deadline or window, and a window's
+        tasks become visible at its start. A batch left without tasks (every task id
+        belonged to another batch already) is not kept.
         """
+        if batch_id.startswith(RESERVED_ID_PREFIX):
+            raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
+                            "release gate's evaluations", field="batch_id")
+        fields = dict(batch_fields or {})
+        created = self._tx(lambda conn: self._open_batch(conn, batch_id, source, fields))
+        window_start = int(fields.get("window_start") or 0)
+        seen_configs: set[str] = set()
+        seen_batches = {batch_id}
+        inserted = total = 0
+        elsewhere: dict[str, int] = {}
+        chunk: list[dict[str, Any]] = []
+        configs: list[dict[str, Any]] = []
+        batches: list[str] = []
+        size = 0
 
-        def work(conn: Connection) -> SubmitReport:
-            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
-            conn.execute(self.dialect.insert_ignore(schema.batch),
-                         [{"id": batch_id, "source": source, "created_at": now}])
-            fields = dict(batch_fields or {})
-            if fields:
-                conn.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
-                             .values(**fields))
-            visible = max(now, int(fields.get("window_start") or now))
-            inserted = total = 0
-            seen_configs: set[str] = set()
-            seen_batches = {batch_id}
-            chunk: list[dict[str, Any]] = []
-            for spec in specs:
-                doc = spec.config_document()
-                h = config_hash(doc)
-                if h not in seen_configs:
-                    seen_configs.add(h)
-                    self._insert_config(conn, h, doc, now)
-                if spec.batch_id and spec.batch_id not in seen_batches:
-                    seen_batches.add(spec.batch_id)
-                    conn.execute(self.dialect.insert_ignore(schema.batch), [
-                        {"id": spec.batch_id, "source": source, "created_at": now}])
-                chunk.append({
-                    "task_id": spec.task_id, "batch_id": spec.batch_id or batch_id,
-                    "config_hash": h, "input_data": orjson.dumps(spec.input_data).decode(),
-                    "metadata": orjson.dumps(spec.metadata).decode() if spec.metadata else None,
-                    "priority": spec.priority, "status": TaskStatus.PENDING,
-                    "visible_at": visible, "created_at": now, "updated_at": now,
-                    "pool": pool_of(spec) if pool_of else "default",
-                })
-                if len(chunk) >= SUBMIT_CHUNK:
-                    inserted += self._insert_tasks(conn, chunk)
-                    total += len(chunk)
-                    if progress:
-                        progress(len(chunk))
-                    chunk = []
-            if chunk:
-                inserted += self._insert_tasks(conn, chunk)
-                total += len(chunk)
-                if progress:
-                    progress(len(chunk))
-            return SubmitReport(batch_id, inserted, total - inserted)
+        def flush() -> None:
+            nonlocal inserted, total, chunk, configs, batches, size
+            got, other = self._tx(lambda conn: self._insert_chunk(
+                conn, chunk, configs, batches, source, window_start))
+            inserted += got
+            total += len(chunk)
+            for b, n in other.items():
+                elsewhere[b] = elsewhere.get(b, 0) + n
+            if progress:
+                progress(len(chunk))
+            chunk, configs, batches, size = [], [], [], 0
 
-        return self._tx(work, attempts=1)
+        for spec in specs:
+            doc = spec.config_document()
+            h = config_hash(doc)
+            if h not in seen_configs:
+                seen_configs.add(h)
+                configs.append({"hash": h, "document": canonical_json(doc).decode()})
+            if spec.batch_id and spec.batch_id not in seen_batches:
+                seen_batches.add(spec.batch_id)
+                batches.append(spec.batch_id)
+            data = spec.input_json().decode()
+            meta = orjson.dumps(spec.metadata).decode() if spec.metadata else None
+            chunk.append({
+                "task_id": spec.task_id, "batch_id": spec.batch_id or batch_id,
+                "config_hash": h, "input_data": data, "metadata": meta,
+                "priority": spec.priority, "status": TaskStatus.PENDING,
+                "pool": pool_of(spec) if pool_of else "default",
+            })
+            size += len(data) + len(meta or "") + 200
+            if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= SUBMIT_CHUNK_ROWS:
+                flush()
+        if chunk or configs or batches:
+            flush()
+        self._tx(lambda conn: self._close_batch(conn, batch_id, created))
+        return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
 
-    def _insert_config(self, conn: Connection, h: str, doc: dict[str, Any], now: int) -> None:
-        """Store a config document once. Configs are immutable and content-addressed, so
-        on a server database each is committed in its own short transaction: two
-        submissions meeting the same configs in opposite orders then cannot deadlock
-        (an orphan config of a rolled-back submission is harmless). SQLite has one
-        writer at a time, so there it joins the submit's own transaction."""
-        row = [{"hash": h, "document": canonical_json(doc).decode(), "created_at": now}]
-        stmt = self.dialect.insert_ignore(schema.task_config)
-        if self.dialect.name == "sqlite":
-            conn.execute(stmt, row)
-        else:
-            self._tx(lambda c: c.execute(stmt, row))
+    def _open_batch(self, conn: Connection, batch_id: str, source: str | None,
+                    fields: dict[str, Any]) -> bool:
+        """Create the batch row (or find it) and mark it incomplete; True if created."""
+        now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+        created = conn.execute(self.dialect.insert_ignore(schema.batch), [
+            {"id": batch_id, "source": source, "created_at": now, "complete": 0}]).rowcount
+        conn.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
+                     .values(complete=0, **fields))
+        return bool(created)
+
+    def _close_batch(self, conn: Connection, batch_id: str, created: bool) -> None:
+        conn.execute(text("UPDATE batch SET complete = 1 WHERE id = :b"), {"b": batch_id})
+        if created:  # a batch this submit made and left empty is not kept
+            conn.execute(text("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
+                              "(SELECT 1 FROM task WHERE task.batch_id = :b)"),
+                         {"b": batch_id})
+
+    def _insert_chunk(self, conn: Connection, rows: list[dict[str, Any]],
+                      configs: list[dict[str, Any]], batches: list[str],
+                      source: str | None, window_start: int) -> tuple[int, dict[str, int]]:
+        """One chunk of a submit, in its transaction: the configs and batches it brings,
+        then its tasks. Returns (rows inserted, batches holding the ids that existed,
+        when not the batch asked for)."""
+        now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+        if configs:  # sorted: two submits never take the same keys in opposite orders
+            conn.execute(self.dialect.insert_ignore(schema.task_config), [
+                {**c, "created_at": now} for c in sorted(configs, key=lambda c: c["hash"])])
+        if batches:
+            conn.execute(self.dialect.insert_ignore(schema.batch), [
+                {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
+        if not rows:
+            return 0, {}
+        visible = max(now, window_start)
+        for r in rows:
+            r["visible_at"] = visible
+            r["created_at"] = r["updated_at"] = now
+        n = self._insert_tasks(conn, rows)
+        if n == len(rows):
+            return n, {}
+        wanted = {r["task_id"]: r["batch_id"] for r in rows}
+        other: dict[str, int] = {}
+        for tid, b in conn.execute(select(schema.task.c.task_id, schema.task.c.batch_id)
+                                   .where(schema.task.c.task_id.in_(
+                                       bindparam("ids", expanding=True))),
+                                   {"ids": list(wanted)}):
+            if b != wanted[tid]:
+                other[b] = other.get(b, 0) + 1
+        return n, other
 
     def _insert_tasks(self, conn: Connection, rows: list[dict[str, Any]]) -> int:
         if len({r["task_id"] for r in rows}) != len(rows):
@@ -271,30 +345,48 @@ class Store:
             # A worker may flush a stale and a current result of one task together
             # (it re-claimed the task after its own lease ran out): key by claim.
             applied = {(f.id, f.lease_token) for f in mine}
+            earlier = self._written_before(conn, [f for f in ordered
+                                                  if (f.id, f.lease_token) not in applied])
             attempts = []
             for f in ordered:
-                if f.attempt is not None:
+                claim = (f.id, f.lease_token)
+                if f.attempt is not None and claim not in earlier:
                     a = dict(f.attempt)
                     a["task_pk"] = f.id
                     a["lease_token"] = f.lease_token
                     a["worker_id"] = worker_id
-                    if (f.id, f.lease_token) not in applied:
+                    if claim not in applied:
                         a["outcome"] = "discarded"
                     attempts.append(a)
             if attempts:
                 # One column set for all: short attempt rows (released, dead) sit
                 # beside full traces.
                 self.dialect.insert_attempts(conn, attempts)
-            return FinishReport(sorted(f.id for f in mine),
-                                [f.id for f in ordered
-                                 if (f.id, f.lease_token) not in applied],
-                                frozenset(applied))
+            lost = [f for f in ordered if (f.id, f.lease_token) not in applied | earlier]
+            return FinishReport(sorted(f.id for f in mine), [f.id for f in lost],
+                                frozenset(applied | earlier),
+                                frozenset((f.id, f.lease_token) for f in lost))
 
         report = self._tx(work)
         if report.discarded:
             log.warning("discarded %d write-back(s) whose lease was lost: task pk %s",
                         len(report.discarded), report.discarded[:10])
         return report
+
+    @staticmethod
+    def _written_before(conn: Connection, rows: Sequence[Finish]) -> set[tuple[int, str]]:
+        """Claims among ``rows`` whose write-back committed earlier: a transaction whose
+        acknowledgement was lost (the connection dropped after COMMIT) is sent again by
+        its worker, and must count as applied, not as a lost lease. Its attempt row,
+        written in that transaction under the claim's token, is the proof."""
+        traced = [f for f in rows if f.attempt is not None]
+        found: set[tuple[int, str]] = set()
+        for i in range(0, len(traced), 500):
+            part = traced[i:i + 500]
+            found.update((int(pk), str(tok)) for pk, tok in conn.execute(
+                _WRITTEN_BEFORE, {"ids": sorted({f.id for f in part}),
+                                  "toks": sorted({f.lease_token for f in part})}))
+        return found & {(f.id, f.lease_token) for f in traced}
 
     def renew(self, held: dict[str, list[int]], *, lease_ms: int) -> int:
         """Push the lease of every task still held under these tokens forward."""
@@ -330,26 +422,32 @@ class Store:
     # -- workers ------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, *, hostname: str, pid: int,
-                        concurrency: int) -> None:
-        """Insert this worker's heartbeat row."""
-        def work(conn: Connection) -> None:
-            now = conn.execute(text(f"SELECT {self.now}")).scalar_one()
+                        concurrency: int) -> int:
+        """Insert this worker's heartbeat row; returns the database clock (ms)."""
+        def work(conn: Connection) -> int:
+            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
             conn.execute(schema.worker.insert(), [{
                 "id": worker_id, "hostname": hostname[:255], "pid": pid,
                 "status": "running", "started_at": now, "heartbeat_at": now,
                 "concurrency": concurrency}])
-        self._tx(work)
+            return now
+        return self._tx(work)
 
     def heartbeat(self, worker_id: str, *, status: str = "running",
-                  **counters: int) -> None:
-        """Refresh the worker row's heartbeat and counters."""
+                  **counters: int) -> int:
+        """Refresh the worker row's heartbeat and counters; returns the database clock
+        (ms) the heartbeat was stamped with."""
         sets = ", ".join(f"{k} = :{k}" for k in counters)
-        stopped = f", stopped_at = {self.now}" if status == "stopped" else ""
-        sql = text(f"UPDATE worker SET heartbeat_at = {self.now}, status = :status, "
+        stopped = ", stopped_at = :now" if status == "stopped" else ""
+        sql = text(f"UPDATE worker SET heartbeat_at = :now, status = :status, "
                    f"version = version + 1{', ' + sets if sets else ''}{stopped} "
                    "WHERE id = :id")
-        self._tx(lambda conn: conn.execute(sql, {"id": worker_id, "status": status,
-                                                 **counters}))
+
+        def work(conn: Connection) -> int:
+            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+            conn.execute(sql, {"id": worker_id, "status": status, "now": now, **counters})
+            return now
+        return self._tx(work)
 
     # -- inspection and administration --------------------------------------------
 
@@ -483,11 +581,13 @@ class Store:
     def cleanup(self, *, older_than_ms: int, tasks: bool = False) -> dict[str, int]:
         """Retention: delete attempts (and optionally finished tasks) older than a bound.
 
-        The cutoff is the database clock minus ``older_than_ms``. Tasks' ``finished_at``
-        is on that clock; attempts' ``started_at`` is the wall clock of the worker that
-        made the call, so an attempt within a worker's clock skew of the cutoff may be
-        kept or deleted one run early or late (harmless against retention periods of
-        hours or days)."""
+        The cutoff is the database clock minus ``older_than_ms``; tasks' ``finished_at``
+        and attempts' ``started_at`` are on that clock (a worker stamps its attempts
+        with its own clock corrected by the offset it measures against the database's).
+        A negative age is refused: it would reach into work still in flight."""
+        if older_than_ms < 0:
+            raise SpecError(f"must not be negative (got {older_than_ms} ms)",
+                            field="older_than")
         deleted = {"attempts": 0, "tasks": 0}
 
         def work(conn: Connection) -> None:

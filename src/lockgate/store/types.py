@@ -62,11 +62,13 @@ class FinishReport:
 
     ``applied_claims`` names each applied write-back by (task pk, lease token): a batch
     may hold a stale and a current result of one task, and only the claim tells them
-    apart."""
+    apart. A write-back found already applied (its earlier transaction committed but the
+    acknowledgement was lost) counts as applied."""
 
     applied: list[int]
     discarded: list[int]
     applied_claims: frozenset[tuple[int, str]] = frozenset()
+    discarded_claims: frozenset[tuple[int, str]] = frozenset()
 
 
 def row_dict(row: Row[Any] | Any) -> dict[str, Any]:

@@ -1,0 +1,109 @@
+"""The one boundary where database errors become lockgate's.
+
+SQLAlchemy and driver exceptions never leave the store: :func:`map_db_errors` turns each
+into a :class:`~lockgate.errors.StoreError` that says, in one line, what went wrong on
+which database (its password hidden), and whether trying again later can help
+(``transient``). A server that cannot be reached, or a connection lost mid-statement,
+becomes :class:`~lockgate.errors.DatabaseUnavailable`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from lockgate.errors import DatabaseUnavailable, LockgateError, StoreError
+from lockgate.redact import redact_url
+
+#: MySQL/MariaDB error numbers of a lock conflict that a retry resolves.
+_MYSQL_CONFLICTS = frozenset({1205, 1213})
+#: ... and of a connection that failed or was lost.
+_MYSQL_GONE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
+#: PostgreSQL SQLSTATEs of a lock conflict that a retry resolves (serialization
+#: failure, deadlock, lock not available).
+_PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
+#: ... and of a server going away or refusing connections for now.
+_PG_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
+#: SQLite messages of conditions that pass: another writer, a full disk, a file made
+#: read-only (space returns, a lock is released, permissions are fixed).
+_SQLITE_PASSING = ("locked", "busy", "disk is full", "disk i/o", "readonly")
+
+
+def _mysql_code(exc: DBAPIError) -> int | None:
+    args = getattr(exc.orig, "args", None)
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def is_conflict(exc: DBAPIError) -> bool:
+    """A deadlock, lock timeout or serialisation failure: the transaction may simply be
+    run again at once."""
+    if _mysql_code(exc) in _MYSQL_CONFLICTS:
+        return True
+    if getattr(exc.orig, "sqlstate", None) in _PG_CONFLICTS:
+        return True
+    return isinstance(exc.orig, sqlite3.OperationalError) and "locked" in str(exc.orig)
+
+
+def is_unavailable(exc: DBAPIError) -> bool:
+    """The server could not be reached, or the connection was lost."""
+    if exc.connection_invalidated:
+        return True
+    code = _mysql_code(exc)
+    if code is not None:
+        return code in _MYSQL_GONE
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in _PG_GONE or str(sqlstate).startswith("08")
+    if isinstance(exc.orig, sqlite3.Error):
+        return False
+    # psycopg reports a refused or failed connection attempt without a SQLSTATE
+    return type(exc.orig).__name__ == "OperationalError"
+
+
+def is_transient(exc: DBAPIError) -> bool:
+    """Whether the same operation may succeed if tried again later."""
+    if is_conflict(exc) or is_unavailable(exc):
+        return True
+    if isinstance(exc.orig, sqlite3.OperationalError):
+        text = str(exc.orig).lower()
+        return any(s in text for s in _SQLITE_PASSING)
+    return False
+
+
+def cause(exc: BaseException) -> str:
+    """The driver's own message, first line, without SQLAlchemy's background link."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip() or type(orig).__name__
+    return text.splitlines()[0].strip().rstrip(".")
+
+
+def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
+    """The lockgate error for one SQLAlchemy/driver exception."""
+    where = f" {redact_url(url)}" if url else ""
+    if isinstance(exc, DBAPIError):
+        if is_unavailable(exc):
+            return DatabaseUnavailable(
+                f"cannot reach the database{where}: {cause(exc)}. Is the server running, "
+                "and is the URL (--db or LOCKGATE_DATABASE_URL) right?")
+        return StoreError(f"the database{where} refused the operation: {cause(exc)}",
+                          transient=is_transient(exc))
+    return StoreError(f"database error{where}: {cause(exc)}")
+
+
+@contextmanager
+def map_db_errors(url: str | None = None) -> Iterator[None]:
+    """Raise every SQLAlchemy or driver exception from the block as a
+    :class:`StoreError` naming ``url`` (password hidden). lockgate's own errors pass."""
+    try:
+        yield
+    except LockgateError:
+        raise
+    except SQLAlchemyError as exc:
+        raise translate(exc, url) from exc
+    except sqlite3.Error as exc:  # the hot path's raw cursors, outside SQLAlchemy
+        raise StoreError(f"the database{' ' + redact_url(url) if url else ''} refused the "
+                         f"operation: {cause(exc)}", transient=any(
+                             s in str(exc).lower() for s in _SQLITE_PASSING)) from exc
