@@ -224,13 +224,15 @@ def worker_settings(**overrides: Any) -> Settings:
 
 
 def run_worker(store: Store, *, until: Callable[[], Any] | None = None,
-               timeout: float = 60.0, **overrides: Any) -> WorkerStats:
+               timeout: float = 60.0, wall_clock: Callable[[], float] = time.time,
+               **overrides: Any) -> WorkerStats:
     """Run a worker in this process: in burst mode (``until`` None) until the queue is
-    drained, else until ``until()`` holds, then stop it gracefully."""
+    drained, else until ``until()`` holds, then stop it gracefully. ``wall_clock`` is
+    the worker machine's clock (skew it to test clock handling)."""
     settings = worker_settings(**overrides)
 
     async def main() -> WorkerStats:
-        worker = Worker(store, settings, burst=until is None)
+        worker = Worker(store, settings, burst=until is None, wall_clock=wall_clock)
         job = asyncio.create_task(worker.run())
         deadline = time.monotonic() + timeout
         if until is not None:

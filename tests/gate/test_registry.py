@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lockgate.errors import NotFound, SpecError, StateConflict
-from lockgate.registry.resolver import PromptResolver
+from lockgate.registry.resolver import Entry, PromptResolver, load
 from lockgate.spec import parse_task
 from lockgate.store import Store
 
@@ -146,14 +146,14 @@ def test_resolver_checks_the_pointer_at_most_every_refresh_interval(env: Env) ->
     env.setup(thresholds=["accuracy>=0"])
     now = [0.0]
     resolver = PromptResolver(env.store, refresh_s=1.0, clock=lambda: now[0])
-    live = resolver.load("h-live", {"prompt_template": "@registry:p",
-                                    "retry_policy": {}, "model_config": {"name": "other"}})
-    pinned = resolver.load("h-pin", {"prompt_template": "@registry:p@1", "retry_policy": {}})
+    live = load("h-live", {"prompt_template": "@registry:p",
+                           "retry_policy": {}, "model_config": {"name": "other"}})
+    pinned = load("h-pin", {"prompt_template": "@registry:p@1", "retry_policy": {}})
 
     import asyncio
 
-    def resolve(entry: object, h: str) -> tuple[str, str]:
-        config, version = asyncio.run(resolver.resolve(h, entry))  # type: ignore[arg-type]
+    def resolve(entry: Entry, h: str) -> tuple[str, str]:
+        config, version = asyncio.run(resolver.resolve(entry))
         return config.model.name, str(version)
 
     assert resolve(live, "h-live") == ("other", "p@1")  # the task's model overrides
@@ -165,7 +165,7 @@ def test_resolver_checks_the_pointer_at_most_every_refresh_interval(env: Env) ->
     assert resolve(live, "h-live")[1] == "p@2"
     assert resolve(pinned, "h-pin")[1] == "p@1"
     assert resolver.checks == 2
-    missing = resolver.load("h-x", {"prompt_template": "@registry:nope", "retry_policy": {}})
+    missing = load("h-x", {"prompt_template": "@registry:nope", "retry_policy": {}})
     with pytest.raises(NotFound):
         resolve(missing, "h-x")
 

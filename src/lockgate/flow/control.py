@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from lockgate.config import Endpoint, FlowSettings, Settings
-from lockgate.errors import ErrorClass
+from lockgate.errors import ErrorClass, StoreError
 from lockgate.flow.admission import Admission, Ticket
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import TokenModels
@@ -252,7 +252,7 @@ class FlowControl:
         """Lease, learn, discover, adjust and report until the worker stops."""
         for ep in self.settings.endpoints():
             self.router.state(ep)
-        await self._db(self.rows.ensure, self._bucket_specs())
+        await self._ensure_rows(stopping)
         next_lanes = next_fail = next_report = 0.0
         last_tick = time.monotonic()
         try:
@@ -296,6 +296,23 @@ class FlowControl:
                 await self.budget.give_back()
             with contextlib.suppress(Exception):
                 await self._report()
+
+    async def _ensure_rows(self, stopping: asyncio.Event) -> None:
+        """Create the shared bucket rows, waiting for the database if it is down (a
+        worker never exits on a database error)."""
+        failures = 0
+        while True:
+            try:
+                await self._db(self.rows.ensure, self._bucket_specs())
+                return
+            except StoreError as exc:
+                failures += 1
+                if stopping.is_set():
+                    return
+                log.warning("creating flow-control rows failed (%d in a row), retrying: %s",
+                            failures, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), min(5.0, 0.05 * 2 ** failures))
 
     def wake(self) -> None:
         """Run the background loop now (the worker calls this when it starts stopping,

@@ -51,6 +51,23 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str]) -> Pro
                          retry_after_ms=retry_after, rate_limit=_rate_limit(headers))
 
 
+#: The largest token count taken from a provider's ``usage`` (it is stored in 32-bit
+#: integer columns); anything larger, negative or not a whole number is not a count.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def token_count(value: Any) -> int | None:
+    """A ``usage`` figure as the integer it should be, or None when the provider sent
+    something else (a string, a fraction, a huge or negative number, a bool)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_TOKEN_COUNT:
+        return value
+    return None
+
+
 class OpenAICompatible:
     """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
 
@@ -78,7 +95,9 @@ class OpenAICompatible:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """POST one chat completion; every failure becomes a classified ProviderError."""
-        body = {"model": request.model, "messages": request.messages, **request.params}
+        # The fields lockgate decides come last: no parameter may replace them.
+        body = {**request.params, "model": request.model, "messages": request.messages}
+        body.pop("stream", None)
         headers = self._headers
         if self._send_key and request.idempotency_key:
             headers = {**headers, "Idempotency-Key": request.idempotency_key}
@@ -121,11 +140,16 @@ class OpenAICompatible:
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
                                 http_status=status)
-        usage = data.get("usage") or {}
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
+        answered = data.get("model")
         return Completion(
-            content=content, http_status=status, model=data.get("model") or model,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
+            content=content if isinstance(content, str) else str(content), http_status=status,
+            model=answered if isinstance(answered, str) and answered else model,
+            prompt_tokens=token_count(usage.get("prompt_tokens")),
+            completion_tokens=token_count(usage.get("completion_tokens")),
+            finish_reason=finish if isinstance(finish, str) else None,
             request_id=headers.get("x-request-id"), rate_limit=_rate_limit(headers))
 
     async def close(self) -> None:

@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cachetools import LRUCache
+
 from lockgate.errors import NotFound
 from lockgate.registry.refs import PromptRef, parse_ref
 from lockgate.spec import TaskConfig, load_config, registry_reference
@@ -32,6 +34,20 @@ from lockgate.store.registry import RegistryStore, VersionRow
 T = TypeVar("T")
 RunDb = Callable[..., Awaitable[Any]]
 
+#: Versions and merged configs kept per process. Every entry can be read again from the
+#: database, so these bound memory (a file in the OpenAI batch format gives every task a
+#: config of its own), not correctness.
+CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """A config that is run as stored; ``version`` names the registry version it was
+    made from (release-gate items), else None."""
+
+    config: TaskConfig
+    version: str | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class RegistryRef:
@@ -39,6 +55,11 @@ class RegistryRef:
 
     ref: PromptRef
     document: dict[str, Any]
+    config_hash: str
+
+
+#: What a worker keeps for a stored config document.
+Entry = Fixed | RegistryRef
 
 
 def merge(document: dict[str, Any], version: VersionRow) -> TaskConfig:
@@ -55,45 +76,41 @@ async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
+def load(config_hash: str, document: dict[str, Any]) -> Entry:
+    """A stored config document as a worker runs it: fixed, or a registry reference
+    resolved per attempt."""
+    ref = registry_reference(document.get("prompt_template"))
+    if ref is None:
+        pinned = document.get("prompt_version")
+        return Fixed(load_config(document), pinned if isinstance(pinned, str) else None)
+    return RegistryRef(parse_ref(ref), document, config_hash)
+
+
 class PromptResolver:
     """Per-process cache of pointers and versions, refreshed at most every ``refresh_s``."""
 
     def __init__(self, store: Store, *, refresh_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 cache_size: int = CACHE_SIZE) -> None:
         self.registry = RegistryStore(store)
         self.refresh_s = refresh_s
         self.clock = clock
         self.checks = 0
-        self._pointers: dict[tuple[str, str | None], tuple[int, float]] = {}
-        self._versions: dict[tuple[str, int], VersionRow] = {}
-        self._merged: dict[tuple[str, int], TaskConfig] = {}
-        self._pinned: dict[str, str] = {}
-        self._locks: dict[tuple[str, str | None], asyncio.Lock] = {}
+        self._pointers: LRUCache[tuple[str, str | None], tuple[int, float]] = \
+            LRUCache(cache_size)
+        self._versions: LRUCache[tuple[str, int], VersionRow] = LRUCache(cache_size)
+        self._merged: LRUCache[tuple[str, int], TaskConfig] = LRUCache(cache_size)
+        self._locks: LRUCache[tuple[str, str | None], asyncio.Lock] = LRUCache(cache_size)
 
-    def load(self, config_hash: str, document: dict[str, Any]) -> TaskConfig | RegistryRef:
-        """A stored config document, as the worker caches it by hash."""
-        ref = registry_reference(document.get("prompt_template"))
-        if ref is None:
-            pinned = document.get("prompt_version")
-            if isinstance(pinned, str):
-                self._pinned[config_hash] = pinned  # release-gate items name their version
-            return load_config(document)
-        return RegistryRef(parse_ref(ref), document)
-
-    def pinned(self, config_hash: str) -> str | None:
-        """The version a plain config names (release-gate items), else None: what
-        :meth:`resolve` returns for a :class:`TaskConfig` without awaiting anything."""
-        return self._pinned.get(config_hash)
-
-    async def resolve(self, config_hash: str, entry: TaskConfig | RegistryRef,
+    async def resolve(self, entry: Entry,
                       run_db: RunDb = _to_thread) -> tuple[TaskConfig, str | None]:
         """(config to run, ``name@N`` for the trace). Raises NotFound for a reference to a
         prompt, label or version that does not exist."""
-        if isinstance(entry, TaskConfig):
-            return entry, self._pinned.get(config_hash)
+        if isinstance(entry, Fixed):
+            return entry.config, entry.version
         ref = entry.ref
         number = ref.version if ref.version is not None else await self._pointer(ref, run_db)
-        key = (config_hash, number)
+        key = (entry.config_hash, number)
         config = self._merged.get(key)
         if config is None:
             version = self._versions.get((ref.name, number))
@@ -109,7 +126,9 @@ class PromptResolver:
         cached = self._pointers.get(key)
         if cached is not None and self.clock() - cached[1] < self.refresh_s:
             return cached[0]
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
         async with lock:
             cached = self._pointers.get(key)  # another attempt may have refreshed it
             if cached is not None and self.clock() - cached[1] < self.refresh_s:

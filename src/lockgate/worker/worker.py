@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -24,13 +25,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import orjson
+from cachetools import LRUCache
 
+from lockgate import runtime
 from lockgate.config import Endpoint, Settings, WorkerSettings
-from lockgate.errors import ConfigError, ErrorClass, LockgateError
+from lockgate.errors import ConfigError, ErrorClass, LockgateError, StoreError
 from lockgate.flow.control import FlowControl
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
-from lockgate.registry.resolver import PromptResolver, RegistryRef
+from lockgate.registry.resolver import Entry, Fixed, PromptResolver, load
 from lockgate.spec import TaskConfig
 from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
 from lockgate.store.flow import FlowStore
@@ -44,9 +47,15 @@ from lockgate.worker.execute import (
     provider_params,
     run_attempt,
 )
+from lockgate.worker.writeback import Landed, WriteBack
 
 log = logging.getLogger("lockgate.worker")
 T = TypeVar("T")
+
+#: Configs, routes and sampling parameters kept per process. Each can be rebuilt from
+#: the database, so the bound only caps memory: in the OpenAI batch format every task
+#: has a config of its own.
+CACHE_SIZE = 4096
 
 
 @dataclass
@@ -98,7 +107,8 @@ class Worker:
                  burst: bool = False, worker_id: str | None = None,
                  providers: dict[str, Provider] | None = None,
                  on_progress: Callable[[WorkerStats], None] | None = None,
-                 services: Sequence[SideService] = ()) -> None:
+                 services: Sequence[SideService] = (),
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.settings = settings or Settings()
         self.ws: WorkerSettings = self.settings.worker
@@ -107,9 +117,10 @@ class Worker:
         self.stats = WorkerStats()
         self._providers: dict[str, Provider] = dict(providers or {})
         self._on_progress = on_progress
-        self._configs: dict[str, TaskConfig | RegistryRef] = {}
-        self._routes: dict[str, tuple[Endpoint, Provider, dict[str, Any]]] = {}
-        self._fb_params: dict[tuple[str, str], dict[str, Any]] = {}
+        self._configs: LRUCache[str, Entry] = LRUCache(CACHE_SIZE)
+        self._routes: LRUCache[str, tuple[Endpoint, Provider, dict[str, Any]]] = \
+            LRUCache(CACHE_SIZE)
+        self._fb_params: LRUCache[tuple[str, str], dict[str, Any]] = LRUCache(CACHE_SIZE)
         self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
         self._services = list(services)
         #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
@@ -118,7 +129,7 @@ class Worker:
         self._running: dict[tuple[int, str], asyncio.Task[None]] = {}
         #: Claimed, held and not started yet: each starts the moment a call ends, so
         #: the calls in flight stay at ``concurrency`` while the next claim is made.
-        self._ready: collections.deque[ClaimedTask] = collections.deque()
+        self._ready: collections.deque[tuple[ClaimedTask, Entry]] = collections.deque()
         self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
             self.ws.claim_batch, self.ws.concurrency // 4)
         self._buffer: list[Finish] = []
@@ -138,6 +149,12 @@ class Worker:
         #: has acted on it (a supervisor that is also a worker forwards it on).
         self.on_signal: Callable[[int], None] | None = None
         self._lease_ms = int(self.ws.lease_s * 1000)
+        #: The database clock minus this machine's, in ms (measured at registration and
+        #: at every heartbeat): attempt times are stored on the database clock, which
+        #: retention and failure rates compare them with.
+        self._clock_offset_ms = 0
+        self._wall = wall_clock
+        self._writeback = WriteBack(store, self.id, db=self._db)
         #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
         self.flow = FlowControl(FlowStore(store), self.settings, self.id, db=self._db,
                                 provider=self._provider)
@@ -147,6 +164,37 @@ class Worker:
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    async def _db_retry(self, what: str, fn: Callable[..., T], *args: Any,
+                        **kwargs: Any) -> T:
+        """``fn`` on a database thread, tried again with back-off for as long as the
+        database fails (unreachable, restarting, locked), until a hard stop. A worker
+        never exits on a database error: it waits for the database."""
+        failures = 0
+        while True:
+            try:
+                return await self._db(fn, *args, **kwargs)
+            except StoreError as exc:
+                failures += 1
+                if self._hard.is_set():
+                    raise
+                delay = min(5.0, 0.05 * 2 ** failures)
+                (log.warning if failures <= 3 or failures % 10 == 0 else log.debug)(
+                    "%s failed (%d in a row), retrying in %.1fs: %s", what, failures,
+                    delay, exc)
+                await self._sleep_hard(delay)
+
+    async def _sleep_hard(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until a hard stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hard.wait(), timeout=seconds)
+
+    def _now_ms(self) -> int:
+        """Now on the database clock, in ms (this machine's clock plus the offset)."""
+        return int(self._wall() * 1000) + self._clock_offset_ms
+
+    def _set_clock(self, db_now_ms: int, asked_at: float, answered_at: float) -> None:
+        self._clock_offset_ms = db_now_ms - int((asked_at + answered_at) * 500)
 
     def _provider(self, ep: Endpoint) -> Provider:
         p = self._providers.get(ep.name)
@@ -184,8 +232,11 @@ class Worker:
     async def _run(self) -> WorkerStats:
         for ep in self.settings.endpoints():
             self._provider(ep)  # fail fast on a missing API key
-        await self._db(self.store.register_worker, self.id, hostname=socket.gethostname(),
-                       pid=os.getpid(), concurrency=self.ws.concurrency)
+        asked = self._wall()
+        db_now = await self._db_retry(
+            "registering the worker", self.store.register_worker, self.id,
+            hostname=socket.gethostname(), pid=os.getpid(), concurrency=self.ws.concurrency)
+        self._set_clock(db_now, asked, self._wall())
         self._install_signals()
         side = [asyncio.create_task(self._flush_loop(), name="lockgate-flush"),
                 asyncio.create_task(self._lease_loop(), name="lockgate-lease"),
@@ -203,6 +254,9 @@ class Worker:
             self._stopping.set()  # burst drained, or a stop was requested
             self.flow.wake()
             await self._drain()
+            # Every result is written back before the worker exits, however long the
+            # database takes to come back (a second stop request gives up on them).
+            await side[0]
             await asyncio.wait_for(asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60)
         finally:
             self.request_stop(hard=True)
@@ -272,6 +326,12 @@ class Worker:
                 rows = await self.flow.claim(min(room, self.ws.claim_batch),
                                              lease_ms=self._lease_ms, worker_id=self.id)
                 failures = 0
+            except StoreError as exc:  # the database is down or refuses: wait for it
+                failures += 1
+                (log.warning if failures <= 3 or failures % 10 == 0 else log.debug)(
+                    "claim failed (%d in a row); retrying: %s", failures, exc)
+                await self._sleep(min(5.0, 0.1 * 2 ** failures))
+                continue
             except Exception:
                 failures += 1
                 log.exception("claim failed (%d in a row); retrying", failures)
@@ -297,7 +357,7 @@ class Worker:
         """Burst mode ends when nothing is held here and nothing is PENDING anywhere."""
         if not self.burst or self._held:
             return False
-        pending, _next, _now = await self._db(self.store.queue_state)
+        pending, _next, _now = await self._db_retry("reading the queue", self.store.queue_state)
         if pending or self._held:
             return False
         for s in self._services:
@@ -319,26 +379,30 @@ class Worker:
                 w.cancel()
 
     async def _start(self, rows: list[ClaimedTask]) -> None:
-        missing = {r.config_hash for r in rows} - self._configs.keys()
-        if missing:
-            docs = await self._db(self.store.configs, missing)
-            for h, doc in docs.items():
-                self._configs[h] = self._prompts.load(h, doc)
         self.stats.claimed += len(rows)
-        for r in rows:
+        for r in rows:  # held (and renewed) from now on, whatever happens next
             self._held[r.id, r.lease_token] = r
+        entries = {h: e for h in {r.config_hash for r in rows}
+                   if (e := self._configs.get(h)) is not None}
+        missing = {r.config_hash for r in rows} - entries.keys()
+        if missing:
+            docs = await self._db_retry("reading task configs", self.store.configs, missing)
+            for h, doc in docs.items():
+                entries[h] = self._configs[h] = load(h, doc)
+        for r in rows:
+            entry = entries[r.config_hash]
             if len(self._running) < self.ws.concurrency:
-                self._launch(r)
+                self._launch(r, entry)
             else:
-                self._ready.append(r)
+                self._ready.append((r, entry))
 
-    def _launch(self, t: ClaimedTask) -> None:
-        self._running[t.id, t.lease_token] = asyncio.create_task(self._execute(t))
+    def _launch(self, t: ClaimedTask, entry: Entry) -> None:
+        self._running[t.id, t.lease_token] = asyncio.create_task(self._execute(t, entry))
 
-    async def _execute(self, t: ClaimedTask) -> None:
-        started = int(time.time() * 1000)
+    async def _execute(self, t: ClaimedTask, entry: Entry) -> None:
+        started = self._now_ms()
         try:
-            finish = await self._attempt(t, started)
+            finish = await self._attempt(t, entry, started)
         except asyncio.CancelledError:
             # Shutdown ran out of grace: give the task back without spending an attempt.
             finish = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
@@ -361,24 +425,30 @@ class Worker:
         self._buffer.append(finish)
         self._running.pop((t.id, t.lease_token), None)
         if self._ready and not self._stopping.is_set():
-            self._launch(self._ready.popleft())
+            self._launch(*self._ready.popleft())
         self._ended += 1
         if self._ended >= self._wake_after:
             self._slot_free.set()
         if len(self._buffer) >= self.ws.flush_rows:
             self._flush_wake.set()
 
-    async def _attempt(self, t: ClaimedTask, started: int) -> Finish:
-        entry = self._configs[t.config_hash]
-        if isinstance(entry, TaskConfig):  # no coroutine for the common case
-            config, prompt_version = entry, self._prompts.pinned(t.config_hash)
+    async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
+        if isinstance(entry, Fixed):  # no coroutine for the common case
+            config, prompt_version = entry.config, entry.version
         else:
             try:
                 config, prompt_version = await self._prompts.resolve(
-                    t.config_hash, entry, self._db)
+                    entry, functools.partial(self._db_retry, "reading the prompt registry"))
             except LockgateError as exc:  # a registry reference that names nothing
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
                                  f"prompt registry: {exc}", str(exc))
+        model_path = config.delivery_rule.pydantic_model
+        if model_path and not runtime.model_allowed(model_path,
+                                                    self.settings.runtime.model_modules):
+            msg = (f"delivery_rule.pydantic_model {model_path!r} is not in a module listed "
+                   "under [runtime] model_modules; this worker does not import it")
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST, msg,
+                             msg)
         policy = config.retry_policy
         if t.attempt > policy.max_retries + 1:
             # Earlier claims were lost (crashed workers) and spent the attempt budget.
@@ -439,7 +509,6 @@ class Worker:
     # -- write-behind ---------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
-        backoff = 0.05
         while True:
             if not self._buffer:
                 if (self._stopping.is_set() and not self._running and not self._ready
@@ -454,41 +523,55 @@ class Worker:
                 await asyncio.sleep(self.ws.flush_interval_s)  # let a batch gather
             batch = self._buffer[:self.ws.flush_rows]
             del self._buffer[:len(batch)]
-            try:
-                report = await self._db(self.store.finish, batch, worker_id=self.id)
-            except Exception:
-                log.exception("write-back of %d results failed; retrying in %.2fs",
-                              len(batch), backoff)
-                self._buffer[:0] = batch
-                await asyncio.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+            landed = await self._writeback.write(batch, hard_stop=self._hard)
+            self._account(landed, batch)
+            if landed.unwritten:
+                if self._hard.is_set():
+                    log.error("stopping now with %d result(s) not written back (the database "
+                              "does not answer); their tasks run again when their leases "
+                              "expire", len(landed.unwritten) + len(self._buffer))
+                    return
+                self._buffer[:0] = landed.unwritten
+                await self._sleep_hard(landed.retry_in_s)
+
+    def _account(self, landed: Landed, batch: Sequence[Finish]) -> None:
+        """Count what a write-back did and let go of the tasks it settled."""
+        settled = 0
+        for f in batch:
+            claim = (f.id, f.lease_token)
+            if not landed.settled(claim):
+                continue  # not written: back in the buffer
+            settled += 1
+            self._held.pop(claim, None)
+            if claim in landed.dropped:
                 continue
-            backoff = 0.05
-            self.stats.flushes += 1
-            for f in batch:
-                self._held.pop((f.id, f.lease_token), None)
-                if (f.id, f.lease_token) not in report.applied_claims:
-                    self.stats.discarded += 1
-                elif f.status == TaskStatus.SUCCEEDED:
-                    self.stats.succeeded += 1
-                elif f.status == TaskStatus.PENDING:
-                    if not f.release_attempt:
-                        self.stats.retried += 1
-                elif f.status == TaskStatus.DEAD:
-                    self.stats.dead += 1
-                else:
-                    self.stats.failed += 1
-            if not self._held:
-                self._held_empty.set()
-            self._slot_free.set()  # flushed results no longer count against claiming
-            if self._on_progress:
-                self._on_progress(self.stats)
+            if claim in landed.discarded:
+                self.stats.discarded += 1
+                continue
+            status = landed.replaced.get(claim, f).status
+            if status == TaskStatus.SUCCEEDED:
+                self.stats.succeeded += 1
+            elif status == TaskStatus.PENDING:
+                if not f.release_attempt:
+                    self.stats.retried += 1
+            elif status == TaskStatus.DEAD:
+                self.stats.dead += 1
+            else:
+                self.stats.failed += 1
+        if not settled:
+            return
+        self.stats.flushes += 1
+        if not self._held:
+            self._held_empty.set()
+        self._slot_free.set()  # flushed results no longer count against claiming
+        if self._on_progress:
+            self._on_progress(self.stats)
 
     async def _drain(self) -> None:
         """After claiming stopped: give back the tasks kept ready (never called, so no
         attempt is spent), and let in-flight calls finish within the grace period."""
         while self._ready:
-            r = self._ready.popleft()
+            r, _entry = self._ready.popleft()
             self._buffer.append(Finish(
                 id=r.id, lease_token=r.lease_token, status=TaskStatus.PENDING,
                 error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
@@ -539,8 +622,13 @@ class Worker:
                     await self._db(self.store.renew, held, lease_ms=self._lease_ms)
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
-                    await self._db(self.store.heartbeat, self.id,
-                                   status="stopping" if self._stopping.is_set() else "running",
-                                   **self._counters())
+                    asked = self._wall()
+                    db_now = await self._db(
+                        self.store.heartbeat, self.id,
+                        status="stopping" if self._stopping.is_set() else "running",
+                        **self._counters())
+                    self._set_clock(db_now, asked, self._wall())
+            except StoreError as exc:
+                log.warning("lease renewal / heartbeat failed; will retry: %s", exc)
             except Exception:
                 log.exception("lease renewal / heartbeat failed; will retry")

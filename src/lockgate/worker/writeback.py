@@ -1,0 +1,183 @@
+"""Writing a worker's results back, so that no row can wedge the worker.
+
+A batch of results normally lands in one transaction (:meth:`Store.finish`). When the
+database does not answer, or answers with a passing condition (a lock, a full disk),
+the batch waits and is written again later, whole. When the database answers but
+refuses the batch, one of its rows holds a value the schema cannot store (a provider's
+usage figure that is not an integer, a name longer than its column): the batch is
+bisected until the refused rows stand alone and the rest has landed. A refused row is
+written again with a bare trace (its task's result kept, the attempt row marked
+``storage_error``); if the database refuses that too, the task fails with
+``storage_error``; only if even that is refused is the row given up, and its task runs
+again when its lease expires. Nothing is retried forever while other results wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lockgate.errors import ErrorClass, StoreError
+from lockgate.store import Finish, FinishReport, Store, TaskStatus
+
+log = logging.getLogger("lockgate.worker")
+
+Claim = tuple[int, str]
+DbCall = Callable[..., Awaitable[Any]]
+
+#: Consecutive failures of the same rows with a passing condition, while the database
+#: answers, after which the rows are isolated anyway: a row that makes the server drop
+#: the connection (a packet over ``max_allowed_packet``) looks like a passing condition.
+ISOLATE_AFTER = 3
+
+
+def _claim(f: Finish) -> Claim:
+    return f.id, f.lease_token
+
+
+def _bare_trace(f: Finish, message: str) -> dict[str, Any] | None:
+    """The attempt row of ``f`` reduced to what lockgate itself produced, with the
+    reason its full trace was not stored."""
+    if f.attempt is None:
+        return None
+    a = f.attempt
+    return {"attempt": a.get("attempt"), "outcome": a.get("outcome"),
+            "started_at": a.get("started_at"), "error_class": str(ErrorClass.STORAGE_ERROR),
+            "error_message": message[:2000]}
+
+
+def with_bare_trace(f: Finish, exc: BaseException) -> Finish | None:
+    """``f`` with its trace reduced (the task's own write-back unchanged), or None when
+    it has no trace to reduce."""
+    trace = _bare_trace(f, f"the database refused this attempt's trace, which was not "
+                           f"stored: {exc}")
+    return None if trace is None else replace(f, attempt=trace)
+
+
+def unstorable(f: Finish, exc: BaseException) -> Finish:
+    """A write-back that fails the task of ``f`` with ``storage_error``."""
+    message = f"the database refused this task's result: {exc}"[:2000]
+    trace = _bare_trace(f, message)
+    if trace is not None:
+        trace["outcome"] = "failed"
+    return Finish(id=f.id, lease_token=f.lease_token, status=TaskStatus.FAILED,
+                  error_class=str(ErrorClass.STORAGE_ERROR), error_message=message,
+                  attempt=trace)
+
+
+@dataclass
+class Landed:
+    """What one :meth:`WriteBack.write` did with its rows."""
+
+    #: Written and in effect (including one whose earlier write had committed unseen).
+    applied: set[Claim] = field(default_factory=set)
+    #: Written as discarded: the lease had been lost.
+    discarded: set[Claim] = field(default_factory=set)
+    #: The write-back that landed instead of a refused one.
+    replaced: dict[Claim, Finish] = field(default_factory=dict)
+    #: Refused in every form: the task runs again when its lease expires.
+    dropped: set[Claim] = field(default_factory=set)
+    #: Not written (the database does not answer): to be written again later.
+    unwritten: list[Finish] = field(default_factory=list)
+    #: How long to wait before writing ``unwritten`` again.
+    retry_in_s: float = 0.0
+
+    def add(self, report: FinishReport) -> None:
+        self.applied |= report.applied_claims
+        self.discarded |= report.discarded_claims
+
+    def settled(self, claim: Claim) -> bool:
+        return claim in self.applied or claim in self.discarded or claim in self.dropped
+
+
+class _Wait(Exception):
+    """The database is unavailable (or in a passing condition): stop and retry later."""
+
+
+class WriteBack:
+    """Writes batches of results for one worker (see the module docstring)."""
+
+    def __init__(self, store: Store, worker_id: str, *, db: DbCall) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self._db = db
+        self._backoff = 0.05
+        self._strikes = 0
+        self._isolating = False
+
+    async def write(self, batch: Sequence[Finish], *,
+                    hard_stop: asyncio.Event | None = None) -> Landed:
+        """Write ``batch``; rows the database cannot take now come back in
+        ``unwritten``. Never raises for a database error."""
+        landed = Landed()
+        self._isolating = self._strikes >= ISOLATE_AFTER
+        try:
+            await self._land(list(batch), landed)
+        except _Wait as exc:
+            landed.unwritten = [f for f in batch if not landed.settled(_claim(f))]
+            landed.retry_in_s = self._backoff
+            self._strikes += 1
+            if hard_stop is None or not hard_stop.is_set():
+                (log.warning if self._strikes <= 3 or self._strikes % 10 == 0 else log.debug)(
+                    "write-back of %d result(s) failed (%d in a row); retrying in %.2fs: %s",
+                    len(landed.unwritten), self._strikes, self._backoff, exc.__cause__)
+            self._backoff = min(5.0, self._backoff * 2)
+        else:
+            self._backoff = 0.05
+            self._strikes = 0
+        return landed
+
+    async def _reachable(self) -> bool:
+        try:
+            await self._db(self.store.ping)
+        except StoreError:
+            return False
+        return True
+
+    async def _check(self, exc: Exception) -> None:
+        """Raise :class:`_Wait` unless ``exc`` says the rows themselves were refused."""
+        passing = isinstance(exc, StoreError) and exc.transient
+        if (passing and not self._isolating) or not await self._reachable():
+            raise _Wait(str(exc)) from exc
+
+    async def _land(self, rows: list[Finish], landed: Landed) -> None:
+        try:
+            report = await self._db(self.store.finish, rows, worker_id=self.worker_id)
+        except Exception as exc:  # a database error, or a refused batch (StateConflict)
+            await self._check(exc)
+            if len(rows) > 1:
+                mid = len(rows) // 2
+                await self._land(rows[:mid], landed)
+                await self._land(rows[mid:], landed)
+                return
+            await self._refused(rows[0], exc, landed)
+            return
+        landed.add(report)
+
+    async def _refused(self, f: Finish, exc: Exception, landed: Landed) -> None:
+        """Land a row the database refused in a form it takes, or give it up."""
+        claim = _claim(f)
+        why: Exception = exc
+        for kind, form in (("with a bare trace", with_bare_trace(f, exc)),
+                           ("as FAILED", unstorable(f, exc))):
+            if form is None:
+                continue
+            try:
+                report = await self._db(self.store.finish, [form], worker_id=self.worker_id)
+            except Exception as again:
+                if isinstance(again, StoreError) and again.transient:
+                    raise _Wait(str(again)) from again
+                await self._check(again)
+                why = again
+                continue
+            landed.add(report)
+            landed.replaced[claim] = form
+            log.error("the database refused the write-back of task pk %s (%s); wrote it "
+                      "%s, error class storage_error", f.id, exc, kind)
+            return
+        landed.dropped.add(claim)
+        log.error("the database refused every form of the write-back of task pk %s (%s); "
+                  "it runs again when its lease expires", f.id, why)
