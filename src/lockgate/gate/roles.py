@@ -21,6 +21,7 @@ deterministic given the rows, so a resumed step reaches the same result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -101,17 +102,24 @@ class GateRoles:
             did |= self.reconcile(update_id)
         return did
 
-    def _guarded(self, run: dict[str, Any], step: Callable[[dict[str, Any]], bool]) -> bool:
-        """Run a paged step; a failure is counted on the run (FAILED after a few), except
-        database trouble, which the caller backs off from."""
+    def _guarded(self, run: dict[str, Any],
+                 step: Callable[[dict[str, Any], str], bool]) -> bool:
+        """Run a paged step under a fresh lease token; a failure is counted on the run
+        (FAILED after a few), except database trouble (:class:`StoreError`), which the
+        caller backs off from: a database restarting never fails an evaluation."""
+        token = secrets.token_hex(16)
         try:
-            return step(run)
+            return step(run, token)
         except StoreError:
+            # Give the lease back if the database lets us (else it expires), so that
+            # the step resumes as soon as the database answers again.
+            with contextlib.suppress(StoreError):
+                self.gs.release_run(int(run["id"]), token)
             raise
         except Exception as exc:
             log.exception("release gate: %s of run %s failed", step.__name__, run["id"])
             self.gs.step_failed(int(run["id"]), f"{step.__name__}: {type(exc).__name__}: "
-                                f"{exc}", max_failures=self.max_failures)
+                                f"{exc}", token=token, max_failures=self.max_failures)
             return True
 
     def snapshot(self, update_id: int) -> dict[str, Any]:
@@ -130,9 +138,10 @@ class GateRoles:
 
     # -- Materialize -----------------------------------------------------------------------
 
-    def materialize(self, run: dict[str, Any]) -> bool:
-        """Claim a MATERIALIZING run and page through its dataset revision."""
-        token = secrets.token_hex(16)
+    def materialize(self, run: dict[str, Any], token: str | None = None) -> bool:
+        """Claim a MATERIALIZING run (under ``token``, by default a new one) and page
+        through its dataset revision."""
+        token = token or secrets.token_hex(16)
         run_id = int(run["id"])
         if not self.gs.claim_run(run_id, RunStatus.MATERIALIZING, token=token,
                                  lease_ms=self.lease_ms, worker_id=self.worker_id):
@@ -173,9 +182,10 @@ class GateRoles:
             self._comparators[key] = comp
         return comp
 
-    def finalize(self, run: dict[str, Any]) -> bool:
-        """Claim an EXECUTING run whose tasks are all terminal; score it; store metrics."""
-        token = secrets.token_hex(16)
+    def finalize(self, run: dict[str, Any], token: str | None = None) -> bool:
+        """Claim an EXECUTING run whose tasks are all terminal (under ``token``, by
+        default a new one); score it; store metrics."""
+        token = token or secrets.token_hex(16)
         run_id = int(run["id"])
         if not self.gs.claim_run(run_id, RunStatus.EXECUTING, token=token,
                                  lease_ms=self.lease_ms, worker_id=self.worker_id,

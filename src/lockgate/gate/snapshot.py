@@ -16,6 +16,7 @@ from importlib import metadata
 from typing import Any
 
 from lockgate.config import Settings
+from lockgate.redact import without_credentials
 from lockgate.spec import canonical_json
 from lockgate.store.gate import RunPlan
 
@@ -31,10 +32,12 @@ def lockgate_version() -> str:
 
 
 def runtime_settings(settings: Settings) -> dict[str, Any]:
-    """The settings that shape a call's outcome: endpoints (never keys) and routing."""
+    """The settings that shape a call's outcome: endpoints and routing. Never a secret:
+    no API key, and base URLs without user, password or query string."""
     return {
         "default_endpoint": settings.default_endpoint,
-        "endpoints": [{"name": e.name, "base_url": e.base_url, "model": e.model,
+        "endpoints": [{"name": e.name, "base_url": without_credentials(e.base_url),
+                       "model": e.model,
                        "models": list(e.models), "timeout_s": e.timeout_s,
                        "supports_top_k": e.supports_top_k} for e in settings.endpoints()],
     }
@@ -43,7 +46,7 @@ def runtime_settings(settings: Settings) -> dict[str, Any]:
 def execution_path(settings: Settings) -> dict[str, Any]:
     """The execution-path version frozen into a snapshot."""
     doc = runtime_settings(settings)
-    return {"lockgate": lockgate_version(),
+    return {"lockgate": lockgate_version(), "settings": doc,
             "settings_hash": hashlib.sha256(canonical_json(doc)).hexdigest()}
 
 
