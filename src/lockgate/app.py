@@ -19,7 +19,14 @@ from typing import Any
 
 from lockgate.config import Settings, load_settings
 from lockgate.errors import SpecError
-from lockgate.files import Format, check_file, check_spec, describe_rejects, valid_specs
+from lockgate.files import (
+    Checks,
+    Format,
+    check_file,
+    check_spec,
+    describe_rejects,
+    valid_specs,
+)
 from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
@@ -40,9 +47,10 @@ def run_async(coro: Any) -> Any:
     return uvloop.run(coro)
 
 
-def _as_spec(task: TaskSpec | dict[str, Any], index: int) -> TaskSpec:
-    spec = task if isinstance(task, TaskSpec) else parse_task(task, line=index)
-    check_spec(spec)
+def _as_spec(task: TaskSpec | dict[str, Any], index: int, checks: Checks) -> TaskSpec:
+    spec = task if isinstance(task, TaskSpec) else parse_task(
+        task, line=index, max_input_bytes=checks.max_input_bytes)
+    check_spec(spec, checks)
     return spec
 
 
@@ -76,10 +84,15 @@ class Lockgate:
                batch_id: str = "default", plan: BatchPlan | None = None) -> SubmitReport:
         """Validate every task, then insert them all in one transaction (idempotent).
         ``plan`` sets the batch's weight, deadline or time window (docs/flow.md)."""
-        specs = [_as_spec(t, i) for i, t in enumerate(tasks, start=1)]
+        checks = self._checks()
+        specs = [_as_spec(t, i, checks) for i, t in enumerate(tasks, start=1)]
         return self._planned(self.store.submit(
             specs, batch_id=batch_id, pool_of=self._pool_of,
             batch_fields=plan.fields() if plan else None), plan)
+
+    def _checks(self) -> Checks:
+        return Checks(model_modules=self.settings.runtime.model_modules,
+                      max_input_bytes=self.store.max_input_bytes())
 
     def _pool_of(self, spec: TaskSpec) -> str:
         return self.settings.pool_of(spec.model)
@@ -87,8 +100,8 @@ class Lockgate:
     def _planned(self, report: SubmitReport, plan: BatchPlan | None) -> SubmitReport:
         """A window without a target throughput gets tasks / length."""
         w = plan.window if plan else None
-        if w is not None and w.target_per_s is None:
-            total = report.inserted + report.duplicates
+        total = report.inserted + report.duplicates - sum(report.elsewhere.values())
+        if w is not None and w.target_per_s is None and total:
             FlowStore(self.store).set_batch(report.batch_id,
                                             target_per_s=total * 1000.0 / w.length_ms)
         return report
@@ -100,9 +113,10 @@ class Lockgate:
                     plan: BatchPlan | None = None) -> SubmitReport:
         """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping)."""
         p = Path(path)
+        checks = self._checks()
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
         try:
-            checked = check_file(p, format, reject_sink=sink)
+            checked = check_file(p, format, reject_sink=sink, checks=checks)
         finally:
             if sink:
                 sink.close()
@@ -113,7 +127,7 @@ class Lockgate:
                 + describe_rejects(checked.rejected))
         skip = {n for n, _ in checked.rejected}
         return self._planned(self.store.submit(
-            valid_specs(p, format, skip), batch_id=batch_id or p.stem, source=str(p),
+            valid_specs(p, format, skip, checks), batch_id=batch_id or p.stem, source=str(p),
             progress=progress, pool_of=self._pool_of,
             batch_fields=plan.fields() if plan else None), plan)
 

@@ -80,6 +80,12 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
                                 progress=lambda n: prog.advance(bar, n), plan=plan)
     console.print(f"batch [bold]{report.batch_id}[/bold]: {report.inserted:,} submitted, "
                   f"{report.duplicates:,} already present (skipped)")
+    if report.elsewhere:
+        where = ", ".join(f"{n:,} in batch '{b}'" for b, n in sorted(report.elsewhere.items()))
+        console.print(f"[yellow]{sum(report.elsewhere.values()):,} task id(s) already belong "
+                      f"to another batch ({where}); they were not moved"
+                      + ("" if report.inserted else
+                         f", and batch '{report.batch_id}' was not created") + "[/yellow]")
     if skip_invalid and rejects is not None and rejects.stat().st_size:
         console.print(f"rejected lines written to {rejects}")
     return report.batch_id

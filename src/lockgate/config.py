@@ -178,6 +178,14 @@ class GateSettings(_Strict):
                              description="re-check of a registry reference's live version")
 
 
+class RuntimeSettings(_Strict):
+    """The prompt runtime (``[runtime]``)."""
+
+    model_modules: tuple[str, ...] = Field(
+        (), description="modules (or packages) whose pydantic models a task's "
+                        "delivery_rule.pydantic_model may name: workers import them")
+
+
 class Settings(_Strict):
     """The whole configuration."""
 
@@ -186,6 +194,7 @@ class Settings(_Strict):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
 
     @model_validator(mode="after")
     def _check_fallbacks(self) -> Settings:

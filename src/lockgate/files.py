@@ -21,7 +21,13 @@ import orjson
 
 from lockgate.errors import LockgateError, SpecError
 from lockgate.runtime import check_delivery_rule, check_template
-from lockgate.spec import TaskSpec, parse_task, registry_reference
+from lockgate.spec import (
+    MAX_INPUT_BYTES,
+    TaskSpec,
+    check_model_keys,
+    parse_task,
+    registry_reference,
+)
 
 Format = Literal["tasks", "openai-batch"]
 MAX_SHOWN = 20
@@ -31,7 +37,8 @@ def _escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def from_openai_batch(obj: Any, line: int | None = None) -> TaskSpec:
+def from_openai_batch(obj: Any, line: int | None = None,
+                      max_input_bytes: int = MAX_INPUT_BYTES) -> TaskSpec:
     """Turn one OpenAI Batch API request line into a task (messages taken literally)."""
     if not isinstance(obj, dict):
         raise SpecError("expected a JSON object", line=line)
@@ -67,30 +74,47 @@ def from_openai_batch(obj: Any, line: int | None = None) -> TaskSpec:
         "task_id": obj["custom_id"], "prompt_template": template, "input_data": {},
         "model_config": model, "delivery_rule": {"format": "json" if json_mode else "text"},
         "retry_policy": {},
-    }, line=line)
+    }, line=line, max_input_bytes=max_input_bytes)
 
 
-def validate_line(raw: bytes, line: int, fmt: Format) -> TaskSpec:
+@dataclass(frozen=True)
+class Checks:
+    """What a submit checks beyond the task schema, set by the configuration and the
+    database: the modules whose pydantic models a rule may name, and the largest input
+    the database can store."""
+
+    model_modules: tuple[str, ...] = ()
+    max_input_bytes: int = MAX_INPUT_BYTES
+
+
+def validate_line(raw: bytes, line: int, fmt: Format, checks: Checks = Checks()) -> TaskSpec:
     """Parse and fully check one line (JSON, fields, placeholders against the input)."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise SpecError(f"not valid JSON ({exc})", line=line) from None
-    spec = from_openai_batch(obj, line) if fmt == "openai-batch" else parse_task(obj, line)
+    spec = (from_openai_batch(obj, line, checks.max_input_bytes) if fmt == "openai-batch"
+            else parse_task(obj, line, max_input_bytes=checks.max_input_bytes))
     try:
-        check_spec(spec)
+        check_spec(spec, checks)
     except SpecError as exc:
-        raise SpecError(str(exc).split(": ", 1)[-1], field=exc.field, line=line) from None
+        raise exc.at_line(line) from None
     return spec
 
 
-def check_spec(spec: TaskSpec) -> None:
-    """Submit-time checks beyond the schema: placeholders and the delivery rule.
-    A registry reference's template is checked when it is registered, not here."""
+def check_spec(spec: TaskSpec, checks: Checks = Checks()) -> None:
+    """Submit-time checks beyond the schema: model_config keys, placeholders and the
+    delivery rule. A registry reference's template is checked when it is registered,
+    not here."""
+    if spec.model is not None:
+        check_model_keys(spec.model)
     if registry_reference(spec.prompt_template) is None:
         check_template(spec.prompt_template, set(spec.input_data),
                        spec.delivery_rule.input_defaults)
-    check_delivery_rule(spec.delivery_rule)
+    check_delivery_rule(spec.delivery_rule, model_modules=checks.model_modules)
+    if len(spec.input_json()) > checks.max_input_bytes:
+        raise SpecError(f"is {len(spec.input_json()):,} bytes as JSON; this database takes "
+                        f"at most {checks.max_input_bytes:,} per task", field="input_data")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -109,7 +133,8 @@ class FileCheck:
 
 
 def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
-               progress: Callable[[int], None] | None = None) -> FileCheck:
+               progress: Callable[[int], None] | None = None,
+               checks: Checks = Checks()) -> FileCheck:
     """Validate every line; keep the first errors, count them all."""
     if not path.exists():
         raise LockgateError(f"file {path} does not exist")
@@ -117,7 +142,7 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     rejected: list[tuple[int, SpecError]] = []
     for n, raw in _lines(path):
         try:
-            validate_line(raw, n, fmt)
+            validate_line(raw, n, fmt, checks)
             valid += 1
         except SpecError as exc:
             rejected.append((n, exc))
@@ -130,11 +155,12 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     return FileCheck(valid, rejected)
 
 
-def valid_specs(path: Path, fmt: Format, skip: set[int]) -> Iterator[TaskSpec]:
+def valid_specs(path: Path, fmt: Format, skip: set[int],
+                checks: Checks = Checks()) -> Iterator[TaskSpec]:
     """Second pass: the valid lines as specs (the file was checked already)."""
     for n, raw in _lines(path):
         if n not in skip:
-            yield validate_line(raw, n, fmt)
+            yield validate_line(raw, n, fmt, checks)
 
 
 def describe_rejects(rejected: list[tuple[int, SpecError]]) -> str:

@@ -12,6 +12,7 @@ store them once.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import random
 import re
@@ -22,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -31,6 +33,31 @@ from pydantic_core import PydanticCustomError
 from lockgate.errors import RETRYABLE, ErrorClass, SpecError
 
 MAX_TASK_ID = 191
+#: Task and batch ids starting with this belong to the release gate's evaluations:
+#: refused at submit, so nobody can plant a result for, or block, an evaluation.
+RESERVED_ID_PREFIX = "gate:"
+#: Largest ``input_data`` (as JSON) a task may carry; a database may set a lower bound
+#: (MySQL's ``max_allowed_packet``), see :meth:`lockgate.store.Store.max_input_bytes`.
+MAX_INPUT_BYTES = 8 << 20
+#: Request fields lockgate itself sets; a task may not override them through
+#: ``model_config`` (routing, rendering and truncation decide them, and the trace
+#: records them).
+RESERVED_REQUEST_FIELDS = frozenset({"model", "messages", "stream", "stream_options"})
+#: Request parameters of OpenAI-compatible providers that a ``model_config`` may carry
+#: as extra keys (they are sent as they are); a key close to one of these, or to a
+#: declared field, but equal to none is taken for a misspelling and refused.
+KNOWN_PROVIDER_PARAMS = frozenset({
+    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "stop", "user", "tools", "tool_choice", "parallel_tool_calls", "service_tier",
+    "reasoning_effort", "max_completion_tokens", "modalities", "prediction", "store",
+    "metadata", "audio", "web_search_options", "verbosity",
+    # vLLM, Ollama, DashScope, GLM
+    "repetition_penalty", "min_p", "min_tokens", "best_of", "use_beam_search",
+    "ignore_eos", "skip_special_tokens", "guided_json", "guided_choice", "guided_regex",
+    "chat_template_kwargs", "enable_thinking", "thinking", "enable_search",
+    "result_format", "incremental_output", "do_sample", "request_id", "num_ctx",
+    "keep_alive", "options", "extra_body",
+})
 #: The six meta-fields every task line states (SPEC T1).
 REQUIRED_FIELDS = ("task_id", "prompt_template", "input_data", "model_config",
                    "delivery_rule", "retry_policy")
@@ -108,10 +135,40 @@ class ModelConfig(BaseModel):
     tokenizer: str | None = Field(
         None, description="token estimator for budgets and traces: 'calibrated', or the "
                           "default (tiktoken when its encoding is on disk) when unset")
+    provider_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="request parameters sent to the provider exactly as given (for a key "
+                    "that looks like a misspelling of a known one)")
 
     def extra_params(self) -> dict[str, Any]:
-        """Provider parameters given beyond the declared fields."""
-        return dict(self.__pydantic_extra__ or {})
+        """Provider parameters given beyond the declared fields (``provider_params``
+        last), without the request fields lockgate sets itself."""
+        extra = {**(self.__pydantic_extra__ or {}), **self.provider_params}
+        return {k: v for k, v in extra.items() if k not in RESERVED_REQUEST_FIELDS}
+
+
+def check_model_keys(model: ModelConfig) -> None:
+    """Refuse request fields a task may not set and keys that look misspelt; raise
+    :class:`SpecError` naming the key and the fix."""
+    declared = set(ModelConfig.model_fields)
+    for where, keys in (("model_config", model.__pydantic_extra__ or {}),
+                        ("model_config.provider_params", model.provider_params)):
+        for key in keys:
+            if key in RESERVED_REQUEST_FIELDS:
+                hint = ("the model is model_config.name (or the endpoint's `model`)"
+                        if key == "model" else
+                        "messages come from prompt_template" if key == "messages" else
+                        "lockgate reads whole answers; streaming is not supported")
+                raise SpecError(f"is set by lockgate itself and may not be given in a task "
+                                f"({hint})", field=f"{where}.{key}")
+            if where == "model_config" and key not in KNOWN_PROVIDER_PARAMS:
+                close = difflib.get_close_matches(
+                    key, sorted(declared | KNOWN_PROVIDER_PARAMS), n=1, cutoff=0.8)
+                if close:
+                    raise SpecError(
+                        f"is not a known field; did you mean '{close[0]}'? (to send "
+                        f"'{key}' to the provider as it is, put it under "
+                        "model_config.provider_params)", field=f"{where}.{key}")
 
 
 class InputRule(_Strict):
@@ -169,12 +226,23 @@ class TaskSpec(BaseModel):
             raise PydanticCustomError("missing", "Field required")
         return v
 
+    _input_json: bytes | None = PrivateAttr(None)
+
     @field_validator("task_id", "batch_id")
     @classmethod
     def _printable(cls, v: str | None) -> str | None:
         if v is not None and (not v.isprintable() or v != v.strip()):
             raise ValueError("must be printable with no leading or trailing whitespace")
+        if v is not None and v.startswith(RESERVED_ID_PREFIX):
+            raise ValueError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
+                             "release gate's evaluations")
         return v
+
+    def input_json(self) -> bytes:
+        """``input_data`` as JSON (computed once; :func:`parse_task` checks it)."""
+        if self._input_json is None:
+            self._input_json = encode_input(self.input_data)
+        return self._input_json
 
     @field_validator("prompt_template")
     @classmethod
@@ -239,6 +307,17 @@ def load_config(document: dict[str, Any]) -> TaskConfig:
     return TaskConfig.model_validate(document)
 
 
+def _known_fields() -> dict[tuple[str, ...], list[str]]:
+    """Declared field names (by alias) of each strict model, by where it sits in a task
+    line (for "did you mean")."""
+    def names(model: type[BaseModel]) -> list[str]:
+        return [f.alias or n for n, f in model.model_fields.items()]
+    return {(): names(TaskSpec), ("model",): names(ModelConfig),
+            ("delivery_rule",): names(DeliveryRule),
+            ("retry_policy",): names(RetryPolicy),
+            ("delivery_rule", "normalize"): names(InputRule)}
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for i, part in enumerate(loc):
@@ -250,33 +329,86 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
-    """Turn pydantic's error into one that names the first bad field and the fix."""
-    err = exc.errors()[0]
+#: Problems named in one error message (the first names the error's field).
+MAX_PROBLEMS = 10
+
+
+def _problem(err: Any) -> tuple[str, str]:
     path = _field_path(tuple(err["loc"])) or "(line)"
     msg = err["msg"]
     if err["type"] == "missing":
         msg = "is required"
     elif err["type"] == "extra_forbidden":
-        msg = "is not a known field (check its spelling)"
-    more = len(exc.errors()) - 1
-    if more:
-        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+        known = _KNOWN_FIELDS.get(tuple(str(x) for x in err["loc"][:-1]))
+        close = difflib.get_close_matches(str(err["loc"][-1]), known or [], n=1, cutoff=0.6)
+        msg = (f"is not a known field; did you mean '{close[0]}'?" if close
+               else "is not a known field (check its spelling)")
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return path, msg
+
+
+def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
+    """Turn pydantic's error into one that names the bad fields (up to ten) and fixes."""
+    problems = [_problem(e) for e in exc.errors()]
+    (path, msg), rest = problems[0], problems[1:]
+    if rest:
+        shown = rest[:MAX_PROBLEMS - 1]
+        msg += "; also " + "; ".join(f"'{p}' {m}" for p, m in shown)
+        if len(rest) > len(shown):
+            msg += f" (and {len(rest) - len(shown)} more)"
     return SpecError(msg, field=path, line=line)
 
 
-def parse_task(data: Any, line: int | None = None) -> TaskSpec:
-    """Validate one task mapping; raise :class:`SpecError` naming the field on failure."""
+def encode_input(input_data: dict[str, Any], *, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """``input_data`` as JSON bytes; :class:`SpecError` if it cannot be stored (nested
+    too deep for JSON encoding, or larger than ``max_bytes``)."""
+    try:
+        raw = orjson.dumps(input_data)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        why = ("is nested too deeply (more than 250 levels)" if "Recursion" in str(exc)
+               else f"cannot be encoded as JSON: {exc}")
+        raise SpecError(why, field="input_data") from None
+    if len(raw) > max_bytes:
+        raise SpecError(f"is {len(raw):,} bytes as JSON; a task's input may hold at most "
+                        f"{max_bytes:,} (split it, or store it elsewhere and pass a "
+                        "reference)", field="input_data")
+    return raw
+
+
+def _missing_hint(name: str) -> str:
+    if name == "model_config":
+        return 'at least {"name": "<model>"}'
+    if name in ("delivery_rule", "retry_policy"):
+        return "{} takes the defaults"
+    return "state it on every line"
+
+
+def parse_task(data: Any, line: int | None = None, *,
+               max_input_bytes: int = MAX_INPUT_BYTES) -> TaskSpec:
+    """Validate one task mapping; raise :class:`SpecError` naming the field on failure.
+    ``input_data`` must encode as JSON within ``max_input_bytes``."""
     if not isinstance(data, dict):
         raise SpecError(f"expected a JSON object, got {type(data).__name__}", line=line)
     if registry_reference(data.get("prompt_template")) is None:
-        # SPEC T1: all six meta-fields are stated on every line ({} takes the defaults);
-        # a registry reference takes them from the prompt version instead.
-        for name in REQUIRED_FIELDS:
-            if name not in data:
-                raise SpecError("is required (one of the six meta-fields; {} takes the "
-                                "defaults)", field=name, line=line)
+        # All six meta-fields are stated on every line; a registry reference takes the
+        # template, model config and delivery rule from the prompt version instead.
+        missing = [n for n in REQUIRED_FIELDS if n not in data]
+        if missing:
+            also = (f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else "")
+            raise SpecError(f"is required (one of the six meta-fields: "
+                            f"{_missing_hint(missing[0])}){also}", field=missing[0], line=line)
     try:
-        return TaskSpec.model_validate(data)
+        spec = TaskSpec.model_validate(data)
     except ValidationError as exc:
         raise spec_error_from(exc, line) from None
+    try:
+        if spec.model is not None:
+            check_model_keys(spec.model)
+        spec._input_json = encode_input(spec.input_data, max_bytes=max_input_bytes)
+    except SpecError as exc:
+        raise exc.at_line(line) from None
+    return spec
+
+
+_KNOWN_FIELDS = _known_fields()

@@ -135,6 +135,7 @@ def test_two_processes_submitting_one_file_insert_each_task_once(
 
 # -- refusals ---------------------------------------------------------------------------
 
+
 BAD_LINES: list[tuple[Any, str, str]] = [
     # (line content, field named, words of the reason)
     (task("t-bad-temp", model={"temperature": 5}), "model_config.temperature",
@@ -149,8 +150,23 @@ BAD_LINES: list[tuple[Any, str, str]] = [
     ({**task("t-stop"), "retry_policy": {"stop_on": ["bogus"]}}, "retry_policy.stop_on[0]",
      "rate_limited"),
     ("{not json", "", "not valid JSON"),
+    (orjson.dumps(task("t-deep") | {"input_data": {"text": "x", "deep": "DEEP"}}).decode()
+     .replace('"DEEP"', "[" * 300 + "1" + "]" * 300), "input_data", "nested too deeply"),
+    (task("t-model", model={"model": "other"}), "model_config.model",
+     "set by lockgate itself"),
+    (task("t-stream", model={"stream": True}), "model_config.stream",
+     "streaming is not supported"),
+    (task("t-misspelt", model={"temprature": 0.1}), "model_config.temprature",
+     "did you mean 'temperature'"),
+    (task("gate:u1:d1:candidate:7"), "task_id", "reserved for the release gate"),
+    (task("t-planted", batch_id="gate:u1:d1:candidate"), "batch_id",
+     "reserved for the release gate"),
+    (task("t-huge") | {"input_data": {"text": "x" * (9 << 20)}}, "input_data",
+     "a task's input may hold at most"),
 ]
-BAD_IDS = ["range", "missing", "unknown", "placeholder", "negative", "stop-on", "json"]
+BAD_IDS = ["range", "missing", "unknown", "placeholder", "negative", "stop-on", "json",
+           "deep", "reserved-model", "reserved-stream", "misspelt", "gate-task-id",
+           "gate-batch-id", "huge"]
 
 for _missing in ("delivery_rule", "retry_policy"):  # SPEC T1: all six are required
     BAD_LINES.append(({k: v for k, v in task("t-no-" + _missing).items() if k != _missing},
@@ -374,3 +390,61 @@ def test_concurrent_submits_sharing_configs_in_crossing_order_both_succeed(
     assert sorted(r.inserted for r in reports) == [3, 3]
     assert task_count(store) == 6
     assert scalar(store, "SELECT COUNT(*) FROM task_config") == 2
+
+
+def test_a_line_over_what_the_database_can_store_is_refused_at_submit(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """MySQL/MariaDB bound a statement by ``max_allowed_packet``: an input that could not
+    be written back with its trace is refused at submit, naming the line, not found out
+    at the first write-back."""
+    limit = store.max_input_bytes()
+    big = task("t-big") | {"input_data": {"text": "y" * (limit - 100)}}
+    over = task("t-over") | {"input_data": {"text": "y" * (limit + 1)}}
+    ok = lockgate("submit", write_jsonl(tmp_path / "ok.jsonl", [big]), "--db", db_url)
+    assert ok.exit_code == 0, ok.output
+    bad = lockgate("submit", write_jsonl(tmp_path / "over.jsonl", [*tasks(2), over]),
+                   "--db", db_url)
+    assert bad.exit_code == 2
+    assert "line 3, field 'input_data'" in " ".join(bad.stderr.split())
+    assert task_count(store) == 1
+
+
+def test_a_submit_commits_as_it_goes_and_an_interrupted_one_is_completed_by_a_rerun(
+        db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks become claimable chunk by chunk while a submit runs (workers need not wait
+    for a whole file); a submit that dies half-way leaves its batch marked incomplete,
+    and running it again completes it without duplicates."""
+    monkeypatch.setattr("lockgate.store.store.SUBMIT_CHUNK_ROWS", 10)
+    seen_mid_submit: list[int] = []
+
+    def specs(fail_at: int | None) -> Iterator[TaskSpec]:
+        for i, t in enumerate(tasks(35)):
+            if i == 25:  # two chunks are in: another session sees them, claimable
+                seen_mid_submit.append(len(store.claim(100, lease_ms=1, worker_id="peek")))
+            if i == fail_at:
+                raise KeyboardInterrupt  # the submitting process is stopped
+            yield parse_task(t)
+
+    with pytest.raises(KeyboardInterrupt):
+        store.submit(specs(fail_at=30), batch_id="b")
+    assert seen_mid_submit == [20]
+    assert task_count(store) == 30
+    assert scalar(store, "SELECT complete FROM batch WHERE id = 'b'") == 0
+    report = store.submit(specs(fail_at=None), batch_id="b")
+    assert (report.inserted, report.duplicates) == (5, 30)
+    assert task_count(store) == 35
+    assert scalar(store, "SELECT complete FROM batch WHERE id = 'b'") == 1
+
+
+def test_resubmitting_under_another_batch_names_where_the_tasks_are(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "f.jsonl", tasks(3))
+    assert lockgate("submit", path, "--db", db_url, "--batch", "first").exit_code == 0
+    again = lockgate("submit", path, "--db", db_url, "--batch", "second",
+                     "--window", "02:00-03:30")
+    assert again.exit_code == 0, again.output
+    err = " ".join(again.stderr.split())
+    assert "0 submitted, 3 already present" in err
+    assert "3 task id(s) already belong to another batch (3 in batch 'first')" in err
+    assert "batch 'second' was not created" in err
+    assert [r["id"] for r in rows(store, "SELECT id FROM batch")] == ["first"]

@@ -236,9 +236,20 @@ def test_pydantic_model_rule() -> None:
     ({"schema": {"type": "no-such-type"}}, "delivery_rule.schema"),
 ])
 def test_bad_rules_are_refused_with_the_field(doc: dict[str, Any], field: str) -> None:
-    with pytest.raises(SpecError) as err:
-        check_delivery_rule(DeliveryRule.model_validate(doc))
+    with pytest.raises(SpecError) as err:  # the modules allowed: what fails is the import
+        check_delivery_rule(DeliveryRule.model_validate(doc),
+                            model_modules=("no_such_module_xyz", "json", "nocolon"))
     assert err.value.field == field
+    assert "module the configuration allows" not in str(err.value)
+
+
+def test_a_pydantic_model_outside_the_allowed_modules_is_refused_before_import() -> None:
+    rule = DeliveryRule(pydantic_model="no_such_module_xyz:Model")
+    with pytest.raises(SpecError) as err:
+        check_delivery_rule(rule)
+    assert "[runtime] model_modules" in str(err.value)
+    check_delivery_rule(DeliveryRule(pydantic_model=f"{__name__}:Verdict"),
+                        model_modules=(__name__.rsplit(".", 1)[0],))  # a package allows
 
 
 def test_plan_cache_survives_rebuilt_rules() -> None:

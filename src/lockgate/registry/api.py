@@ -54,7 +54,8 @@ class Prompts:
         """A new prompt; its version 1 is live at once (the first version has nothing to
         be compared against). Every later change goes through :meth:`propose`."""
         check_name(name)
-        content = make_content(template, model_config, delivery_rule)
+        content = make_content(template, model_config, delivery_rule,
+                               model_modules=self.settings.runtime.model_modules)
         return self.registry.create_prompt(name, content, tag=tag,
                                            author=author or default_actor(), note=note,
                                            description=description)
@@ -70,7 +71,8 @@ class Prompts:
         live = self.version(name)
         content = make_content(live.template if template is None else template,
                                live.model_config if model_config is None else model_config,
-                               live.delivery_rule if delivery_rule is None else delivery_rule)
+                               live.delivery_rule if delivery_rule is None else delivery_rule,
+                               model_modules=self.settings.runtime.model_modules)
         policy = RetryPolicy.model_validate(retry_policy or {}).model_dump(mode="json")
         self._check_inputs(name, content.template,
                            set(content.delivery_rule.get("input_defaults") or {}))

@@ -32,8 +32,10 @@ def _spec_error(exc: ValidationError, field: str) -> SpecError:
 
 
 def make_content(template: Any, model_config: dict[str, Any] | None,
-                 delivery_rule: dict[str, Any] | None) -> VersionContent:
-    """Validate and normalise a version's three parts; SpecError naming the field."""
+                 delivery_rule: dict[str, Any] | None, *,
+                 model_modules: tuple[str, ...] = ()) -> VersionContent:
+    """Validate and normalise a version's three parts; SpecError naming the field.
+    ``model_modules`` are the modules a pydantic output model may come from."""
     try:
         tpl = _TEMPLATE.validate_python(template)
     except ValidationError as exc:
@@ -53,7 +55,7 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
         title = exc.title
         raise _spec_error(exc, "model_config" if title == "ModelConfig"
                           else "delivery_rule") from None
-    check_delivery_rule(rule)
+    check_delivery_rule(rule, model_modules=model_modules)
     doc_template: Any = tpl if isinstance(tpl, str) else [m.model_dump() for m in tpl]
     doc = {"template": doc_template,
            "model_config": model.model_dump(exclude_none=True),

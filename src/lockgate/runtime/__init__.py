@@ -16,7 +16,7 @@ from lockgate.runtime.normalize import normalize_text, normalize_value
 from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output
 from lockgate.runtime.render import Rendered, render
 from lockgate.runtime.sampling import sampling_params
-from lockgate.runtime.schema import check_delivery_rule
+from lockgate.runtime.schema import check_delivery_rule, model_allowed
 from lockgate.runtime.template import (
     INPUT_CLOSE,
     INPUT_OPEN,
@@ -38,6 +38,7 @@ __all__ = [
     "check_template",
     "count_tokens",
     "default_estimator",
+    "model_allowed",
     "normalize_text",
     "normalize_value",
     "parse_output",

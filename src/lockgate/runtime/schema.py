@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -268,6 +268,21 @@ def output_plan(rule: DeliveryRule) -> OutputPlan:
     return _plans.get(rule)
 
 
-def check_delivery_rule(rule: DeliveryRule) -> None:
-    """Refuse a rule whose schema or pydantic model cannot be used (at submit time)."""
+def model_allowed(path: str, modules: Collection[str]) -> bool:
+    """Whether ``module:Class`` lies in one of ``modules`` (a module or a package)."""
+    module = path.partition(":")[0]
+    return any(module == m or module.startswith(m + ".") for m in modules)
+
+
+def check_delivery_rule(rule: DeliveryRule, *, model_modules: Collection[str] = ()) -> None:
+    """Refuse a rule whose schema or pydantic model cannot be used (at submit time).
+
+    A ``pydantic_model`` is imported by every worker that runs the task, so only models
+    from the modules the operator lists (``[runtime] model_modules``) are accepted; the
+    check comes before any import."""
+    if rule.pydantic_model and not model_allowed(rule.pydantic_model, model_modules):
+        raise SpecError(
+            f"{rule.pydantic_model!r} is not in a module the configuration allows; list "
+            "its module under [runtime] model_modules in lockgate.toml (workers import it)",
+            field="delivery_rule.pydantic_model")
     output_plan(rule)
