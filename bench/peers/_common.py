@@ -258,9 +258,10 @@ async def measure(peer: Peer) -> dict[str, Any]:
     finally:
         peer.stop_workers()
         await peer.teardown()
-    elapsed = ended - t0
+    timed_out = math.isnan(ended)
+    elapsed = args.timeout if timed_out else ended - t0
     return {"system": peer.name, "tasks": args.tasks, "submit_s": submitted - t0,
-            "elapsed_s": elapsed, "rate": args.tasks / elapsed if elapsed == elapsed else 0.0,
+            "elapsed_s": elapsed, "rate": args.tasks / elapsed, "timed_out": timed_out,
             **checks, "calls": stats["requests"], "by_status": stats["by_status"],
             "duplicates": stats["duplicate_successes"], "settings": peer.settings}
 

@@ -82,7 +82,7 @@ class ArqPeer(Peer):
         self.pool = await create_pool(REDIS, default_queue_name=QUEUE)
         if await self.pool.dbsize():
             raise SystemExit(f"Redis database {self.args.redis} is not empty: pick another "
-                             "with --redis-db")
+                             "with --redis-db-arq")
 
     def worker_commands(self) -> list[list[str]]:
         return [[str(Path(sys.executable).parent / "arq"), "arq_peer.WorkerSettings"]]
