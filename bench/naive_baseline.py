@@ -3,7 +3,8 @@
 Prints one JSON line: {"calls", "elapsed_s", "rate", "errors", "cpu_s"}.
 
     python bench/naive_baseline.py URL --tasks 20000 --concurrency 512 \
-        [--style semaphore|pool] [--gc-threshold N]
+        [--style semaphore|pool] [--gc-threshold N] \
+        [--max-retries 4 --base-delay-ms 0 --cap-ms 2000] [--results FILE]
 
 Two ways of writing it:
   semaphore  (the default, as the targets specify) one coroutine per call, all gathered
@@ -33,7 +34,8 @@ from workload import request_body
 
 
 async def main(url: str, tasks: int, concurrency: int,
-               style: str = "semaphore") -> dict[str, float]:
+               style: str = "semaphore", max_retries: int = 4, base_delay_ms: float = 0,
+               cap_ms: float = 2000, results_out: str | None = None) -> dict[str, float]:
     client = OpenAICompatible("naive", url, max_connections=concurrency)
     sem = asyncio.Semaphore(concurrency)
     results: dict[int, str] = {}
@@ -41,10 +43,10 @@ async def main(url: str, tasks: int, concurrency: int,
 
     async def call(i: int) -> None:
         body = request_body(i)
-        req = CompletionRequest(messages=body["messages"], model=body["model"],
-                                params={"max_tokens": body["max_tokens"]}, timeout_s=60,
-                                idempotency_key=f"naive-{i}:1")
-        for _ in range(5):
+        for attempt in range(max_retries + 1):
+            req = CompletionRequest(messages=body["messages"], model=body["model"],
+                                    params={"max_tokens": body["max_tokens"]}, timeout_s=60,
+                                    idempotency_key=f"naive-{i}:{attempt + 1}")
             try:
                 results[i] = (await client.complete(req)).content
                 return
@@ -52,6 +54,8 @@ async def main(url: str, tasks: int, concurrency: int,
                 errors[exc.error_class] = errors.get(exc.error_class, 0) + 1
                 if exc.error_class is ErrorClass.RATE_LIMITED:
                     await asyncio.sleep((exc.retry_after_ms or 100) / 1000)
+                elif base_delay_ms and attempt < max_retries:
+                    await asyncio.sleep(min(cap_ms, base_delay_ms * 2 ** attempt) / 1000)
 
     async def bounded(i: int) -> None:
         async with sem:
@@ -70,6 +74,9 @@ async def main(url: str, tasks: int, concurrency: int,
         await asyncio.gather(*(bounded(i) for i in range(tasks)))
     elapsed = time.perf_counter() - t0
     await client.close()
+    if results_out:
+        with open(results_out, "wb") as f:
+            f.write(orjson.dumps({str(i): c for i, c in results.items()}))
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"calls": len(results), "elapsed_s": elapsed, "rate": len(results) / elapsed,
             "errors": sum(errors.values()), "cpu_s": ru.ru_utime + ru.ru_stime}
@@ -83,7 +90,14 @@ if __name__ == "__main__":
     ap.add_argument("--style", choices=["semaphore", "pool"], default="semaphore")
     ap.add_argument("--gc-threshold", type=int, default=0,
                     help="young-generation GC threshold [0: the interpreter's]")
+    ap.add_argument("--max-retries", type=int, default=4, help="retries of a failed call")
+    ap.add_argument("--base-delay-ms", type=float, default=0,
+                    help="back-off before the first retry of an error other than 429, "
+                         "doubling [0: retry at once]; a 429 waits its retry-after")
+    ap.add_argument("--cap-ms", type=float, default=2000, help="longest back-off")
+    ap.add_argument("--results", help="write {index: content} of every answer here (JSON)")
     a = ap.parse_args()
     if a.gc_threshold:
         gc.set_threshold(a.gc_threshold, *gc.get_threshold()[1:])
-    print(orjson.dumps(run_async(main(a.url, a.tasks, a.concurrency, a.style))).decode())
+    print(orjson.dumps(run_async(main(a.url, a.tasks, a.concurrency, a.style, a.max_retries,
+                                      a.base_delay_ms, a.cap_ms, a.results))).decode())

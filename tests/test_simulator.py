@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from lockgate.simulator import SimulatorConfig, start
 from lockgate.simulator.prompt import ENUM, INT, TEXT, parse_instructions
-from lockgate.simulator.ratelimit import RateLimiter, format_duration
+from lockgate.simulator.ratelimit import RateLimiter, format_duration, scaled_limit
 from lockgate.simulator.responder import Responder, split_prompt
 from lockgate.simulator.stats import task_of
 from lockgate.simulator.testing import SimulatorProcess
@@ -205,6 +205,50 @@ def test_rpm_429_headers_and_window_admits_again(client: Client,
     assert stats["by_key"] == {"test-key": 5, "other-key": 1}
 
 
+def test_short_window_and_header_styles_over_http(client: Client,
+                                                  simulator: SimulatorProcess) -> None:
+    """Configured at run time: 2 per 60 s enforced as 1 in any 30 s, in each header style
+    (the second request always comes well within 30 s of the first)."""
+    new = simulator.configure(rpm=2, window_s=60, enforce_s=30, header_style="gateway")
+    assert (new["enforce_s"], new["header_style"], new["retry_hint"]) == (30, "gateway", "both")
+    status, headers, _doc = client.chat(messages("a"), key="gw")
+    assert status == 200
+    assert headers["x-ratelimit-limit-requests"] == "2"
+    assert headers["x-ratelimit-remaining-requests"] == "1"
+    assert not any(h.startswith("x-ratelimit-reset") for h in headers)
+    status, headers, doc = client.chat(messages("b"), key="gw")
+    assert status == 429 and doc["error"]["type"] == "requests"
+    assert "per 30s: limit 1" in doc["error"]["message"]
+    assert headers["x-ratelimit-remaining-requests"] == "1"  # the minute still has room
+    assert 29_000 < int(headers["retry-after-ms"]) <= 30_000
+    assert headers["retry-after"] == "30"
+    simulator.configure(retry_hint="seconds")
+    status, headers, _doc = client.chat(messages("b"), key="gw")
+    assert status == 429 and headers["retry-after"] == "30" and "retry-after-ms" not in headers
+    simulator.configure(retry_hint="none")
+    status, headers, _doc = client.chat(messages("b"), key="gw")
+    assert status == 429 and "retry-after" not in headers and "retry-after-ms" not in headers
+    assert headers["x-ratelimit-limit-requests"] == "2"
+    simulator.configure(header_style="none", retry_hint="both")
+    status, headers, _doc = client.chat(messages("c"), key="none")
+    assert status == 200 and not any(h.startswith("x-ratelimit") for h in headers)
+    status, headers, _doc = client.chat(messages("d"), key="none")
+    assert status == 429
+    assert not any(h.startswith(("x-ratelimit", "retry-after")) for h in headers)
+    simulator.configure(header_style="openai")
+    status, headers, _doc = client.chat(messages("e"), key="openai")
+    assert status == 200 and headers["x-ratelimit-reset-requests"] == "1m0s"
+    stats = simulator.stats()
+    assert stats["limited_by"] == {"requests": 4}
+    # injected 429s follow the style too
+    simulator.configure(rpm=None, rate_429=1.0, header_style="none")
+    status, headers, _doc = client.chat(messages("f"))
+    assert status == 429 and "retry-after" not in headers
+    # a short window longer than the advertised one is refused
+    status, _h, raw = client.request("POST", "/_sim/config", {"enforce_s": 61})
+    assert status == 400 and b"enforce_s" in raw
+
+
 def test_tpm_limit(client: Client, simulator: SimulatorProcess) -> None:
     simulator.configure(tpm=1000, window_s=30)
     status, headers, doc = client.chat(messages("a"), max_tokens=500)
@@ -242,6 +286,63 @@ def test_sliding_window_arithmetic() -> None:
     for i in range(20_000):  # times in halves: exact in binary floating point
         assert rl.admit("k", 1, i * 0.5, rpm=120, tpm=None, window=60).admitted
     assert not rl.admit("k", 1, 9999.75, rpm=120, tpm=None, window=60).admitted
+
+
+def test_a_minute_limit_enforced_per_second() -> None:
+    """60,000 per 60 s enforced as 1,000 in any 1 s: the headers still advertise the
+    minute (plenty remaining) when the second refuses."""
+    rl = RateLimiter()
+    for i in range(1000):  # times in 2048ths of a second: exact in floating point
+        assert rl.admit("k", 1, i / 2048, rpm=60_000, tpm=None, window=60, enforce=1).admitted
+    d = rl.admit("k", 1, 0.5, rpm=60_000, tpm=None, window=60, enforce=1)
+    assert not d.admitted and d.limited_by == "requests"
+    assert (d.wait_s, d.per_s, d.limit) == (0.5, 1, 1000)
+    assert d.headers == {"x-ratelimit-limit-requests": "60000",
+                         "x-ratelimit-remaining-requests": "59000",
+                         "x-ratelimit-reset-requests": "59.5s"}
+    # the first admission leaves the second at 1.0: exactly one more fits
+    assert rl.admit("k", 1, 1.0, rpm=60_000, tpm=None, window=60, enforce=1).admitted
+    assert not rl.admit("k", 1, 1.0, rpm=60_000, tpm=None, window=60, enforce=1).admitted
+    # without the short window the same traffic is admitted
+    rl.reset()
+    for i in range(1001):
+        assert rl.admit("k", 1, i / 2048, rpm=60_000, tpm=None, window=60).admitted
+
+
+def test_short_window_tokens_and_the_long_window_still_binds() -> None:
+    assert scaled_limit(600_000, 1, 60) == 10_000
+    assert scaled_limit(3, 1, 60) == 1  # never below one
+    assert scaled_limit(100, 0.6, 60) == 1
+    rl = RateLimiter()
+    assert rl.admit("k", 6000, 0.0, rpm=None, tpm=600_000, window=60, enforce=1).admitted
+    d = rl.admit("k", 5000, 0.5, rpm=None, tpm=600_000, window=60, enforce=1)
+    assert not d.admitted and d.limited_by == "tokens" and d.wait_s == 0.5
+    assert d.headers["x-ratelimit-remaining-tokens"] == "594000"
+    # a charge above the per-second share can never be admitted, though it fits the minute
+    d = rl.admit("k", 10_001, 5.0, rpm=None, tpm=600_000, window=60, enforce=1)
+    assert not d.admitted and d.too_large and (d.per_s, d.limit) == (1, 10_000)
+    # 4 per 6 s enforced as 2 per 3 s: at 6.25 the 3 s window has room, the 6 s one not
+    rl.reset()
+    for t in (0.0, 0.5, 3.0, 3.5):
+        assert rl.admit("k", 1, t, rpm=4, tpm=None, window=6, enforce=3).admitted
+    assert not rl.admit("k", 1, 4.0, rpm=4, tpm=None, window=6, enforce=3).admitted
+    assert rl.admit("k", 1, 6.0, rpm=4, tpm=None, window=6, enforce=3).admitted
+    d = rl.admit("k", 1, 6.25, rpm=4, tpm=None, window=6, enforce=3)
+    assert not d.admitted and (d.wait_s, d.per_s, d.limit) == (0.25, 6, 4)
+
+
+def test_header_styles() -> None:
+    rl = RateLimiter()
+    kw: dict[str, Any] = {"rpm": 10, "tpm": 1000, "window": 60}
+    assert rl.admit("k", 100, 0.0, **kw).headers == {
+        "x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "9",
+        "x-ratelimit-reset-requests": "1m0s", "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "900", "x-ratelimit-reset-tokens": "1m0s"}
+    assert rl.admit("k", 100, 15.0, style="gateway", **kw).headers == {
+        "x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "8",
+        "x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "800"}
+    assert rl.admit("k", 100, 30.0, style="none", **kw).headers == {}
+    assert rl.peek("k", 30.0, style="gateway", **kw)["x-ratelimit-remaining-requests"] == "7"
 
 
 def test_format_duration() -> None:
@@ -580,31 +681,42 @@ def test_prompt_versions_rank_by_accuracy() -> None:
 
 # ------------------------------------------------------------------------ properties, flags
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 400)), min_size=1, max_size=80),
-       st.integers(1, 6), st.integers(400, 1500))
+       st.integers(1, 6), st.integers(400, 1500), st.sampled_from([None, 10, 5, 2.5, 1]))
 def test_window_matches_reference_model(steps: list[tuple[int, int]], rpm: int,
-                                        tpm: int) -> None:
-    """Decisions and waits equal a brute-force sliding window (times in quarter seconds)."""
+                                        tpm: int, enforce: float | None) -> None:
+    """Decisions and waits equal a brute-force sliding window (times in quarter seconds),
+    with and without a shorter enforcement window."""
     rl = RateLimiter()
     admitted: list[tuple[float, int]] = []
     now = 0.0
     window = 10.0
+    # (length, request limit, token limit) of every window that applies
+    windows = [(window, rpm, tpm)]
+    if enforce is not None and enforce < window:
+        windows.append((enforce, scaled_limit(rpm, enforce, window),
+                        scaled_limit(tpm, enforce, window)))
+
+    def fits(at: float, tokens: int) -> bool:
+        return all(len([1 for t, _n in admitted if t > at - length]) + 1 <= r
+                   and sum(n for t, n in admitted if t > at - length) + tokens <= k
+                   for length, r, k in windows)
+
     for gap, tokens in steps:
         now += gap / 4
-        live = [(t, n) for t, n in admitted if t > now - window]
-        ok = len(live) + 1 <= rpm and sum(n for _t, n in live) + tokens <= tpm
-        d = rl.admit("k", tokens, now, rpm=rpm, tpm=tpm, window=window)
+        ok = fits(now, tokens)
+        d = rl.admit("k", tokens, now, rpm=rpm, tpm=tpm, window=window, enforce=enforce)
         assert d.admitted == ok
         if ok:
             admitted.append((now, tokens))
-        elif not d.too_large:
+        elif d.too_large:
+            assert any(tokens > k for _length, _r, k in windows)
+        else:
             # the earliest later time at which the reference admits the request
-            later = sorted({t + window for t, _n in live})
-            expect = next(
-                at for at in later
-                if len([1 for t, _n in live if t > at - window]) + 1 <= rpm
-                and sum(n for t, n in live if t > at - window) + tokens <= tpm)
+            later = sorted({t + length for t, _n in admitted for length, _r, _k in windows
+                            if t + length > now})
+            expect = next(at for at in later if fits(at, tokens))
             assert d.wait_s == pytest.approx(expect - now)
 
 
@@ -620,5 +732,13 @@ def test_flags_override_config_file(tmp_path: Path) -> None:
     assert cfg.rpm == 20 and cfg.rate_500 == 0.1 and cfg.rate_503 == 0.2
     assert cfg.latency.kind == "lognormal" and cfg.latency.mean_ms == 80
     assert cfg.quota_exhausted is True and cfg.tpm is None
+    assert (cfg.enforce_s, cfg.header_style, cfg.retry_hint) == (None, "openai", "both")
+    args = build_parser().parse_args(["--rpm", "60000", "--enforce-s", "1", "--header-style",
+                                      "gateway", "--retry-hint", "seconds"])
+    cfg = config_from_args(args)
+    assert (cfg.rpm, cfg.window_s, cfg.enforce_s) == (60000, 60, 1)
+    assert (cfg.header_style, cfg.retry_hint) == ("gateway", "seconds")
+    with pytest.raises(ValueError, match="must not exceed window_s"):
+        cfg.patched({"window_s": 0.5})
     with pytest.raises(ValueError, match="at most 1"):
         cfg.patched({"rate_429": 0.5, "rate_503": 0.6})

@@ -305,3 +305,56 @@ def test_error_bodies_are_valid_json_whatever_the_message() -> None:
     reply = _error(400, 'bad "quote" and \\ backslash\nnewline')
     assert orjson.loads(reply.body)["error"]["message"] == \
         'bad "quote" and \\ backslash\nnewline'
+
+
+def test_short_window_enforcement_with_a_clock_moved_by_hand() -> None:
+    """60,000 requests per 60 s enforced as 1,000 in any second, byte for byte over HTTP:
+    the exact headers of each style, on a simulator whose rate-limit clock the test
+    moves."""
+    now = [100.0]
+
+    async def main() -> None:
+        config = SimulatorConfig.model_validate({"rpm": 60_000, "enforce_s": 1})
+        handle = await start(config, port=0, clock=lambda: now[0])
+        url = f"{handle.url}/chat/completions"
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def chat() -> tuple[int, dict[str, str]]:
+                    async with session.post(url, data=CHAT) as resp:
+                        await resp.read()
+                        return resp.status, {k.lower(): v for k, v in resp.headers.items()
+                                             if k.lower().startswith(("x-ratelimit", "retry"))}
+
+                for i in range(1000):
+                    now[0] = 100.0 + i / 2048
+                    assert (await chat())[0] == 200
+                now[0] = 100.5
+                assert await chat() == (429, {
+                    "x-ratelimit-limit-requests": "60000",
+                    "x-ratelimit-remaining-requests": "59000",
+                    "x-ratelimit-reset-requests": "59.5s",
+                    "retry-after-ms": "500", "retry-after": "1"})
+                handle.simulator.configure({"header_style": "gateway",
+                                            "retry_hint": "seconds"})
+                assert await chat() == (429, {
+                    "x-ratelimit-limit-requests": "60000",
+                    "x-ratelimit-remaining-requests": "59000", "retry-after": "1"})
+                handle.simulator.configure({"retry_hint": "none"})
+                assert await chat() == (429, {
+                    "x-ratelimit-limit-requests": "60000",
+                    "x-ratelimit-remaining-requests": "59000"})
+                now[0] = 101.0  # the first admission has left the second
+                assert await chat() == (200, {
+                    "x-ratelimit-limit-requests": "60000",
+                    "x-ratelimit-remaining-requests": "58999"})
+                handle.simulator.configure({"header_style": "none", "retry_hint": "both"})
+                assert await chat() == (429, {})
+                now[0] = 160.0  # a later second, with the minute far from full
+                assert await chat() == (200, {})
+                stats = handle.simulator.stats
+                assert stats.limited_by == {"requests": 4}
+                assert stats.by_status == {"200": 1002, "429": 4}
+        finally:
+            await handle.close()
+
+    run(main())

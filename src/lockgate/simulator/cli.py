@@ -50,6 +50,15 @@ def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.Argumen
     p.add_argument("--rpm", type=int, help="requests per window per API key")
     p.add_argument("--tpm", type=int, help="tokens per window per API key")
     p.add_argument("--window-s", type=float, help="rate-limit window length (default 60)")
+    p.add_argument("--enforce-s", type=float,
+                   help="also enforce the limits, scaled, in any window of this many seconds "
+                        "(e.g. --rpm 60000 --enforce-s 1: 1,000 in any second)")
+    p.add_argument("--header-style", choices=("openai", "gateway", "none"),
+                   help="rate-limit headers: openai (limit, remaining, reset), gateway "
+                        "(limit, remaining; no reset), none (default openai)")
+    p.add_argument("--retry-hint", choices=("both", "seconds", "none"),
+                   help="retry headers of a 429: retry-after-ms and retry-after, "
+                        "retry-after only, or none (default both)")
     p.add_argument("--quota-exhausted", action="store_true", default=None,
                    help="answer every request 429 insufficient_quota")
     p.add_argument("--context-window", type=int, help="max prompt tokens")
@@ -86,7 +95,8 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
             base = {"kind": "fixed", "mean_ms": float(base)}
         overrides["latency"] = {**(base or {}), **latency}
     keys = [key for _flag, key, _help in _RATE_FLAGS] + [
-        "retry_after_ms", "hang_s", "rpm", "tpm", "window_s", "quota_exhausted",
+        "retry_after_ms", "hang_s", "rpm", "tpm", "window_s", "enforce_s", "header_style",
+        "retry_hint", "quota_exhausted",
         "context_window", "accuracy_noise", "strict_models", "require_api_key", "seed"]
     for key in keys:
         value = getattr(args, key)

@@ -70,6 +70,16 @@ class SimulatorConfig(BaseModel):
     rpm: int | None = Field(None, ge=1, description="requests per window per API key")
     tpm: int | None = Field(None, ge=1, description="tokens per window per API key")
     window_s: float = Field(60.0, gt=0.0, le=3600.0, description="sliding window length")
+    enforce_s: float | None = Field(
+        None, gt=0.0, le=3600.0,
+        description="also enforce rpm/tpm scaled to any sliding window of this length "
+                    "(at most window_s; the headers still advertise window_s)")
+    header_style: Literal["openai", "gateway", "none"] = Field(
+        "openai", description="rate-limit headers: openai (limit, remaining, reset), "
+                              "gateway (limit, remaining), none")
+    retry_hint: Literal["both", "seconds", "none"] = Field(
+        "both", description="retry headers of a 429: retry-after-ms and retry-after, "
+                            "retry-after only (whole seconds), or none")
 
     quota_exhausted: bool = False
     context_window: int | None = Field(128_000, ge=1)
@@ -96,6 +106,9 @@ class SimulatorConfig(BaseModel):
         total = sum(getattr(self, name) for name in FAULT_RATES)
         if total > 1.0 + 1e-9:
             raise ValueError(f"fault rates add up to {total:.4f}; their sum must be at most 1")
+        if self.enforce_s is not None and self.enforce_s > self.window_s:
+            raise ValueError(f"enforce_s ({self.enforce_s:g}) must not exceed window_s "
+                             f"({self.window_s:g})")
         for model, noise in self.model_noise.items():
             if not 0.0 <= noise <= 1.0:
                 raise ValueError(f"model_noise[{model!r}] must be within 0..1")

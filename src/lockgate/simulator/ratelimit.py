@@ -1,4 +1,4 @@
-"""Sliding-window request and token limits per API key, with OpenAI's rate-limit headers.
+"""Sliding-window request and token limits per API key, and the rate-limit headers sent.
 
 A real sliding window (not a bucket) so that tests can predict exactly when a rejected
 request becomes admissible: an admitted request occupies the window from its admission
@@ -6,15 +6,24 @@ time ``t`` until ``t + window_s``. Each key keeps two parallel lists (admission 
 the running total of tokens charged) plus a head index, so eviction is amortised O(1)
 and finding the earliest admissible time after a rejection is a binary search rather
 than a walk. Rejected requests are not recorded and consume nothing.
+
+Providers publish limits per minute but may enforce them over shorter periods (60,000
+requests per minute enforced as 1,000 in any second). With ``enforce`` shorter than
+``window`` the limiter checks a second, shorter sliding window over the same admission
+times, with the limits scaled to it (:func:`scaled_limit`); the headers still describe
+the advertised window only, as a provider's do.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from typing import Literal
 
 _COMPACT_AT = 4096
+
+HeaderStyle = Literal["openai", "gateway", "none"]
 
 
 def format_duration(seconds: float) -> str:
@@ -28,8 +37,14 @@ def format_duration(seconds: float) -> str:
     return f"{int(minutes)}m{secs}s" if minutes else f"{secs}s"
 
 
+def scaled_limit(limit: int, enforce: float, window: float) -> int:
+    """The share of ``limit`` (per ``window`` seconds) enforced in any ``enforce`` seconds:
+    ``floor(limit * enforce / window)``, at least 1 (60,000 per 60 s -> 1,000 per 1 s)."""
+    return max(1, math.floor(limit * enforce / window + 1e-9))
+
+
 class _Window:
-    """One key's admitted requests inside the current window."""
+    """One key's admitted requests inside the current (longest) window."""
 
     __slots__ = ("cum", "evicted", "head", "total", "ts")
 
@@ -64,6 +79,38 @@ class _Window:
     def tokens(self) -> int:
         return self.total - self.evicted
 
+    def start(self, now: float, length: float) -> int:
+        """Index of the first admission inside the last ``length`` seconds (at least the
+        head: call :meth:`expire` with a window of ``length`` or more first)."""
+        return bisect_right(self.ts, now - length, self.head)
+
+    def tokens_from(self, i: int) -> int:
+        """Tokens charged by the admissions from index ``i`` on."""
+        return self.total - (self.cum[i - 1] if i > self.head else self.evicted)
+
+    def wait(self, i: int, length: float, now: float, tokens: int, rpm: int | None,
+             tpm: int | None) -> tuple[float, str, bool]:
+        """(wait, limited_by, too_large) for a window of ``length`` whose admissions start
+        at index ``i``; limited_by is "" when the request fits now."""
+        wait = 0.0
+        limited_by = ""
+        ts = self.ts
+        count = len(ts) - i
+        if rpm is not None and count + 1 > rpm:
+            # The oldest (count - rpm + 1) entries must leave the window.
+            wait = ts[i + count - rpm] + length - now
+            limited_by = "requests"
+        if tpm is not None and self.tokens_from(i) + tokens > tpm:
+            if tokens > tpm:
+                return wait, "tokens", True
+            # Tokens before the entry that leaves last must reach total + tokens - tpm:
+            # the first entry whose running total gets there.
+            j = bisect_left(self.cum, self.total + tokens - tpm, i)
+            wait_t = ts[j] + length - now
+            if wait_t >= wait:
+                wait, limited_by = wait_t, "tokens"
+        return wait, limited_by, False
+
 
 @dataclass(slots=True)
 class Decision:
@@ -74,10 +121,16 @@ class Decision:
     wait_s: float = 0.0
     limited_by: str = ""
     too_large: bool = False
+    per_s: float = 0.0  # the length of the window that refused the request
+    limit: int = 0  # the limit that refused it, in that window
 
 
 class RateLimiter:
-    """Per-key sliding windows; limits are passed per call so config changes apply at once."""
+    """Per-key sliding windows; limits are passed per call so config changes apply at once.
+
+    ``rpm``/``tpm`` are the limits per ``window`` seconds (what the headers advertise);
+    ``enforce`` (seconds, at most ``window``) adds a shorter window in which the scaled
+    limits apply too; ``style`` picks the headers (:meth:`headers`)."""
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
@@ -87,63 +140,68 @@ class RateLimiter:
         self._windows.clear()
 
     def admit(self, key: str, tokens: int, now: float, rpm: int | None, tpm: int | None,
-              window: float) -> Decision:
+              window: float, enforce: float | None = None,
+              style: HeaderStyle = "openai") -> Decision:
         """Admit and record a request charging ``tokens``, or say how long until it would be."""
         win = self._windows.get(key)
         if win is None:
             win = self._windows[key] = _Window()
         win.expire(now, window)
-        wait = 0.0
-        limited_by = ""
-        too_large = False
-        if rpm is not None and win.requests + 1 > rpm:
-            # The oldest (requests - rpm + 1) entries must leave the window.
-            wait = win.ts[win.head + win.requests - rpm] + window - now
-            limited_by = "requests"
-        if tpm is not None and win.tokens + tokens > tpm:
-            if tokens > tpm:
-                too_large = True
-                limited_by = "tokens"
-            else:
-                # Evicted tokens must reach total + tokens - tpm: first entry whose
-                # running total gets there.
-                i = bisect_left(win.cum, win.total + tokens - tpm, win.head)
-                wait_t = win.ts[i] + window - now
-                if wait_t >= wait:
-                    wait, limited_by = wait_t, "tokens"
+        wait, limited_by, too_large = win.wait(win.head, window, now, tokens, rpm, tpm)
+        per_s = window
+        limit = (rpm if limited_by == "requests" else tpm) or 0
+        if enforce is not None and enforce < window and not too_large:
+            rpm_s = None if rpm is None else scaled_limit(rpm, enforce, window)
+            tpm_s = None if tpm is None else scaled_limit(tpm, enforce, window)
+            wait_s, by_s, large_s = win.wait(win.start(now, enforce), enforce, now, tokens,
+                                             rpm_s, tpm_s)
+            if by_s and (large_s or wait_s > wait or not limited_by):
+                wait, limited_by, too_large, per_s = wait_s, by_s, large_s, enforce
+                limit = (rpm_s if by_s == "requests" else tpm_s) or 0
         if limited_by:
-            return Decision(False, self._headers(win, now, rpm, tpm, window), max(wait, 0.0),
-                            limited_by, too_large)
+            return Decision(False, self.headers(win, now, rpm, tpm, window, style),
+                            max(wait, 0.0), limited_by, too_large, per_s, limit)
         win.ts.append(now)
         win.total += tokens
         win.cum.append(win.total)
-        return Decision(True, self._headers(win, now, rpm, tpm, window))
+        return Decision(True, self.headers(win, now, rpm, tpm, window, style))
 
     def peek(self, key: str, now: float, rpm: int | None, tpm: int | None,
-             window: float) -> dict[str, str]:
+             window: float, style: HeaderStyle = "openai") -> dict[str, str]:
         """The rate-limit headers for ``key`` without charging anything."""
         win = self._windows.get(key)
         if win is None:
             win = _Window()
         else:
             win.expire(now, window)
-        return self._headers(win, now, rpm, tpm, window)
+        return self.headers(win, now, rpm, tpm, window, style)
 
     @staticmethod
-    def _headers(win: _Window, now: float, rpm: int | None, tpm: int | None,
-                 window: float) -> dict[str, str]:
+    def headers(win: _Window, now: float, rpm: int | None, tpm: int | None, window: float,
+                style: HeaderStyle = "openai") -> dict[str, str]:
+        """The rate-limit headers of the advertised window, in one of three styles:
+
+        * ``openai``: ``x-ratelimit-limit-``, ``-remaining-`` and ``-reset-`` for
+          ``requests`` and ``tokens`` (each configured limit);
+        * ``gateway``: limit and remaining only, no reset (as LiteLLM's proxy sends them);
+        * ``none``: nothing.
+        """
         headers: dict[str, str] = {}
-        if rpm is None and tpm is None:
+        if style == "none" or (rpm is None and tpm is None):
             return headers
-        # Reset = time until the oldest admitted request leaves the window, i.e. when
-        # the window next gains capacity; "0s" when nothing is in it.
-        reset = win.ts[win.head] + window - now if win.requests else 0.0
+        reset = ""
+        if style == "openai":
+            # Reset = time until the oldest admitted request leaves the window, i.e. when
+            # the window next gains capacity; "0s" when nothing is in it.
+            reset = format_duration(win.ts[win.head] + window - now if win.requests else 0.0)
         if rpm is not None:
             headers["x-ratelimit-limit-requests"] = str(rpm)
             headers["x-ratelimit-remaining-requests"] = str(max(0, rpm - win.requests))
-            headers["x-ratelimit-reset-requests"] = format_duration(reset)
+            if reset:
+                headers["x-ratelimit-reset-requests"] = reset
         if tpm is not None:
             headers["x-ratelimit-limit-tokens"] = str(tpm)
             headers["x-ratelimit-remaining-tokens"] = str(max(0, tpm - win.tokens))
-            headers["x-ratelimit-reset-tokens"] = format_duration(reset)
+            if reset:
+                headers["x-ratelimit-reset-tokens"] = reset
         return headers

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,9 +58,11 @@ class SimulatorHandle:
 
 
 async def start(config: SimulatorConfig | None = None, host: str = "127.0.0.1",
-                port: int = 0, shutdown_timeout: float = 5.0) -> SimulatorHandle:
-    """Start a simulator in the running event loop; port 0 picks a free port."""
-    sim = Simulator(config)
+                port: int = 0, shutdown_timeout: float = 5.0,
+                clock: Callable[[], float] = time.monotonic) -> SimulatorHandle:
+    """Start a simulator in the running event loop; port 0 picks a free port; ``clock``
+    is the rate limiter's time (tests pass one they move by hand)."""
+    sim = Simulator(config, clock)
     server = await serve_http(sim.dispatch, host, port, max_body=MAX_BODY)
     return SimulatorHandle(sim, host, server.port, server, shutdown_timeout)
 

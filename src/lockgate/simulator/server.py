@@ -65,8 +65,10 @@ def _error_body(message: str, type_: str, code: str | None, param: str | None) -
 class Simulator:
     """The simulated provider: state plus the aiohttp handlers that act on it."""
 
-    def __init__(self, config: SimulatorConfig | None = None) -> None:
+    def __init__(self, config: SimulatorConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or SimulatorConfig()
+        self.clock = clock  # the rate limiter's time (tests pass a clock they move)
         self.responder = Responder()
         self.limiter = RateLimiter()
         self.stats = Stats()
@@ -202,12 +204,13 @@ class Simulator:
         rate_headers: dict[str, str] = {}
         if cfg.rpm is not None or cfg.tpm is not None:
             charge = prompt_tokens + (max_tokens or answer.completion_tokens)
-            decision = self.limiter.admit(api_key, charge, time.monotonic(), cfg.rpm,
-                                          cfg.tpm, cfg.window_s)
+            decision = self.limiter.admit(api_key, charge, self.clock(), cfg.rpm, cfg.tpm,
+                                          cfg.window_s, cfg.enforce_s, cfg.header_style)
             rate_headers = decision.headers
             if not decision.admitted:
                 return self._rate_limited(decision.limited_by, decision.wait_s,
-                                          decision.too_large, charge, rate_headers)
+                                          decision.too_large, charge, rate_headers,
+                                          per_s=decision.per_s, limit=decision.limit)
         outcome = self._draw()
         if outcome == "injected_429":
             return self._rate_limited("requests", cfg.retry_after_ms / 1000.0, False, 0,
@@ -268,22 +271,26 @@ class Simulator:
         return messages
 
     def _rate_limited(self, limited_by: str, wait_s: float, too_large: bool, charge: int,
-                      headers: dict[str, str], injected: bool = False) -> Reply:
+                      headers: dict[str, str], injected: bool = False, per_s: float = 0.0,
+                      limit: int = 0) -> Reply:
         cfg = self.config
         out = dict(headers)
+        per_s = per_s or cfg.window_s
         if too_large:
             message = (f"Request too large: it needs {charge} tokens, more than the limit of "
-                       f"{cfg.tpm} tokens per {cfg.window_s:g}s; it can never be admitted.")
+                       f"{limit or cfg.tpm} tokens per {per_s:g}s; it can never be admitted.")
         else:
             ms = max(1, math.ceil(wait_s * 1000.0))
-            out["retry-after-ms"] = str(ms)
-            out["retry-after"] = str(math.ceil(ms / 1000.0))
+            hint = "none" if cfg.header_style == "none" else cfg.retry_hint
+            if hint == "both":
+                out["retry-after-ms"] = str(ms)
+            if hint != "none":
+                out["retry-after"] = str(math.ceil(ms / 1000.0))
             if injected:
                 message = "Rate limit reached (simulated). Please try again later."
             else:
                 self.stats.limited_by[limited_by] += 1
-                limit = cfg.rpm if limited_by == "requests" else cfg.tpm
-                message = (f"Rate limit reached for {limited_by} per {cfg.window_s:g}s: "
+                message = (f"Rate limit reached for {limited_by} per {per_s:g}s: "
                            f"limit {limit}. Please try again in {ms}ms.")
         return self._error(429, "injected_429" if injected else "rate_limited", message,
                            limited_by, "rate_limit_exceeded", None, out)
