@@ -21,11 +21,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_throughput.py

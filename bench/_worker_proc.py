@@ -10,10 +10,11 @@ import time
 
 import orjson
 
-from lockgate.app import run_async
+from lockgate.app import WorkerPlan
 from lockgate.config import Settings, WorkerSettings
 from lockgate.store import Store
 from lockgate.worker import Worker
+from lockgate.worker.loop import run_async
 from lockgate.worker.processes import run_processes
 
 
@@ -37,7 +38,7 @@ def main() -> None:
         store_snapshots=not a.no_snapshots))
     t0 = time.perf_counter()
     if a.processes > 1:
-        stats = run_processes(a.db, settings, a.processes, burst=True, gate=False,
+        stats = run_processes(a.processes, WorkerPlan(a.db, settings, burst=True, gate=False),
                               release=store.close, method=a.start_method)
     else:
         stats = run_async(Worker(store, settings, burst=True).run())

@@ -28,9 +28,9 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from lockgate.app import run_async
 from lockgate.providers import CompletionRequest, OpenAICompatible
 from lockgate.simulator.testing import SimulatorProcess
+from lockgate.worker.loop import run_async
 from workload import request_body
 
 Call = Callable[[int], Awaitable[Any]]

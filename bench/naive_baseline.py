@@ -27,9 +27,9 @@ import time
 import orjson
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from lockgate.app import run_async
 from lockgate.errors import ErrorClass
 from lockgate.providers import CompletionRequest, OpenAICompatible, ProviderError
+from lockgate.worker.loop import run_async
 from workload import request_body
 
 

@@ -28,11 +28,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from engine_throughput import fresh_db, submit  # noqa: E402
-from lockgate.app import run_async  # noqa: E402
 from lockgate.config import Settings, WorkerSettings  # noqa: E402
 from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
 from lockgate.store import Store  # noqa: E402
 from lockgate.worker import Worker  # noqa: E402
+from lockgate.worker.loop import run_async  # noqa: E402
 
 
 class Collections:

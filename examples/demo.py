@@ -140,9 +140,7 @@ def gate_act(lg: lockgate.Lockgate, console: Console, items: int) -> None:
 
 def evaluate(lg: lockgate.Lockgate, console: Console, update_id: int) -> dict:
     """Run a burst worker (it runs the gate's roles too) and show progress until decided."""
-    worker = lg.worker(burst=True)
-    thread = threading.Thread(target=lambda: lockgate.app.run_async(worker.run()),
-                              name="demo-worker")
+    thread = threading.Thread(target=lambda: lg.run_worker(burst=True), name="demo-worker")
     thread.start()
     from rich.live import Live
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +37,8 @@ from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
+from lockgate.worker.loop import run_async
 from lockgate.worker.processes import run_processes
-
-
-def run_async(coro: Any) -> Any:
-    """Run a coroutine on uvloop where installed, else on asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a declared dependency on POSIX
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def _as_spec(task: TaskSpec | dict[str, Any], index: int, checks: Checks) -> TaskSpec:
@@ -131,9 +125,13 @@ class Lockgate:
             progress=progress, pool_of=self._pool_of,
             batch_fields=plan.fields() if plan else None), plan)
 
-    def worker(self, *, burst: bool = False, gate: bool = True, **overrides: Any) -> Worker:
+    def worker(self, *, burst: bool = False, gate: bool = True,
+               on_progress: Callable[[WorkerStats], None] | None = None,
+               **overrides: Any) -> Worker:
         """A worker bound to this database (run it with ``asyncio``/``run_worker``);
-        with ``gate`` it also runs the release gate's roles."""
+        with ``gate`` it also runs the release gate's roles. ``on_progress`` is called
+        with its counters after every write-back; ``overrides`` set ``[worker]``
+        settings (``concurrency=...``)."""
         settings = self.settings
         if overrides:
             settings = settings.model_copy(update={
@@ -143,19 +141,25 @@ class Lockgate:
                                 poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page,
                                 pool_of=settings.pool_of_document)
                     ] if gate and g.enabled else []
-        return Worker(self.store, settings, burst=burst, services=services)
+        return Worker(self.store, settings, burst=burst, services=services,
+                      on_progress=on_progress)
 
     def run_worker(self, *, burst: bool = False, gate: bool = True, processes: int = 1,
+                   on_progress: Callable[[WorkerStats], None] | None = None,
+                   tick: Callable[[], None] | None = None, log_level: str | None = None,
                    **overrides: Any) -> WorkerStats:
         """Work tasks until stopped (SIGTERM/SIGINT) or, with ``burst``, until drained
         (no task PENDING and, with ``gate``, no candidate still being evaluated).
-        ``processes`` > 1 runs that many worker processes (one core each) and returns
-        their counters summed."""
+        ``processes`` > 1 runs that many worker processes (one core each; children set
+        up logging at ``log_level``) and returns their counters summed; ``tick`` is
+        then called about twice a second (progress), and ``on_progress`` otherwise."""
         if processes > 1:
-            return run_processes(self.url, self.settings, processes, burst=burst,
-                                 gate=gate, overrides=overrides, release=self.store.close)
-        stats: WorkerStats = run_async(self.worker(burst=burst, gate=gate, **overrides).run())
-        return stats
+            plan = WorkerPlan(self.url, self.settings, burst=burst, gate=gate,
+                              overrides=dict(overrides))
+            return run_processes(processes, plan, log_level=log_level, tick=tick,
+                                 release=self.store.close)
+        return run_async(self.worker(burst=burst, gate=gate, on_progress=on_progress,
+                                     **overrides).run())
 
     def status(self) -> dict[str, Any]:
         """Counts per batch and state, leases in flight, live workers."""
@@ -176,6 +180,23 @@ class Lockgate:
     def cancel(self, task_id: str) -> None:
         """Cancel a PENDING task."""
         self.store.cancel(task_id)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How one worker process makes its worker (a :class:`WorkerBuilder`): it opens the
+    database anew, without migrating it. Picklable, so spawned children receive it."""
+
+    url: str
+    settings: Settings
+    burst: bool = False
+    gate: bool = True
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self) -> Iterator[Worker]:
+        with Lockgate(self.url, settings=self.settings, migrate=False) as lg:
+            yield lg.worker(burst=self.burst, gate=self.gate, **self.overrides)
 
 
 class AsyncLockgate:

@@ -24,15 +24,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from lockgate.app import Lockgate, run_async
+from lockgate.app import Lockgate
 from lockgate.cli_registry import register as register_registry
 from lockgate.errors import LockgateError
 from lockgate.files import WRITERS
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.report import summarize, summary_table
-from lockgate.worker import WorkerStats
-from lockgate.worker.processes import run_processes
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Durable, leased LLM prompt tasks on SQL databases.")
@@ -182,18 +180,14 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                  **({"pool": pool} if pool else {})}
     try:
         with _open(db, config) as lg:
-            w = lg.worker(burst=burst, gate=gate, **overrides)
+            ws = lg.settings.worker.model_copy(update=overrides)
             console.print(f"{processes} worker process(es) on {lg.store.dialect.name}: "
-                          f"concurrency {w.ws.concurrency} each, lease {w.ws.lease_s:g}s"
+                          f"concurrency {ws.concurrency} each, lease {ws.lease_s:g}s"
                           if processes > 1 else
-                          f"worker {w.id} on {lg.store.dialect.name}: concurrency "
-                          f"{w.ws.concurrency}, lease {w.ws.lease_s:g}s")
-            if processes > 1:
-                stats: WorkerStats = run_processes(
-                    lg.url, lg.settings, processes, burst=burst, gate=gate,
-                    overrides=overrides, log_level=log_level, release=lg.store.close)
-            else:
-                stats = run_async(w.run())
+                          f"worker on {lg.store.dialect.name}: concurrency "
+                          f"{ws.concurrency}, lease {ws.lease_s:g}s")
+            stats = lg.run_worker(burst=burst, gate=gate, processes=processes,
+                                  log_level=log_level, **overrides)
     except LockgateError as exc:
         _fail(exc)
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
@@ -216,18 +210,14 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
             prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s",
                         refresh=processes > 1)
 
-        if processes > 1:  # most workers are other processes: read progress from the database
-            def poll() -> None:
-                c = lg.store.batch_counts(batch_id)
-                show(sum(c.values()) - c.get("PENDING", 0))
+        def poll() -> None:  # most workers are other processes: read the database
+            c = lg.store.batch_counts(batch_id)
+            show(sum(c.values()) - c.get("PENDING", 0))
 
-            run_processes(lg.url, lg.settings, processes, burst=True,
-                          overrides=overrides, tick=poll, release=lg.store.close)
+        lg.run_worker(burst=True, processes=processes, tick=poll,
+                      on_progress=lambda stats: show(done0 + stats.finished), **overrides)
+        if processes > 1:
             poll()
-        else:
-            w = lg.worker(burst=True, **overrides)
-            w._on_progress = lambda stats: show(done0 + stats.finished)
-            run_async(w.run())
     return time.perf_counter() - t0
 
 

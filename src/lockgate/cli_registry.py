@@ -20,6 +20,7 @@ from rich.table import Table
 
 from lockgate.app import Lockgate
 from lockgate.errors import LockgateError
+from lockgate.gate.binding import parse_comparison
 from lockgate.registry.content import read_json_option, read_template
 
 prompt_app = typer.Typer(no_args_is_help=True,
@@ -364,8 +365,6 @@ def bind(prompt: str, dataset: str,
                 gone = lg.gate.unbind(prompt, dataset)
                 console.print(f"{prompt} / {dataset}: " + ("unbound" if gone else "not bound"))
                 return
-            from lockgate.gate.binding import parse_comparison
-
             comp = parse_comparison(compare).model_copy(update={"ignore_case": ignore_case})
             prices = None
             if price_in is not None or price_out is not None:

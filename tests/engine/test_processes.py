@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.app import Lockgate
+from lockgate.app import Lockgate, WorkerPlan
+from lockgate.errors import ConfigError
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import Store
@@ -84,8 +85,8 @@ def test_a_supervisor_with_other_threads_spawns_its_children(
     ws = rows(store, "SELECT pid, succeeded FROM worker")
     assert len(ws) == 2 and os.getpid() in {w["pid"] for w in ws}
     assert simulator.stats()["requests"] == n
-    with pytest.raises(ValueError, match="method='spawn'"):
-        run_processes(db_url, lg.settings, 2, burst=True, method="fork")
+    with pytest.raises(ConfigError, match="method='spawn'"):
+        run_processes(2, WorkerPlan(db_url, lg.settings, burst=True), method="fork")
 
 
 def test_a_thread_that_python_does_not_know_of_also_rules_out_fork() -> None:
@@ -95,14 +96,16 @@ def test_a_thread_that_python_does_not_know_of_also_rules_out_fork() -> None:
     refused then)."""
     script = (
         "import faulthandler, threading\n"
+        "from lockgate.app import WorkerPlan\n"
         "from lockgate.config import Settings\n"
+        "from lockgate.errors import ConfigError\n"
         "from lockgate.worker.processes import run_processes, start_method\n"
         "print(threading.active_count(), start_method())\n"
         "faulthandler.dump_traceback_later(600)\n"
         "print(threading.active_count(), start_method())\n"
         "try:\n"
-        "    run_processes('sqlite://', Settings(), 2, method='fork')\n"
-        "except ValueError as exc:\n"
+        "    run_processes(2, WorkerPlan('sqlite://', Settings()), method='fork')\n"
+        "except ConfigError as exc:\n"
         "    print(exc)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, check=True).stdout.splitlines()

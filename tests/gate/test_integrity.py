@@ -14,8 +14,8 @@ from sqlalchemy.exc import OperationalError
 
 from lockgate.errors import SpecError, StoreError
 from lockgate.spec import parse_task
+from lockgate.states import RunStatus
 from lockgate.store import schema
-from lockgate.store.gate import RunStatus
 
 from .support import GOOD, MODEL, Env, drive, execute, rows, scalar
 

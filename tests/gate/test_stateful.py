@@ -29,8 +29,8 @@ from hypothesis.stateful import (
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.gate.roles import score_item
+from lockgate.states import ACTIVE_RUNS, ACTIVE_UPDATES, TERMINAL_RUNS, RunStatus
 from lockgate.store import Store
-from lockgate.store.gate import ACTIVE_RUNS, ACTIVE_UPDATES, TERMINAL_RUNS, RunStatus
 
 from .support import BAD, GOOD, MEDIOCRE, Env, execute, rows, yes_no
 

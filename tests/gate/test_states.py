@@ -14,14 +14,8 @@ import pytest
 
 from lockgate.config import Endpoint, Settings
 from lockgate.errors import ConfigError
-from lockgate.store.gate import (
-    ARROWS,
-    TERMINAL_RUNS,
-    TERMINAL_UPDATES,
-    GateStore,
-    RunStatus,
-    UpdateStatus,
-)
+from lockgate.states import ARROWS, TERMINAL_RUNS, TERMINAL_UPDATES, RunStatus, UpdateStatus
+from lockgate.store.gate import GateStore
 
 from .support import (
     BAD,

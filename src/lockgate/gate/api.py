@@ -23,8 +23,10 @@ from lockgate.gate.binding import (
     settings_from,
 )
 from lockgate.gate.compare import load_scorer
+from lockgate.registry.api import default_actor
+from lockgate.states import TERMINAL_UPDATES
 from lockgate.store import Store
-from lockgate.store.gate import TERMINAL_UPDATES, GateStore
+from lockgate.store.gate import GateStore
 
 
 class Gate:
@@ -113,8 +115,6 @@ class Gate:
     def cancel(self, update_id: int, *, reason: str = "withdrawn",
                actor: str | None = None) -> bool:
         """Withdraw a candidate still PENDING or EVALUATING (False if already decided)."""
-        from lockgate.registry.api import default_actor
-
         return self.gs.cancel(update_id, reason, actor=actor or default_actor())
 
     def list(self, prompt: str | None = None, *, limit: int = 20) -> list[dict[str, Any]]:

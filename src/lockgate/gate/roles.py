@@ -35,14 +35,9 @@ from lockgate.gate.compare import Comparator
 from lockgate.gate.decision import decide
 from lockgate.gate.metrics import Sample, compute
 from lockgate.gate.snapshot import run_plans
+from lockgate.states import ACTIVE_RUNS, RunStatus, UpdateStatus, Verdict
 from lockgate.store import Store
-from lockgate.store.gate import (
-    ACTIVE_RUNS,
-    GateStore,
-    RunStatus,
-    UpdateStatus,
-    Verdict,
-)
+from lockgate.store.gate import GateStore
 from lockgate.store.registry import items_hash
 
 log = logging.getLogger("lockgate.gate")

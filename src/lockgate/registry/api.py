@@ -21,11 +21,12 @@ from typing import Any
 
 from lockgate.config import Settings
 from lockgate.errors import NotFound, SpecError
-from lockgate.gate.snapshot import execution_path
+from lockgate.registry.callpath import execution_path
 from lockgate.registry.content import diff, make_content, render_text
-from lockgate.registry.datasets import read_items
+from lockgate.registry.datasets import item_from, read_items
 from lockgate.registry.refs import PRODUCTION, check_label, check_name, parse_ref
-from lockgate.spec import RetryPolicy
+from lockgate.runtime import placeholders
+from lockgate.spec import Message, RetryPolicy
 from lockgate.store import Store
 from lockgate.store.gate import GateStore, Proposal
 from lockgate.store.registry import DatasetItem, RegistryStore, VersionRow
@@ -82,9 +83,6 @@ class Prompts:
 
     def _check_inputs(self, name: str, template: Any, defaults: set[str]) -> None:
         """Refuse a template whose placeholders a bound dataset cannot fill."""
-        from lockgate.runtime import placeholders
-        from lockgate.spec import Message
-
         tpl = template if isinstance(template, str) else tuple(
             Message.model_validate(m) for m in template)
         wanted = placeholders(tpl) - defaults
@@ -176,8 +174,6 @@ class Datasets:
             items = read_items(source, expected_column=expected_column)
             origin: str | None = str(source)
         else:
-            from lockgate.registry.datasets import item_from
-
             items = [i if isinstance(i, DatasetItem) else item_from(i, n)
                      for n, i in enumerate(source, start=1)]
             origin = None

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from lockgate.errors import TemplateError
+from lockgate.runtime.names import closest
 from lockgate.spec import Message
 
 #: The fixed delimiters around the input section of the three-section form.
@@ -132,8 +133,6 @@ def placeholders(template: str | tuple[Message, ...]) -> set[str]:
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    from lockgate.runtime.names import closest
-
     match = closest(name, list(candidates))
     return f" (did you mean '{match}'?)" if match else ""
 

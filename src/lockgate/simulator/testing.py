@@ -24,7 +24,6 @@ from typing import IO, Any
 
 import orjson
 
-import lockgate
 from lockgate.simulator.config import SimulatorConfig
 from lockgate.simulator.runner import READY_PREFIX
 
@@ -75,7 +74,7 @@ class SimulatorProcess:
         """Start the subprocess and wait until it listens."""
         if self.proc is not None:
             raise SimulatorError("simulator already started")
-        src = str(Path(lockgate.__file__).resolve().parent.parent)
+        src = str(Path(__file__).resolve().parents[2])  # the folder holding lockgate/
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         cmd = [sys.executable, "-m", "lockgate.simulator", "--host", self.host, "--port", "0",

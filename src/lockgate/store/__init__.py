@@ -1,7 +1,6 @@
 """Persistent state: schema, migrations, queue operations and dialect differences."""
 
 from lockgate.store.store import Store, SubmitReport
-from lockgate.store.types import TERMINAL, ClaimedTask, Finish, FinishReport, TaskStatus
+from lockgate.store.types import ClaimedTask, Finish, FinishReport
 
-__all__ = ["TERMINAL", "ClaimedTask", "Finish", "FinishReport", "Store", "SubmitReport",
-           "TaskStatus"]
+__all__ = ["ClaimedTask", "Finish", "FinishReport", "Store", "SubmitReport"]

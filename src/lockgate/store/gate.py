@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -24,65 +23,19 @@ from sqlalchemy import Connection, bindparam, text
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import config_hash
+from lockgate.states import (
+    ACTIVE_RUNS,
+    ACTIVE_UPDATES,
+    ARROWS,
+    RunStatus,
+    UpdateStatus,
+    Verdict,
+)
 from lockgate.store import schema
 from lockgate.store.registry import RegistryStore, VersionContent, dumps, inserted_id
 from lockgate.store.store import Store
 
-
-class UpdateStatus(StrEnum):
-    """States of a candidate change (``prompt_update``)."""
-
-    PENDING = "PENDING"
-    EVALUATING = "EVALUATING"
-    ACTIVATED = "ACTIVATED"
-    REJECTED = "REJECTED"
-    CANCELLED = "CANCELLED"
-    STALE = "STALE"
-    FAILED = "FAILED"
-
-
-class RunStatus(StrEnum):
-    """States of one evaluation of one version on one dataset (``prompt_run``)."""
-
-    MATERIALIZING = "MATERIALIZING"
-    EXECUTING = "EXECUTING"
-    FINALIZED = "FINALIZED"
-    EMPTY = "EMPTY"
-    CANCELLED = "CANCELLED"
-    FAILED = "FAILED"
-
-
-class Verdict(StrEnum):
-    """States of one sample (``prompt_run_item``)."""
-
-    PENDING = "PENDING"
-    MATCH = "MATCH"
-    MISMATCH = "MISMATCH"
-    ERROR = "ERROR"
-
-
 U, R, V = UpdateStatus, RunStatus, Verdict
-
-#: Every allowed transition, per table. Anything else is refused.
-ARROWS: dict[str, frozenset[tuple[str, str]]] = {
-    "prompt_update": frozenset({
-        (U.PENDING, U.EVALUATING), (U.PENDING, U.CANCELLED),
-        (U.EVALUATING, U.ACTIVATED), (U.EVALUATING, U.REJECTED),
-        (U.EVALUATING, U.CANCELLED), (U.EVALUATING, U.STALE), (U.EVALUATING, U.FAILED),
-    }),
-    "prompt_run": frozenset({
-        (R.MATERIALIZING, R.EXECUTING), (R.MATERIALIZING, R.EMPTY),
-        (R.MATERIALIZING, R.CANCELLED), (R.MATERIALIZING, R.FAILED),
-        (R.EXECUTING, R.FINALIZED), (R.EXECUTING, R.CANCELLED), (R.EXECUTING, R.FAILED),
-    }),
-    "prompt_run_item": frozenset({
-        (V.PENDING, V.MATCH), (V.PENDING, V.MISMATCH), (V.PENDING, V.ERROR),
-    }),
-}
-ACTIVE_UPDATES = (U.PENDING, U.EVALUATING)
-ACTIVE_RUNS = (R.MATERIALIZING, R.EXECUTING)
-TERMINAL_UPDATES = frozenset(set(UpdateStatus) - set(ACTIVE_UPDATES))
-TERMINAL_RUNS = frozenset(set(RunStatus) - set(ACTIVE_RUNS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -741,6 +694,4 @@ def _version_doc(v: Any) -> dict[str, Any]:
             "model_config": v.model_config, "delivery_rule": v.delivery_rule}
 
 
-__all__ = ["ACTIVE_RUNS", "ACTIVE_UPDATES", "ARROWS", "TERMINAL_RUNS", "TERMINAL_UPDATES",
-           "GateStore", "Outcome", "Proposal", "RunPlan", "RunStatus", "UpdateStatus",
-           "Verdict", "VersionContent", "batch_id_for"]
+__all__ = ["GateStore", "Outcome", "Proposal", "RunPlan", "VersionContent", "batch_id_for"]

@@ -29,18 +29,12 @@ from lockgate.spec import (
     canonical_json,
     config_hash,
 )
+from lockgate.states import TaskStatus
 from lockgate.store import schema
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
-from lockgate.store.types import (
-    TERMINAL,
-    ClaimedTask,
-    Finish,
-    FinishReport,
-    TaskStatus,
-    row_dict,
-)
+from lockgate.store.types import ClaimedTask, Finish, FinishReport, row_dict
 
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
@@ -609,4 +603,4 @@ class Store:
         self._tx(work)
 
 
-__all__ = ["TERMINAL", "Store", "SubmitReport"]
+__all__ = ["Store", "SubmitReport"]

@@ -3,25 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Row
-
-
-class TaskStatus(StrEnum):
-    """Task states. PENDING covers visible, leased and backing-off rows (``visible_at``)."""
-
-    PENDING = "PENDING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    DEAD = "DEAD"
-    CANCELLED = "CANCELLED"
-
-
-TERMINAL: frozenset[str] = frozenset({
-    TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.CANCELLED,
-})
 
 
 @dataclass(frozen=True, slots=True)

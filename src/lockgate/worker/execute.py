@@ -19,7 +19,7 @@ from lockgate.config import Endpoint
 from lockgate.errors import ErrorClass, LockgateError
 from lockgate.providers.base import Completion, CompletionRequest, Provider, ProviderError
 from lockgate.spec import TaskConfig
-from lockgate.store.types import TaskStatus
+from lockgate.states import TaskStatus
 
 
 @dataclass(slots=True)

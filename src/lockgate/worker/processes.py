@@ -32,13 +32,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, fields
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
-from lockgate.config import Settings
-from lockgate.errors import LockgateError
-from lockgate.worker.worker import WorkerStats
+from lockgate.errors import ConfigError, LockgateError
+from lockgate.worker.loop import run_async
+from lockgate.worker.worker import Worker, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,16 @@ def _watch_parent(parent: int) -> None:
             return
 
 
-def _child(url: str, settings: Settings, burst: bool, gate: bool, overrides: dict[str, Any],
-           log_level: str | None, parent: int, results: Any, index: int) -> None:
+class WorkerBuilder(Protocol):
+    """Makes the worker of one process: a context manager that opens what the worker
+    needs (its own database connections), yields it, and closes them. It must be
+    picklable, since spawned children receive it (a module-level dataclass is)."""
+
+    def __call__(self) -> AbstractContextManager[Worker]: ...
+
+
+def _child(build: WorkerBuilder, log_level: str | None, parent: int, results: Any,
+           index: int) -> None:
     os.setpgid(0, 0)  # out of the terminal's process group: signals come from the parent
     # A forked child inherited the supervisor's forwarding handlers: restore what a
     # fresh interpreter has until the worker's event loop installs its own.
@@ -67,11 +76,8 @@ def _child(url: str, settings: Settings, burst: bool, gate: bool, overrides: dic
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
                      name="lockgate-parent-watch").start()
-    from lockgate.app import Lockgate, run_async  # imported here: app imports this module
-
-    with Lockgate(url, settings=settings, migrate=False) as lg:
-        stats: WorkerStats = run_async(
-            lg.worker(burst=burst, gate=gate, **overrides).run())
+    with build() as worker:
+        stats: WorkerStats = run_async(worker.run())
     results.put((index, asdict(stats)))
 
 
@@ -136,39 +142,34 @@ def _os_threads() -> int:
         return threading.active_count()
 
 
-def run_processes(url: str, settings: Settings, processes: int, *, burst: bool = False,
-                  gate: bool = True, overrides: dict[str, Any] | None = None,
-                  log_level: str | None = None,
+def run_processes(processes: int, build: WorkerBuilder, *, log_level: str | None = None,
                   tick: Callable[[], None] | None = None, tick_s: float = 0.5,
                   release: Callable[[], None] | None = None,
                   method: str | None = None) -> WorkerStats:
-    """Run ``processes`` workers (this process and ``processes - 1`` children) until
-    they stop (burst: the queue is drained; else a signal) and return their counters
-    summed. ``tick`` is called every ``tick_s`` seconds while they run, from a
-    supervising thread (progress display). The database must be migrated already.
-    ``release`` is called just before the children start: it should close the caller's
-    idle pooled connections (``Store.close``; they reopen on their next use), so that
-    no forked child inherits a database connection, an SQLite file lock or WAL index
-    state. ``method`` is the multiprocessing start method, by default
+    """Run ``processes`` workers (this process and ``processes - 1`` children), each
+    made by ``build``, until they stop (burst: the queue is drained; else a signal) and
+    return their counters summed. ``tick`` is called every ``tick_s`` seconds while they
+    run, from a supervising thread (progress display). The database must be migrated
+    already. ``release`` is called just before the children start: it should close the
+    caller's idle pooled connections (``Store.close``; they reopen on their next use),
+    so that no forked child inherits a database connection, an SQLite file lock or WAL
+    index state. ``method`` is the multiprocessing start method, by default
     :func:`start_method`.
 
     Raises :class:`LockgateError` naming the process if a child exited abnormally (its
     unfinished leases expire and other workers take the tasks over)."""
     if processes < 1:
-        raise ValueError(f"processes must be >= 1, got {processes}")
-    from lockgate.app import Lockgate, run_async  # imported here: app imports this module
-
+        raise ConfigError(f"processes must be at least 1, got {processes}")
     if method is None:
         method = start_method()
     elif method == "fork" and _os_threads() > 1:
-        raise ValueError("fork with other threads running could deadlock a child; "
-                         "use method='spawn'")
+        raise ConfigError("fork with other threads running could deadlock a child; "
+                          "use method='spawn'")
     ctx: Any = mp.get_context(method)  # typeshed: BaseContext, which lacks Process
     log.info("starting %d worker process(es) by %s", processes - 1, method)
     results = ctx.SimpleQueue()
     children = [ctx.Process(target=_child, name=f"lockgate-worker-{i}", daemon=False,
-                            args=(url, settings, burst, gate, dict(overrides or {}),
-                                  log_level, os.getpid(), results, i))
+                            args=(build, log_level, os.getpid(), results, i))
                 for i in range(1, processes)]
 
     def forward(signum: int, _frame: FrameType | None = None) -> None:
@@ -187,8 +188,7 @@ def run_processes(url: str, settings: Settings, processes: int, *, burst: bool =
         for c in children:
             c.start()
         watcher.start()
-        with Lockgate(url, settings=settings, migrate=False) as lg:
-            own = lg.worker(burst=burst, gate=gate, **(overrides or {}))
+        with build() as own:
             own.on_signal = forward  # while it runs, its event loop receives the signals
             try:
                 total: WorkerStats = run_async(own.run())

@@ -35,7 +35,8 @@ from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.registry.resolver import Entry, Fixed, PromptResolver, load
 from lockgate.spec import TaskConfig
-from lockgate.store import ClaimedTask, Finish, Store, TaskStatus
+from lockgate.states import TaskStatus
+from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.store.flow import FlowStore
 from lockgate.worker import collector
 from lockgate.worker.execute import (

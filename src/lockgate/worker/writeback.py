@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lockgate.errors import ErrorClass, StoreError
-from lockgate.store import Finish, FinishReport, Store, TaskStatus
+from lockgate.states import TaskStatus
+from lockgate.store import Finish, FinishReport, Store
 
 log = logging.getLogger("lockgate.worker")
 
