@@ -57,7 +57,7 @@ def measure(n: int, sim_url: str, tmp: Path) -> dict[str, Any]:
     report = store.submit(specs(n), batch_id="rss")
     submit_s = time.perf_counter() - t0
     with store.read() as conn:
-        configs = int(conn.exec_driver_sql("SELECT COUNT(*) FROM task_config").scalar_one())
+        configs = int(conn.execute("SELECT COUNT(*) FROM task_config").scalar_one())
     store.close()
     out = subprocess.run([PY, str(HERE / "_worker_proc.py"), "--db", db],
                          capture_output=True, check=True, text=True,

@@ -176,7 +176,7 @@ def execute(store: Store, *, limit: int = 10_000, provider: LocalProvider | None
 
 def _expired(store: Store, ids: list[int]) -> bool:
     with store.engine.connect() as conn:
-        now = conn.execute(text(f"SELECT {store.now}")).scalar_one()
+        now = conn.execute(text(f"SELECT {store.dialect.now}")).scalar_one()
         left = conn.execute(text("SELECT COUNT(*) FROM task WHERE visible_at > :n AND id IN "
                                  f"({','.join(str(int(i)) for i in ids)})"), {"n": now})
         return not left.scalar_one()

@@ -97,7 +97,7 @@ def test_kill_9_in_materialise_execute_and_finalise_reaches_the_same_decision(
             return None
         for r in rows(peek, "SELECT DISTINCT leased_by FROM task WHERE batch_id = :b AND "
                             "status = 'PENDING' AND lease_token IS NOT NULL AND "
-                            f"visible_at > {store.now}", b=run["batch_id"]):
+                            f"visible_at > {store.dialect.now}", b=run["batch_id"]):
             proc = _holder(peek, workers, r["leased_by"])
             if proc is not None:
                 return proc

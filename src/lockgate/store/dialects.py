@@ -9,8 +9,9 @@ in one statement, and how to serialise migrations across processes.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
 from lockgate.store.schema import task_attempt
+from lockgate.store.tx import in_list
 from lockgate.store.types import ClaimedTask, Finish
 
 _CLAIM_COLS = "id, task_id, batch_id, config_hash, input_data, attempts, lease_token"
@@ -178,6 +180,10 @@ class Dialect:
         """The largest task input (JSON bytes) this database takes, at most ``ceiling``."""
         return ceiling
 
+    def writer_lock(self) -> AbstractContextManager[Any]:
+        """What a process's threads hold around each write transaction (none here)."""
+        return nullcontext()
+
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
         """Serialise schema migrations across processes: held from before the
@@ -308,6 +314,12 @@ class SQLiteDialect(Dialect):
             yield tuple(v for r in chunk for v in r), ", ".join([one] * size)
             i += size
 
+    def writer_lock(self) -> AbstractContextManager[Any]:
+        # SQLite lets one write transaction in at a time, and a writer that finds the
+        # file locked can only poll for it (engine._begin_immediate). Threads of one
+        # process queue here instead and get the lock the moment it is free.
+        return threading.RLock()
+
     def insert_ignore(self, table: Table) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing()
 
@@ -396,7 +408,7 @@ class MySQLDialect(Dialect):
             return []
         ids = [r[0] for r in rows]
         conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
-            _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
+            in_list("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                                  "ids": ids})
         return _leased(rows, token)
 
@@ -459,7 +471,7 @@ class MySQLDialect(Dialect):
         if not rows:
             return []
         conn.execute(text(self._claim_update_sql("id IN :ids")).bindparams(
-            _expanding("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
+            in_list("ids")), {"tok": token, "worker": worker_id, "lease_ms": lease_ms,
                                  "ids": [r[0] for r in rows]})
         return _leased(rows, token)
 
@@ -481,12 +493,6 @@ class MySQLDialect(Dialect):
             conn.rollback()
             conn.execute(text("SELECT RELEASE_LOCK('lockgate_migrate')"))
             conn.commit()
-
-
-def _expanding(name: str) -> Any:
-    from sqlalchemy import bindparam
-
-    return bindparam(name, expanding=True)
 
 
 def dialect_for(name: str) -> Dialect:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import text
 
 from lockgate.store import schema
 from lockgate.store.store import Store
+from lockgate.store.tx import Tx, in_list
 from lockgate.store.types import ClaimedTask
 
 #: Most batches per pool a lane scan reports (the rest wait for a later scan).
@@ -87,10 +88,10 @@ class BucketUpdate:
 BucketStep = Callable[[BucketRow], tuple[BucketUpdate | None, R]]
 
 
-def _recent_floor(conn: Connection) -> int | None:
+def _recent_floor(tx: Tx) -> int | None:
     """The attempt id below which attempts are not "recent" (None: there are none):
     the newest :data:`RECENT_ATTEMPTS`, found through the primary key."""
-    top = conn.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
+    top = tx.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
     return None if top is None else int(top) - RECENT_ATTEMPTS
 
 
@@ -126,11 +127,8 @@ class FlowStore:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.now = store.now
         self._lock = store.dialect.lock_for_update()
 
-    def _db_now(self, conn: Connection) -> int:
-        return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
 
     # -- buckets --------------------------------------------------------------------
 
@@ -146,28 +144,28 @@ class FlowStore:
         if not specs:
             return
 
-        def work(conn: Connection) -> None:
-            now = self._db_now(conn)
+        def work(tx: Tx) -> None:
+            now = tx.now
             names = [s.name for s in specs]
-            have = {r[0]: r for r in conn.execute(text(
+            have = {r[0]: r for r in tx.execute(text(
                 "SELECT name, rpm, tpm, window_ms FROM rate_limit WHERE name IN :n"
-            ).bindparams(bindparam("n", expanding=True)), {"n": names})}
+            ).bindparams(in_list("n")), {"n": names})}
             for s in specs:
                 row = have.get(s.name)
                 if row is None:
-                    conn.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
+                    tx.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
                         "name": s.name, "kind": s.kind, "rpm": s.rpm, "tpm": s.tpm,
                         "window_ms": s.window_ms, "req_allowance": 0.0,
                         "tok_allowance": 0.0, "refilled_at": now - s.window_ms,
                         "paused_until": 0, "updated_at": now, "version": 0}])
                 elif (row[1], row[2], row[3]) != (s.rpm, s.tpm, s.window_ms):
-                    conn.execute(text(
+                    tx.execute(text(
                         "UPDATE rate_limit SET rpm = :rpm, tpm = :tpm, window_ms = :w, "
                         "updated_at = :now, version = version + 1 WHERE name = :name"),
                         {"rpm": s.rpm, "tpm": s.tpm, "w": s.window_ms, "now": now,
                          "name": s.name})
 
-        self.store._tx(work)
+        self.store.transaction(work)
 
     def update_buckets(self, names: Iterable[str],
                        step: BucketStep[R]) -> dict[str, tuple[R, bool]]:
@@ -179,25 +177,25 @@ class FlowStore:
         if not names:
             return {}
 
-        def work(conn: Connection) -> dict[str, tuple[R, bool]]:
-            rows = conn.execute(text(
-                f"SELECT {_ROW_COLS}, {self.now} FROM rate_limit WHERE name IN :n "
-                f"ORDER BY name{self._lock}").bindparams(bindparam("n", expanding=True)),
+        def work(tx: Tx) -> dict[str, tuple[R, bool]]:
+            rows = tx.execute(text(
+                f"SELECT {_ROW_COLS}, :now FROM rate_limit WHERE name IN :n "
+                f"ORDER BY name{self._lock}").bindparams(in_list("n")),
                 {"n": names}).all()
             out: dict[str, tuple[R, bool]] = {}
             for r in rows:
                 row, version = _bucket_row(r)
                 update, answer = step(row)
-                out[row.name] = (answer, update is None or self._write(conn, row, update,
+                out[row.name] = (answer, update is None or self._write(tx, row, update,
                                                                        version))
             return out
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     @staticmethod
-    def _write(conn: Connection, row: BucketRow, u: BucketUpdate, version: int) -> bool:
+    def _write(tx: Tx, row: BucketRow, u: BucketUpdate, version: int) -> bool:
         st = u.state
-        return conn.execute(text(
+        return tx.execute(text(
             "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
             "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
             "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
@@ -213,22 +211,22 @@ class FlowStore:
     def pause(self, name: str, ms: int, reason: str) -> int:
         """Pause a bucket for ``ms`` from the database's now (never shortening a pause);
         returns the pause still in force, in ms."""
-        def work(conn: Connection) -> int:
-            conn.execute(text(
-                f"UPDATE rate_limit SET paused_until = {self.now} + :ms, pause_reason = :why, "
-                f"updated_at = {self.now}, version = version + 1 "
-                f"WHERE name = :name AND paused_until < {self.now} + :ms"),
+        def work(tx: Tx) -> int:
+            tx.execute(text(
+                "UPDATE rate_limit SET paused_until = :now + :ms, pause_reason = :why, "
+                "updated_at = :now, version = version + 1 "
+                "WHERE name = :name AND paused_until < :now + :ms"),
                 {"ms": ms, "why": reason, "name": name})
-            row = conn.execute(text(f"SELECT paused_until - {self.now} FROM rate_limit "
+            row = tx.execute(text("SELECT paused_until - :now FROM rate_limit "
                                     "WHERE name = :name"), {"name": name}).first()
             return max(0, int(row[0])) if row else 0
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def buckets(self) -> list[dict[str, Any]]:
         """Every bucket row with the database's now (for status)."""
-        with self.store.read() as conn:
-            now = self._db_now(conn)
-            rows = [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            now = tx.now
+            rows = [dict(r._mapping) for r in tx.execute(text(
                 "SELECT * FROM rate_limit ORDER BY kind, name"))]
         for r in rows:
             r["now"] = now
@@ -244,12 +242,12 @@ class FlowStore:
         endpoint's limits apply)."""
         name = window_bucket(batch_id)
 
-        def claim_turn(conn: Connection) -> int | None:
-            now = self._db_now(conn)
-            row = conn.execute(text(f"SELECT paced_at, rpm FROM rate_limit WHERE name = :n"
+        def claim_turn(tx: Tx) -> int | None:
+            now = tx.now
+            row = tx.execute(text(f"SELECT paced_at, rpm FROM rate_limit WHERE name = :n"
                                     f"{self._lock}"), {"n": name}).first()
             if row is None:
-                conn.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
+                tx.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
                     "name": name, "kind": "window", "rpm": 0.0, "tpm": None,
                     "window_ms": 1000, "req_allowance": 0.0, "tok_allowance": 0.0,
                     "refilled_at": now, "paused_until": 0, "updated_at": now,
@@ -259,19 +257,19 @@ class FlowStore:
             opening = rpm == 0 and now >= opens_at  # the window just opened: at once
             if paced_at is not None and now - paced_at < every_ms and not opening:
                 return None
-            conn.execute(text("UPDATE rate_limit SET paced_at = :now, version = version + 1 "
+            tx.execute(text("UPDATE rate_limit SET paced_at = :now, version = version + 1 "
                               "WHERE name = :n"), {"now": now, "n": name})
             return now
 
-        now = self.store._tx(claim_turn)
+        now = self.store.transaction(claim_turn)
         if now is None:
             return False
-        with self.store.read() as conn:
-            remaining = int(conn.execute(text(
+        with self.store.read() as tx:
+            remaining = int(tx.execute(text(
                 "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'"),
                 {"b": batch_id}).scalar_one())
         per_s = rate(remaining, now)
-        self.store._tx(lambda conn: conn.execute(text(
+        self.store.transaction(lambda tx: tx.execute(text(
             "UPDATE rate_limit SET rpm = :r, version = version + 1 WHERE name = :n"),
             {"r": per_s, "n": name}))
         return True
@@ -279,13 +277,13 @@ class FlowStore:
     # -- lanes ----------------------------------------------------------------------
 
     @staticmethod
-    def _pools(conn: Connection) -> list[str]:
+    def _pools(tx: Tx) -> list[str]:
         """Every pool that has tasks (a skip scan over ``ix_task_lane``)."""
         out: list[str] = []
-        row = conn.execute(text("SELECT pool FROM task ORDER BY pool LIMIT 1")).first()
+        row = tx.execute(text("SELECT pool FROM task ORDER BY pool LIMIT 1")).first()
         while row is not None and len(out) < 1000:
             out.append(row[0])
-            row = conn.execute(text("SELECT pool FROM task WHERE pool > :p "
+            row = tx.execute(text("SELECT pool FROM task WHERE pool > :p "
                                     "ORDER BY pool LIMIT 1"), {"p": row[0]}).first()
         return out
 
@@ -299,22 +297,22 @@ class FlowStore:
         found: list[tuple[str, str]] = []
         q = text("SELECT batch_id FROM task WHERE pool = :p AND status = 'PENDING' "
                  "AND batch_id > :b ORDER BY batch_id LIMIT 1")
-        with self.store.read() as conn:
-            now = self._db_now(conn)
-            pools = [pool] if pool is not None else self._pools(conn)
+        with self.store.read() as tx:
+            now = tx.now
+            pools = [pool] if pool is not None else self._pools(tx)
             for pool in pools:
                 after = ""
                 for _ in range(MAX_LANES):
-                    row = conn.execute(q, {"p": pool, "b": after}).first()
+                    row = tx.execute(q, {"p": pool, "b": after}).first()
                     if row is None:
                         break
                     found.append((pool, row[0]))
                     after = row[0]
             if not found:
                 return [], now
-            meta = {r[0]: r for r in conn.execute(text(
+            meta = {r[0]: r for r in tx.execute(text(
                 "SELECT id, base_weight, deadline_at, window_start, window_end, target_per_s "
-                "FROM batch WHERE id IN :ids").bindparams(bindparam("ids", expanding=True)),
+                "FROM batch WHERE id IN :ids").bindparams(in_list("ids")),
                 {"ids": sorted({b for _p, b in found})})}
         lanes = []
         for pool, b in found:
@@ -327,11 +325,11 @@ class FlowStore:
     def _recent(self, sql: str, **params: Any) -> Sequence[Any]:
         """Rows of ``sql`` over the recent attempts (``:low`` bound to the floor below
         which attempts are not recent); none when there are no attempts at all."""
-        with self.store.read() as conn:
-            low = _recent_floor(conn)
+        with self.store.read() as tx:
+            low = _recent_floor(tx)
             if low is None:
                 return []
-            return conn.execute(text(sql), {"low": low, **params}).all()
+            return tx.execute(text(sql), {"low": low, **params}).all()
 
     def failure_rates(self, *, since_ms: int) -> dict[str, float]:
         """Failure rate per batch, from the recent attempts of its task types.
@@ -346,7 +344,7 @@ class FlowStore:
             "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
             "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
             "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
-            f"{self.now} - :since AND a.outcome <> 'discarded' "
+            ":now - :since AND a.outcome <> 'discarded' "
             "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash",
             since=since_ms)
         per_cfg: dict[str, list[int]] = {}
@@ -381,12 +379,12 @@ class FlowStore:
         """Claim from several lanes in one transaction, one index-backed statement each."""
         d = self.store.dialect
 
-        def work(conn: Connection) -> dict[tuple[str, str], list[ClaimedTask]]:
-            return {key: d.claim_lane(conn, pool=key[0], batch_id=key[1], limit=n,
+        def work(tx: Tx) -> dict[tuple[str, str], list[ClaimedTask]]:
+            return {key: d.claim_lane(tx.conn, pool=key[0], batch_id=key[1], limit=n,
                                       lease_ms=lease_ms, token=token, worker_id=worker_id)
                     for key, n in sorted(plan.items()) if n > 0}
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- workers and status ---------------------------------------------------------
 
@@ -394,7 +392,7 @@ class FlowStore:
                latency_ms: float | None, failure_rate: float | None,
                detail: Mapping[str, Any]) -> None:
         """Write the worker's adaptive limits and recent health to its row."""
-        self.store._tx(lambda conn: conn.execute(text(
+        self.store.transaction(lambda tx: tx.execute(text(
             "UPDATE worker SET pool = :pool, concurrency_limit = :c, latency_ms = :lat, "
             "failure_rate = :f, flow = :flow WHERE id = :id"),
             {"pool": pool, "c": concurrency_limit, "lat": latency_ms, "f": failure_rate,
@@ -403,27 +401,27 @@ class FlowStore:
     def windows(self) -> list[dict[str, Any]]:
         """Window batches with PENDING tasks or a window not yet over, with their counts,
         recent rate and mean tokens per task (for projections)."""
-        with self.store.read() as conn:
-            now = self._db_now(conn)
-            batches = [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            now = tx.now
+            batches = [dict(r._mapping) for r in tx.execute(text(
                 "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "
                 "FROM batch WHERE window_end IS NOT NULL AND window_end >= :since "
                 "ORDER BY window_start"), {"since": now - 86_400_000})]
             for b in batches:
-                counts = {s: int(n) for s, n in conn.execute(text(
+                counts = {s: int(n) for s, n in tx.execute(text(
                     "SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status"),
                     {"b": b["id"]})}
                 b["counts"] = counts
-                b["recent_done"] = int(conn.execute(text(
+                b["recent_done"] = int(tx.execute(text(
                     "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status <> 'PENDING' "
                     "AND finished_at >= :t"), {"b": b["id"], "t": now - 30_000}).scalar_one())
-                tok = conn.execute(text(
+                tok = tx.execute(text(
                     "SELECT AVG(x.tok) FROM (SELECT a.input_tokens + a.output_tokens AS tok "
                     "FROM task_attempt a JOIN task t ON t.id = a.task_pk WHERE t.batch_id = :b "
                     "AND a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 200) x"),
                     {"b": b["id"]}).scalar()
                 b["tokens_per_task"] = float(tok) if tok is not None else None
-                pools = [r[0] for r in conn.execute(text(
+                pools = [r[0] for r in tx.execute(text(
                     "SELECT DISTINCT pool FROM task WHERE batch_id = :b"), {"b": b["id"]})]
                 b["pools"] = pools
                 b["now"] = now
@@ -438,6 +436,6 @@ class FlowStore:
         if not fields:
             return
         sets = ", ".join(f"{k} = :{k}" for k in sorted(fields))
-        self.store._tx(lambda conn: conn.execute(
+        self.store.transaction(lambda tx: tx.execute(
             text(f"UPDATE batch SET {sets} WHERE id = :id"), {**fields, "id": batch_id}))
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import text
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import config_hash
@@ -34,6 +34,7 @@ from lockgate.states import (
 from lockgate.store import schema
 from lockgate.store.registry import RegistryStore, VersionContent, dumps, inserted_id
 from lockgate.store.store import Store
+from lockgate.store.tx import Tx, in_list, sql
 
 U, R, V = UpdateStatus, RunStatus, Verdict
 
@@ -75,13 +76,14 @@ class _Abort(Exception):
         self.status = status
 
 
+_TASK_COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task WHERE batch_id IN :ids "
+                   "GROUP BY batch_id, status", "ids")
+
+
 def batch_id_for(update_id: int, dataset_id: int, subject: str) -> str:
     """The task batch of one run: ``gate:u{update}:d{dataset}:{subject}``."""
     return f"gate:u{update_id}:d{dataset_id}:{subject}"
 
-
-def _ids(name: str = "ids") -> Any:
-    return bindparam(name, expanding=True)
 
 
 class GateStore:
@@ -91,12 +93,9 @@ class GateStore:
         self.store = store
         self.registry = RegistryStore(store)
         self.dialect = store.dialect
-        self.now = store.dialect.now
 
-    def _now(self, conn: Connection) -> int:
-        return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
 
-    def _move(self, conn: Connection, table: str, ids: Sequence[int], frm: Iterable[str],
+    def _move(self, tx: Tx, table: str, ids: Sequence[int], frm: Iterable[str],
               to: str, now: int, *, sets: str = "", where: str = "",
               params: dict[str, Any] | None = None) -> int:
         """The one way a status changes: ``UPDATE … WHERE id IN … AND status IN (from)``."""
@@ -108,8 +107,8 @@ class GateStore:
             return 0
         sql = text(f"UPDATE {table} SET status = :to, version = version + 1, "
                    f"updated_at = :now{sets} WHERE id IN :ids AND status IN :frm{where}"
-                   ).bindparams(_ids(), _ids("frm"))
-        return int(conn.execute(sql, {"to": to, "now": now, "ids": list(ids),
+                   ).bindparams(in_list("ids"), in_list("frm"))
+        return int(tx.execute(sql, {"to": to, "now": now, "ids": list(ids),
                                       "frm": list(frm), **(params or {})}).rowcount)
 
     # -- bindings -------------------------------------------------------------------------
@@ -117,48 +116,48 @@ class GateStore:
     def bind(self, prompt: str, dataset: str, settings: dict[str, Any]) -> None:
         """Bind a dataset to a prompt with its thresholds (insert or replace)."""
 
-        def work(conn: Connection) -> None:
-            now = self._now(conn)
-            p = self.registry.prompt_row(conn, prompt)
-            d = conn.execute(text("SELECT id FROM dataset WHERE name = :n"),
+        def work(tx: Tx) -> None:
+            now = tx.now
+            p = self.registry.prompt_row(tx, prompt)
+            d = tx.execute(text("SELECT id FROM dataset WHERE name = :n"),
                              {"n": dataset}).scalar()
             if d is None:
                 raise NotFound(f"no dataset '{dataset}'; add it with `lockgate dataset add`")
             doc = dumps(settings)
-            conn.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
+            tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
                 "prompt_id": p.id, "dataset_id": d, "settings": doc, "created_at": now,
                 "updated_at": now}])
-            conn.execute(text(
+            tx.execute(text(
                 "UPDATE prompt_dataset SET settings = :s, updated_at = :now, "
                 "version = version + 1 WHERE prompt_id = :p AND dataset_id = :d"),
                 {"s": doc, "now": now, "p": p.id, "d": d})
 
-        self.store._tx(work)
+        self.store.transaction(work)
 
     def unbind(self, prompt: str, dataset: str) -> bool:
         """Remove a binding; True when one existed."""
 
-        def work(conn: Connection) -> bool:
-            p = self.registry.prompt_row(conn, prompt)
-            return bool(conn.execute(text(
+        def work(tx: Tx) -> bool:
+            p = self.registry.prompt_row(tx, prompt)
+            return bool(tx.execute(text(
                 "DELETE FROM prompt_dataset WHERE prompt_id = :p AND dataset_id = "
                 "(SELECT id FROM dataset WHERE name = :n)"), {"p": p.id, "n": dataset}
             ).rowcount)
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def bindings(self, prompt: str) -> list[dict[str, Any]]:
         """The datasets bound to a prompt, with their settings and current revision."""
-        with self.store.read() as conn:
-            p = self.registry.prompt_row(conn, prompt)
-            return self._bindings(conn, int(p.id))
+        with self.store.read() as tx:
+            p = self.registry.prompt_row(tx, prompt)
+            return self._bindings(tx, int(p.id))
 
-    def _bindings(self, conn: Connection, prompt_id: int) -> list[dict[str, Any]]:
+    def _bindings(self, tx: Tx, prompt_id: int) -> list[dict[str, Any]]:
         return [{"dataset": r.name, "dataset_id": int(r.id), "revision": int(r.revision),
                  "items": int(r.item_count), "items_hash": r.items_hash,
                  "input_keys": orjson.loads(r.input_keys),
                  "settings": orjson.loads(r.settings)}
-                for r in conn.execute(text(
+                for r in tx.execute(text(
                     "SELECT d.id, d.name, d.revision, d.item_count, d.items_hash, "
                     "d.input_keys, b.settings FROM prompt_dataset b JOIN dataset d "
                     "ON d.id = b.dataset_id WHERE b.prompt_id = :p ORDER BY d.name"),
@@ -176,24 +175,24 @@ class GateStore:
         ones (SPEC G7). Refused when no dataset is bound or the content is already live.
         """
 
-        def work(conn: Connection) -> Proposal:
-            now = self._now(conn)
-            p = self.registry.prompt_row(conn, name, lock=True)
+        def work(tx: Tx) -> Proposal:
+            now = tx.now
+            p = self.registry.prompt_row(tx, name, lock=True)
             pid = int(p.id)
-            conn.execute(text("UPDATE prompt SET submissions = submissions + 1, "
+            tx.execute(text("UPDATE prompt SET submissions = submissions + 1, "
                               "updated_at = :now WHERE id = :p"), {"now": now, "p": pid})
             seq = int(p.submissions) + 1
             version, created = self.registry.add_version(
-                conn, pid, content, tag=tag, author=author, note=note, now=now)
+                tx, pid, content, tag=tag, author=author, note=note, now=now)
             if version == p.live_version:
                 raise StateConflict(f"that content is version {version} of '{name}', which "
                                     "is already live; nothing to evaluate")
-            bound = self._bindings(conn, pid)
+            bound = self._bindings(tx, pid)
             if not bound:
                 raise StateConflict(f"no dataset is bound to '{name}'; bind one first with "
                                     f"`lockgate bind {name} DATASET --threshold ...`")
-            cand = self.registry._version(conn, name, pid, version)
-            base = (self.registry._version(conn, name, pid, int(p.live_version))
+            cand = self.registry._version(tx, name, pid, version)
+            base = (self.registry._version(tx, name, pid, int(p.live_version))
                     if p.live_version is not None else None)
             snapshot = {
                 "prompt": name,
@@ -207,80 +206,80 @@ class GateStore:
                              for b in bound],
                 "execution_path": execution_path,
             }
-            uid = inserted_id(conn.execute(schema.prompt_update.insert().values(
+            uid = inserted_id(tx.execute(schema.prompt_update.insert().values(
                 prompt_id=pid, seq=seq, candidate_version=version,
                 base_version=p.live_version, base_generation=p.generation,
                 status=U.PENDING, snapshot=dumps(snapshot),
                 snapshot_hash=config_hash(snapshot), author=author, created_at=now,
                 updated_at=now)))
-            older = [int(r[0]) for r in conn.execute(text(
+            older = [int(r[0]) for r in tx.execute(text(
                 "SELECT id FROM prompt_update WHERE prompt_id = :p AND id <> :u "
-                "AND status IN :st").bindparams(_ids("st")),
+                "AND status IN :st").bindparams(in_list("st")),
                 {"p": pid, "u": uid, "st": list(ACTIVE_UPDATES)})]
-            self._cancel(conn, older, f"superseded by update {uid}", now)
+            self._cancel(tx, older, f"superseded by update {uid}", now)
             for old in older:
-                self.registry.audit(conn, pid, "cancel", None, None,
+                self.registry.audit(tx, pid, "cancel", None, None,
                                     generation=int(p.generation), actor=author,
                                     reason=f"superseded by update {uid}", now=now,
                                     update_id=old)
-            self.registry.audit(conn, pid, "propose", p.live_version, version,
+            self.registry.audit(tx, pid, "propose", p.live_version, version,
                                 generation=int(p.generation), actor=author, reason=note,
                                 now=now, update_id=uid)
             return Proposal(uid, version, created, p.live_version, older)
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
-    def _cancel(self, conn: Connection, update_ids: Sequence[int], reason: str,
+    def _cancel(self, tx: Tx, update_ids: Sequence[int], reason: str,
                 now: int) -> int:
         """Updates -> CANCELLED, their runs -> CANCELLED, their queued tasks -> CANCELLED
         (a worker holding one finds its write-back fenced)."""
         if not update_ids:
             return 0
-        n = self._move(conn, "prompt_update", update_ids, ACTIVE_UPDATES, U.CANCELLED, now,
+        n = self._move(tx, "prompt_update", update_ids, ACTIVE_UPDATES, U.CANCELLED, now,
                        sets=", reason = :reason, decided_at = :now", params={"reason": reason})
-        runs = conn.execute(text(
+        runs = tx.execute(text(
             "SELECT id, batch_id FROM prompt_run WHERE update_id IN :ids AND status IN :st"
-        ).bindparams(_ids(), _ids("st")), {"ids": list(update_ids),
+        ).bindparams(in_list("ids"), in_list("st")), {"ids": list(update_ids),
                                            "st": list(ACTIVE_RUNS)}).all()
-        self._move(conn, "prompt_run", [int(r.id) for r in runs], ACTIVE_RUNS, R.CANCELLED,
+        self._move(tx, "prompt_run", [int(r.id) for r in runs], ACTIVE_RUNS, R.CANCELLED,
                    now, sets=", reason = :reason, finished_at = :now, lease_token = NULL, "
                    "lease_until = NULL", params={"reason": reason})
         batches = [r.batch_id for r in runs]
         for i in range(0, len(batches), 500):
-            conn.execute(text(
+            tx.execute(text(
                 "UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
                 "version = version + 1, error_message = :msg WHERE batch_id IN :ids "
-                "AND status = 'PENDING'").bindparams(_ids()),
+                "AND status = 'PENDING'").bindparams(in_list("ids")),
                 {"now": now, "msg": f"release gate: {reason}", "ids": batches[i:i + 500]})
         return n
 
     def cancel(self, update_id: int, reason: str, *, actor: str | None = None) -> bool:
         """Withdraw a candidate: PENDING/EVALUATING -> CANCELLED. False if already final."""
 
-        def work(conn: Connection) -> bool:
-            now = self._now(conn)
-            row = conn.execute(text("SELECT prompt_id, candidate_version, base_version, "
+        def work(tx: Tx) -> bool:
+            now = tx.now
+            row = tx.execute(text("SELECT prompt_id, candidate_version, base_version, "
                                     "status FROM prompt_update WHERE id = :u"),
                                {"u": update_id}).first()
             if row is None:
                 raise NotFound(f"no release-gate update {update_id}")
-            if self._cancel(conn, [update_id], reason, now) != 1:
+            if self._cancel(tx, [update_id], reason, now) != 1:
                 return False
-            gen = conn.execute(text("SELECT generation FROM prompt WHERE id = :p"),
+            gen = tx.execute(text("SELECT generation FROM prompt WHERE id = :p"),
                                {"p": row.prompt_id}).scalar_one()
-            self.registry.audit(conn, int(row.prompt_id), "cancel", row.base_version,
+            self.registry.audit(tx, int(row.prompt_id), "cancel", row.base_version,
                                 row.candidate_version, generation=int(gen), actor=actor,
                                 reason=reason, now=now, update_id=update_id)
             return True
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- reads ----------------------------------------------------------------------------
 
     def update(self, update_id: int) -> dict[str, Any]:
         """One update with its snapshot and decision decoded."""
-        with self.store.read() as conn:
-            row = conn.execute(text(
+        with self.store.read() as tx:
+            row = tx.execute(text(
                 "SELECT u.*, p.name AS prompt, p.live_version, p.generation "
                 "FROM prompt_update u JOIN prompt p ON p.id = u.prompt_id WHERE u.id = :u"),
                 {"u": update_id}).first()
@@ -301,22 +300,22 @@ class GateStore:
         if prompt is not None:
             sql += " WHERE p.name = :n"
             params["n"] = prompt
-        with self.store.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(
+        with self.store.read() as tx:
+            return [dict(r._mapping) for r in tx.execute(
                 text(sql + " ORDER BY u.id DESC LIMIT :lim"), params)]
 
     def active_updates(self) -> list[tuple[int, str]]:
         """(id, status) of every update still PENDING or EVALUATING (index on status)."""
-        with self.store.read() as conn:
-            return [(int(r[0]), str(r[1])) for r in conn.execute(text(
+        with self.store.read() as tx:
+            return [(int(r[0]), str(r[1])) for r in tx.execute(text(
                 "SELECT id, status FROM prompt_update WHERE status IN :st ORDER BY id"
-            ).bindparams(_ids("st")), {"st": list(ACTIVE_UPDATES)})]
+            ).bindparams(in_list("st")), {"st": list(ACTIVE_UPDATES)})]
 
     def runs(self, update_id: int) -> list[dict[str, Any]]:
         """The runs of an update, with their metrics decoded."""
-        with self.store.read() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(text(
-                "SELECT *, " + self.now + " AS db_now FROM prompt_run WHERE update_id = :u "
+        with self.store.read() as tx:
+            rows = [dict(r._mapping) for r in tx.execute(text(
+                "SELECT *, :now AS db_now FROM prompt_run WHERE update_id = :u "
                 "ORDER BY dataset_name, subject DESC"), {"u": update_id})]
         for r in rows:
             r["metrics"] = orjson.loads(r["metrics"]) if r["metrics"] else None
@@ -327,10 +326,8 @@ class GateStore:
         if not batch_ids:
             return {}
         out: dict[str, dict[str, int]] = {b: {} for b in batch_ids}
-        with self.store.read() as conn:
-            for b, s, n in conn.execute(text(
-                    "SELECT batch_id, status, COUNT(*) FROM task WHERE batch_id IN :ids "
-                    "GROUP BY batch_id, status").bindparams(_ids()), {"ids": list(batch_ids)}):
+        with self.store.read() as tx:
+            for b, s, n in tx.execute(_TASK_COUNTS, {"ids": list(batch_ids)}):
                 out[b][s] = int(n)
         return out
 
@@ -339,10 +336,10 @@ class GateStore:
         if not run_ids:
             return {}
         out: dict[int, dict[str, int]] = {r: {} for r in run_ids}
-        with self.store.read() as conn:
-            for r, v, n in conn.execute(text(
+        with self.store.read() as tx:
+            for r, v, n in tx.execute(text(
                     "SELECT run_id, verdict, COUNT(*) FROM prompt_run_item WHERE run_id IN :ids "
-                    "GROUP BY run_id, verdict").bindparams(_ids()), {"ids": list(run_ids)}):
+                    "GROUP BY run_id, verdict").bindparams(in_list("ids")), {"ids": list(run_ids)}):
                 out[int(r)][v] = int(n)
         return out
 
@@ -352,20 +349,20 @@ class GateStore:
         """Begin an evaluation: the update moves to EVALUATING and its runs are created
         MATERIALIZING, with the task configs their items will run under."""
 
-        def work(conn: Connection) -> bool:
-            now = self._now(conn)
-            if self._move(conn, "prompt_update", [update_id], [U.PENDING], U.EVALUATING, now,
+        def work(tx: Tx) -> bool:
+            now = tx.now
+            if self._move(tx, "prompt_update", [update_id], [U.PENDING], U.EVALUATING, now,
                           sets=", started_at = :now") != 1:
                 return False
             for plan in plans:
                 h = config_hash(plan.config_document)
-                conn.execute(self.dialect.insert_ignore(schema.task_config), [{
+                tx.execute(self.dialect.insert_ignore(schema.task_config), [{
                     "hash": h, "document": dumps(plan.config_document), "created_at": now}])
                 batch = batch_id_for(update_id, plan.dataset_id, plan.subject)
-                conn.execute(self.dialect.insert_ignore(schema.batch), [{
+                tx.execute(self.dialect.insert_ignore(schema.batch), [{
                     "id": batch, "source": f"release gate update {update_id}",
                     "created_at": now}])
-                conn.execute(schema.prompt_run.insert().values(
+                tx.execute(schema.prompt_run.insert().values(
                     update_id=update_id, dataset_id=plan.dataset_id,
                     dataset_name=plan.dataset_name, subject=plan.subject,
                     prompt_version=plan.prompt_version, config_hash=h, batch_id=batch,
@@ -373,7 +370,7 @@ class GateStore:
                     created_at=now, updated_at=now))
             return True
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- leases on runs --------------------------------------------------------------------
 
@@ -383,32 +380,32 @@ class GateStore:
         run has no lease to take) if nobody holds a live one."""
         if status not in ACTIVE_RUNS:
             return False
-        sql = (f"UPDATE prompt_run SET lease_token = :tok, lease_until = {self.now} + :lease, "
-               f"leased_by = :w, version = version + 1, updated_at = {self.now} "
-               f"WHERE id = :r AND status = :st AND (lease_until IS NULL OR "
-               f"lease_until <= {self.now})")
+        sql = ("UPDATE prompt_run SET lease_token = :tok, lease_until = :now + :lease, "
+               "leased_by = :w, version = version + 1, updated_at = :now "
+               "WHERE id = :r AND status = :st AND (lease_until IS NULL OR "
+               "lease_until <= :now)")
         if require_tasks_done:
             sql += (" AND NOT EXISTS (SELECT 1 FROM task WHERE task.batch_id = "
                     "prompt_run.batch_id AND task.status = 'PENDING')")
-        return bool(self.store._tx(lambda conn: conn.execute(text(sql), {
+        return bool(self.store.transaction(lambda tx: tx.execute(text(sql), {
             "tok": token, "lease": lease_ms, "w": worker_id, "r": run_id, "st": status,
         }).rowcount))
 
-    def _fence(self, conn: Connection, run_id: int, token: str, status: str,
+    def _fence(self, tx: Tx, run_id: int, token: str, status: str,
                lease_ms: int) -> Any:
         """Renew the lease, fenced by the token; the run row, or None if the lease is lost."""
-        n = conn.execute(text(
-            f"UPDATE prompt_run SET lease_until = {self.now} + :lease, updated_at = {self.now} "
+        n = tx.execute(text(
+            "UPDATE prompt_run SET lease_until = :now + :lease, updated_at = :now "
             "WHERE id = :r AND lease_token = :tok AND status = :st"),
             {"lease": lease_ms, "r": run_id, "tok": token, "st": status}).rowcount
         if n != 1:
             return None
-        return conn.execute(text("SELECT * FROM prompt_run WHERE id = :r"),
+        return tx.execute(text("SELECT * FROM prompt_run WHERE id = :r"),
                             {"r": run_id}).one()
 
     def release_run(self, run_id: int, token: str) -> None:
         """Give a lease back early (the step could not proceed yet)."""
-        self.store._tx(lambda conn: conn.execute(text(
+        self.store.transaction(lambda tx: tx.execute(text(
             "UPDATE prompt_run SET lease_token = NULL, lease_until = NULL, leased_by = NULL "
             "WHERE id = :r AND lease_token = :tok"), {"r": run_id, "tok": token}))
 
@@ -426,12 +423,12 @@ class GateStore:
         that ``lockgate worker --pool`` workers evaluate candidates for their pool.
         """
 
-        def work(conn: Connection) -> str:
-            now = self._now(conn)
-            run = self._fence(conn, run_id, token, R.MATERIALIZING, lease_ms)
+        def work(tx: Tx) -> str:
+            now = tx.now
+            run = self._fence(tx, run_id, token, R.MATERIALIZING, lease_ms)
             if run is None:
                 return "lost"
-            items = conn.execute(text(
+            items = tx.execute(text(
                 "SELECT id, item_key, content_hash, input_data, expected FROM dataset_item "
                 "WHERE dataset_id = :d AND id > :cur AND added_rev <= :rev AND "
                 "(retired_rev IS NULL OR retired_rev > :rev) ORDER BY id LIMIT :n"),
@@ -442,7 +439,7 @@ class GateStore:
                                        "subject": run.subject}})
                 pool = "default"
                 if pool_of is not None:
-                    doc = conn.execute(text("SELECT document FROM task_config WHERE hash = :h"),
+                    doc = tx.execute(text("SELECT document FROM task_config WHERE hash = :h"),
                                        {"h": run.config_hash}).scalar()
                     if doc is not None:
                         pool = pool_of(orjson.loads(doc))
@@ -452,36 +449,36 @@ class GateStore:
                     "metadata": meta, "priority": 0, "pool": pool, "status": "PENDING",
                     "visible_at": now, "created_at": now, "updated_at": now}
                     for it in items]
-                conn.execute(self.dialect.insert_ignore(schema.task), tasks)
+                tx.execute(self.dialect.insert_ignore(schema.task), tasks)
                 # Insert-ignore keeps a row that exists already: make sure each is the
                 # one this run made (the ``gate:`` namespace is refused to submitters,
                 # but a database may hold older rows), and point the items at them by
                 # row id, never by task id.
-                rows = {r.task_id: r for r in conn.execute(text(
+                rows = {r.task_id: r for r in tx.execute(text(
                     "SELECT id, task_id, batch_id, config_hash FROM task WHERE task_id IN :ids"
-                ).bindparams(_ids()), {"ids": [t["task_id"] for t in tasks]})}
+                ).bindparams(in_list("ids")), {"ids": [t["task_id"] for t in tasks]})}
                 foreign = [t["task_id"] for t in tasks
                            if rows[t["task_id"]].batch_id != run.batch_id
                            or rows[t["task_id"]].config_hash != run.config_hash]
                 if foreign:
                     why = (f"task id {foreign[0]!r} belongs to a task the release gate did "
                               "not create; the evaluation cannot trust its result")
-                    self._move(conn, "prompt_run", [run_id], [R.MATERIALIZING], R.FAILED, now,
+                    self._move(tx, "prompt_run", [run_id], [R.MATERIALIZING], R.FAILED, now,
                                sets=", reason = :reason, lease_token = NULL, "
                                     "lease_until = NULL, finished_at = :now",
                                params={"reason": why})
                     return str(R.FAILED)
-                conn.execute(self.dialect.insert_ignore(schema.prompt_run_item), [{
+                tx.execute(self.dialect.insert_ignore(schema.prompt_run_item), [{
                     "run_id": run_id, "item_id": it.id, "item_key": it.item_key,
                     "content_hash": it.content_hash, "task_id": t["task_id"],
                     "task_pk": rows[t["task_id"]].id, "expected": it.expected,
                     "verdict": V.PENDING, "created_at": now}
                     for it, t in zip(items, tasks, strict=True)])
-                conn.execute(text("UPDATE prompt_run SET page_cursor = :c WHERE id = :r"),
+                tx.execute(text("UPDATE prompt_run SET page_cursor = :c WHERE id = :r"),
                              {"c": items[-1].id, "r": run_id})
             if len(items) == page:
                 return "more"
-            count = int(conn.execute(text(
+            count = int(tx.execute(text(
                 "SELECT COUNT(*) FROM prompt_run_item WHERE run_id = :r"), {"r": run_id}
             ).scalar_one())
             reason: str | None = None
@@ -493,21 +490,21 @@ class GateStore:
                 to = R.EMPTY if count == 0 else R.EXECUTING
                 if to is R.EMPTY:
                     reason = "the dataset snapshot has no items"
-            self._move(conn, "prompt_run", [run_id], [R.MATERIALIZING], to, now,
+            self._move(tx, "prompt_run", [run_id], [R.MATERIALIZING], to, now,
                        sets=", materialized = :n, reason = :reason, lease_token = NULL, "
                             "lease_until = NULL" + (", finished_at = :now"
                                                     if to is not R.EXECUTING else ""),
                        params={"n": count, "reason": reason})
             return str(to)
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- Finalize -----------------------------------------------------------------------------
 
     def undecided_items(self, run_id: int, *, limit: int) -> list[dict[str, Any]]:
         """Run items without a verdict, with their task's outcome and attempt figures."""
-        with self.store.read() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            rows = [dict(r._mapping) for r in tx.execute(text(
                 "SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
                 "t.status, t.result, t.error_class, t.error_message, t.attempts, "
                 "t.input_data FROM prompt_run_item i LEFT JOIN task t "
@@ -516,10 +513,10 @@ class GateStore:
             pks = [r["task_pk"] for r in rows if r["task_pk"] is not None]
             figures: dict[int, dict[str, Any]] = {}
             if pks:
-                for a in conn.execute(text(
+                for a in tx.execute(text(
                         "SELECT task_pk, outcome, latency_ms, input_tokens, output_tokens "
                         "FROM task_attempt WHERE task_pk IN :ids ORDER BY id"
-                ).bindparams(_ids()), {"ids": pks}):
+                ).bindparams(in_list("ids")), {"ids": pks}):
                     f = figures.setdefault(int(a.task_pk), {
                         "calls": 0, "input_tokens": 0, "output_tokens": 0, "latency_ms": None})
                     if a.outcome != "released":
@@ -536,15 +533,15 @@ class GateStore:
                         verdicts: Sequence[dict[str, Any]]) -> bool:
         """Write verdicts (PENDING -> MATCH | MISMATCH | ERROR), fenced by the lease."""
 
-        def work(conn: Connection) -> bool:
-            now = self._now(conn)
-            if self._fence(conn, run_id, token, R.EXECUTING, lease_ms) is None:
+        def work(tx: Tx) -> bool:
+            now = tx.now
+            if self._fence(tx, run_id, token, R.EXECUTING, lease_ms) is None:
                 return False
             if verdicts:
                 for v in verdicts:
                     if (V.PENDING, v["verdict"]) not in ARROWS["prompt_run_item"]:
                         raise AssertionError(f"bad verdict {v['verdict']}")
-                conn.execute(text(
+                tx.execute(text(
                     "UPDATE prompt_run_item SET verdict = :verdict, actual = :actual, "
                     "error = :error, latency_ms = :latency_ms, input_tokens = :input_tokens, "
                     "output_tokens = :output_tokens, attempts = :attempts, decided_at = :now "
@@ -552,12 +549,12 @@ class GateStore:
                     [{**v, "run": run_id, "now": now} for v in verdicts])
             return True
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def outcomes(self, run_id: int) -> list[dict[str, Any]]:
         """Every item of a run with its verdict, for metrics and the snapshot check."""
-        with self.store.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            return [dict(r._mapping) for r in tx.execute(text(
                 "SELECT i.item_id, i.item_key, i.content_hash, i.expected, i.actual, "
                 "i.verdict, i.error, i.latency_ms, i.input_tokens, i.output_tokens, "
                 "i.attempts FROM prompt_run_item i WHERE i.run_id = :r ORDER BY i.item_id"),
@@ -568,20 +565,20 @@ class GateStore:
         """EXECUTING -> FINALIZED (metrics) or FAILED, fenced by the lease; FINALIZED only
         when no item is left without a verdict."""
 
-        def work(conn: Connection) -> bool:
-            now = self._now(conn)
+        def work(tx: Tx) -> bool:
+            now = tx.now
             where = " AND lease_token = :tok"
             if status == R.FINALIZED:
                 where += (" AND NOT EXISTS (SELECT 1 FROM prompt_run_item i WHERE "
                           "i.run_id = prompt_run.id AND i.verdict = 'PENDING')")
             return self._move(
-                conn, "prompt_run", [run_id], [R.EXECUTING], status, now,
+                tx, "prompt_run", [run_id], [R.EXECUTING], status, now,
                 sets=", metrics = :m, reason = :reason, finished_at = :now, "
                      "lease_token = NULL, lease_until = NULL",
                 where=where, params={"m": dumps(metrics) if metrics is not None else None,
                                      "reason": reason, "tok": token}) == 1
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def step_failed(self, run_id: int, message: str, *, token: str,
                     max_failures: int) -> str | None:
@@ -590,24 +587,24 @@ class GateStore:
         was taken over by another worker changes nothing (it may not clear the new
         holder's lease). Returns the run's status when it changed."""
 
-        def work(conn: Connection) -> str | None:
-            now = self._now(conn)
-            if not conn.execute(text(
+        def work(tx: Tx) -> str | None:
+            now = tx.now
+            if not tx.execute(text(
                 "UPDATE prompt_run SET failures = failures + 1, reason = :m, "
                 "lease_token = NULL, lease_until = NULL WHERE id = :r AND status IN :st "
                 "AND (lease_token = :tok OR lease_token IS NULL)"
-            ).bindparams(_ids("st")), {"m": message[:2000], "r": run_id, "tok": token,
+            ).bindparams(in_list("st")), {"m": message[:2000], "r": run_id, "tok": token,
                                        "st": list(ACTIVE_RUNS)}).rowcount:
                 return None
-            row = conn.execute(text("SELECT status, failures FROM prompt_run WHERE id = :r"),
+            row = tx.execute(text("SELECT status, failures FROM prompt_run WHERE id = :r"),
                                {"r": run_id}).one()
             if row.status in ACTIVE_RUNS and row.failures >= max_failures:
-                self._move(conn, "prompt_run", [run_id], [row.status], R.FAILED, now,
+                self._move(tx, "prompt_run", [run_id], [row.status], R.FAILED, now,
                            sets=", finished_at = :now")
                 return str(R.FAILED)
             return None
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- Reconcile ------------------------------------------------------------------------------
 
@@ -617,31 +614,31 @@ class GateStore:
         newest submission and the live version is still its base (compare-and-swap on
         ``prompt.generation``). Otherwise the update ends CANCELLED or STALE."""
 
-        def work(conn: Connection) -> Outcome:
-            now = self._now(conn)
-            u = conn.execute(text(
+        def work(tx: Tx) -> Outcome:
+            now = tx.now
+            u = tx.execute(text(
                 "SELECT prompt_id, seq, base_generation, base_version, candidate_version, "
                 "status FROM prompt_update WHERE id = :u"), {"u": update_id}).one()
             if u.status != U.EVALUATING:
                 return Outcome(str(u.status), None)
             doc = dumps(decision)
-            swapped = conn.execute(text(
+            swapped = tx.execute(text(
                 "UPDATE prompt SET live_version = :c, generation = generation + 1, "
                 "updated_at = :now WHERE id = :p AND generation = :g AND submissions = :seq"),
                 {"c": u.candidate_version, "now": now, "p": u.prompt_id,
                  "g": u.base_generation, "seq": u.seq}).rowcount
             if swapped == 1:
                 reason = "passed every threshold"
-                if self._move(conn, "prompt_update", [update_id], [U.EVALUATING], U.ACTIVATED,
+                if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], U.ACTIVATED,
                               now, sets=", decision = :d, reason = :reason, decided_at = :now",
                               params={"d": doc, "reason": reason}) != 1:
                     raise _Abort("changed")  # decided or cancelled meanwhile: undo the swap
-                self.registry.audit(conn, int(u.prompt_id), "activate", u.base_version,
+                self.registry.audit(tx, int(u.prompt_id), "activate", u.base_version,
                                     u.candidate_version, generation=int(u.base_generation) + 1,
                                     actor="release-gate", reason=reason, now=now,
                                     update_id=update_id)
                 return Outcome(str(U.ACTIVATED), reason)
-            p = conn.execute(text("SELECT live_version, generation, submissions FROM prompt "
+            p = tx.execute(text("SELECT live_version, generation, submissions FROM prompt "
                                   "WHERE id = :p"), {"p": u.prompt_id}).one()
             if int(p.submissions) != int(u.seq):
                 to, reason = U.CANCELLED, "superseded by a newer submission"
@@ -650,18 +647,18 @@ class GateStore:
                 reason = (f"passed, but the live version moved from v{u.base_version} to "
                           f"v{p.live_version} (generation {u.base_generation} -> "
                           f"{p.generation}) during the evaluation")
-            if self._move(conn, "prompt_update", [update_id], [U.EVALUATING], to, now,
+            if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], to, now,
                           sets=", decision = :d, reason = :reason, decided_at = :now",
                           params={"d": doc, "reason": reason}) != 1:
                 raise _Abort("changed")
-            self.registry.audit(conn, int(u.prompt_id), to.lower(), u.base_version,
+            self.registry.audit(tx, int(u.prompt_id), to.lower(), u.base_version,
                                 u.candidate_version, generation=int(p.generation),
                                 actor="release-gate", reason=reason, now=now,
                                 update_id=update_id)
             return Outcome(str(to), reason)
 
         try:
-            return self.store._tx(work)
+            return self.store.transaction(work)
         except _Abort:
             return Outcome(str(self.update(update_id)["status"]), None)
 
@@ -669,24 +666,24 @@ class GateStore:
                  decision: dict[str, Any]) -> bool:
         """EVALUATING -> REJECTED or FAILED with the decision; live stays unchanged."""
 
-        def work(conn: Connection) -> bool:
-            now = self._now(conn)
-            u = conn.execute(text(
+        def work(tx: Tx) -> bool:
+            now = tx.now
+            u = tx.execute(text(
                 "SELECT prompt_id, base_version, candidate_version FROM prompt_update "
                 "WHERE id = :u"), {"u": update_id}).one()
-            if self._move(conn, "prompt_update", [update_id], [U.EVALUATING], status, now,
+            if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], status, now,
                           sets=", decision = :d, reason = :reason, decided_at = :now",
                           params={"d": dumps(decision), "reason": reason}) != 1:
                 return False
-            gen = conn.execute(text("SELECT generation FROM prompt WHERE id = :p"),
+            gen = tx.execute(text("SELECT generation FROM prompt WHERE id = :p"),
                                {"p": u.prompt_id}).scalar_one()
-            self.registry.audit(conn, int(u.prompt_id), status.lower(), u.base_version,
+            self.registry.audit(tx, int(u.prompt_id), status.lower(), u.base_version,
                                 u.candidate_version, generation=int(gen),
                                 actor="release-gate", reason=reason, now=now,
                                 update_id=update_id)
             return True
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
 
 def _version_doc(v: Any) -> dict[str, Any]:

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import canonical_json
 from lockgate.store import schema
 from lockgate.store.store import Store
+from lockgate.store.tx import Tx, in_list
 
 #: Audit actions that set the live pointer (the live history).
 LIVE_ACTIONS = ("create", "activate", "rollback")
@@ -112,20 +113,17 @@ class RegistryStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.dialect = store.dialect
-        self.now = store.dialect.now
 
-    def _now(self, conn: Connection) -> int:
-        return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
 
     # -- prompts ------------------------------------------------------------------------
 
-    def prompt_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
+    def prompt_row(self, tx: Tx, name: str, *, lock: bool = False) -> Any:
         """The prompt row of ``name`` (row-locked with ``lock``); NotFound otherwise."""
         sql = ("SELECT id, name, live_version, generation, submissions, description, "
                "created_at, updated_at FROM prompt WHERE name = :n")
         if lock:
             sql += self.dialect.lock_for_update()
-        row = conn.execute(text(sql), {"n": name}).first()
+        row = tx.execute(text(sql), {"n": name}).first()
         if row is None:
             raise NotFound(f"no prompt '{name}'; create it with `lockgate prompt create`")
         return row
@@ -135,75 +133,75 @@ class RegistryStore:
                       description: str | None) -> VersionRow:
         """A new prompt whose version 1 is live at once (generation 1)."""
 
-        def work(conn: Connection) -> VersionRow:
-            now = self._now(conn)
+        def work(tx: Tx) -> VersionRow:
+            now = tx.now
             try:
-                pid = inserted_id(conn.execute(schema.prompt.insert().values(
+                pid = inserted_id(tx.execute(schema.prompt.insert().values(
                     name=name, live_version=1, generation=1, submissions=0,
                     description=description, created_at=now, updated_at=now)))
             except IntegrityError:
                 raise StateConflict(
                     f"prompt '{name}' already exists; change it with `lockgate prompt "
                     "propose`") from None
-            version, _ = self.add_version(conn, int(pid), content, tag=tag, author=author,
+            version, _ = self.add_version(tx, int(pid), content, tag=tag, author=author,
                                           note=note, now=now)
-            self.audit(conn, int(pid), "create", None, version, generation=1, actor=author,
+            self.audit(tx, int(pid), "create", None, version, generation=1, actor=author,
                        reason=note, now=now)
-            return self._version(conn, name, int(pid), version)
+            return self._version(tx, name, int(pid), version)
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
-    def add_version(self, conn: Connection, prompt_id: int, content: VersionContent, *,
+    def add_version(self, tx: Tx, prompt_id: int, content: VersionContent, *,
                     tag: str | None, author: str | None, note: str | None,
                     now: int) -> tuple[int, bool]:
         """The version number holding ``content``: an existing one with the same content
         hash, else a new row (the caller holds the prompt row's lock). Returns
         (version, created)."""
         v = schema.prompt_version
-        found = conn.execute(select(v.c.version, v.c.tag).where(
+        found = tx.execute(select(v.c.version, v.c.tag).where(
             v.c.prompt_id == prompt_id, v.c.content_hash == content.content_hash)).first()
         if found is not None:
             if tag is not None and found.tag not in (None, tag):
                 raise StateConflict(f"this content is already version {found.version} "
                                     f"tagged '{found.tag}'; versions are immutable")
             if tag is not None and found.tag is None:
-                self._check_tag_free(conn, prompt_id, tag)
-                conn.execute(v.update().where(v.c.prompt_id == prompt_id,
+                self._check_tag_free(tx, prompt_id, tag)
+                tx.execute(v.update().where(v.c.prompt_id == prompt_id,
                                               v.c.version == found.version,
                                               v.c.tag.is_(None)).values(tag=tag))
             return int(found.version), False
         if tag is not None:
-            self._check_tag_free(conn, prompt_id, tag)
-        last = conn.execute(text("SELECT MAX(version) FROM prompt_version "
+            self._check_tag_free(tx, prompt_id, tag)
+        last = tx.execute(text("SELECT MAX(version) FROM prompt_version "
                                  "WHERE prompt_id = :p"), {"p": prompt_id}).scalar()
         number = int(last or 0) + 1
-        conn.execute(v.insert().values(
+        tx.execute(v.insert().values(
             prompt_id=prompt_id, version=number, template=dumps(content.template),
             model_config=dumps(content.model_config),
             delivery_rule=dumps(content.delivery_rule), content_hash=content.content_hash,
             tag=tag, author=author, note=note, created_at=now))
         return number, True
 
-    def _check_tag_free(self, conn: Connection, prompt_id: int, tag: str) -> None:
+    def _check_tag_free(self, tx: Tx, prompt_id: int, tag: str) -> None:
         v = schema.prompt_version
-        other = conn.execute(select(v.c.version).where(
+        other = tx.execute(select(v.c.version).where(
             v.c.prompt_id == prompt_id, v.c.tag == tag)).scalar()
         if other is not None:
             raise StateConflict(f"tag '{tag}' already names version {other}")
 
-    def audit(self, conn: Connection, prompt_id: int, action: str, from_version: int | None,
+    def audit(self, tx: Tx, prompt_id: int, action: str, from_version: int | None,
               to_version: int | None, *, generation: int, actor: str | None,
               reason: str | None, now: int, label: str | None = None,
               update_id: int | None = None) -> None:
         """Append one row to the audit trail (who, when, from, to, why)."""
-        conn.execute(schema.prompt_audit.insert().values(
+        tx.execute(schema.prompt_audit.insert().values(
             prompt_id=prompt_id, action=action, from_version=from_version,
             to_version=to_version, label=label, update_id=update_id, generation=generation,
             actor=actor, reason=reason, created_at=now))
 
-    def _version(self, conn: Connection, name: str, prompt_id: int, version: int) -> VersionRow:
+    def _version(self, tx: Tx, name: str, prompt_id: int, version: int) -> VersionRow:
         v = schema.prompt_version
-        row = conn.execute(select(v).where(v.c.prompt_id == prompt_id,
+        row = tx.execute(select(v).where(v.c.prompt_id == prompt_id,
                                            v.c.version == version)).first()
         if row is None:
             raise NotFound(f"prompt '{name}' has no version {version}; "
@@ -212,33 +210,33 @@ class RegistryStore:
 
     def prompt(self, name: str) -> dict[str, Any]:
         """The prompt row with its labels."""
-        with self.store.read() as conn:
-            row = self.prompt_row(conn, name)
+        with self.store.read() as tx:
+            row = self.prompt_row(tx, name)
             out = dict(row._mapping)
-            out["labels"] = {r.label: int(r.version) for r in conn.execute(text(
+            out["labels"] = {r.label: int(r.version) for r in tx.execute(text(
                 "SELECT label, version FROM prompt_label WHERE prompt_id = :p "
                 "ORDER BY label"), {"p": row.id})}
         return out
 
     def prompts(self) -> list[dict[str, Any]]:
         """Every prompt with its live version and generation."""
-        with self.store.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            return [dict(r._mapping) for r in tx.execute(text(
                 "SELECT name, live_version, generation, submissions, updated_at "
                 "FROM prompt ORDER BY name"))]
 
     def version(self, name: str, version: int) -> VersionRow:
         """One version of a prompt."""
-        with self.store.read() as conn:
-            row = self.prompt_row(conn, name)
-            return self._version(conn, name, int(row.id), version)
+        with self.store.read() as tx:
+            row = self.prompt_row(tx, name)
+            return self._version(tx, name, int(row.id), version)
 
     def version_by_tag(self, name: str, tag: str) -> VersionRow:
         """The version a tag names."""
         v = schema.prompt_version
-        with self.store.read() as conn:
-            row = self.prompt_row(conn, name)
-            found = conn.execute(select(v).where(v.c.prompt_id == row.id,
+        with self.store.read() as tx:
+            row = self.prompt_row(tx, name)
+            found = tx.execute(select(v).where(v.c.prompt_id == row.id,
                                                  v.c.tag == tag)).first()
         if found is None:
             raise NotFound(f"prompt '{name}' has no version tagged '{tag}'")
@@ -247,16 +245,16 @@ class RegistryStore:
     def versions(self, name: str) -> list[VersionRow]:
         """Every version of a prompt, oldest first."""
         v = schema.prompt_version
-        with self.store.read() as conn:
-            row = self.prompt_row(conn, name)
-            return [_version_row(name, r) for r in conn.execute(
+        with self.store.read() as tx:
+            row = self.prompt_row(tx, name)
+            return [_version_row(name, r) for r in tx.execute(
                 select(v).where(v.c.prompt_id == row.id).order_by(v.c.version))]
 
     def audit_trail(self, name: str) -> list[dict[str, Any]]:
         """The prompt's audit rows, oldest first."""
-        with self.store.read() as conn:
-            row = self.prompt_row(conn, name)
-            return [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            row = self.prompt_row(tx, name)
+            return [dict(r._mapping) for r in tx.execute(text(
                 "SELECT id, action, from_version, to_version, label, update_id, generation, "
                 "actor, reason, created_at FROM prompt_audit WHERE prompt_id = :p "
                 "ORDER BY id"), {"p": row.id})]
@@ -264,14 +262,14 @@ class RegistryStore:
     def pointer(self, name: str, label: str | None) -> tuple[int | None, int]:
         """(version the name or label points at, generation): the workers' cheap check,
         one primary-key or unique-index read."""
-        with self.store.read() as conn:
+        with self.store.read() as tx:
             if label is None or label == PRODUCTION:
-                row = conn.execute(text("SELECT live_version, generation FROM prompt "
+                row = tx.execute(text("SELECT live_version, generation FROM prompt "
                                         "WHERE name = :n"), {"n": name}).first()
                 if row is None:
                     raise NotFound(f"no prompt '{name}'")
                 return (None if row[0] is None else int(row[0])), int(row[1])
-            row = conn.execute(text(
+            row = tx.execute(text(
                 "SELECT l.version, p.generation FROM prompt p LEFT JOIN prompt_label l "
                 "ON l.prompt_id = p.id AND l.label = :l WHERE p.name = :n"),
                 {"n": name, "l": label}).first()
@@ -288,25 +286,25 @@ class RegistryStore:
             raise StateConflict("'production' is the live version: it moves only through "
                                 "the release gate or `lockgate prompt rollback`")
 
-        def work(conn: Connection) -> int | None:
-            now = self._now(conn)
-            p = self.prompt_row(conn, name, lock=True)
-            self._version(conn, name, int(p.id), version)
-            before = conn.execute(text(
+        def work(tx: Tx) -> int | None:
+            now = tx.now
+            p = self.prompt_row(tx, name, lock=True)
+            self._version(tx, name, int(p.id), version)
+            before = tx.execute(text(
                 "SELECT version FROM prompt_label WHERE prompt_id = :p AND label = :l"),
                 {"p": p.id, "l": label}).scalar()
-            conn.execute(self.dialect.insert_ignore(schema.prompt_label), [{
+            tx.execute(self.dialect.insert_ignore(schema.prompt_label), [{
                 "prompt_id": p.id, "label": label, "version": version, "updated_by": actor,
                 "updated_at": now}])
-            conn.execute(text(
+            tx.execute(text(
                 "UPDATE prompt_label SET version = :v, updated_by = :a, updated_at = :now "
                 "WHERE prompt_id = :p AND label = :l"),
                 {"v": version, "a": actor, "now": now, "p": p.id, "l": label})
-            self.audit(conn, int(p.id), "label", before, version, generation=int(p.generation),
+            self.audit(tx, int(p.id), "label", before, version, generation=int(p.generation),
                        actor=actor, reason=reason, now=now, label=label)
             return None if before is None else int(before)
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def rollback(self, name: str, to: int | None, *, actor: str | None,
                  reason: str | None) -> dict[str, Any]:
@@ -317,10 +315,10 @@ class RegistryStore:
         was the initial version). Returns from, to and the new generation.
         """
 
-        def work(conn: Connection) -> dict[str, Any]:
-            now = self._now(conn)
-            p = self.prompt_row(conn, name, lock=True)
-            history = conn.execute(text(
+        def work(tx: Tx) -> dict[str, Any]:
+            now = tx.now
+            p = self.prompt_row(tx, name, lock=True)
+            history = tx.execute(text(
                 "SELECT action, from_version, to_version FROM prompt_audit "
                 "WHERE prompt_id = :p AND action IN ('create', 'activate', 'rollback') "
                 "ORDER BY id"), {"p": p.id}).all()
@@ -338,19 +336,19 @@ class RegistryStore:
                 raise StateConflict(
                     f"version {target} of '{name}' was never live (passed the gate); "
                     f"rollback targets: {sorted(good)}")
-            n = conn.execute(text(
+            n = tx.execute(text(
                 "UPDATE prompt SET live_version = :to, generation = generation + 1, "
                 "updated_at = :now WHERE id = :p AND generation = :g"),
                 {"to": target, "now": now, "p": p.id, "g": p.generation}).rowcount
             if n != 1:
                 raise StateConflict(f"prompt '{name}' changed during the rollback; retry")
             generation = int(p.generation) + 1
-            self.audit(conn, int(p.id), "rollback", p.live_version, target,
+            self.audit(tx, int(p.id), "rollback", p.live_version, target,
                        generation=generation, actor=actor, reason=reason, now=now)
             return {"prompt": name, "from": p.live_version, "to": target,
                     "generation": generation, "at": now}
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     # -- datasets -------------------------------------------------------------------------
 
@@ -368,18 +366,18 @@ class RegistryStore:
             dup = next(k for k in keys if keys.count(k) > 1)
             raise StateConflict(f"item id '{dup}' appears twice in the input")
 
-        def work(conn: Connection) -> dict[str, Any]:
-            now = self._now(conn)
+        def work(tx: Tx) -> dict[str, Any]:
+            now = tx.now
             d = schema.dataset
-            conn.execute(self.dialect.insert_ignore(d), [{
+            tx.execute(self.dialect.insert_ignore(d), [{
                 "name": name, "description": description, "source": source, "revision": 0,
                 "item_count": 0, "items_hash": items_hash([]), "input_keys": "[]",
                 "created_at": now, "updated_at": now}])
-            row = conn.execute(text(
+            row = tx.execute(text(
                 "SELECT id, revision FROM dataset WHERE name = :n"
                 + self.dialect.lock_for_update()), {"n": name}).one()
             did, rev = int(row.id), int(row.revision) + 1
-            active = {r.item_key: (int(r.id), r.content_hash) for r in conn.execute(text(
+            active = {r.item_key: (int(r.id), r.content_hash) for r in tx.execute(text(
                 "SELECT id, item_key, content_hash FROM dataset_item WHERE dataset_id = :d "
                 "AND retired_rev IS NULL"), {"d": did})}
             new_rows: list[dict[str, Any]] = []
@@ -405,20 +403,20 @@ class RegistryStore:
                         "items": len(active)}
             changed = sum(1 for r in new_rows if r["item_key"] in active)
             for i in range(0, len(retire), 1000):
-                conn.execute(text(
+                tx.execute(text(
                     "UPDATE dataset_item SET retired_rev = :rev WHERE id IN :ids "
-                    "AND retired_rev IS NULL").bindparams(_expanding("ids")),
+                    "AND retired_rev IS NULL").bindparams(in_list("ids")),
                     {"rev": rev, "ids": retire[i:i + 1000]})
             for i in range(0, len(new_rows), 500):
-                conn.execute(schema.dataset_item.insert(), new_rows[i:i + 500])
-            pairs = conn.execute(text(
+                tx.execute(schema.dataset_item.insert(), new_rows[i:i + 500])
+            pairs = tx.execute(text(
                 "SELECT item_key, content_hash, input_data FROM dataset_item "
                 "WHERE dataset_id = :d AND retired_rev IS NULL ORDER BY id"),
                 {"d": did}).all()
             input_keys: set[str] = set()
             for p in pairs:
                 input_keys.update(orjson.loads(p.input_data))
-            conn.execute(text(
+            tx.execute(text(
                 "UPDATE dataset SET revision = :rev, item_count = :n, items_hash = :h, "
                 "input_keys = :k, updated_at = :now, source = COALESCE(:src, source), "
                 "description = COALESCE(:desc, description) WHERE id = :d"),
@@ -429,12 +427,12 @@ class RegistryStore:
                     "changed": changed, "retired": len(retire) - changed,
                     "unchanged": unchanged, "items": len(pairs)}
 
-        return self.store._tx(work)
+        return self.store.transaction(work)
 
     def dataset(self, name: str) -> dict[str, Any]:
         """The dataset row (revision, item count, items hash, input keys)."""
-        with self.store.read() as conn:
-            row = conn.execute(text(
+        with self.store.read() as tx:
+            row = tx.execute(text(
                 "SELECT id, name, description, source, revision, item_count, items_hash, "
                 "input_keys, created_at, updated_at FROM dataset WHERE name = :n"),
                 {"n": name}).first()
@@ -446,8 +444,8 @@ class RegistryStore:
 
     def datasets(self) -> list[dict[str, Any]]:
         """Every dataset with its revision and size."""
-        with self.store.read() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(
+        with self.store.read() as tx:
+            return [dict(r._mapping) for r in tx.execute(text(
                 "SELECT name, revision, item_count, items_hash, updated_at FROM dataset "
                 "ORDER BY name"))]
 
@@ -463,13 +461,8 @@ class RegistryStore:
         if limit is not None:
             sql += " LIMIT :lim"
             params["lim"] = limit
-        with self.store.read() as conn:
+        with self.store.read() as tx:
             return [{"id": r.item_key, "pk": int(r.id), "content_hash": r.content_hash,
                      "input": orjson.loads(r.input_data), "expected": orjson.loads(r.expected)}
-                    for r in conn.execute(text(sql), params)]
+                    for r in tx.execute(text(sql), params)]
 
-
-def _expanding(name: str) -> Any:
-    from sqlalchemy import bindparam
-
-    return bindparam(name, expanding=True)

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Connection, Engine, bindparam, func, select, text
+from sqlalchemy import Engine, TextClause, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from lockgate.errors import NotFound, SpecError, StateConflict
@@ -34,6 +33,7 @@ from lockgate.store import schema
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
+from lockgate.store.tx import Tx, sql
 from lockgate.store.types import ClaimedTask, Finish, FinishReport, row_dict
 
 log = logging.getLogger("lockgate.store")
@@ -44,10 +44,41 @@ SUBMIT_CHUNK_BYTES = 4 << 20
 #: ... or this many rows, whichever comes first.
 SUBMIT_CHUNK_ROWS = 2000
 
-_WRITTEN_BEFORE = text(
-    "SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
-    "AND lease_token IN :toks AND outcome <> 'discarded'"
-).bindparams(bindparam("ids", expanding=True), bindparam("toks", expanding=True))
+# -- named statements (the same on every dialect; :now is bound by Tx.execute) ---------
+
+_WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
+                      "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
+_BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
+_BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
+                        "(SELECT 1 FROM task WHERE task.batch_id = :b)")
+_TASK_BATCHES = sql("SELECT task_id, batch_id FROM task WHERE task_id IN :ids", "ids")
+_CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
+_CONFIG = sql("SELECT document FROM task_config WHERE hash = :h")
+#: PENDING is checked under the row lock by ``Dialect.owned`` first.
+_RENEW = sql("UPDATE task SET visible_at = :now + :lease_ms, updated_at = :now "
+             "WHERE id IN :ids AND lease_token = :tok", "ids")
+_EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
+_BATCH_COUNTS = sql("SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status")
+_COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task GROUP BY batch_id, status")
+_LEASED = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
+              "AND lease_token IS NOT NULL AND visible_at > :now")
+_BACKING_OFF = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
+                   "AND lease_token IS NULL AND visible_at > :now")
+_INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
+_BATCH_EXISTS = sql("SELECT id FROM batch WHERE id = :b")
+_STATUS_OF = sql("SELECT status FROM task WHERE task_id = :tid")
+_CANCEL = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
+              "version = version + 1, error_class = NULL, "
+              "error_message = 'cancelled by operator' "
+              "WHERE task_id = :tid AND status = 'PENDING'")
+_RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at = :now, "
+             "attempts = 0, lease_token = NULL, leased_by = NULL, finished_at = NULL, "
+             "result = NULL, parse_status = NULL, error_class = NULL, "
+             "error_message = NULL, version = version + 1 "
+             "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
+_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c")
+_DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
+                       "'CANCELLED') AND finished_at < :c")
 
 
 def _storable(f: Finish) -> Finish:
@@ -92,13 +123,8 @@ class Store:
         self.url: str = database_url(url, with_driver=False) if engine is None else \
             self.engine.url.render_as_string(hide_password=False)
         self.dialect: Dialect = dialect_for(self.engine.dialect.name)
-        self.now = self.dialect.now
-        # SQLite lets one write transaction in at a time, and a writer that finds the
-        # file locked can only poll for it (engine._begin_immediate). Threads of this
-        # process queue here instead and get the lock the moment it is free.
         self._max_input: int | None = None
-        self._writer: AbstractContextManager[Any] = (
-            threading.RLock() if self.dialect.name == "sqlite" else nullcontext())
+        self._writer = self.dialect.writer_lock()
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -107,22 +133,23 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def read(self) -> Iterator[Connection]:
-        """A connection for reading only, in a ``with``. On SQLite its transactions
-        begin deferred: a reader of a WAL file neither waits for the one writer nor
-        holds the write lock against it, as ``BEGIN IMMEDIATE`` would. Database errors
-        come out as :class:`StoreError`."""
+    def read(self) -> Iterator[Tx]:
+        """A read-only transaction, in a ``with``. On SQLite it begins deferred: a reader
+        of a WAL file neither waits for the one writer nor holds the write lock against
+        it, as ``BEGIN IMMEDIATE`` would. Database errors come out as
+        :class:`StoreError`."""
         with map_db_errors(self.url), self.engine.connect() as conn:
-            yield conn.execution_options(lockgate_read=True)
+            yield Tx(conn.execution_options(lockgate_read=True), self.dialect.now)
 
-    def _tx(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
-        """Run ``fn`` in one transaction, retrying deadlocks and lock timeouts; every
-        database error comes out as :class:`StoreError`."""
+    def transaction(self, fn: Callable[[Tx], T], *, attempts: int = 8) -> T:
+        """Run ``fn`` in one transaction and return what it returns, retrying deadlocks
+        and lock timeouts (``fn`` may run more than once: it must only touch the
+        database); every database error comes out as :class:`StoreError`."""
         delay = 0.005
         for i in range(attempts):
             try:
                 with self._writer, self.engine.begin() as conn:
-                    return fn(conn)
+                    return fn(Tx(conn, self.dialect.now))
             except DBAPIError as exc:
                 if i == attempts - 1 or not is_conflict(exc):
                     raise translate(exc, self.url) from exc
@@ -135,8 +162,8 @@ class Store:
 
     def ping(self) -> None:
         """Raise :class:`DatabaseUnavailable` unless the database answers now."""
-        with self.read() as conn:
-            conn.execute(text("SELECT 1"))
+        with self.read() as tx:
+            tx.execute("SELECT 1")
 
     def migrate(self) -> None:
         """Create or upgrade the schema to the newest revision (safe to run concurrently)."""
@@ -157,14 +184,14 @@ class Store:
         with its trace: MySQL/MariaDB bound a statement by ``max_allowed_packet``, and a
         trace holds the rendered prompt (the input again) beside the answer."""
         if self._max_input is None:
-            with self.read() as conn:
-                self._max_input = self.dialect.max_input_bytes(conn, MAX_INPUT_BYTES)
+            with self.read() as tx:
+                self._max_input = self.dialect.max_input_bytes(tx.conn, MAX_INPUT_BYTES)
         return self._max_input
 
     def db_now(self) -> int:
         """The database clock in ms (the one lease arithmetic uses)."""
-        with self.read() as conn:
-            return int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+        with self.read() as tx:
+            return tx.now
 
     # -- submission ---------------------------------------------------------------
 
@@ -191,7 +218,7 @@ class Store:
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
-        created = self._tx(lambda conn: self._open_batch(conn, batch_id, source, fields))
+        created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
         window_start = int(fields.get("window_start") or 0)
         seen_configs: set[str] = set()
         seen_batches = {batch_id}
@@ -204,8 +231,8 @@ class Store:
 
         def flush() -> None:
             nonlocal inserted, total, chunk, configs, batches, size
-            got, other = self._tx(lambda conn: self._insert_chunk(
-                conn, chunk, configs, batches, source, window_start))
+            got, other = self.transaction(lambda tx: self._insert_chunk(
+                tx, chunk, configs, batches, source, window_start))
             inserted += got
             total += len(chunk)
             for b, n in other.items():
@@ -236,38 +263,36 @@ class Store:
                 flush()
         if chunk or configs or batches:
             flush()
-        self._tx(lambda conn: self._close_batch(conn, batch_id, created))
+        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
         return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
 
-    def _open_batch(self, conn: Connection, batch_id: str, source: str | None,
+    def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
                     fields: dict[str, Any]) -> bool:
         """Create the batch row (or find it) and mark it incomplete; True if created."""
-        now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
-        created = conn.execute(self.dialect.insert_ignore(schema.batch), [
-            {"id": batch_id, "source": source, "created_at": now, "complete": 0}]).rowcount
-        conn.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
-                     .values(complete=0, **fields))
+        created = tx.execute(self.dialect.insert_ignore(schema.batch), [
+            {"id": batch_id, "source": source, "created_at": tx.now, "complete": 0}]).rowcount
+        tx.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
+                   .values(complete=0, **fields))
         return bool(created)
 
-    def _close_batch(self, conn: Connection, batch_id: str, created: bool) -> None:
-        conn.execute(text("UPDATE batch SET complete = 1 WHERE id = :b"), {"b": batch_id})
+    @staticmethod
+    def _close_batch(tx: Tx, batch_id: str, created: bool) -> None:
+        tx.execute(_BATCH_COMPLETE, {"b": batch_id})
         if created:  # a batch this submit made and left empty is not kept
-            conn.execute(text("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
-                              "(SELECT 1 FROM task WHERE task.batch_id = :b)"),
-                         {"b": batch_id})
+            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
 
-    def _insert_chunk(self, conn: Connection, rows: list[dict[str, Any]],
+    def _insert_chunk(self, tx: Tx, rows: list[dict[str, Any]],
                       configs: list[dict[str, Any]], batches: list[str],
                       source: str | None, window_start: int) -> tuple[int, dict[str, int]]:
         """One chunk of a submit, in its transaction: the configs and batches it brings,
         then its tasks. Returns (rows inserted, batches holding the ids that existed,
         when not the batch asked for)."""
-        now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+        now = tx.now
         if configs:  # sorted: two submits never take the same keys in opposite orders
-            conn.execute(self.dialect.insert_ignore(schema.task_config), [
+            tx.execute(self.dialect.insert_ignore(schema.task_config), [
                 {**c, "created_at": now} for c in sorted(configs, key=lambda c: c["hash"])])
         if batches:
-            conn.execute(self.dialect.insert_ignore(schema.batch), [
+            tx.execute(self.dialect.insert_ignore(schema.batch), [
                 {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
         if not rows:
             return 0, {}
@@ -275,46 +300,41 @@ class Store:
         for r in rows:
             r["visible_at"] = visible
             r["created_at"] = r["updated_at"] = now
-        n = self._insert_tasks(conn, rows)
+        n = self._insert_tasks(tx, rows)
         if n == len(rows):
             return n, {}
         wanted = {r["task_id"]: r["batch_id"] for r in rows}
         other: dict[str, int] = {}
-        for tid, b in conn.execute(select(schema.task.c.task_id, schema.task.c.batch_id)
-                                   .where(schema.task.c.task_id.in_(
-                                       bindparam("ids", expanding=True))),
-                                   {"ids": list(wanted)}):
+        for tid, b in tx.execute(_TASK_BATCHES, {"ids": list(wanted)}):
             if b != wanted[tid]:
                 other[b] = other.get(b, 0) + 1
         return n, other
 
-    def _insert_tasks(self, conn: Connection, rows: list[dict[str, Any]]) -> int:
+    def _insert_tasks(self, tx: Tx, rows: list[dict[str, Any]]) -> int:
         if len({r["task_id"] for r in rows}) != len(rows):
             # Repeated ids inside one chunk: keep the first, as a second submit would.
             rows = list({r["task_id"]: r for r in reversed(rows)}.values())[::-1]
         stmt = self.dialect.insert_ignore(schema.task)
-        if conn.dialect.insert_executemany_returning:
+        if tx.conn.dialect.insert_executemany_returning:
             # RETURNING names exactly the rows inserted; executemany rowcounts do not.
-            return len(conn.execute(stmt.returning(schema.task.c.id), rows).all())
-        return int(conn.execute(stmt, rows).rowcount)  # MySQL: INSERT IGNORE counts inserts
+            return len(tx.execute(stmt.returning(schema.task.c.id), rows).all())
+        return int(tx.execute(stmt, rows).rowcount)  # MySQL: INSERT IGNORE counts inserts
 
     # -- the hot path -------------------------------------------------------------
 
     def claim(self, limit: int, *, lease_ms: int, worker_id: str) -> list[ClaimedTask]:
         """Lease up to ``limit`` visible tasks under one fresh random token."""
         token = secrets.token_hex(16)
-        return self._tx(lambda conn: self.dialect.claim(
-            conn, limit=limit, lease_ms=lease_ms, token=token, worker_id=worker_id))
+        return self.transaction(lambda tx: self.dialect.claim(
+            tx.conn, limit=limit, lease_ms=lease_ms, token=token, worker_id=worker_id))
 
     def configs(self, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Config documents by hash (immutable, so callers cache them forever)."""
         wanted = sorted(set(hashes))
         if not wanted:
             return {}
-        q = select(schema.task_config.c.hash, schema.task_config.c.document).where(
-            schema.task_config.c.hash.in_(bindparam("h", expanding=True)))
-        with self.read() as conn:
-            return {h: orjson.loads(d) for h, d in conn.execute(q, {"h": wanted})}
+        with self.read() as tx:
+            return {h: orjson.loads(d) for h, d in tx.execute(_CONFIGS, {"h": wanted})}
 
     def finish(self, rows: Sequence[Finish], *, worker_id: str) -> FinishReport:
         """Apply a batch of write-backs, each fenced by its lease token.
@@ -328,18 +348,18 @@ class Store:
         # One lock order (by id): fewer deadlocks.
         ordered = sorted((_storable(f) for f in rows), key=lambda f: f.id)
 
-        def work(conn: Connection) -> FinishReport:
-            held = self.dialect.owned(conn, [f.id for f in ordered])
+        def work(tx: Tx) -> FinishReport:
+            held = self.dialect.owned(tx.conn, [f.id for f in ordered])
             mine = [f for f in ordered if (f.id, f.lease_token) in held]
             if mine:
-                n = self.dialect.finish(conn, mine)
+                n = self.dialect.finish(tx.conn, mine)
                 if n != len(mine):
                     raise StateConflict(
                         f"write-back changed {n} rows, expected {len(mine)}; rolled back")
             # A worker may flush a stale and a current result of one task together
             # (it re-claimed the task after its own lease ran out): key by claim.
             applied = {(f.id, f.lease_token) for f in mine}
-            earlier = self._written_before(conn, [f for f in ordered
+            earlier = self._written_before(tx, [f for f in ordered
                                                   if (f.id, f.lease_token) not in applied])
             attempts = []
             for f in ordered:
@@ -355,20 +375,20 @@ class Store:
             if attempts:
                 # One column set for all: short attempt rows (released, dead) sit
                 # beside full traces.
-                self.dialect.insert_attempts(conn, attempts)
+                self.dialect.insert_attempts(tx.conn, attempts)
             lost = [f for f in ordered if (f.id, f.lease_token) not in applied | earlier]
             return FinishReport(sorted(f.id for f in mine), [f.id for f in lost],
                                 frozenset(applied | earlier),
                                 frozenset((f.id, f.lease_token) for f in lost))
 
-        report = self._tx(work)
+        report = self.transaction(work)
         if report.discarded:
             log.warning("discarded %d write-back(s) whose lease was lost: task pk %s",
                         len(report.discarded), report.discarded[:10])
         return report
 
     @staticmethod
-    def _written_before(conn: Connection, rows: Sequence[Finish]) -> set[tuple[int, str]]:
+    def _written_before(tx: Tx, rows: Sequence[Finish]) -> set[tuple[int, str]]:
         """Claims among ``rows`` whose write-back committed earlier: a transaction whose
         acknowledgement was lost (the connection dropped after COMMIT) is sent again by
         its worker, and must count as applied, not as a lost lease. Its attempt row,
@@ -377,7 +397,7 @@ class Store:
         found: set[tuple[int, str]] = set()
         for i in range(0, len(traced), 500):
             part = traced[i:i + 500]
-            found.update((int(pk), str(tok)) for pk, tok in conn.execute(
+            found.update((int(pk), str(tok)) for pk, tok in tx.execute(
                 _WRITTEN_BEFORE, {"ids": sorted({f.id for f in part}),
                                   "toks": sorted({f.lease_token for f in part})}))
         return found & {(f.id, f.lease_token) for f in traced}
@@ -386,46 +406,40 @@ class Store:
         """Push the lease of every task still held under these tokens forward."""
         if not held:
             return 0
-        sql = text(
-            f"UPDATE task SET visible_at = {self.now} + :lease_ms, updated_at = {self.now} "
-            "WHERE id IN :ids AND lease_token = :tok"  # PENDING: checked under lock by owned()
-        ).bindparams(bindparam("ids", expanding=True))
 
-        def work(conn: Connection) -> int:
+        def work(tx: Tx) -> int:
             # Lock every row first, in id order across all tokens (as a write-back
             # does): updating token by token would take them in a different order.
-            current = self.dialect.owned(conn, sorted(i for ids in held.values() for i in ids))
+            current = self.dialect.owned(tx.conn,
+                                         sorted(i for ids in held.values() for i in ids))
             n = 0
             for tok, ids in held.items():
                 mine = sorted(i for i in ids if (i, tok) in current)
                 for i in range(0, len(mine), 1000):
-                    n += conn.execute(sql, {"lease_ms": lease_ms, "tok": tok,
-                                            "ids": mine[i:i + 1000]}).rowcount
+                    n += tx.execute(_RENEW, {"lease_ms": lease_ms, "tok": tok,
+                                             "ids": mine[i:i + 1000]}).rowcount
             return n
 
-        return self._tx(work)
+        return self.transaction(work)
 
     def queue_state(self) -> tuple[bool, int | None, int]:
         """(any task PENDING, earliest visible_at among them, database now)."""
-        with self.read() as conn:
-            row = conn.execute(text(
-                f"SELECT MIN(visible_at), {self.now} FROM task WHERE status = 'PENDING'"
-            )).one()
-        return row[0] is not None, row[0], int(row[1])
+        with self.read() as tx:
+            earliest = tx.execute(_EARLIEST_PENDING).scalar()
+            return earliest is not None, earliest, tx.now
 
     # -- workers ------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, *, hostname: str, pid: int,
                         concurrency: int) -> int:
         """Insert this worker's heartbeat row; returns the database clock (ms)."""
-        def work(conn: Connection) -> int:
-            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
-            conn.execute(schema.worker.insert(), [{
+        def work(tx: Tx) -> int:
+            tx.execute(schema.worker.insert(), [{
                 "id": worker_id, "hostname": hostname[:255], "pid": pid,
-                "status": "running", "started_at": now, "heartbeat_at": now,
+                "status": "running", "started_at": tx.now, "heartbeat_at": tx.now,
                 "concurrency": concurrency}])
-            return now
-        return self._tx(work)
+            return tx.now
+        return self.transaction(work)
 
     def heartbeat(self, worker_id: str, *, status: str = "running",
                   **counters: int) -> int:
@@ -433,93 +447,73 @@ class Store:
         (ms) the heartbeat was stamped with."""
         sets = ", ".join(f"{k} = :{k}" for k in counters)
         stopped = ", stopped_at = :now" if status == "stopped" else ""
-        sql = text(f"UPDATE worker SET heartbeat_at = :now, status = :status, "
-                   f"version = version + 1{', ' + sets if sets else ''}{stopped} "
-                   "WHERE id = :id")
+        statement = text(f"UPDATE worker SET heartbeat_at = :now, status = :status, "
+                         f"version = version + 1{', ' + sets if sets else ''}{stopped} "
+                         "WHERE id = :id")
 
-        def work(conn: Connection) -> int:
-            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
-            conn.execute(sql, {"id": worker_id, "status": status, "now": now, **counters})
-            return now
-        return self._tx(work)
+        def work(tx: Tx) -> int:
+            tx.execute(statement, {"id": worker_id, "status": status, **counters})
+            return tx.now
+        return self.transaction(work)
 
     # -- inspection and administration --------------------------------------------
 
     def batch_counts(self, batch_id: str) -> dict[str, int]:
         """Tasks of one batch per state (index-backed: cheap enough to poll)."""
-        t = schema.task
-        with self.read() as conn:
-            return {s: int(n) for s, n in conn.execute(
-                select(t.c.status, func.count()).where(t.c.batch_id == batch_id)
-                .group_by(t.c.status))}
+        with self.read() as tx:
+            return {s: int(n) for s, n in tx.execute(_BATCH_COUNTS, {"b": batch_id})}
 
     def status(self, *, alive_within_ms: int = 30_000) -> dict[str, Any]:
         """Counts per batch and state, leases in flight, and live workers."""
-        t = schema.task
-        with self.read() as conn:
-            now = int(conn.execute(text(f"SELECT {self.now}")).scalar_one())
+        w = schema.worker
+        with self.read() as tx:
             counts: dict[str, dict[str, int]] = {}
-            for b, s, n in conn.execute(select(t.c.batch_id, t.c.status, func.count())
-                                        .group_by(t.c.batch_id, t.c.status)):
+            for b, s, n in tx.execute(_COUNTS):
                 counts.setdefault(b, {})[s] = int(n)
-            leased = conn.execute(text(
-                "SELECT COUNT(*) FROM task WHERE status = 'PENDING' AND lease_token IS NOT "
-                "NULL AND visible_at > :now"), {"now": now}).scalar_one()
-            waiting = conn.execute(text(
-                "SELECT COUNT(*) FROM task WHERE status = 'PENDING' AND lease_token IS NULL "
-                "AND visible_at > :now"), {"now": now}).scalar_one()
-            w = schema.worker
-            workers = [row_dict(r) for r in conn.execute(
+            leased = tx.execute(_LEASED).scalar_one()
+            waiting = tx.execute(_BACKING_OFF).scalar_one()
+            workers = [row_dict(r) for r in tx.execute(
                 select(w).where(w.c.status != "stopped",
-                                w.c.heartbeat_at >= now - alive_within_ms)
+                                w.c.heartbeat_at >= tx.now - alive_within_ms)
                 .order_by(w.c.started_at))]
-        return {"now": now, "batches": counts, "leased": int(leased),
-                "backing_off": int(waiting), "workers": workers}
+            incomplete = [str(b) for b in tx.execute(_INCOMPLETE).scalars()]
+            return {"now": tx.now, "batches": counts, "leased": int(leased),
+                    "backing_off": int(waiting), "workers": workers,
+                    "incomplete_batches": incomplete}
 
     def task(self, task_id: str) -> dict[str, Any]:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
         t, a = schema.task, schema.task_attempt
-        with self.read() as conn:
-            row = conn.execute(select(t).where(t.c.task_id == task_id)).first()
+        with self.read() as tx:
+            row = tx.execute(select(t).where(t.c.task_id == task_id)).first()
             if row is None:
                 raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
             out = row_dict(row)
-            out["attempt_log"] = [row_dict(r) for r in conn.execute(
+            out["attempt_log"] = [row_dict(r) for r in tx.execute(
                 select(a).where(a.c.task_pk == out["id"]).order_by(a.c.id))]
-            doc = conn.execute(select(schema.task_config.c.document).where(
-                schema.task_config.c.hash == out["config_hash"])).scalar_one()
-            out["config"] = orjson.loads(doc)
+            out["config"] = orjson.loads(tx.execute(_CONFIG, {"h": out["config_hash"]})
+                                         .scalar_one())
         return out
 
     def cancel(self, task_id: str) -> None:
         """PENDING -> CANCELLED. A worker holding it will find its write-back fenced."""
-        sql = text(f"UPDATE task SET status = 'CANCELLED', finished_at = {self.now}, "
-                   f"updated_at = {self.now}, version = version + 1, "
-                   "error_class = NULL, error_message = 'cancelled by operator' "
-                   "WHERE task_id = :tid AND status = 'PENDING'")
-        self._transition(task_id, sql, "PENDING", "cancel")
+        self._transition(task_id, _CANCEL, "PENDING", "cancel")
 
     def retry(self, task_id: str) -> None:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
-        sql = text(f"UPDATE task SET status = 'PENDING', visible_at = {self.now}, "
-                   f"updated_at = {self.now}, attempts = 0, lease_token = NULL, "
-                   "leased_by = NULL, finished_at = NULL, result = NULL, "
-                   "parse_status = NULL, error_class = NULL, error_message = NULL, "
-                   "version = version + 1 "
-                   "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
-        self._transition(task_id, sql, "FAILED, DEAD or CANCELLED", "retry")
+        self._transition(task_id, _RETRY, "FAILED, DEAD or CANCELLED", "retry")
 
-    def _transition(self, task_id: str, sql: Any, needs: str, verb: str) -> None:
-        def work(conn: Connection) -> None:
-            if conn.execute(sql, {"tid": task_id}).rowcount == 1:
+    def _transition(self, task_id: str, statement: TextClause, needs: str,
+                    verb: str) -> None:
+        def work(tx: Tx) -> None:
+            if tx.execute(statement, {"tid": task_id}).rowcount == 1:
                 return
-            st = conn.execute(select(schema.task.c.status).where(
-                schema.task.c.task_id == task_id)).scalar()
+            st = tx.execute(_STATUS_OF, {"tid": task_id}).scalar()
             if st is None:
                 raise NotFound(f"no task '{task_id}'")
             raise StateConflict(f"cannot {verb} task '{task_id}': it is {st}, "
                                 f"and {verb} needs {needs}")
-        self._tx(work)
+        self.transaction(work)
 
     def results(self, batch_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Stream every task of a batch (or all) in id order, with its last attempt's usage."""
@@ -531,16 +525,14 @@ class Store:
                    a.c.model, a.c.latency_ms).select_from(t.outerjoin(a, won)).order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
-        with self.read() as conn:
-            res = conn.execution_options(yield_per=1000).execute(q)
-            for row in res:
+        with self.read() as tx:
+            for row in tx.stream(q):
                 yield row_dict(row)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""
-        with self.read() as conn:
-            return conn.execute(select(schema.batch.c.id).where(
-                schema.batch.c.id == batch_id)).first() is not None
+        with self.read() as tx:
+            return tx.execute(_BATCH_EXISTS, {"b": batch_id}).first() is not None
 
     def attempt_stats(self, batch_id: str | None = None) -> dict[str, Any]:
         """Calls, outcomes, latencies and completeness over the attempts of a batch."""
@@ -555,9 +547,8 @@ class Store:
         parse: dict[str, int] = {}
         comp_sum = 0.0
         comp_n = 0
-        with self.read() as conn:
-            for outcome, lat, comp, err, ps in conn.execution_options(
-                    yield_per=5000).execute(q):
+        with self.read() as tx:
+            for outcome, lat, comp, err, ps in tx.stream(q, rows=5000):
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 if lat is not None:
                     latencies.append(float(lat))
@@ -584,23 +575,20 @@ class Store:
                             field="older_than")
         deleted = {"attempts": 0, "tasks": 0}
 
-        def work(conn: Connection) -> None:
-            cutoff = int(conn.execute(text(f"SELECT {self.now}")).scalar_one()) - older_than_ms
-            deleted["attempts"] = conn.execute(text(
-                "DELETE FROM task_attempt WHERE started_at < :c"), {"c": cutoff}).rowcount
+        def work(tx: Tx) -> None:
+            cutoff = {"c": tx.now - older_than_ms}
+            deleted["attempts"] = tx.execute(_DELETE_ATTEMPTS, cutoff).rowcount
             if tasks:
-                deleted["tasks"] = conn.execute(text(
-                    "DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
-                    "'CANCELLED') AND finished_at < :c"), {"c": cutoff}).rowcount
-        self._tx(work)
+                deleted["tasks"] = tx.execute(_DELETE_FINISHED, cutoff).rowcount
+        self.transaction(work)
         return deleted
 
     def truncate_all(self) -> None:
         """Delete every row (tests and benchmarks only)."""
-        def work(conn: Connection) -> None:
+        def work(tx: Tx) -> None:
             for tbl in reversed(schema.metadata.sorted_tables):
-                conn.execute(tbl.delete())
-        self._tx(work)
+                tx.execute(tbl.delete())
+        self.transaction(work)
 
 
 __all__ = ["Store", "SubmitReport"]

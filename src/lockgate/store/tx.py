@@ -1,0 +1,76 @@
+"""The one way into the database for the stores: a transaction (or a read) with its clock.
+
+:meth:`Store.transaction` runs a function in one transaction and hands it a :class:`Tx`;
+:meth:`Store.read` opens a read-only one. Every statement the stores run goes through
+:meth:`Tx.execute`, which binds ``:now`` to the database clock in milliseconds, read
+once per transaction (the first time a statement or the code asks for it): the rows a
+transaction writes share one time, and no store repeats the clock's SQL. The claim and
+write-back statements of the hot path (``dialects.py``) are single statements and use
+the clock expression inline.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import BindParameter, Connection, CursorResult, Executable, TextClause, text
+from sqlalchemy import bindparam as _bindparam
+from sqlalchemy.util.typing import TupleAny
+
+_NOW = re.compile(r":now\b")
+
+
+def in_list(name: str) -> BindParameter[Any]:
+    """A parameter that takes a list and expands to ``(:x_1, :x_2, ...)`` for ``IN``
+    (the driver binds each value; nothing is pasted into the SQL)."""
+    return _bindparam(name, expanding=True)
+
+
+def sql(statement: str, *lists: str) -> TextClause:
+    """A named statement: ``text()`` with the listed parameters expanding for ``IN``."""
+    clause = text(statement)
+    return clause.bindparams(*(in_list(n) for n in lists)) if lists else clause
+
+
+class Tx:
+    """One transaction's connection and clock (see the module docstring)."""
+
+    __slots__ = ("_now", "clock_sql", "conn")
+
+    def __init__(self, conn: Connection, clock_sql: str) -> None:
+        #: The SQLAlchemy connection, for the dialect's hot-path statements.
+        self.conn = conn
+        #: The dialect's SQL for the clock in ms (``Dialect.now``).
+        self.clock_sql = clock_sql
+        self._now: int | None = None
+
+    @property
+    def now(self) -> int:
+        """The database clock in ms, read once per transaction."""
+        if self._now is None:
+            self._now = int(self.conn.execute(text(f"SELECT {self.clock_sql}")).scalar_one())
+        return self._now
+
+    def execute(self, statement: Executable | str,
+                parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                ) -> CursorResult[*TupleAny]:
+        """Run a statement (a string is taken as SQL text); ``:now`` is bound to
+        :attr:`now` wherever the statement names it."""
+        if isinstance(statement, str):
+            statement = text(statement)
+        if isinstance(statement, TextClause) and _NOW.search(statement.text):
+            if parameters is None:
+                parameters = {"now": self.now}
+            elif isinstance(parameters, Mapping):
+                parameters = {"now": self.now, **parameters}
+            else:
+                parameters = [{"now": self.now, **p} for p in parameters]
+        return self.conn.execute(statement, parameters)
+
+    def stream(self, statement: Executable, parameters: Mapping[str, Any] | None = None, *,
+               rows: int = 1000) -> CursorResult[*TupleAny]:
+        """Run a query whose rows are fetched ``rows`` at a time (a server-side cursor
+        where the driver has one), for results too large to hold."""
+        return self.conn.execution_options(yield_per=rows).execute(statement, parameters)
