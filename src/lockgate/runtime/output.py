@@ -23,11 +23,16 @@ The status names the strongest step that was needed: ``valid`` (none),
 usable: ``no_json_found`` (nothing JSON-like), ``invalid_json`` (JSON-like but not
 recoverable), ``schema_violation`` (JSON, but not the declared shape). Completeness is
 measured on what the model produced, before any fallback.
+
+``parse_output`` never raises on any text: only a broken delivery rule raises
+(``SpecError``). Lone surrogates become U+FFFD, and a value ``orjson`` cannot write
+(nested deeper than 254 levels) makes the output unusable.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -48,6 +53,11 @@ from lockgate.runtime.extract import (
 from lockgate.runtime.names import closest, fold
 from lockgate.runtime.schema import Node, OutputPlan, output_plan
 from lockgate.spec import DeliveryRule
+
+log = logging.getLogger("lockgate.runtime")
+
+#: The error of an output that made the parser itself fail (a bug, logged).
+INTERNAL = "internal error while parsing the output"
 
 
 class ParseStatus(StrEnum):
@@ -96,11 +106,24 @@ def _empty(value: Any) -> bool:
 
 
 def parse_output(raw: str, rule: DeliveryRule) -> Parsed:
-    """Parse a raw model output under a delivery rule (the ladder in the module doc)."""
+    """Parse a raw model output under a delivery rule (the ladder in the module doc).
+
+    Raises only ``SpecError`` for a delivery rule that cannot be used."""
     plan = output_plan(rule)
-    if plan.format == "text":
-        return Parsed(ParseStatus.VALID, raw)
+    try:
+        return _parse(raw, plan)
+    except Exception as exc:  # a parser bug must not cost the task its raw output
+        log.exception("parse_output failed on a %d-character output", len(raw))
+        return Parsed(ParseStatus.INVALID_JSON, None, completeness=0.0, conforms=False,
+                      error=f"{INTERNAL}: {type(exc).__name__}", missing=plan.expected)
+
+
+def _parse(raw: str, plan: OutputPlan) -> Parsed:
     fixes = Fixes()
+    raw = _valid_unicode(raw, fixes)
+    if plan.format == "text":
+        return Parsed(ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID, raw,
+                      fixes.labels())
     try:
         value: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -119,12 +142,25 @@ def parse_output(raw: str, rule: DeliveryRule) -> Parsed:
                 fixes.repair("decoded:string")
                 value = inner
         if not fixes.applied and _fast_ok(value, plan):
-            return Parsed(ParseStatus.VALID, value)
+            return _deliverable(Parsed(ParseStatus.VALID, value))
     else:
         value = _recover(raw, plan, fixes)
         if isinstance(value, Parsed):
             return value
     return _finish(value, plan, fixes)
+
+
+def _valid_unicode(raw: str, fixes: Fixes) -> str:
+    """``raw`` with lone surrogates (from ``surrogateescape`` decoding or a broken
+    escape) replaced by U+FFFD and split surrogate pairs joined."""
+    if raw.isascii():
+        return raw
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        fixes.repair("replaced:surrogates")
+        return raw.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return raw
 
 
 def _recover(text: str, plan: OutputPlan, fixes: Fixes) -> Any:
@@ -192,13 +228,20 @@ def _repair_regions(regions: list[str], plan: OutputPlan,
     if literal is not None and (not plan.known or _score(literal, plan)[1] > 0):
         return literal, "repaired:python"
     repaired = [v for v in (repair(r) for r in regions) if v is not None]
-    pick = _best([Found(v, 0, len(orjson.dumps(v))) for v in _flatten(repaired, plan)], plan)
+    pick = _best([Found(v, 0, _size(v)) for v in _flatten(repaired, plan)], plan)
     if pick is None:
         return None
     score = _score(pick.value, plan)
     if (plan.known and score[1] == 0) or (to_beat is not None and score <= to_beat):
         return None
     return pick.value, "repaired:json"
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # a lone surrogate from an escape, an integer beyond 64 bits
+        return 0
 
 
 def _strip_thinking(text: str) -> str | None:
@@ -295,7 +338,7 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes) -> Parsed:
     """Steps 4-7 on a parsed value."""
     value = _unwrap(value, plan, fixes)
     if plan.expect is not None and json_type(value) != plan.expect:
-        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, tuple(fixes.applied),
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
                       completeness=0.0, conforms=False,
                       error=f"expected a JSON {plan.expect}, got {json_type(value)}",
                       missing=plan.expected)
@@ -313,12 +356,53 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes) -> Parsed:
     if error is None and plan.model is not None:
         value, error = _model_check(value, plan, fixes)
     if error is not None:
-        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, tuple(fixes.applied),
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
                       completeness=completeness, conforms=False, error=error, missing=missing)
     status = ParseStatus.FILLED_FALLBACK if fixes.filled else ParseStatus.COERCED \
         if fixes.coerced else ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID
-    return Parsed(status, value, tuple(fixes.applied), completeness=completeness,
-                  missing=missing)
+    return _deliverable(Parsed(status, value, fixes.labels(), completeness=completeness,
+                               missing=missing))
+
+
+def _deliverable(parsed: Parsed) -> Parsed:
+    """The parsed output if its value can be stored as JSON: integers beyond 64 bits
+    become floats (as ``orjson`` reads them), stray surrogates U+FFFD; nesting deeper
+    than ``orjson`` writes (254 levels) makes it unusable."""
+    try:
+        orjson.dumps(parsed.value)
+        return parsed
+    except TypeError:
+        pass
+    try:
+        value = _json_safe(parsed.value)
+        orjson.dumps(value)
+    except (TypeError, RecursionError) as exc:
+        return Parsed(ParseStatus.INVALID_JSON, None, parsed.fixes, completeness=0.0,
+                      conforms=False, error=f"the value cannot be written as JSON: {exc}",
+                      missing=parsed.missing)
+    return Parsed(ParseStatus.REPAIRED if parsed.status is ParseStatus.VALID else parsed.status,
+                  value, (*parsed.fixes, "repaired:sanitized"), parsed.completeness,
+                  parsed.conforms, parsed.error, parsed.missing)
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    if depth > 256:
+        raise TypeError("nested deeper than 254 levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 64) else float(value)
+    if isinstance(value, dict):
+        return {_json_safe(k, depth + 1): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v, depth + 1) for v in value]
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
@@ -361,8 +445,13 @@ def _violation(value: Any, plan: OutputPlan) -> str | None:
         if errs:
             where, message = errs[0]
             place = ".".join(str(p) for p in where) or "$"
-            return f"{place}: {message}"
+            return _short(f"{place}: {message}")
     return None
+
+
+def _short(error: str) -> str:
+    """An error message of bounded length (jsonschema quotes the offending value)."""
+    return error if len(error) <= 500 else error[:500] + "..."
 
 
 def _fill_invalid(value: dict[str, Any], plan: OutputPlan,
@@ -388,7 +477,7 @@ def _model_check(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, str |
     except ValidationError as exc:
         err = exc.errors()[0]
         place = ".".join(str(p) for p in err["loc"]) or "$"
-        return value, f"{place}: {err['msg']}"
+        return value, _short(f"{place}: {err['msg']}")
     dumped = inst.model_dump(mode="json", by_alias=True)
     if isinstance(value, dict) and isinstance(dumped, dict) and any(
             k in dumped and dumped[k] != v for k, v in value.items()):
@@ -396,4 +485,4 @@ def _model_check(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, str |
     return dumped, None
 
 
-__all__ = ["USABLE", "ParseStatus", "Parsed", "parse_output"]
+__all__ = ["INTERNAL", "USABLE", "ParseStatus", "Parsed", "parse_output"]

@@ -1,0 +1,74 @@
+"""The delivery rules of the ladder, one per class of output a model gets wrong:
+fallbacks, outputs with nothing recovered, wrappers, full-width syntax, several
+objects, truncation, and outputs that must not break the parser."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from lockgate.runtime import ParseStatus, parse_output
+from lockgate.runtime.output import INTERNAL
+from lockgate.spec import DeliveryRule
+
+YES_NO = DeliveryRule.model_validate({
+    "schema": {"type": "object",
+               "properties": {"answer": {"enum": ["yes", "no"]}, "note": {"type": "string"}},
+               "required": ["answer", "note"]},
+    "fallback_values": {"note": ""},
+    "aliases": {"answer": ["回答"]},
+})
+
+
+def _ok(p: Any, value: Any, status: ParseStatus | None = None) -> None:
+    assert p.usable, p
+    assert p.value == value, p
+    if status is not None:
+        assert p.status is status, p
+
+
+# --- outputs that must not break the parser -----------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    "\ud800",
+    '{"answer": "yes", "note": "\ud800"}',
+    '{"answer": "yes", "note": "\ud800',
+    '{"answer": "yes", "note": "\\ud800"}x',
+    b'{"answer": "yes", "note": "\xff\xfe"}'.decode("utf-8", "surrogateescape"),
+])
+def test_lone_surrogates_are_replaced_not_raised(raw: str) -> None:
+    p = parse_output(raw, YES_NO)
+    assert not (p.error or "").startswith(INTERNAL)
+    assert p.usable and p.value["answer"] == "yes" if "yes" in raw else True
+    orjson.dumps(p.value)
+
+
+def test_a_text_rule_gets_a_storable_text() -> None:
+    p = parse_output("ok \ud83d", DeliveryRule(format="text"))
+    assert p.value == "ok \ufffd" and p.status is ParseStatus.REPAIRED
+
+
+def test_nul_bytes_and_huge_integers_are_storable() -> None:
+    p = parse_output('\x00{"answer": "yes", "note": "a\x00b", "n": 1' + "0" * 30 + ",}", YES_NO)
+    assert p.usable and p.value["note"] == "a\x00b"
+    orjson.dumps(p.value)
+
+
+def test_json_nested_deeper_than_orjson_writes_is_unusable() -> None:
+    raw = "[" * 300 + "]" * 300
+    p = parse_output(raw, DeliveryRule())
+    assert p.status is ParseStatus.INVALID_JSON and "cannot be written" in (p.error or "")
+
+
+def test_fix_labels_are_bounded() -> None:
+    rule = DeliveryRule.model_validate({"schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}},
+        "additionalProperties": False}})
+    raw = json.dumps({"answer": "yes", **{f"k{i}" * 50: i for i in range(5000)}})
+    p = parse_output(raw, rule)
+    assert p.value == {"answer": "yes"}
+    assert len(p.fixes) == 65 and p.fixes[-1] == f"+{5000 - 64} more"
+    assert max(len(f) for f in p.fixes) <= 170
