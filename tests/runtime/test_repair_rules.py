@@ -22,12 +22,45 @@ YES_NO = DeliveryRule.model_validate({
     "aliases": {"answer": ["回答"]},
 })
 
+RISK = DeliveryRule.model_validate({
+    "schema": {"type": "object",
+               "properties": {"risk_level": {"enum": ["safe", "unsafe"]},
+                              "reason": {"type": "string"},
+                              "score": {"type": "integer", "minimum": 0, "maximum": 100}},
+               "required": ["risk_level", "reason"]},
+    "fallback_values": {"reason": "", "score": None},
+})
+
 
 def _ok(p: Any, value: Any, status: ParseStatus | None = None) -> None:
     assert p.usable, p
     assert p.value == value, p
     if status is not None:
         assert p.status is status, p
+
+
+# --- fallbacks are the user's answer, "" and null included -----------------------------
+
+@pytest.mark.parametrize("raw", ['{"answer": "yes"}', '{"answer": "yes", "note": null}',
+                                 '{"answer": "yes", "note": ""}', '{"answer": "yes", "note": " "}'])
+def test_an_empty_fallback_for_a_required_field_is_delivered(raw: str) -> None:
+    p = parse_output(raw, YES_NO)
+    _ok(p, {"answer": "yes", "note": ""}, ParseStatus.FILLED_FALLBACK)
+    assert "fallback:note" in p.fixes and p.error is None and p.conforms
+
+
+def test_a_null_fallback_is_delivered_even_where_the_schema_wants_a_number() -> None:
+    p = parse_output('{"risk_level": "unsafe"}', RISK)
+    _ok(p, {"risk_level": "unsafe", "reason": "", "score": None}, ParseStatus.FILLED_FALLBACK)
+    assert p.completeness == 0.5 and p.missing == ("reason",)
+
+
+def test_a_value_the_model_gave_is_still_judged() -> None:
+    p = parse_output('{"risk_level": "maybe", "reason": "x"}', RISK)
+    assert p.status is ParseStatus.SCHEMA_VIOLATION and "risk_level" in (p.error or "")
+    p = parse_output('{"risk_level": "safe", "reason": "x", "score": 900}', RISK)
+    _ok(p, {"risk_level": "safe", "reason": "x", "score": None}, ParseStatus.FILLED_FALLBACK)
+    assert "fallback:score(invalid)" in p.fixes
 
 
 # --- outputs that must not break the parser -----------------------------------------------

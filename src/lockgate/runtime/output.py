@@ -13,9 +13,11 @@ valid output:
    no recovery (``invalid_json``).
 4. **field names** - alias map, then close misspellings (:mod:`.conform`).
 5. **types** - coercion to the declared schema (:mod:`.conform`).
-6. **fallback** - missing (absent, null or empty) fields filled from
+6. **fallback** - missing (absent, null, or blank where required) fields filled from
    ``delivery_rule.fallback_values``; so are fields whose value still violates the
-   schema, when a fallback exists for them.
+   schema, when a fallback exists for them. A declared fallback is the user's answer,
+   whatever it is (``""`` and ``null`` included): it is never judged against the
+   schema or the pydantic model.
 7. **validate** - JSON Schema and/or the pydantic model of the rule.
 
 The status names the strongest step that was needed: ``valid`` (none),
@@ -101,8 +103,8 @@ class Parsed:
 _MISSING = object()
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == ""
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def parse_output(raw: str, rule: DeliveryRule) -> Parsed:
@@ -286,7 +288,7 @@ def _fast_ok(value: Any, plan: OutputPlan) -> bool:
         if not isinstance(value, dict):
             return False
         for k in plan.required:
-            if _empty(value.get(k)):
+            if _blank(value.get(k)):
                 return False
         for k in plan.fallback:
             if value.get(k) is None:
@@ -344,17 +346,19 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes) -> Parsed:
                       missing=plan.expected)
     value = conform(value, plan.root, fixes)
     completeness, missing = _completeness(value, plan)
+    filled: set[str] = set()
     if isinstance(value, dict):
-        value = _fill(value, plan, fixes)
-    error = _violation(value, plan)
+        value = _fill(value, plan, fixes, filled)
+    error = _violation(value, plan, filled)
     if error is not None and isinstance(value, dict):
-        value, refilled = _fill_invalid(value, plan, fixes)
+        value, refilled = _fill_invalid(value, plan, fixes, filled)
         if refilled:
-            error = _violation(value, plan)
+            filled.update(refilled)
+            error = _violation(value, plan, filled)
             completeness, missing = _completeness_after(value, plan, completeness, missing,
                                                         refilled)
     if error is None and plan.model is not None:
-        value, error = _model_check(value, plan, fixes)
+        value, error = _model_check(value, plan, fixes, filled)
     if error is not None:
         return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
                       completeness=completeness, conforms=False, error=error, missing=missing)
@@ -408,7 +412,7 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
 def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
     if not plan.expected or not isinstance(value, dict):
         return 1.0, ()
-    missing = tuple(k for k in plan.expected if _empty(value.get(k)))
+    missing = tuple(k for k in plan.expected if _blank(value.get(k)))
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
@@ -422,28 +426,32 @@ def _completeness_after(value: Any, plan: OutputPlan, completeness: float,
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
-def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes) -> dict[str, Any]:
+def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
+          filled: set[str]) -> dict[str, Any]:
     out = value
     for k, fallback in plan.fallback.items():
         current = value.get(k, _MISSING)
-        if current is _MISSING or current is None or (current == "" and k in plan.required):
+        if current is _MISSING or current is None or (k in plan.required and _blank(current)):
             if out is value:
                 out = dict(value)
             out[k] = copy.deepcopy(fallback)
+            filled.add(k)
             fixes.fill(f"fallback:{k}")
     return out
 
 
-def _violation(value: Any, plan: OutputPlan) -> str | None:
+def _violation(value: Any, plan: OutputPlan, filled: set[str]) -> str | None:
+    """Why ``value`` breaks the rule; fields filled from fallbacks are the user's own
+    answer and are not judged."""
     if isinstance(value, dict):
-        absent = [k for k in plan.required if _empty(value.get(k))]
+        absent = [k for k in plan.required if k not in filled and _blank(value.get(k))]
         if absent:
             return f"missing required field(s) {absent} and no fallback value"
     if plan.is_valid is not None and not plan.is_valid(value):
         assert plan.errors is not None
-        errs = plan.errors(value)
-        if errs:
-            where, message = errs[0]
+        for where, message in plan.errors(value):
+            if where and where[0] in filled:
+                continue
             place = ".".join(str(p) for p in where) or "$"
             return _short(f"{place}: {message}")
     return None
@@ -454,12 +462,13 @@ def _short(error: str) -> str:
     return error if len(error) <= 500 else error[:500] + "..."
 
 
-def _fill_invalid(value: dict[str, Any], plan: OutputPlan,
-                  fixes: Fixes) -> tuple[dict[str, Any], list[str]]:
+def _fill_invalid(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
+                  filled: set[str]) -> tuple[dict[str, Any], list[str]]:
     """Replace top-level fields that still violate the schema by their fallback."""
     if plan.errors is None or not plan.fallback:
         return value, []
-    bad = {where[0] for where, _ in plan.errors(value) if where and where[0] in plan.fallback}
+    bad = {where[0] for where, _ in plan.errors(value)
+           if where and where[0] in plan.fallback and where[0] not in filled}
     if not bad:
         return value, []
     out = dict(value)
@@ -469,13 +478,17 @@ def _fill_invalid(value: dict[str, Any], plan: OutputPlan,
     return out, sorted(bad)
 
 
-def _model_check(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, str | None]:
+def _model_check(value: Any, plan: OutputPlan, fixes: Fixes,
+                 filled: set[str]) -> tuple[Any, str | None]:
     from pydantic import ValidationError
 
     try:
         inst = plan.model.model_validate(value)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = [e for e in exc.errors() if not (e["loc"] and e["loc"][0] in filled)]
+        if not errors:
+            return value, None  # only fallbacks break the model: they are delivered
+        err = errors[0]
         place = ".".join(str(p) for p in err["loc"]) or "$"
         return value, _short(f"{place}: {err['msg']}")
     dumped = inst.model_dump(mode="json", by_alias=True)
