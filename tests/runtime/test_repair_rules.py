@@ -31,6 +31,17 @@ RISK = DeliveryRule.model_validate({
     "fallback_values": {"reason": "", "score": None},
 })
 
+# Every field has a fallback: only the model's own fields can make an answer.
+ALL_FALLBACK = DeliveryRule.model_validate({
+    "schema": {"type": "object",
+               "properties": {"category": {"enum": ["物流", "质量", "其他"]},
+                              "severity": {"type": "integer", "minimum": 1, "maximum": 5},
+                              "summary": {"type": "string"}},
+               "required": ["category", "severity", "summary"]},
+    "fallback_values": {"category": "其他", "severity": 3, "summary": ""},
+    "aliases": {"category": ["类别"], "severity": ["严重程度"]},
+})
+
 
 def _ok(p: Any, value: Any, status: ParseStatus | None = None) -> None:
     assert p.usable, p
@@ -61,6 +72,32 @@ def test_a_value_the_model_gave_is_still_judged() -> None:
     p = parse_output('{"risk_level": "safe", "reason": "x", "score": 900}', RISK)
     _ok(p, {"risk_level": "safe", "reason": "x", "score": None}, ParseStatus.FILLED_FALLBACK)
     assert "fallback:score(invalid)" in p.fixes
+
+
+# --- nothing recovered is never an answer -----------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    '{"payload": {"answer": {"text": "x"}}}',
+    '{"ok": true, "输出": {"描述": "无法判断"}}',
+    '{"分析": {"foo": 1}, "model": "x", "ms": 12}',
+    '{}',
+    '{"category": null, "severity": "", "summary": "  "}',
+    '{"category": "不确定", "severity": "很高"}',  # both replaced by their fallbacks
+    '[{"text": "x"}]',
+])
+def test_no_declared_field_from_the_model_is_unusable_whatever_the_fallbacks(raw: str) -> None:
+    p = parse_output(raw, ALL_FALLBACK)
+    assert p.status is ParseStatus.SCHEMA_VIOLATION, p
+    assert not p.usable and "no declared field" in (p.error or "")
+
+
+def test_a_blank_string_is_not_a_one_element_list() -> None:
+    rule = DeliveryRule.model_validate({
+        "schema": {"type": "object", "properties": {"answer": {"type": "string"},
+                                                    "tags": {"type": "array"}}},
+        "fallback_values": {"answer": "", "tags": []}})
+    p = parse_output('{"answer": null, "tags": " "}', rule)
+    assert p.status is ParseStatus.SCHEMA_VIOLATION, p
 
 
 # --- outputs that must not break the parser -----------------------------------------------

@@ -260,6 +260,8 @@ def _to_bool(value: Any) -> tuple[bool, Any]:
 def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = value.strip()
+        if not text:
+            return False, value  # nothing said: not a one-element list
         if text.startswith("["):
             try:
                 parsed = orjson.loads(text)

@@ -18,7 +18,9 @@ valid output:
    schema, when a fallback exists for them. A declared fallback is the user's answer,
    whatever it is (``""`` and ``null`` included): it is never judged against the
    schema or the pydantic model.
-7. **validate** - JSON Schema and/or the pydantic model of the rule.
+7. **validate** - JSON Schema and/or the pydantic model of the rule; and at least one
+   declared field must hold a non-blank value the model gave (an object made only of
+   fallbacks is not an answer).
 
 The status names the strongest step that was needed: ``valid`` (none),
 ``repaired`` (2-4), ``coerced`` (5), ``filled_fallback`` (6); or why the output is not
@@ -293,6 +295,8 @@ def _fast_ok(value: Any, plan: OutputPlan) -> bool:
         for k in plan.fallback:
             if value.get(k) is None:
                 return False
+        if plan.fields and all(_blank(value.get(k)) for k in plan.fields):
+            return False
         if not _keys_known(value, plan.root):
             return False
     elif plan.expect == "array" and not isinstance(value, list):
@@ -346,6 +350,7 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes) -> Parsed:
                       missing=plan.expected)
     value = conform(value, plan.root, fixes)
     completeness, missing = _completeness(value, plan)
+    own = value
     filled: set[str] = set()
     if isinstance(value, dict):
         value = _fill(value, plan, fixes, filled)
@@ -357,6 +362,12 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes) -> Parsed:
             error = _violation(value, plan, filled)
             completeness, missing = _completeness_after(value, plan, completeness, missing,
                                                         refilled)
+    if plan.expect == "object" and plan.fields and isinstance(own, dict) and not any(
+            k in own and k not in filled and not _blank(own[k]) for k in plan.fields):
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
+                      completeness=completeness, conforms=False, missing=missing,
+                      error=f"no declared field ({', '.join(plan.fields[:8])}) holds a "
+                            "value from the output")
     if error is None and plan.model is not None:
         value, error = _model_check(value, plan, fixes, filled)
     if error is not None:
