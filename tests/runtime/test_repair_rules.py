@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from lockgate.runtime import ParseStatus, parse_output
-from lockgate.runtime.output import INTERNAL
+from lockgate.runtime.output import INTERNAL, MAX_SEARCH
 from lockgate.spec import DeliveryRule
 
 YES_NO = DeliveryRule.model_validate({
@@ -21,7 +21,6 @@ YES_NO = DeliveryRule.model_validate({
     "fallback_values": {"note": ""},
     "aliases": {"answer": ["回答"]},
 })
-
 RISK = DeliveryRule.model_validate({
     "schema": {"type": "object",
                "properties": {"risk_level": {"enum": ["safe", "unsafe"]},
@@ -30,7 +29,6 @@ RISK = DeliveryRule.model_validate({
                "required": ["risk_level", "reason"]},
     "fallback_values": {"reason": "", "score": None},
 })
-
 # Every field has a fallback: only the model's own fields can make an answer.
 ALL_FALLBACK = DeliveryRule.model_validate({
     "schema": {"type": "object",
@@ -41,6 +39,7 @@ ALL_FALLBACK = DeliveryRule.model_validate({
     "fallback_values": {"category": "其他", "severity": 3, "summary": ""},
     "aliases": {"category": ["类别"], "severity": ["严重程度"]},
 })
+COMPLAINT = {"category": "物流", "severity": 4, "summary": "快递延误，客户说：“再不到就退货”。"}
 
 
 def _ok(p: Any, value: Any, status: ParseStatus | None = None) -> None:
@@ -84,6 +83,7 @@ def test_a_value_the_model_gave_is_still_judged() -> None:
     '{"category": null, "severity": "", "summary": "  "}',
     '{"category": "不确定", "severity": "很高"}',  # both replaced by their fallbacks
     '[{"text": "x"}]',
+    'Here: {"lang": "zh"} and {"id": 3}',
 ])
 def test_no_declared_field_from_the_model_is_unusable_whatever_the_fallbacks(raw: str) -> None:
     p = parse_output(raw, ALL_FALLBACK)
@@ -98,6 +98,101 @@ def test_a_blank_string_is_not_a_one_element_list() -> None:
         "fallback_values": {"answer": "", "tags": []}})
     p = parse_output('{"answer": null, "tags": " "}', rule)
     assert p.status is ParseStatus.SCHEMA_VIOLATION, p
+
+
+# --- wrappers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    json.dumps({"payload": {"answer": COMPLAINT}}, ensure_ascii=False),
+    json.dumps({"a": {"b": {"c": {"d": {"e": COMPLAINT}}}}}, ensure_ascii=False),
+    json.dumps({"ok": True, "输出": COMPLAINT}, ensure_ascii=False),
+    json.dumps({"分析": COMPLAINT, "model": "x", "ms": 12}, ensure_ascii=False),
+    json.dumps({"result": COMPLAINT, "usage": {"tokens": 12}}, ensure_ascii=False),
+    json.dumps({"result": json.dumps(COMPLAINT, ensure_ascii=False)}, ensure_ascii=False),
+    json.dumps({"results": [COMPLAINT]}, ensure_ascii=False),
+    "结果如下：" + json.dumps({"data": {"结果": COMPLAINT}}, ensure_ascii=False) + " 谢谢",
+])
+def test_wrappers_are_removed_at_any_depth(raw: str) -> None:
+    p = parse_output(raw, ALL_FALLBACK)
+    _ok(p, COMPLAINT, ParseStatus.REPAIRED)
+    assert "unwrapped:object" in p.fixes
+
+
+def test_a_wrapper_named_like_a_field_that_is_never_an_object_is_a_wrapper() -> None:
+    raw = json.dumps({"类别": COMPLAINT}, ensure_ascii=False)  # an alias of category
+    _ok(parse_output(raw, ALL_FALLBACK), COMPLAINT, ParseStatus.REPAIRED)
+
+
+def test_a_wrapper_is_kept_when_the_outer_object_names_a_declared_field() -> None:
+    p = parse_output('{"category": "物流", "data": {"severity": 2}}', ALL_FALLBACK)
+    assert p.value == {"category": "物流", "data": {"severity": 2}, "severity": 3,
+                       "summary": ""}
+
+
+def test_two_objects_that_both_hold_declared_fields_are_not_guessed_between() -> None:
+    raw = '{"a": {"answer": "yes", "note": ""}, "b": {"answer": "no", "note": ""}}'
+    assert not parse_output(raw, YES_NO).usable
+
+
+# --- full-width punctuation and curly quotes as syntax ---------------------------------
+
+@pytest.mark.parametrize("raw", [
+    '｛“category”：“物流”，“severity”：4，“summary”：“快递延误，客户说：“再不到就退货”。”｝',
+    '{"category"："物流"，"severity"：4，"summary"："快递延误，客户说：“再不到就退货”。"}',
+    '｛"category": "物流", "severity": ４, "summary": "快递延误，客户说：“再不到就退货”。"｝',
+    '好的：｛“category”：“物流”, "severity"：4，“summary”:'
+    '"快递延误，客户说：“再不到就退货”。"｝谢谢',
+    '```json\n{“category”: “物流”, “severity”: 4, '
+    '“summary”: “快递延误，客户说：“再不到就退货”。”}\n```',
+])
+def test_full_width_syntax_is_converted_but_never_inside_values(raw: str) -> None:
+    p = parse_output(raw, ALL_FALLBACK)
+    _ok(p, COMPLAINT, ParseStatus.REPAIRED)
+    assert "repaired:punctuation" in p.fixes
+
+
+def test_an_ascii_quote_inside_a_curly_quoted_value_is_kept() -> None:
+    p = parse_output('{“answer”：“yes”，“note”：“he said "ok"”}', YES_NO)
+    _ok(p, {"answer": "yes", "note": 'he said "ok"'})
+
+
+# --- several objects ---------------------------------------------------------------------
+
+FIRST = {"answer": "yes", "note": "first"}
+SECOND = {"answer": "no", "note": "second, and longer than the first one"}
+
+
+@pytest.mark.parametrize("raw", [
+    json.dumps([FIRST, SECOND]),
+    json.dumps(FIRST) + "\n" + json.dumps(SECOND),
+    json.dumps(FIRST) + json.dumps(SECOND),
+    json.dumps(FIRST) + "\nAnother possible result: " + json.dumps(SECOND),
+    "Answer:\n" + json.dumps([FIRST, SECOND], indent=2),
+    json.dumps(FIRST) + "\n" + json.dumps(SECOND)[:-9],  # a cut-off second
+    "```json\n" + json.dumps(FIRST) + "\n```\nor\n```json\n" + json.dumps(SECOND) + "\n```",
+])
+def test_the_first_complete_object_is_the_answer(raw: str) -> None:
+    _ok(parse_output(raw, YES_NO), FIRST)
+
+
+@pytest.mark.parametrize("cut", ['{"answer": "no", "note": "trunc', '{"answer": "no", "no',
+                                 '{"answer": "no", "note": "trunc\n\nLet me redo:'])
+def test_a_cut_off_object_never_beats_a_complete_one(cut: str) -> None:
+    _ok(parse_output(cut + "\n" + json.dumps(FIRST), YES_NO), FIRST)
+    _ok(parse_output(json.dumps(FIRST) + "\n" + cut, YES_NO), FIRST)
+
+
+def test_a_fence_inside_a_json_string_is_no_fence() -> None:
+    obj = {"answer": "yes", "note": "use ```json blocks```", "x": [{"```": None}]}
+    p = parse_output(json.dumps(obj) + " 0", YES_NO)
+    _ok(p, {"answer": "yes", "note": "use ```json blocks```", "x": [{"```": None}]})
+    p = parse_output('{"0": [{"```": null}], "": {}}0', DeliveryRule())
+    _ok(p, {"0": [{"```": None}], "": {}})
+
+
+def test_an_object_that_is_not_an_answer_does_not_hide_the_next() -> None:
+    raw = 'Format: {"answer": "yes|no", "note": "..."}\n' + json.dumps(FIRST)
+    _ok(parse_output(raw, YES_NO), FIRST)
 
 
 # --- outputs that must not break the parser -----------------------------------------------
@@ -125,6 +220,27 @@ def test_nul_bytes_and_huge_integers_are_storable() -> None:
     p = parse_output('\x00{"answer": "yes", "note": "a\x00b", "n": 1' + "0" * 30 + ",}", YES_NO)
     assert p.usable and p.value["note"] == "a\x00b"
     orjson.dumps(p.value)
+
+
+@pytest.mark.parametrize("raw", [
+    "[" * 100_000 + "]" * 100_000,
+    "[" * 100_000,
+    '{"a":' * 100_000,
+    '{"answer":' * 300 + '"yes"' + "}" * 300,  # valid JSON deeper than orjson writes
+    "{" * (MAX_SEARCH + 10),
+    '{"answer": "yes", "note": "' + "x" * (10 << 20),
+    "{“a”：“" + "“" * (1 << 20),
+    '{"answer": "yes"' + ", " * (1 << 18),
+    "<think>" + "{" * 1000 + "</think>" * 1000,
+    "```" * 100_000,
+])
+def test_hostile_outputs_are_unusable_not_errors(raw: str) -> None:
+    p = parse_output(raw, YES_NO)
+    assert not p.usable and not (p.error or "").startswith(INTERNAL), p.error
+    p = parse_output(raw, DeliveryRule())
+    assert not (p.error or "").startswith(INTERNAL), p.error
+    if p.usable:
+        orjson.dumps(p.value)
 
 
 def test_json_nested_deeper_than_orjson_writes_is_unusable() -> None:

@@ -43,6 +43,8 @@ _NULL = frozenset({"null", "none", "nil", "n/a", ""})
 #: an output with 100,000 unknown keys must not make a 100,000-entry trace.
 MAX_FIXES = 64
 MAX_LABEL = 160
+#: Unknown keys of one object considered for renaming (the rest are kept as they are).
+MAX_RENAMES = 256
 
 
 @dataclass(slots=True)
@@ -139,7 +141,9 @@ def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) ->
     if unknown:
         renames: dict[str, str] = {}
         taken = {k for k in obj if k in props}
-        for key in unknown:
+        for key in unknown[:MAX_RENAMES]:
+            if len(taken) == len(props):
+                break
             folded = fold(key)
             target = node.lookup.get(folded)
             how = "alias" if folded in node.alias_folds else "case"
