@@ -100,6 +100,12 @@ def test_a_blank_string_is_not_a_one_element_list() -> None:
     assert p.status is ParseStatus.SCHEMA_VIOLATION, p
 
 
+@pytest.mark.parametrize("raw", ['{"category": "物', '{"类别": ', '```json\n{"severity"'])
+def test_cut_before_any_value_finished_is_invalid_json(raw: str) -> None:
+    p = parse_output(raw, ALL_FALLBACK)
+    assert p.status is ParseStatus.INVALID_JSON and p.truncated, p
+
+
 # --- wrappers ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("raw", [
@@ -193,6 +199,64 @@ def test_a_fence_inside_a_json_string_is_no_fence() -> None:
 def test_an_object_that_is_not_an_answer_does_not_hide_the_next() -> None:
     raw = 'Format: {"answer": "yes|no", "note": "..."}\n' + json.dumps(FIRST)
     _ok(parse_output(raw, YES_NO), FIRST)
+
+
+# --- truncation --------------------------------------------------------------------------
+
+def test_a_string_cut_off_takes_its_fallback() -> None:
+    p = parse_output('{"risk_level": "safe", "score": 3, "reason": "The customer asked for '
+                     'a refu', RISK)
+    _ok(p, {"risk_level": "safe", "score": 3, "reason": ""}, ParseStatus.FILLED_FALLBACK)
+    assert p.truncated and "truncated:reason" in p.fixes and "fallback:reason" in p.fixes
+
+
+@pytest.mark.parametrize("raw", ['{"note": "ok", "answer": "ye', '{"note": "ok", "answer": "yes',
+                                 '{"note": "ok", "answer": '])
+def test_an_enum_cut_off_without_fallback_makes_the_output_unusable(raw: str) -> None:
+    p = parse_output(raw, YES_NO)
+    assert p.status is ParseStatus.SCHEMA_VIOLATION and p.truncated, p
+    assert "cut off" in (p.error or "")
+
+
+def test_a_number_at_the_very_end_is_not_known_to_be_finished() -> None:
+    p = parse_output('{"risk_level": "safe", "reason": "ok", "score": 4', RISK)
+    _ok(p, {"risk_level": "safe", "reason": "ok", "score": None})
+    p = parse_output('{"risk_level": "safe", "reason": "ok", "score": 4\n', RISK)
+    _ok(p, {"risk_level": "safe", "reason": "ok", "score": 4})
+
+
+def test_a_cut_inside_a_wrapper_keeps_the_finished_fields() -> None:
+    p = parse_output('{"out": {"risk_level": "safe", "reason": "fine", "score": 3}, "detai',
+                     RISK)
+    _ok(p, {"risk_level": "safe", "reason": "fine", "score": 3}, ParseStatus.REPAIRED)
+    p = parse_output('{"out": {"risk_level": "safe", "reason": "fine", "detai', RISK)
+    _ok(p, {"risk_level": "safe", "reason": "fine", "score": None})
+
+
+def test_a_field_whose_list_is_cut_off_is_not_delivered_in_part() -> None:
+    rule = DeliveryRule.model_validate({
+        "schema": {"type": "object", "properties": {"answer": {"type": "string"},
+                                                    "tags": {"type": "array"}}},
+        "fallback_values": {"tags": []}})
+    p = parse_output('{"answer": "yes", "tags": ["a", "b", "c', rule)
+    _ok(p, {"answer": "yes", "tags": []}, ParseStatus.FILLED_FALLBACK)
+    assert "truncated:tags" in p.fixes
+
+
+def test_keep_truncated_delivers_the_cut_value() -> None:
+    rule = DeliveryRule.model_validate({**RISK.model_dump(by_alias=True),
+                                        "keep_truncated": True})
+    p = parse_output('{"risk_level": "safe", "score": 3, "reason": "The customer asked for '
+                     'a refu', rule)
+    _ok(p, {"risk_level": "safe", "score": 3, "reason": "The customer asked for a refu"},
+        ParseStatus.REPAIRED)
+    assert p.truncated
+
+
+def test_keep_truncated_is_left_out_of_the_stored_rule_when_unset() -> None:
+    assert "keep_truncated" not in RISK.model_dump(by_alias=True, exclude_none=True)
+    with pytest.raises(ValueError):
+        DeliveryRule.model_validate({"keep_truncted": True})
 
 
 # --- outputs that must not break the parser -----------------------------------------------

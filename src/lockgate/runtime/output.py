@@ -10,17 +10,21 @@ usable output:
    values (:func:`.scan.ascii_syntax`); then the bodies of Markdown code fences, else
    every top-level object in the text, in the order written (:func:`.scan.regions`).
 3. **repair** - a region that is not strict JSON is read as a Python literal, else
-   with ``json_repair`` (which also closes a region cut off at ``max_tokens``); a
-   complete object that begins a line inside it (the model starting over) comes first.
-4. **shape** - an array around the object gives its first element; wrappers are
+   with ``json_repair``; a complete object that begins a line inside it (the model
+   starting over) comes first.
+4. **truncation** - a region the output ends inside (cut off at ``max_tokens``) is cut
+   back to its last *finished* value and closed; a list or object field left open is
+   dropped. A value counts only if the output finished it, so what was cut off takes
+   its fallback (``truncated``; ``keep_truncated`` on the rule keeps cut values).
+5. **shape** - an array around the object gives its first element; wrappers are
    removed, any number deep (:func:`_unwrap`).
-5. **field names** - alias map, then close misspellings (:mod:`.conform`).
-6. **types** - coercion to the declared schema (:mod:`.conform`).
-7. **fallback** - missing (absent, null, or blank where required) fields take their
+6. **field names** - alias map, then close misspellings (:mod:`.conform`).
+7. **types** - coercion to the declared schema (:mod:`.conform`).
+8. **fallback** - missing (absent, null, or blank where required) fields take their
    value from ``delivery_rule.fallback_values``; so do fields whose value still
    breaks the schema. A declared fallback is the user's answer, whatever it is (``""``
    and ``null`` included): it is never judged against the schema.
-8. **validate** - JSON Schema and/or the pydantic model of the rule; and at least one
+9. **validate** - JSON Schema and/or the pydantic model of the rule; and at least one
    declared field must hold a non-blank value the model gave (an object made only of
    fallbacks is not an answer).
 
@@ -31,7 +35,7 @@ status names why (for the candidate that recovered most expected fields):
 ``no_json_found`` (nothing JSON-like), ``invalid_json`` (JSON-like, but no declared
 field could be recovered from it), ``schema_violation`` (JSON, but not the declared
 shape). Otherwise the status names the strongest step that was needed: ``valid``
-(none), ``repaired`` (2-5), ``coerced`` (6), ``filled_fallback`` (7).
+(none), ``repaired`` (2-6), ``coerced`` (7), ``filled_fallback`` (8).
 
 ``parse_output`` never raises on any text (lone surrogates, NUL bytes, 100,000-deep
 nesting, 10 MB): only a broken delivery rule raises (``SpecError``). Texts over
@@ -120,6 +124,11 @@ class Parsed:
         return self.status in USABLE
 
     @property
+    def truncated(self) -> bool:
+        """The output ended inside its JSON (cut off, e.g. at ``max_tokens``)."""
+        return "truncated" in self.fixes
+
+    @property
     def error_class(self) -> ErrorClass | None:
         """``invalid_output`` for an unusable output (retryable unless ``stop_on``)."""
         return None if self.usable else ErrorClass.INVALID_OUTPUT
@@ -163,7 +172,7 @@ def _parse(raw: str, plan: OutputPlan) -> Parsed:
         inner.repair("decoded:string")
         found = _search(value, plan, inner)
         if found.usable and (plan.expect is not None or not any(
-                f.startswith("repaired:") for f in found.fixes)):
+                f.startswith(("repaired:", "truncated")) for f in found.fixes)):
             return found
     if not fixes.applied and _fast_ok(value, plan):
         return _deliverable(Parsed(ParseStatus.VALID, value))
@@ -184,7 +193,7 @@ def _valid_unicode(raw: str, fixes: Fixes) -> str:
 
 
 def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
-    """Steps 2-8 on a text that is not strict JSON as a whole."""
+    """Steps 2-9 on a text that is not strict JSON as a whole."""
     start_at = ANY_START if plan.expect == "array" else OBJECT_START
     if len(text) > MAX_SEARCH:
         if start_at.search(text) is None:
@@ -232,15 +241,19 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
         return _unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
     failures: list[Parsed] = []
     for region in found:
-        for value, labels, repaired in _candidates(text, region, plan):
+        for value, labels, repaired, cut in _candidates(text, region, plan):
             inner = fixes.copy()
             for label in labels:
                 inner.repair(label)
-            parsed = _finish(value, plan, inner, repaired=repaired)
+            parsed = _finish(value, plan, inner, repaired=repaired, cut=cut)
             if parsed.usable:
                 return parsed
             failures.append(parsed)
     if not failures:
+        if not found[-1].closed:
+            return _unusable(ParseStatus.INVALID_JSON, plan,
+                             "the output was cut off before any value in it finished",
+                             (*fixes.labels(), "truncated"))
         return _unusable(ParseStatus.INVALID_JSON, plan,
                          "the output holds JSON-like text that could not be read",
                          fixes.labels())
@@ -256,8 +269,8 @@ def _unusable(status: ParseStatus, plan: OutputPlan, error: str,
                   missing=plan.expected)
 
 
-#: (value, fix labels, needed repair?)
-Candidate = tuple[Any, tuple[str, ...], bool]
+#: (value, fix labels, needed repair?, the cut region it was read from - or None)
+Candidate = tuple[Any, tuple[str, ...], bool, Region | None]
 
 
 def _candidates(text: str, region: Region, plan: OutputPlan) -> Iterator[Candidate]:
@@ -267,14 +280,19 @@ def _candidates(text: str, region: Region, plan: OutputPlan) -> Iterator[Candida
     where = () if whole else ("extracted:chatter",)
     if region.closed:
         if region.value is not NOT_READ:
-            yield region.value, where, False
+            yield region.value, where, False, None
             return
+        body = text[region.start:region.end]
         yield from _restarts(text, region)
-        yield from _read(text[region.start:region.end], where, strict=False)
+        yield from _read(body, where, None, strict=False)
         return
-    own = _read(text[region.start:], where, strict=False)
+    own: Iterator[Candidate] = iter(())
+    if plan.keep_truncated:
+        own = _read(text[region.start:] + region.tail, (*where, "truncated"), None)
+    elif region.safe_end > region.start + 1:  # some value finished before the cut
+        own = _read(region.trimmed(text), (*where, "truncated"), region)
     inner = (c for s, e in region.inner
-             for c in _read(text[s:e], ("extracted:chatter",), repair_it=False))
+             for c in _read(text[s:e], ("extracted:chatter",), None, repair_it=False))
     if text[region.start] == "[" and plan.expect != "array":
         # A bracket that never closes before the end: the complete objects in it first
         # (the first of them is the answer, as for an array of objects).
@@ -295,26 +313,27 @@ def _restarts(text: str, region: Region) -> Iterator[Candidate]:
             return
         inner = strict_region(text, m.end() - 1)
         if inner is not None and inner.end <= region.end:
-            yield inner.value, ("extracted:chatter",), False
+            yield inner.value, ("extracted:chatter",), False, None
 
 
-def _read(body: str, labels: tuple[str, ...], *, strict: bool = True,
+def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: bool = True,
           repair_it: bool = True) -> Iterator[Candidate]:
     """The value of one region's text: strict JSON, a Python literal, or repaired."""
+    cut_off = "truncated" in labels
     if strict:
         try:
-            yield orjson.loads(body), labels, False
+            yield orjson.loads(body), labels, cut_off, cut
             return
         except orjson.JSONDecodeError:
             pass
     literal = python_literal(body)
     if literal is not None:
-        yield literal, (*labels, "repaired:python"), True
+        yield literal, (*labels, "repaired:python"), True, cut
         return
     if repair_it and len(body) <= MAX_REPAIR:
         value = repair(body)
         if value is not None:
-            yield value, (*labels, "repaired:json"), True
+            yield value, (*labels, "repaired:json"), True, cut
 
 
 def _strip_thinking(text: str) -> str | None:
@@ -476,15 +495,47 @@ def _unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
     return value, ()
 
 
-def _finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool) -> Parsed:
-    """Steps 4-8 on a value read from the output."""
-    value, _ = _unwrap(value, plan, fixes)
+def _drop_cut(value: Any, where: Path, cut: Region | None, fixes: Fixes) -> Any:
+    """Remove the fields whose value the output was cut off in: they were closed by the
+    scan, not finished by the model (a cut scalar was already left out)."""
+    if cut is None:
+        return value
+    if cut.dropped is not None:
+        fixes.repair(f"truncated:{_place(cut.dropped, where)}")
+    n = len(where)
+    if isinstance(value, dict):
+        gone = [k for k in value if (*where, k) in cut.open_paths]
+        if gone:
+            value = {k: v for k, v in value.items() if k not in gone}
+            for k in gone:
+                fixes.repair(f"truncated:{k}")
+    elif isinstance(value, list) and where in cut.open_paths:
+        gone_at = {p[n] for p in cut.open_paths if len(p) == n + 1 and p[:n] == where}
+        if gone_at:
+            value = [v for i, v in enumerate(value) if i not in gone_at]
+            fixes.repair(f"truncated:{_place((*where, min(gone_at)), where)}")
+    return value
+
+
+def _place(path: Path, where: Path) -> str:
+    if path[:len(where)] == where:
+        path = path[len(where):]
+    return ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[") \
+        or "$"
+
+
+def _finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
+            cut: Region | None = None) -> Parsed:
+    """Steps 4-9 on a value read from the output (``cut``: the region it was cut
+    back from)."""
+    value, where = _unwrap(value, plan, fixes)
+    value = _drop_cut(value, where, cut, fixes)
     nothing = ParseStatus.INVALID_JSON if repaired else ParseStatus.SCHEMA_VIOLATION
     if repaired and plan.known and not _declares(value, plan):
         # A repair that recovers none of the expected fields is no recovery.
-        return _unusable(ParseStatus.INVALID_JSON, plan,
-                         "the output holds JSON-like text that could not be repaired into "
-                         "the expected fields", fixes.labels())
+        return _unusable(ParseStatus.INVALID_JSON, plan, _cut(
+            "the output holds JSON-like text that could not be repaired into the "
+            "expected fields", fixes), fixes.labels())
     if plan.expect is not None and json_type(value) != plan.expect:
         return Parsed(nothing, value, fixes.labels(), completeness=0.0, conforms=False,
                       error=f"expected a JSON {plan.expect}, got {json_type(value)}",
@@ -506,19 +557,25 @@ def _finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool) -> Pa
     if plan.expect == "object" and plan.fields and isinstance(own, dict) and not any(
             k in own and k not in filled and not _blank(own[k]) for k in plan.fields):
         return Parsed(nothing, value, fixes.labels(), completeness=completeness,
-                      conforms=False, missing=missing,
-                      error=f"no declared field ({', '.join(plan.fields[:8])}) holds a "
-                            "value from the output")
+                      conforms=False, missing=missing, error=_cut(
+                          f"no declared field ({', '.join(plan.fields[:8])}) holds a "
+                          "value from the output", fixes))
     if error is None and plan.model is not None:
         value, error = _model_check(value, plan, fixes, filled)
     if error is not None:
         return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
-                      completeness=completeness, conforms=False, error=error,
+                      completeness=completeness, conforms=False, error=_cut(error, fixes),
                       missing=missing)
     status = ParseStatus.FILLED_FALLBACK if fixes.filled else ParseStatus.COERCED \
         if fixes.coerced else ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID
     return _deliverable(Parsed(status, value, fixes.labels(), completeness=completeness,
                                missing=missing))
+
+
+def _cut(error: str, fixes: Fixes) -> str:
+    if "truncated" in fixes.applied:
+        return f"{error} (the output was cut off inside its JSON)"
+    return error
 
 
 def _deliverable(parsed: Parsed) -> Parsed:

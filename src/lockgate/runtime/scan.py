@@ -7,15 +7,16 @@ Two jobs that a JSON repair library cannot do for the ladder:
   characters inside string values are left alone (a curly-quoted string becomes an
   ASCII-quoted one, its inner ``"`` escaped).
 * :func:`regions` - where each top-level object (or array) in a reply starts and ends,
-  in order; a region the text ends inside is *cut*, and the complete values inside it
-  are noted.
+  in order. A region the text ends inside is *cut*: the scan records where its last
+  finished value ended and which brackets close it there, so that a string, number or
+  key cut off by the end of the output is never taken for the model's value.
 
 Both read strings the way a model writes them: a quote ends a string only where JSON
 syntax may follow it (a ``:``, ``,`` then a key or value, a closing bracket, a line
 break or the end of the text), so an unescaped inner quote (``"He said "hi" twice"``)
 does not end it. On valid JSON this is exactly JSON's own reading. Everything is
 linear in the length of the text: no backtracking regular expressions, no recursion,
-the open brackets kept as a linked list.
+the open brackets kept as a linked list so that a snapshot costs nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _TOKEN = re.compile(
     r"""\s*+(?:(?P<open>[{\[])|(?P<close>[}\]])|(?P<comma>,)|(?P<colon>:)|(?P<quote>["'])
     |(?P<comment>//[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|\Z))
     |(?P<word>[^\s,:{}\[\]"'/][^\s,:{}\[\]"]*+|/)|(?P<end>\Z))""", re.X | re.S)
+_LITERALS = frozenset({"true", "false", "null", "True", "False", "None"})
 
 #: Region starts: ``{`` always; ``[`` only where it opens an array of objects or arrays
 #: (or the text ends), so a citation like ``[1]`` is not taken for JSON.
@@ -51,10 +53,15 @@ ANY_START = re.compile(r"[{\[]")
 
 _MAX_INNER = 16
 
-# An open bracket: (closing char, parent, start offset).
-_Node = tuple[str, "_Node | None", int]
-#: Where a value stands in a parsed region: keys and indices from its root.
+# An open bracket: (closing char, its place in its parent - a key or an index -,
+# parent, start offset).
+_Node = tuple[str, "str | int | None", "_Node | None", int]
 Path = tuple[str | int, ...]
+#: Open brackets deeper than this are not reported (wrappers are removed at most 32
+#: deep, so deeper ones never hold a field of the answer).
+_MAX_OPEN_DEPTH = 40
+
+_KEY, _COLON, _VALUE, _AFTER = range(4)
 
 
 @dataclass(slots=True)
@@ -64,10 +71,26 @@ class Region:
     start: int
     end: int
     closed: bool
+    #: A cut region: the end of its last finished value (or of its opening bracket),
+    #: the brackets that close it there, where the value cut off stood (keys and
+    #: indices from the region's root), and every bracket still open at the end of
+    #: the last finished value (the root is ``()``): those were closed by the scan,
+    #: not by the model.
+    safe_end: int = -1
+    closers: str = ""
+    dropped: Path | None = None
+    open_paths: frozenset[Path] = frozenset()
+    #: A cut region: what closes it at the very end (the open string's quote, if any,
+    #: then the open brackets), for a rule that keeps cut values.
+    tail: str = ""
     #: A cut region: the shallowest complete values inside it (start, end), in order.
     inner: list[tuple[int, int]] = field(default_factory=list)
     #: A region that is strict JSON as written: its value.
     value: Any = NOT_READ
+
+    def trimmed(self, text: str) -> str:
+        """A cut region up to its last finished value, closed."""
+        return text[self.start:self.safe_end] + self.closers
 
 
 def _string_end(text: str, start: int) -> int | None:
@@ -114,10 +137,45 @@ def strict_region(text: str, start: int) -> Region | None:
     return Region(start, end, True, value=value)
 
 
-def _scan(text: str, start: int) -> Region:
-    """The region opening at ``start``: its end, or where the text ends inside it."""
-    node: _Node | None = ("}" if text[start] == "{" else "]", None, start)
+def _places(node: _Node | None) -> list[str | int]:
+    """The keys and indices leading to ``node`` from the root."""
+    places: list[str | int] = []
+    while node is not None:
+        if node[1] is not None:
+            places.append(node[1])
+        node = node[2]
+    places.reverse()
+    return places
+
+
+def _closers(node: _Node | None) -> str:
+    out = []
+    while node is not None:
+        out.append(node[0])
+        node = node[2]
+    return "".join(out)
+
+
+def _key(raw: str) -> str:
+    """A key as it reads once parsed (escapes decoded where they are valid)."""
+    if "\\" not in raw:
+        return raw
+    try:
+        decoded = orjson.loads(f'"{raw}"')
+    except orjson.JSONDecodeError:
+        return raw
+    return decoded if isinstance(decoded, str) else raw
+
+
+def _scan(text: str, start: int) -> Region:  # noqa: C901 - one state machine
+    n = len(text)
+    node: _Node | None = ("}" if text[start] == "{" else "]", None, None, start)
+    counts = [0]  # per open bracket: commas seen at its level (an array's index)
     depth = 1
+    state = _KEY if text[start] == "{" else _VALUE
+    safe_pos, safe_node = start + 1, node
+    key: str | None = None
+    quote = ""
     inner: list[tuple[int, int]] = []
     inner_depth = 1 << 30
     pos = start + 1
@@ -128,27 +186,68 @@ def _scan(text: str, start: int) -> Region:
         kind = m.lastgroup or "end"
         i = m.start(kind)
         pos = m.end()
+        in_object = node[0] == "}"
         if kind == "quote":
             end = _string_end(text, i)
-            if end is None:  # the text ends inside a string
+            if end is None:  # cut inside a string
+                if state in (_KEY, _AFTER) and in_object:
+                    key = text[i + 1:i + 41]
+                quote = text[i]
                 break
             pos = end
+            if in_object and state in (_KEY, _AFTER):
+                key, state = _key(text[i + 1:end - 1]), _COLON
+            else:
+                safe_pos, safe_node, state = end, node, _AFTER
+        elif kind == "word":
+            word = m.group(kind)
+            finished = pos < n or word in _LITERALS
+            if in_object and state in (_KEY, _AFTER):
+                key = word
+                if not finished:
+                    break
+                state = _COLON
+            elif not finished:
+                break
+            elif state != _AFTER:
+                safe_pos, safe_node, state = pos, node, _AFTER
         elif kind == "open":
-            node = ("}" if text[i] == "{" else "]", node, i)
+            place = key if in_object else counts[-1]
+            node = ("}" if text[i] == "{" else "]", place, node, i)
+            counts.append(0)
             depth += 1
+            state = _KEY if text[i] == "{" else _VALUE
+            key = None
         elif kind == "close":
             depth -= 1
             if depth == 0:
                 return Region(start, pos, True)
-            opened = node[2]
-            node = node[1]
+            opened = node[3]
+            node = node[2]
+            counts.pop()
+            safe_pos, safe_node, state, key = pos, node, _AFTER, None
             if depth < inner_depth:
                 inner, inner_depth = [(opened, pos)], depth
             elif depth == inner_depth and len(inner) < _MAX_INNER:
                 inner.append((opened, pos))
+        elif kind == "comma":
+            state, key = (_KEY if in_object else _VALUE), None
+            counts[-1] += 1
+        elif kind == "colon":
+            state = _VALUE
         elif kind == "end":
             break
-    return Region(start, len(text), False, inner)
+    dropped: Path | None = None
+    if text[safe_pos:].strip(" \t\r\n,"):
+        assert node is not None
+        if node[0] == "]":
+            dropped = (*_places(node), counts[-1])
+        else:
+            dropped = (*_places(node), key) if key is not None else tuple(_places(node))
+    chain = _places(safe_node)[:_MAX_OPEN_DEPTH]
+    open_paths = frozenset(tuple(chain[:d]) for d in range(len(chain) + 1))
+    return Region(start, n, False, safe_pos, _closers(safe_node), dropped, open_paths,
+                  quote + _closers(node), inner)
 
 
 # --- full-width JSON syntax ---------------------------------------------------------

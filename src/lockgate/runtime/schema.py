@@ -67,6 +67,7 @@ class OutputPlan:
     known: frozenset[str]
     #: the declared top-level fields (schema properties, required keys, fallbacks)
     fields: tuple[str, ...] = ()
+    keep_truncated: bool = False
 
 
 def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -232,6 +233,7 @@ def _build(rule: DeliveryRule) -> OutputPlan:
         format=rule.format, expect=expect, root=root, required=required, expected=expected,
         fallback=dict(rule.fallback_values), is_valid=is_valid, errors=errors, model=model,
         known=frozenset(root.lookup), fields=tuple(root.props),
+        keep_truncated=bool(rule.keep_truncated),
     )
 
 
