@@ -140,6 +140,10 @@ def test_two_objects_that_both_hold_declared_fields_are_not_guessed_between() ->
     assert not parse_output(raw, YES_NO).usable
 
 
+FIRST = {"answer": "yes", "note": "first"}
+SECOND = {"answer": "no", "note": "second, and longer than the first one"}
+
+
 # --- full-width punctuation and curly quotes as syntax ---------------------------------
 
 @pytest.mark.parametrize("raw", [
@@ -157,16 +161,19 @@ def test_full_width_syntax_is_converted_but_never_inside_values(raw: str) -> Non
     assert "repaired:punctuation" in p.fixes
 
 
+@pytest.mark.parametrize("first", ['｛“answer”：“yes”，“note”：“first”｝',
+                                   '{“answer”：“yes”，“note”：“first”}'])
+def test_a_full_width_object_is_read_in_its_place(first: str) -> None:
+    raw = first + " 或者 " + json.dumps(SECOND)
+    _ok(parse_output(raw, YES_NO), FIRST)
+
+
 def test_an_ascii_quote_inside_a_curly_quoted_value_is_kept() -> None:
     p = parse_output('{“answer”：“yes”，“note”：“he said "ok"”}', YES_NO)
     _ok(p, {"answer": "yes", "note": 'he said "ok"'})
 
 
 # --- several objects ---------------------------------------------------------------------
-
-FIRST = {"answer": "yes", "note": "first"}
-SECOND = {"answer": "no", "note": "second, and longer than the first one"}
-
 
 @pytest.mark.parametrize("raw", [
     json.dumps([FIRST, SECOND]),

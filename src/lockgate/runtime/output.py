@@ -52,7 +52,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 import orjson
 
@@ -67,8 +67,10 @@ from lockgate.runtime.scan import (
     Path,
     Region,
     ascii_syntax,
+    may_be_wide,
     regions,
     strict_region,
+    wide_bracket,
 )
 from lockgate.runtime.schema import Node, OutputPlan, output_plan
 from lockgate.spec import DeliveryRule
@@ -211,6 +213,12 @@ def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
             found = _search(thought, plan, inner)
             if found.usable:
                 return found
+    if may_be_wide(text):
+        # The usual reply, strict JSON after some chatter, needs no conversion; the
+        # conversion could only matter where a full-width bracket came before it.
+        first = _search_text(text, plan, fixes, first_strict=True)
+        if first is not None:
+            return first
     converted = ascii_syntax(text)
     if converted is not text:
         inner = fixes.copy()
@@ -223,15 +231,45 @@ def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
     return _search_text(text, plan, fixes)
 
 
-def _search_text(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
+@overload
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed: ...
+
+
+@overload
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
+                 first_strict: bool) -> Parsed | None: ...
+
+
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
+                 first_strict: bool = False) -> Parsed | None:
+    """Fences, then the whole text. ``first_strict``: only a usable first object that
+    is strict JSON and that no full-width bracket precedes, else None."""
     start_at = ANY_START if plan.expect == "array" else OBJECT_START
     for block in fenced_blocks(text):
         inner = fixes.copy()
         inner.repair("extracted:fence")
+        if first_strict:
+            return _first_strict(block, plan, inner, start_at)
         found = _search_regions(block, plan, inner, start_at)
         if found.usable:
             return found
+    if first_strict:
+        return _first_strict(text, plan, fixes, start_at)
     return _search_regions(text, plan, fixes, start_at)
+
+
+def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
+                  start_at: re.Pattern[str]) -> Parsed | None:
+    found = regions(text, start_at, limit=1)
+    if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start):
+        return None
+    for value, labels, repaired, _ in _candidates(text, found[0], plan):
+        inner = fixes.copy()
+        for label in labels:
+            inner.repair(label)
+        parsed = _finish(value, plan, inner, repaired=repaired)
+        return parsed if parsed.usable else None
+    return None
 
 
 def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,

@@ -267,10 +267,24 @@ _BARE_QUOTE = re.compile(r'(?<!\\)"')
 _START = re.compile(r"[{｛]|[\[［](?=\s*+(?:[{｛\[［]|\Z))")
 
 
+_WIDE = re.compile("[\uff01-\uff5e\u3000“”‘’]")
+_WIDE_BRACKET = re.compile("[｛［]")
+
+
+def may_be_wide(text: str) -> bool:
+    """Whether ``text`` holds a full-width form or a curly quote at all."""
+    return _WIDE.search(text) is not None
+
+
+def wide_bracket(text: str, end: int) -> bool:
+    """Whether a full-width bracket stands before ``end``."""
+    return _WIDE_BRACKET.search(text, 0, end) is not None
+
+
 def ascii_syntax(text: str) -> str:
     """``text`` with full-width JSON punctuation and curly quotes turned to ASCII where
     they stand as JSON syntax (see the module doc); ``text`` itself if there is none."""
-    if _FULLWIDTH.search(text) is None:
+    if not may_be_wide(text) or _FULLWIDTH.search(text) is None:
         return text
     out: list[str] = []
     pos = 0
