@@ -484,7 +484,7 @@ def build() -> list[dict[str, Any]]:
     return cases
 
 
-# --- Part two: outputs of the kinds an independent corpus found mishandled -----------
+# --- Part two: outputs of the kinds the ladder used to get wrong ---------------------
 #
 # Fallbacks of "" and null, outputs from which no declared field can be recovered,
 # wrappers of any depth, full-width punctuation and curly quotes used as JSON syntax,
