@@ -2,8 +2,10 @@
 
 Run: ``.venv/bin/python bench/runtime_bench.py [--rounds N]``
 
-Prints the corpus figures (usable share, statuses), the time per output of
-``parse_output`` over the whole corpus (median, p90, p99, max), the time of
+Prints the corpus figures (usable share, statuses; the second part's classes one by
+one), the time per output of ``parse_output`` over the whole corpus (median, p90, p99,
+max), the time of ``parse_output`` on hostile outputs (10 MB, 100,000-deep nesting,
+surrogates), the time of
 ``render`` on a short input and on 2 KB inputs (English, Chinese) with each token
 estimator, the time to condense a long input, and the calibrated estimator's error
 against tiktoken. Timings are per call, single thread, after a warm-up; each table is
@@ -67,9 +69,16 @@ def _time_each(fn: Callable[[], Any], rounds: int) -> list[int]:
     return out
 
 
+#: The corpus's second part: its rules, its classes by kind prefix
+#: (tests/runtime/test_corpus.py).
+PART_TWO = ("complaint_zh", "log_zh", "verdict", "verdict_keep_cut", "yes_no")
+GAP_CLASSES = ("fallback_", "nothing_", "wrapped_", "fullwidth_", "several_", "cut_")
+
+
 def _corpus_figures(cases: list[dict[str, Any]], rules: dict[str, DeliveryRule]) -> None:
     statuses: Counter[str] = Counter()
     repairable = usable_ok = unusable = unusable_ok = 0
+    by_class: dict[str, list[int]] = {}
     for c in cases:
         p = parse_output(c["raw"], rules[c["rule"]])
         statuses[p.status.value] += 1
@@ -83,11 +92,48 @@ def _corpus_figures(cases: list[dict[str, Any]], rules: dict[str, DeliveryRule])
         else:
             unusable += 1
             unusable_ok += right
+        cls = "part one" if c["rule"] not in PART_TWO else \
+            next(g for g in GAP_CLASSES if c["kind"].startswith(g))
+        by_class.setdefault(cls, [0, 0])[0] += right
+        by_class[cls][1] += 1
     print(f"corpus: {len(cases)} outputs, {repairable} repairable, {unusable} not")
     print(f"  usable and correct after the ladder: {usable_ok}/{repairable} "
           f"= {100.0 * usable_ok / repairable:.2f} %")
     print(f"  unusable with the right status:      {unusable_ok}/{unusable}")
     print("  statuses: " + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
+    print("  agreement by class: " + ", ".join(
+        f"{k.rstrip('_')} {ok}/{n}" for k, (ok, n) in by_class.items()))
+
+
+def _hostile() -> dict[str, str]:
+    big = 10 << 20
+    return {
+        "10 MB chatter": "lorem ipsum " * (big // 12),
+        "10 MB valid JSON": '{"answer": "yes", "note": "' + "x" * big + '"}',
+        "10 MB cut string": '{"answer": "yes", "note": "' + "x" * big,
+        "10 MB of {": "{" * big,
+        "100k-deep array": "[" * 100_000 + "]" * 100_000,
+        "100k-deep cut objects": '{"a":' * 100_000,
+        "400 KB of commas": '{"answer": "yes"' + ", " * (200 << 10),
+        "120 KB to repair": "{answer: yes, note: '" + "x, " * (40 << 10) + "'}",
+        "surrogates and NUL": '\x00{"answer": "yes", "note": "\ud800\\udc00"}\ud800' * 100,
+    }
+
+
+def _hostile_timing() -> None:
+    rule = DeliveryRule.model_validate({
+        "schema": {"type": "object", "required": ["answer", "note"],
+                   "properties": {"answer": {"enum": ["yes", "no"]},
+                                  "note": {"type": "string"}}},
+        "fallback_values": {"note": ""}})
+    print(f"\nparse_output on hostile outputs (ms, best of {PASSES})")
+    for name, raw in _hostile().items():
+        times = []
+        for _ in range(PASSES):
+            t0 = time.perf_counter_ns()
+            p = parse_output(raw, rule)
+            times.append(time.perf_counter_ns() - t0)
+        print(f"  {name:24} {min(times) / 1e6:9.1f}  {p.status.value}")
 
 
 def _parse_timing(cases: list[dict[str, Any]], rules: dict[str, DeliveryRule],
@@ -210,6 +256,7 @@ def main() -> None:
           f"token estimator {default_estimator().name}\n")
     _corpus_figures(cases, rules)
     _parse_timing(cases, rules, max(5, args.rounds // 10))
+    _hostile_timing()
     _render_timing(texts, args.rounds * 5)
     _estimator_error(cases, texts)
 

@@ -194,6 +194,11 @@ class DeliveryRule(BaseModel):
     input_defaults: dict[str, Any] = Field(default_factory=dict)
     normalize: InputRule = Field(default_factory=InputRule)
     on_invalid: Literal["retry", "fallback", "fail"] = "retry"
+    #: Deliver a value the output was cut off in (a string without its closing quote,
+    #: a number at the very end) as the repair closes it. Off by default: a value
+    #: counts only if it finished, so a cut one takes its fallback. ``None`` is off
+    #: (and keeps the stored form of existing rules unchanged).
+    keep_truncated: bool | None = None
 
     @field_validator("fallback_values", mode="before")
     @classmethod

@@ -43,6 +43,23 @@ def test_corpus_size_and_coverage() -> None:
     assert len({c["rule"] for c in CASES}) == len(corpus_rules())
 
 
+#: The corpus's second part (make_corpus.build_gaps): its rules, its classes by kind
+#: prefix.
+PART_TWO = ("complaint_zh", "log_zh", "verdict", "verdict_keep_cut", "yes_no")
+GAP_CLASSES = ("fallback_", "nothing_", "wrapped_", "fullwidth_", "several_", "cut_")
+
+
+@pytest.mark.parametrize("prefix", GAP_CLASSES)
+def test_each_gap_class_is_covered_in_english_and_chinese(prefix: str) -> None:
+    cases = [c for c in CASES if c["rule"] in PART_TWO and c["kind"].startswith(prefix)]
+    assert len(cases) >= 40
+    assert len({c["rule"] for c in cases}) >= 4
+    assert all(any(c["kind"].startswith(g) for g in GAP_CLASSES)
+               for c in CASES if c["rule"] in PART_TWO)
+    chinese = [any("\u4e00" <= ch <= "\u9fff" for ch in c["raw"]) for c in cases]
+    assert any(chinese) and not all(chinese)
+
+
 def test_repairable_outputs_are_usable() -> None:
     repairable = [c for c in CASES if c["expect"]["usable"]]
     failures = [(c["id"], why) for c in repairable for ok, why in [_outcome(c)] if not ok]

@@ -39,6 +39,14 @@ _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误
 _NULL = frozenset({"null", "none", "nil", "n/a", ""})
 
 
+#: At most this many fix labels are kept (then ``+N more``), each at most this long:
+#: an output with 100,000 unknown keys must not make a 100,000-entry trace.
+MAX_FIXES = 64
+MAX_LABEL = 160
+#: Unknown keys of one object considered for renaming (the rest are kept as they are).
+MAX_RENAMES = 256
+
+
 @dataclass(slots=True)
 class Fixes:
     """The fixes applied to one output, and which kinds occurred."""
@@ -47,18 +55,34 @@ class Fixes:
     repaired: bool = False
     coerced: bool = False
     filled: bool = False
+    more: int = 0
+
+    def _add(self, label: str) -> None:
+        if len(self.applied) >= MAX_FIXES:
+            self.more += 1
+            return
+        self.applied.append(label if len(label) <= MAX_LABEL else label[:MAX_LABEL] + "...")
 
     def repair(self, label: str) -> None:
-        self.applied.append(label)
+        self._add(label)
         self.repaired = True
 
     def coerce(self, label: str) -> None:
-        self.applied.append(label)
+        self._add(label)
         self.coerced = True
 
     def fill(self, label: str) -> None:
-        self.applied.append(label)
+        self._add(label)
         self.filled = True
+
+    def copy(self) -> Fixes:
+        return Fixes(list(self.applied), self.repaired, self.coerced, self.filled, self.more)
+
+    def labels(self) -> tuple[str, ...]:
+        """The labels in order (with ``+N more`` when some were left out)."""
+        if self.more:
+            return (*self.applied, f"+{self.more} more")
+        return tuple(self.applied)
 
 
 def json_type(value: Any) -> str:
@@ -117,7 +141,9 @@ def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) ->
     if unknown:
         renames: dict[str, str] = {}
         taken = {k for k in obj if k in props}
-        for key in unknown:
+        for key in unknown[:MAX_RENAMES]:
+            if len(taken) == len(props):
+                break
             folded = fold(key)
             target = node.lookup.get(folded)
             how = "alias" if folded in node.alias_folds else "case"
@@ -238,6 +264,8 @@ def _to_bool(value: Any) -> tuple[bool, Any]:
 def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = value.strip()
+        if not text:
+            return False, value  # nothing said: not a one-element list
         if text.startswith("["):
             try:
                 parsed = orjson.loads(text)

@@ -65,6 +65,9 @@ class OutputPlan:
     errors: Callable[[Any], list[tuple[tuple[Any, ...], str]]] | None
     model: Any
     known: frozenset[str]
+    #: the declared top-level fields (schema properties, required keys, fallbacks)
+    fields: tuple[str, ...] = ()
+    keep_truncated: bool = False
 
 
 def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -229,7 +232,8 @@ def _build(rule: DeliveryRule) -> OutputPlan:
     return OutputPlan(
         format=rule.format, expect=expect, root=root, required=required, expected=expected,
         fallback=dict(rule.fallback_values), is_valid=is_valid, errors=errors, model=model,
-        known=frozenset(root.lookup),
+        known=frozenset(root.lookup), fields=tuple(root.props),
+        keep_truncated=bool(rule.keep_truncated),
     )
 
 

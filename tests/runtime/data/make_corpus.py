@@ -484,8 +484,441 @@ def build() -> list[dict[str, Any]]:
     return cases
 
 
+# --- Part two: outputs of the kinds the ladder used to get wrong ---------------------
+#
+# Fallbacks of "" and null, outputs from which no declared field can be recovered,
+# wrappers of any depth, full-width punctuation and curly quotes used as JSON syntax,
+# several objects in one reply, and truncation inside values, keys and wrappers; in
+# English and Chinese, on four rules with enums, integer ranges, free text, Chinese
+# keys, aliases and fallbacks (one rule with a fallback for every field, one that keeps
+# cut values). Its own seed, appended after part one so that part one's ids stay.
+# Expected values are derived from the records and the mutation, never from the ladder.
+
+GAP_RULES: dict[str, dict[str, Any]] = {
+    "complaint_zh": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "category": {"enum": ["物流", "质量", "服务", "价格", "其他"]},
+                "severity": {"type": "integer", "minimum": 1, "maximum": 5},
+                "summary": {"type": "string", "maxLength": 200},
+            },
+            "required": ["category", "severity", "summary"],
+        },
+        "fallback_values": {"summary": "", "severity": 3},
+        "aliases": {"category": ["类别", "分类", "complaint_type"],
+                    "severity": ["严重程度", "等级"], "summary": ["摘要", "概述"]},
+    },
+    "log_zh": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "级别": {"enum": ["调试", "信息", "警告", "错误", "致命"]},
+                "模块": {"type": "string", "minLength": 1},
+                "原因": {"type": "string"},
+                "需要告警": {"type": "boolean"},
+                "重复次数": {"type": "integer", "minimum": 0},
+            },
+            "required": ["级别", "模块", "原因"],
+            "additionalProperties": False,
+        },
+        "fallback_values": {"原因": "", "需要告警": False, "重复次数": 0},
+        "aliases": {"级别": ["level", "日志级别"], "模块": ["module", "组件"],
+                    "原因": ["reason", "cause", "根因"], "需要告警": ["alert", "告警"]},
+    },
+    "verdict": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "risk_level": {"enum": ["safe", "borderline", "unsafe"]},
+                "action": {"enum": ["allow", "review", "remove"]},
+                "reason": {"type": "string"},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                "categories": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["risk_level", "action", "reason"],
+        },
+        "fallback_values": {"risk_level": "borderline", "action": "review", "reason": "",
+                            "confidence": None, "categories": []},
+        "aliases": {"risk_level": ["风险等级", "risk"], "action": ["处理", "decision"],
+                    "reason": ["explanation", "理由", "why"]},
+    },
+    "yes_no": {
+        "schema": {
+            "type": "object",
+            "properties": {"answer": {"enum": ["yes", "no"]}, "note": {"type": "string"}},
+            "required": ["answer", "note"],
+        },
+        "fallback_values": {"note": ""},
+        "aliases": {"answer": ["回答", "结论", "reply"], "note": ["备注", "comment"]},
+    },
+}
+GAP_RULES["verdict_keep_cut"] = {**copy.deepcopy(GAP_RULES["verdict"]), "keep_truncated": True}
+RULES.update(GAP_RULES)
+
+GAP_RECORDS: dict[str, list[dict[str, Any]]] = {
+    "complaint_zh": [
+        {"category": "物流", "severity": 4, "summary": "快递延误五天，客服一直没有回复。"},
+        {"category": "质量", "severity": 5,
+         "summary": "收到的电水壶底座漏电，差点烫伤孩子。"},
+        {"category": "服务", "severity": 2, "summary": "客服态度冷淡，说“这不归我们管”。"},
+        {"category": "价格", "severity": 3,
+         "summary": "下单第二天就降价：差价 80 元，申请价保被拒。"},
+        {"category": "其他", "severity": 1, "summary": "希望 App 增加夜间模式。"},
+        {"category": "物流", "severity": 3,
+         "summary": "The parcel arrived opened, one item missing."},
+        {"category": "质量", "severity": 4, "summary": "鞋底开胶（穿了不到一周），要求退货。"},
+        {"category": "服务", "severity": 5,
+         "summary": "Refund promised three times, still nothing; customer says \"I will sue\"."},
+    ],
+    "log_zh": [
+        {"级别": "错误", "模块": "支付网关", "原因": "上游超时：30 秒无响应",
+         "需要告警": True, "重复次数": 12},
+        {"级别": "警告", "模块": "订单服务", "原因": "库存接口返回 429，已自动重试",
+         "需要告警": False, "重复次数": 3},
+        {"级别": "致命", "模块": "数据库连接池", "原因": "连接耗尽（max=100），新请求全部失败",
+         "需要告警": True, "重复次数": 1},
+        {"级别": "信息", "模块": "调度器", "原因": "定时任务 nightly-report 已完成",
+         "需要告警": False, "重复次数": 0},
+        {"级别": "调试", "模块": "auth-service", "原因": "token refreshed for user 42",
+         "需要告警": False, "重复次数": 0},
+        {"级别": "错误", "模块": "search-indexer",
+         "原因": "disk full on /var/lib/index, writes rejected", "需要告警": True, "重复次数": 57},
+        {"级别": "警告", "模块": "网关", "原因": "证书将在 7 天后过期", "需要告警": True,
+         "重复次数": 1},
+        {"级别": "错误", "模块": "消息队列", "原因": "消费者“order-sync”落后 12 万条",
+         "需要告警": True, "重复次数": 4},
+    ],
+    "verdict": [
+        {"risk_level": "safe", "action": "allow", "reason": "Ordinary product question.",
+         "confidence": 0.97, "categories": []},
+        {"risk_level": "unsafe", "action": "remove",
+         "reason": "Threatens violence against a named person.", "confidence": 0.93,
+         "categories": ["violence", "harassment"]},
+        {"risk_level": "borderline", "action": "review",
+         "reason": "含有疑似广告链接，但上下文是用户求助。", "confidence": 0.61,
+         "categories": ["spam"]},
+        {"risk_level": "unsafe", "action": "remove", "reason": "发布他人手机号和家庭住址。",
+         "confidence": 0.88, "categories": ["privacy"]},
+        {"risk_level": "safe", "action": "allow", "reason": "引用新闻报道，无攻击性内容。",
+         "confidence": 0.9, "categories": []},
+        {"risk_level": "borderline", "action": "review",
+         "reason": "Sarcastic insult; could be read as a joke.", "confidence": 0.55,
+         "categories": ["harassment"]},
+        {"risk_level": "unsafe", "action": "remove",
+         "reason": "Sells counterfeit medicine: \"no prescription needed\".", "confidence": 0.95,
+         "categories": ["fraud", "illegal goods"]},
+        {"risk_level": "safe", "action": "allow", "reason": "用户说：“谢谢，问题解决了”。",
+         "confidence": 0.99, "categories": []},
+    ],
+    "yes_no": [
+        {"answer": "yes", "note": "The order shipped on 3 May."},
+        {"answer": "no", "note": "用户没有提供订单号。"},
+        {"answer": "yes", "note": "合同第 14 条允许提前解约，但需提前 30 天通知。"},
+        {"answer": "no", "note": "The warranty ended in March; repairs are paid."},
+        {"answer": "yes", "note": "发票抬头可以修改，一次为限。"},
+        {"answer": "no", "note": "Not stated in the text."},
+        {"answer": "yes", "note": "支持，货到付款仅限大陆地区。"},
+        {"answer": "no", "note": "The customer asked for a refund, not an exchange."},
+    ],
+}
+
+WRAPPERS = ["result", "data", "output", "payload", "response", "输出", "结果", "答案", "分析",
+            "classification", "json"]
+META = [{"model": "gpt-x", "ms": 12}, {"ok": True}, {"status": "success", "version": 2},
+        {"耗时": "35ms"}, {"confidence_note": "high", "tokens": 187}]
+LEADS = ["Here is the result:\n", "好的，结果如下：\n", "Analysis complete. ",
+         "根据日志内容，判断如下：", "", "Sure!\n\n"]
+TAILS = ["", "\n\nLet me know if you need more.", "\n以上。", " (generated automatically)",
+         "\n\n注：仅供参考。"]
+BETWEEN = ["\n", "\n\nAnother possible result:\n", "\n或者也可能是：", " Alternatively: ",
+           "\n\n如果按更严格的标准：\n"]
+
+
+def _fields(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    props: dict[str, dict[str, Any]] = rule["schema"]["properties"]
+    return props
+
+
+def _with(record: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = dict(record)
+    out.update(changes)
+    return out
+
+
+def _fullwidth(record: dict[str, Any], rng: random.Random, style: str) -> str:
+    """The record written with full-width syntax: ``all`` (curly quotes, ``：，｛｝［］``),
+    ``punct`` (ASCII quotes, full-width ``：，``), ``braces`` (``｛｝`` only) or ``mixed``
+    (each syntax character drawn at random)."""
+    def pick(ascii_form: str, wide: str) -> str:
+        if style == "all":
+            return wide
+        if style == "mixed":
+            return rng.choice([ascii_form, wide])
+        if style == "punct":
+            return wide if ascii_form in ":," else ascii_form
+        return wide if ascii_form in "{}[]" else ascii_form
+
+    def string(s: str) -> str:
+        q = pick('"', "“")
+        if q == "“":
+            return f"“{s}”"  # a model writing curly quotes does not escape ASCII ones
+        return json.dumps(s, ensure_ascii=False)
+
+    def value(v: Any) -> str:
+        if isinstance(v, str):
+            return string(v)
+        if isinstance(v, list):
+            sep = pick(",", "，")
+            return pick("[", "［") + sep.join(value(x) for x in v) + pick("]", "］")
+        return json.dumps(v)
+
+    colon_space = rng.choice(["", " "])
+    items = [f"{string(k)}{pick(':', '：')}{colon_space}{value(v)}" for k, v in record.items()]
+    return pick("{", "｛") + pick(",", "，").join(items) + pick("}", "｝")
+
+
+def _ordered(record: dict[str, Any], last: str) -> dict[str, Any]:
+    out = {k: v for k, v in record.items() if k != last}
+    out[last] = record[last]
+    return out
+
+
+def _cut_inside(record: dict[str, Any], field: str, rng: random.Random) -> str:
+    """The record serialised with ``field`` last, cut inside that field's string value."""
+    text = json.dumps(_ordered(record, field), ensure_ascii=False)
+    body = json.dumps(record[field], ensure_ascii=False)
+    start = text.rindex(body)
+    return text[:start + rng.randrange(1, len(body) - 1)]
+
+
+def _expected(rule: dict[str, Any], record: dict[str, Any], drop: tuple[str, ...] = ()) -> Any:
+    """The record with ``drop`` removed and fallbacks filled, or None when a required
+    field without fallback is gone."""
+    out = {k: v for k, v in record.items() if k not in drop}
+    required = rule["schema"]["required"]
+    for k in drop:
+        if k in rule["fallback_values"]:
+            out[k] = rule["fallback_values"][k]
+        elif k in required:
+            return None
+    return out
+
+
+def _gap_fallbacks(name: str, rule: dict[str, Any], record: dict[str, Any],
+                   rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    fallbacks = rule["fallback_values"]
+    required = rule["schema"]["required"]
+    with_fb = [k for k in record if k in fallbacks]
+    k = rng.choice(with_fb)
+    expected = _expected(rule, record, (k,))
+    dropped = {kk: v for kk, v in record.items() if kk != k}
+    _case(cases, name, "fallback_missing", _dump(dropped, rng), ["filled_fallback"], expected)
+    k = rng.choice(with_fb)
+    _case(cases, name, "fallback_null", _dump(_with(record, **{k: None}), rng),
+          ["filled_fallback"], _expected(rule, record, (k,)))
+    empty_ok = [kk for kk in with_fb if kk in required and isinstance(record[kk], str)]
+    if empty_ok:
+        k = rng.choice(empty_ok)
+        _case(cases, name, "fallback_empty_required", _dump(_with(record, **{k: ""}), rng),
+              ["filled_fallback"], _expected(rule, record, (k,)))
+    hard = [kk for kk in required if kk not in fallbacks]
+    if hard:
+        k = rng.choice(hard)
+        dropped = {kk: v for kk, v in record.items() if kk != k}
+        _case(cases, name, "fallback_none_declared", _dump(dropped, rng),
+              ["schema_violation"], usable=False)
+    # every field with a fallback missing at once: still the model's answer if one of
+    # its own fields is there
+    kept = [kk for kk in record if kk not in fallbacks]
+    if kept:
+        only = {kk: record[kk] for kk in kept}
+        _case(cases, name, "fallback_all_missing", _dump(only, rng), ["filled_fallback"],
+              _expected(rule, record, tuple(with_fb)))
+
+
+def _gap_nothing(name: str, rule: dict[str, Any], record: dict[str, Any],
+                 rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    unknown = rng.choice([{"text": "用户反馈内容", "lang": "zh"}, {"foo": "bar"},
+                          {"input": record.get("summary", "x"), "id": 7},
+                          {"描述": "无法判断", "备选": ["a", "b"]}])
+    depth = rng.randint(1, 3)
+    wrapped: Any = unknown
+    for w in rng.sample(WRAPPERS, depth):
+        wrapped = {w: wrapped}
+    _case(cases, name, "nothing_wrapped", _dump(wrapped, rng), ["schema_violation"],
+          usable=False)
+    meta = {rng.choice(WRAPPERS): unknown, **rng.choice(META)}
+    _case(cases, name, "nothing_beside_meta", _dump(meta, rng), ["schema_violation"],
+          usable=False)
+    _case(cases, name, "nothing_unknown_keys", _dump(unknown, rng), ["schema_violation"],
+          usable=False)
+    blank = {k: rng.choice([None, "", "  "]) for k in record}
+    _case(cases, name, "nothing_blank", _dump(blank, rng), ["schema_violation"],
+          usable=False)
+    first_key = json.dumps(next(iter(record)), ensure_ascii=False)
+    cut = "{" + first_key + ": " + json.dumps(record[next(iter(record))],
+                                              ensure_ascii=False)[:2]
+    _case(cases, name, "nothing_cut_first_value", rng.choice(LEADS) + cut, ["invalid_json"],
+          usable=False)
+
+
+def _gap_wrappers(name: str, rule: dict[str, Any], record: dict[str, Any],
+                  rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    depth = rng.randint(1, 4)
+    wrapped: Any = record
+    for w in rng.sample(WRAPPERS, depth):
+        wrapped = {w: wrapped}
+    _case(cases, name, "wrapped_single", _dump(wrapped, rng), ["repaired"], record)
+    beside = {**rng.choice(META), rng.choice(WRAPPERS): record}
+    if rng.random() < 0.5:
+        beside = {rng.choice(WRAPPERS): record, **rng.choice(META)}
+    _case(cases, name, "wrapped_beside_meta", _dump(beside, rng), ["repaired"], record)
+    deep = {rng.choice(WRAPPERS): {rng.choice(["answer_json", "内容"]): record},
+            **rng.choice(META)}
+    _case(cases, name, "wrapped_deep_meta",
+          rng.choice(LEADS) + _dump(deep, rng) + rng.choice(TAILS), ["repaired"], record)
+    as_text = {rng.choice(WRAPPERS): json.dumps(record, ensure_ascii=False)}
+    _case(cases, name, "wrapped_string", _dump(as_text, rng), ["repaired"], record)
+    as_list = {rng.choice(WRAPPERS): [record]}
+    _case(cases, name, "wrapped_list", _dump(as_list, rng), ["repaired"], record)
+    aliases = rule["aliases"]
+    canon = rng.choice(sorted(k for k in aliases if k in record))
+    renamed = _rename(record, canon, rng.choice(aliases[canon]))
+    _case(cases, name, "wrapped_alias", _dump({rng.choice(WRAPPERS): renamed}, rng),
+          ["repaired"], record)
+    # a wrapper that bears the alias of a field which is never an object
+    scalar = [k for k in aliases if "enum" in _fields(rule)[k]]
+    named = rng.choice(aliases[rng.choice(scalar)])
+    _case(cases, name, "wrapped_named_like_field", _dump({named: record}, rng), ["repaired"],
+          record)
+
+
+def _gap_fullwidth(name: str, rule: dict[str, Any], record: dict[str, Any],
+                   rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    for style in ("all", "punct", "braces", "mixed"):
+        _case(cases, name, f"fullwidth_{style}", _fullwidth(record, rng, style), ["repaired"],
+              record)
+    _case(cases, name, "fullwidth_chatty",
+          rng.choice(LEADS) + _fullwidth(record, rng, "all") + rng.choice(TAILS),
+          ["repaired"], record)
+    _case(cases, name, "fullwidth_fenced",
+          f"```json\n{_fullwidth(record, rng, rng.choice(['all', 'mixed']))}\n```",
+          ["repaired"], record)
+
+
+def _placeholder(rule: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, spec in _fields(rule).items():
+        if "enum" in spec:
+            out[k] = "|".join(spec["enum"])
+        elif spec.get("type") == "integer":
+            out[k] = f"{spec.get('minimum', 0)}-{spec.get('maximum', 9)}"
+        else:
+            out[k] = "..."
+    return out
+
+
+def _gap_several(name: str, rule: dict[str, Any], record: dict[str, Any],
+                 other: dict[str, Any], rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    compact = json.dumps(record, ensure_ascii=False)
+    second = json.dumps(other, ensure_ascii=False)
+    _case(cases, name, "several_array", f"[{compact}, {second}]", ["repaired"], record)
+    _case(cases, name, "several_array_chatty",
+          rng.choice(LEADS) + _dump([record, other], rng, True) + rng.choice(TAILS),
+          ["repaired"], record)
+    _case(cases, name, "several_in_a_row", compact + rng.choice(BETWEEN) + second,
+          ["repaired"], record)
+    _case(cases, name, "several_then_cut", compact + rng.choice(BETWEEN) + second[:-7],
+          ["repaired"], record)
+    # the model starts over after an answer it did not finish: the complete one counts
+    restart = _cut_inside(other, rng.choice([k for k, v in other.items()
+                                             if isinstance(v, str) and len(v) >= 4]), rng)
+    _case(cases, name, "several_cut_then_complete",
+          restart + rng.choice(["\n", "\n\n", "\n重新输出：\n", "\nLet me redo that: "])
+          + compact, ["repaired"], record)
+    if not all(k in rule["fallback_values"] for k in _fields(rule)):
+        # a template first: not an answer (its enum placeholder breaks the schema)
+        _case(cases, name, "several_template_first",
+              "Format: " + json.dumps(_placeholder(rule), ensure_ascii=False) + "\n" + compact,
+              ["repaired"], record)
+
+
+def _gap_truncation(name: str, rule: dict[str, Any], record: dict[str, Any],
+                    rng: random.Random, cases: list[dict[str, Any]]) -> None:
+    fields = _fields(rule)
+    strings = [k for k, v in record.items() if isinstance(v, str) and len(v) >= 4
+               and "enum" not in fields[k]]
+    enums = [k for k in record if "enum" in fields[k] and len(record[k]) >= 2]
+    for kind, pool in (("cut_in_string", strings), ("cut_in_enum", enums)):
+        k = rng.choice(pool)
+        expected = _expected(rule, record, (k,))
+        raw = rng.choice(LEADS) + _cut_inside(record, k, rng)
+        if expected is None:
+            _case(cases, name, kind, raw, ["schema_violation"], usable=False)
+        else:
+            _case(cases, name, kind, raw, ["filled_fallback"], expected)
+    text = json.dumps(_ordered(record, rng.choice(strings)), ensure_ascii=False)
+    _case(cases, name, "cut_before_brace", text[:-1], ["repaired"], record)
+    cut_key = text[:-1] + ', "' + rng.choice(["detai", "explan", "备", "confid"])
+    _case(cases, name, "cut_in_key", cut_key, ["repaired"], record)
+    wrapper = rng.choice(WRAPPERS)
+    inside = '{"' + wrapper + '": ' + text[:-1] + ', "' + rng.choice(["detai", "not", "附"])
+    _case(cases, name, "cut_in_wrapper", inside, ["repaired"], record)
+    wrapped_cut = '{"' + wrapper + '": ' + text + ', "model": "gpt'
+    _case(cases, name, "cut_after_wrapper", wrapped_cut, ["repaired"], record)
+    ints = [k for k, v in record.items() if isinstance(v, int) and not isinstance(v, bool)]
+    if ints:
+        k = rng.choice(ints)
+        ordered = json.dumps(_ordered(record, k), ensure_ascii=False)
+        expected = _expected(rule, record, (k,))
+        status = ["filled_fallback"] if expected is not None else ["schema_violation"]
+        _case(cases, name, "cut_after_number", ordered[:-1], status, expected,
+              usable=expected is not None)
+    k = rng.choice(strings)
+    expected = _expected(rule, record, (k,))
+    _case(cases, name, "cut_fenced", "```json\n" + _cut_inside(record, k, rng),
+          ["filled_fallback"] if expected is not None else ["schema_violation"], expected,
+          usable=expected is not None)
+
+
+def _gap_keep_cut(record: dict[str, Any], rng: random.Random,
+                  cases: list[dict[str, Any]]) -> None:
+    """The rule that keeps cut values: the cut string is delivered as it stands."""
+    text = json.dumps(_ordered(record, "reason"), ensure_ascii=False)
+    body = json.dumps(record["reason"], ensure_ascii=False)
+    start = text.rindex(body)
+    cut = rng.randrange(3, len(body) - 1)
+    raw = text[:start + cut]
+    partial = json.loads(body[:cut] + '"')
+    _case(cases, "verdict_keep_cut", "cut_kept", raw, ["repaired"],
+          _with(_ordered(record, "reason"), reason=partial))
+
+
+def build_gaps() -> list[dict[str, Any]]:
+    rng = random.Random(20250317)
+    cases: list[dict[str, Any]] = []
+    for name, records in GAP_RECORDS.items():
+        rule = GAP_RULES[name]
+        for i, record in enumerate(records):
+            other = records[(i + 3) % len(records)]
+            _gap_fallbacks(name, rule, record, rng, cases)
+            _gap_nothing(name, rule, record, rng, cases)
+            _gap_wrappers(name, rule, record, rng, cases)
+            _gap_fullwidth(name, rule, record, rng, cases)
+            _gap_several(name, rule, record, other, rng, cases)
+            _gap_truncation(name, rule, record, rng, cases)
+    for record in GAP_RECORDS["verdict"]:
+        _gap_keep_cut(record, rng, cases)
+    return cases
+
+
 def main() -> None:
     cases = build()
+    gaps = build_gaps()
+    for i, case in enumerate(gaps, start=len(cases)):
+        case["id"] = f"{case['rule']}-{i:04d}-{case['kind']}"
+    cases += gaps
     (HERE / "rules.json").write_text(json.dumps(RULES, ensure_ascii=False, indent=2) + "\n",
                                      encoding="utf-8")
     with (HERE / "corpus.jsonl").open("w", encoding="utf-8") as f:

@@ -1,0 +1,362 @@
+"""A tolerant, single-pass scan of JSON-like text (used by :mod:`.output`).
+
+Two jobs that a JSON repair library cannot do for the ladder:
+
+* :func:`ascii_syntax` - full-width punctuation (``｛ ｝ ［ ］ ： ，``) and curly quotes
+  (``“ ” ‘ ’ ＂``) written *as JSON syntax* become their ASCII forms; the same
+  characters inside string values are left alone (a curly-quoted string becomes an
+  ASCII-quoted one, its inner ``"`` escaped).
+* :func:`regions` - where each top-level object (or array) in a reply starts and ends,
+  in order. A region the text ends inside is *cut*: the scan records where its last
+  finished value ended and which brackets close it there, so that a string, number or
+  key cut off by the end of the output is never taken for the model's value.
+
+Both read strings the way a model writes them: a quote ends a string only where JSON
+syntax may follow it (a ``:``, ``,`` then a key or value, a closing bracket, a line
+break or the end of the text), so an unescaped inner quote (``"He said "hi" twice"``)
+does not end it. On valid JSON this is exactly JSON's own reading. Everything is
+linear in the length of the text: no backtracking regular expressions, no recursion,
+the open brackets kept as a linked list so that a snapshot costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+#: The value of a region not read as strict JSON.
+NOT_READ: Any = object()
+
+#: After a closing quote: what may follow the end of a JSON string (full-width forms
+#: included, for :func:`ascii_syntax`). A comma must be followed by something that can
+#: start a key or a value, else the quote is taken as part of the text.
+_CLOSES = re.compile(
+    r"""[ \t\u3000]*+(?:[\r\n]|[:：}｝\]］]|\Z|[,，]\s*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]|\Z
+        |(?:true|false|null|True|False|None)\b|[^\W\d][\w.\- ]{0,40}?["”’]?[ \t]*[:：]))""",
+    re.X)
+_DQ = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
+_SQ = re.compile(r"[^'\\]*+(?:\\.[^'\\]*+)*+'", re.S)
+_TOKEN = re.compile(
+    r"""\s*+(?:(?P<open>[{\[])|(?P<close>[}\]])|(?P<comma>,)|(?P<colon>:)|(?P<quote>["'])
+    |(?P<comment>//[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|\Z))
+    |(?P<word>[^\s,:{}\[\]"'/][^\s,:{}\[\]"]*+|/)|(?P<end>\Z))""", re.X | re.S)
+_LITERALS = frozenset({"true", "false", "null", "True", "False", "None"})
+
+#: Region starts: ``{`` always; ``[`` only where it opens an array of objects or arrays
+#: (or the text ends), so a citation like ``[1]`` is not taken for JSON.
+OBJECT_START = re.compile(r"\{|\[(?=\s*+(?:[{\[]|\Z))")
+ANY_START = re.compile(r"[{\[]")
+
+_MAX_INNER = 16
+
+# An open bracket: (closing char, its place in its parent - a key or an index -,
+# parent, start offset).
+_Node = tuple[str, "str | int | None", "_Node | None", int]
+Path = tuple[str | int, ...]
+#: Open brackets deeper than this are not reported (wrappers are removed at most 32
+#: deep, so deeper ones never hold a field of the answer).
+_MAX_OPEN_DEPTH = 40
+
+_KEY, _COLON, _VALUE, _AFTER = range(4)
+
+
+@dataclass(slots=True)
+class Region:
+    """One top-level bracketed value in a text."""
+
+    start: int
+    end: int
+    closed: bool
+    #: A cut region: the end of its last finished value (or of its opening bracket),
+    #: the brackets that close it there, where the value cut off stood (keys and
+    #: indices from the region's root), and every bracket still open at the end of
+    #: the last finished value (the root is ``()``): those were closed by the scan,
+    #: not by the model.
+    safe_end: int = -1
+    closers: str = ""
+    dropped: Path | None = None
+    open_paths: frozenset[Path] = frozenset()
+    #: A cut region: what closes it at the very end (the open string's quote, if any,
+    #: then the open brackets), for a rule that keeps cut values.
+    tail: str = ""
+    #: A cut region: the shallowest complete values inside it (start, end), in order.
+    inner: list[tuple[int, int]] = field(default_factory=list)
+    #: A region that is strict JSON as written: its value.
+    value: Any = NOT_READ
+
+    def trimmed(self, text: str) -> str:
+        """A cut region up to its last finished value, closed."""
+        return text[self.start:self.safe_end] + self.closers
+
+
+def _string_end(text: str, start: int) -> int | None:
+    """End (exclusive) of the string opening at ``start``; None if the text ends in it."""
+    pattern = _DQ if text[start] == '"' else _SQ
+    pos = start + 1
+    while True:
+        m = pattern.match(text, pos)
+        if m is None:
+            return None
+        pos = m.end()
+        if _CLOSES.match(text, pos):
+            return pos
+
+
+def regions(text: str, start_at: re.Pattern[str], limit: int = 64) -> list[Region]:
+    """The top-level regions of ``text`` in order (at most ``limit``); only the last
+    one can be cut."""
+    out: list[Region] = []
+    pos = 0
+    while len(out) < limit:
+        m = start_at.search(text, pos)
+        if m is None:
+            break
+        region = strict_region(text, m.start()) or _scan(text, m.start())
+        out.append(region)
+        if not region.closed:
+            break
+        pos = region.end
+    return out
+
+
+_DECODER = json.JSONDecoder()
+
+
+def strict_region(text: str, start: int) -> Region | None:
+    """The region at ``start`` if it is strict JSON as written (the common case, read
+    by the C scanners of ``json`` and ``orjson`` instead of the state machine)."""
+    try:
+        end = _DECODER.raw_decode(text, start)[1]
+        value = orjson.loads(text[start:end])
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return None
+    return Region(start, end, True, value=value)
+
+
+def _places(node: _Node | None) -> list[str | int]:
+    """The keys and indices leading to ``node`` from the root."""
+    places: list[str | int] = []
+    while node is not None:
+        if node[1] is not None:
+            places.append(node[1])
+        node = node[2]
+    places.reverse()
+    return places
+
+
+def _closers(node: _Node | None) -> str:
+    out = []
+    while node is not None:
+        out.append(node[0])
+        node = node[2]
+    return "".join(out)
+
+
+def _key(raw: str) -> str:
+    """A key as it reads once parsed (escapes decoded where they are valid)."""
+    if "\\" not in raw:
+        return raw
+    try:
+        decoded = orjson.loads(f'"{raw}"')
+    except orjson.JSONDecodeError:
+        return raw
+    return decoded if isinstance(decoded, str) else raw
+
+
+def _scan(text: str, start: int) -> Region:  # noqa: C901 - one state machine
+    n = len(text)
+    node: _Node | None = ("}" if text[start] == "{" else "]", None, None, start)
+    counts = [0]  # per open bracket: commas seen at its level (an array's index)
+    depth = 1
+    state = _KEY if text[start] == "{" else _VALUE
+    safe_pos, safe_node = start + 1, node
+    key: str | None = None
+    quote = ""
+    inner: list[tuple[int, int]] = []
+    inner_depth = 1 << 30
+    pos = start + 1
+    while True:
+        assert node is not None
+        m = _TOKEN.match(text, pos)
+        assert m is not None  # the last alternative matches at the end
+        kind = m.lastgroup or "end"
+        i = m.start(kind)
+        pos = m.end()
+        in_object = node[0] == "}"
+        if kind == "quote":
+            end = _string_end(text, i)
+            if end is None:  # cut inside a string
+                if state in (_KEY, _AFTER) and in_object:
+                    key = text[i + 1:i + 41]
+                quote = text[i]
+                break
+            pos = end
+            if in_object and state in (_KEY, _AFTER):
+                key, state = _key(text[i + 1:end - 1]), _COLON
+            else:
+                safe_pos, safe_node, state = end, node, _AFTER
+        elif kind == "word":
+            word = m.group(kind)
+            finished = pos < n or word in _LITERALS
+            if in_object and state in (_KEY, _AFTER):
+                key = word
+                if not finished:
+                    break
+                state = _COLON
+            elif not finished:
+                break
+            elif state != _AFTER:
+                safe_pos, safe_node, state = pos, node, _AFTER
+        elif kind == "open":
+            place = key if in_object else counts[-1]
+            node = ("}" if text[i] == "{" else "]", place, node, i)
+            counts.append(0)
+            depth += 1
+            state = _KEY if text[i] == "{" else _VALUE
+            key = None
+        elif kind == "close":
+            depth -= 1
+            if depth == 0:
+                return Region(start, pos, True)
+            opened = node[3]
+            node = node[2]
+            counts.pop()
+            safe_pos, safe_node, state, key = pos, node, _AFTER, None
+            if depth < inner_depth:
+                inner, inner_depth = [(opened, pos)], depth
+            elif depth == inner_depth and len(inner) < _MAX_INNER:
+                inner.append((opened, pos))
+        elif kind == "comma":
+            state, key = (_KEY if in_object else _VALUE), None
+            counts[-1] += 1
+        elif kind == "colon":
+            state = _VALUE
+        elif kind == "end":
+            break
+    dropped: Path | None = None
+    if text[safe_pos:].strip(" \t\r\n,"):
+        assert node is not None
+        if node[0] == "]":
+            dropped = (*_places(node), counts[-1])
+        else:
+            dropped = (*_places(node), key) if key is not None else tuple(_places(node))
+    chain = _places(safe_node)[:_MAX_OPEN_DEPTH]
+    open_paths = frozenset(tuple(chain[:d]) for d in range(len(chain) + 1))
+    return Region(start, n, False, safe_pos, _closers(safe_node), dropped, open_paths,
+                  quote + _closers(node), inner)
+
+
+# --- full-width JSON syntax ---------------------------------------------------------
+
+# Where full-width forms of ASCII (U+FF01-U+FF5E: ｛ ｝ ［ ］ ： ， ４ ...), the
+# ideographic space or curly quotes may stand as JSON syntax: next to a quote, a
+# bracket, a number or a literal. Chinese prose (``好的，结果如下：``) does not match, so
+# the conversion is skipped for the common reply.
+_FULLWIDTH = re.compile(
+    r"""[｛［＂＇]|[{\[,:：，]\s*[“‘”]|[”’]\s*[:：,，}\]]|["\d\]}]\s*[：，]|[：，]\s*["\d\-]
+    |[:：]\s*[０-９－]|(?:true|false|null)\s*[：，]|[{\[,:"]\s*\u3000|\u3000\s*[:,}\]"]""",
+    re.X)
+_OPEN_QUOTES = {'"': None, "'": None, "“": re.compile('[”“"＂]'), "”": re.compile('[”“"＂]'),
+                "＂": re.compile('[＂”"]'), "‘": re.compile("[’'＇]"), "＇": re.compile("[＇’']")}
+_JSON_CHARS = re.compile("""[{}\\[\\]:,"'“”‘’\u3000\uff01-\uff5e]""")
+_BARE_QUOTE = re.compile(r'(?<!\\)"')
+_START = re.compile(r"[{｛]|[\[［](?=\s*+(?:[{｛\[［]|\Z))")
+
+
+_WIDE = re.compile("[\uff01-\uff5e\u3000“”‘’]")
+_WIDE_BRACKET = re.compile("[｛［]")
+
+
+def may_be_wide(text: str) -> bool:
+    """Whether ``text`` holds a full-width form or a curly quote at all."""
+    return _WIDE.search(text) is not None
+
+
+def wide_bracket(text: str, end: int) -> bool:
+    """Whether a full-width bracket stands before ``end``."""
+    return _WIDE_BRACKET.search(text, 0, end) is not None
+
+
+def ascii_syntax(text: str) -> str:
+    """``text`` with full-width JSON punctuation and curly quotes turned to ASCII where
+    they stand as JSON syntax (see the module doc); ``text`` itself if there is none."""
+    if not may_be_wide(text) or _FULLWIDTH.search(text) is None:
+        return text
+    out: list[str] = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        m = _START.search(text, pos)
+        if m is None:
+            break
+        out.append(text[pos:m.start()])
+        pos = _convert_region(text, m.start(), out)
+    out.append(text[pos:])
+    converted = "".join(out)
+    return text if converted == text else converted
+
+
+def _convert_region(text: str, start: int, out: list[str]) -> int:
+    """Convert one bracketed region starting at ``start``; returns where it ended."""
+    depth = 0
+    pos = start
+    while (m := _JSON_CHARS.search(text, pos)) is not None:
+        i = m.start()
+        c = m.group()
+        out.append(text[pos:i])
+        pos = i + 1
+        if c in _OPEN_QUOTES:
+            pos = _convert_string(text, i, out)
+            continue
+        if c == "\u3000":
+            c = " "
+        elif c >= "\uff01":
+            c = chr(ord(c) - 0xFEE0)  # the ASCII character of a full-width form
+        out.append(c)
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth <= 0:
+                return pos
+    out.append(text[pos:])
+    return len(text)
+
+
+def _convert_string(text: str, start: int, out: list[str]) -> int:
+    """Copy the string opening at ``start`` with ASCII delimiters; returns its end."""
+    opening = text[start]
+    if opening in "\"'":
+        end = _string_end(text, start)
+        end = len(text) if end is None else end
+        out.append(text[start:end])
+        return end
+    closing = _OPEN_QUOTES[opening]
+    assert closing is not None
+    pos = start + 1
+    parts = ['"']
+    while True:
+        m = closing.search(text, pos)
+        if m is None:
+            parts.append(_escape_quotes(text[pos:]))
+            out.append("".join(parts))
+            return len(text)
+        j = m.start()
+        if _CLOSES.match(text, j + 1):
+            parts.append(_escape_quotes(text[pos:j]))
+            parts.append('"')
+            out.append("".join(parts))
+            return j + 1
+        parts.append(_escape_quotes(text[pos:j + 1]))
+        pos = j + 1
+
+
+def _escape_quotes(s: str) -> str:
+    if '"' not in s:
+        return s
+    # an ASCII quote inside a curly-quoted string is text: escape it (unless it is)
+    return _BARE_QUOTE.sub(r'\\"', s)
