@@ -304,3 +304,45 @@ def test_request_fields_lockgate_decides_cannot_be_replaced(
 
     answer = asyncio.run(call())
     assert answer.model == "sim-small" and answer.content
+
+
+class Hostile:
+    """Answers chosen by the task's text: megabytes, a lone surrogate, NUL, deep nesting."""
+
+    name = "default"
+
+    ANSWERS = {
+        "huge": "x" * (10 << 20),
+        "surrogate": '{"label": "y\ud800es"}',
+        "nul": '{"label": "no\x00"}',
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "fine": '{"label": "no"}',
+    }
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        kind = request.messages[-1]["content"].split("kind=")[1].split()[0]
+        return Completion(content=self.ANSWERS[kind], http_status=200, model=request.model)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_hostile_answers_end_their_tasks_cleanly_with_the_raw_output_kept(
+        store: Store) -> None:
+    kinds = list(Hostile.ANSWERS)
+    store.submit([parse_task(task(f"t-{k}", f"kind={k} ", retry={"max_retries": 0}))
+                  for k in kinds], batch_id="b")
+    stats = _run(Worker(store, settings(), burst=True, providers={"default": Hostile()}))
+    assert stats.finished == len(kinds)
+    got = {r["task_id"]: r for r in rows(
+        store, "SELECT t.task_id, t.status, t.result, a.parse_status, a.raw_output "
+               "FROM task t JOIN task_attempt a ON a.task_pk = t.id")}
+    assert set(got) == {f"t-{k}" for k in kinds}
+    huge = got["t-huge"]
+    assert huge["status"] == "DEAD" and huge["parse_status"] == "no_json_found"
+    assert huge["raw_output"].startswith("xxx") and huge["raw_output"].endswith(
+        f"[lockgate: {(10 << 20) - (1 << 20):,} more characters not kept]")
+    assert got["t-surrogate"]["raw_output"] == '{"label": "y\ufffdes"}'
+    assert got["t-nul"]["raw_output"] == '{"label": "no\ufffd"}'
+    assert got["t-deep"]["status"] == "DEAD" and len(got["t-deep"]["raw_output"]) > 1000
+    assert got["t-fine"]["status"] == "SUCCEEDED"

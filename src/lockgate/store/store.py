@@ -8,6 +8,7 @@ Every state transition is a conditional UPDATE whose affected-row count is check
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -81,21 +82,27 @@ _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED',
                        "'CANCELLED') AND finished_at < :c")
 
 
-def _storable(f: Finish) -> Finish:
-    """``f`` with every NUL character in its texts replaced by U+FFFD.
+#: What no database column may hold: NUL (PostgreSQL refuses it in text) and lone UTF-16
+#: surrogates (no encoding can write them; a provider other than lockgate's may pass
+#: ``"\ud800"`` from an answer's JSON through).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
-    A model's answer or a provider's error body may contain NUL (JSON allows
-    ``\\u0000``), and PostgreSQL refuses it in a text column. Refused, the write-back
-    of a whole batch would fail on every retry, and its tasks would be called again
-    each time their leases ran out. The replacement is the same on every backend."""
+
+def _storable(f: Finish) -> Finish:
+    """``f`` with every NUL character and lone surrogate in its texts replaced by U+FFFD.
+
+    Refused, the write-back of a whole batch would fail on every retry, and its tasks
+    would be called again each time their leases ran out. The replacement is the same
+    on every backend."""
     texts = (f.result, f.error_message, f.error_class, f.parse_status)
     trace = f.attempt
-    if not (any(t is not None and "\x00" in t for t in texts)
-            or (trace and any(isinstance(v, str) and "\x00" in v for v in trace.values()))):
+    search = _UNSTORABLE.search
+    if not (any(isinstance(t, str) and search(t) for t in texts)
+            or (trace and any(isinstance(v, str) and search(v) for v in trace.values()))):
         return f
 
     def clean(v: Any) -> Any:
-        return v.replace("\x00", "\ufffd") if isinstance(v, str) else v
+        return _UNSTORABLE.sub("\ufffd", v) if isinstance(v, str) else v
 
     return replace(f, result=clean(f.result), error_message=clean(f.error_message),
                    error_class=clean(f.error_class), parse_status=clean(f.parse_status),

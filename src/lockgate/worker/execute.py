@@ -126,6 +126,19 @@ def idempotency_key(task_id: str, lease_token: str, attempt: int) -> str:
     return f"{task_id}:{lease_token[:16]}:{attempt}"
 
 
+#: The longest answer a trace keeps whole; beyond it the rest is cut with a marker (a
+#: provider that answers megabytes would otherwise outgrow a database packet).
+MAX_RAW_OUTPUT = 1 << 20
+
+
+def kept(text: str, limit: int = MAX_RAW_OUTPUT) -> str:
+    """``text`` as a trace keeps it: whole up to ``limit`` characters, else its first
+    ``limit`` and a marker saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[lockgate: {len(text) - limit:,} more characters not kept]"
+
+
 def _dump(value: Any) -> str:
     return orjson.dumps(value).decode()
 
@@ -159,7 +172,7 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "input_tokens": c.prompt_tokens if c else None,
         "output_tokens": c.completion_tokens if c else None,
         "http_status": res.http_status,
-        "raw_output": c.content if c else None,
+        "raw_output": kept(c.content) if c else None,
         "parse_status": str(p.status) if p else None,
         "fixes": ",".join(p.fixes) if p and p.fixes else None,
         "completeness": p.completeness if p else None,
