@@ -29,14 +29,26 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
+from lockgate.durations import duration_field
 from lockgate.errors import ConfigError
 from lockgate.spec import ModelConfig, load_config
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
+
+#: A setting in seconds: a number, or a duration such as "1m30s" (lockgate.durations).
+Seconds = Annotated[float, BeforeValidator(duration_field)]
 
 
 class _Strict(BaseModel):
@@ -51,7 +63,7 @@ class Endpoint(_Strict):
     api_key_env: str | None = None
     model: str | None = Field(None, description="model name sent instead of the task's")
     models: tuple[str, ...] = Field((), description="task model names routed here")
-    timeout_s: float | None = Field(None, gt=0,
+    timeout_s: Seconds | None = Field(None, gt=0,
                                     validation_alias=AliasChoices("timeout_s", "timeout"))
     max_concurrency: int = Field(1000, ge=1)
     supports_top_k: bool = False
@@ -62,7 +74,8 @@ class Endpoint(_Strict):
                       description="worker pool that serves tasks routed here")
     rpm: int | None = Field(None, ge=1, description="requests per limit window, all workers")
     tpm: int | None = Field(None, ge=1, description="tokens per limit window, all workers")
-    limit_window_s: float = Field(60.0, gt=0, le=86_400, description="the provider's window")
+    limit_window_s: Seconds = Field(60.0, gt=0, le=86_400,
+                                    description="the provider's window")
     tpm_counts_max_tokens: bool = Field(
         False, description="the provider charges max_tokens (not the answer) at admission")
     min_concurrency: int = Field(1, ge=1)
@@ -112,12 +125,13 @@ class WorkerSettings(_Strict):
         None, ge=0, le=100_000,
         description="claimed tasks kept ready to start the moment a call ends, beyond "
                     "the calls in flight [min(claim_batch, concurrency // 4)]")
-    lease_s: float = Field(60.0, ge=1.0, description="lease length; renewed at 1/3")
-    flush_interval_s: float = Field(0.02, gt=0, description="write-behind flush period")
+    lease_s: Seconds = Field(60.0, ge=1.0, description="lease length; renewed at 1/3")
+    flush_interval_s: Seconds = Field(0.02, gt=0, description="write-behind flush period")
     flush_rows: int = Field(500, ge=1, le=5000, description="write-behind batch size")
-    poll_max_s: float = Field(1.0, gt=0, description="longest sleep on an empty queue")
-    heartbeat_s: float = Field(5.0, gt=0)
-    shutdown_grace_s: float = Field(30.0, ge=0, description="time to finish in-flight calls")
+    poll_max_s: Seconds = Field(1.0, gt=0, description="longest sleep on an empty queue")
+    heartbeat_s: Seconds = Field(5.0, gt=0)
+    shutdown_grace_s: Seconds = Field(30.0, ge=0,
+                                      description="time to finish in-flight calls")
     store_snapshots: bool = Field(True, description="keep the rendered prompt per attempt")
     pool: str | None = Field(None, description="serve only this pool [all pools]")
     gc_threshold: int | None = Field(
@@ -130,33 +144,33 @@ class FlowSettings(_Strict):
     """Flow control (``[flow]``): shared budgets, pauses, adaptive concurrency, circuit
     breakers, fair share and windows. docs/flow.md explains each knob."""
 
-    lease_interval_s: float = Field(0.1, gt=0, le=5, description="budget lease period")
+    lease_interval_s: Seconds = Field(0.1, gt=0, le=5, description="budget lease period")
     headroom: float = Field(0.02, ge=0, lt=1, description="share of a limit left unused")
     burst: float = Field(0.01, gt=0, lt=1, description="bucket size, share of a window")
-    backlog_s: float = Field(0.5, gt=0, description="calls claimed ahead of budget")
+    backlog_s: Seconds = Field(0.5, gt=0, description="calls claimed ahead of budget")
     min_backlog: int = Field(16, ge=1)
-    adjust_interval_s: float = Field(1.0, gt=0, description="concurrency decision period")
+    adjust_interval_s: Seconds = Field(1.0, gt=0, description="concurrency decision period")
     min_samples: int = Field(20, ge=1, description="calls per concurrency decision")
     latency_overhead_tokens: float = Field(20.0, ge=0,
                                            description="gradient policy: fixed cost in tokens")
-    default_pause_s: float = Field(1.0, gt=0, description="after a 429 without headers")
-    quota_pause_s: float = Field(30.0, gt=0, description="after insufficient_quota")
-    fallback_after_s: float = Field(2.0, ge=0,
+    default_pause_s: Seconds = Field(1.0, gt=0, description="after a 429 without headers")
+    quota_pause_s: Seconds = Field(30.0, gt=0, description="after insufficient_quota")
+    fallback_after_s: Seconds = Field(2.0, ge=0,
                                     description="a longer pause sends tasks to the fallback")
     breaker_failure_rate: float = Field(0.5, gt=0, le=1)
     breaker_min_calls: int = Field(20, ge=1)
     breaker_consecutive: int = Field(10, ge=1)
-    breaker_window_s: float = Field(10.0, gt=0)
-    breaker_open_s: float = Field(5.0, gt=0)
-    breaker_max_open_s: float = Field(60.0, gt=0)
+    breaker_window_s: Seconds = Field(10.0, gt=0)
+    breaker_open_s: Seconds = Field(5.0, gt=0)
+    breaker_max_open_s: Seconds = Field(60.0, gt=0)
     breaker_probes: int = Field(3, ge=1)
     fair_share: bool = Field(True, description="share claims among batches by weight")
-    lanes_refresh_s: float = Field(1.0, gt=0, description="batch (lane) discovery period")
-    failure_window_s: float = Field(3600.0, gt=0, description="failure rate look-back")
-    urgency_horizon_s: float = Field(3600.0, gt=0, description="deadline urgency starts")
+    lanes_refresh_s: Seconds = Field(1.0, gt=0, description="batch (lane) discovery period")
+    failure_window_s: Seconds = Field(3600.0, gt=0, description="failure rate look-back")
+    urgency_horizon_s: Seconds = Field(3600.0, gt=0, description="deadline urgency starts")
     max_urgency: float = Field(9.0, ge=0)
-    pace_every_s: float = Field(2.0, gt=0, description="window pace recomputation")
-    report_s: float = Field(2.0, gt=0, description="worker row metrics period")
+    pace_every_s: Seconds = Field(2.0, gt=0, description="window pace recomputation")
+    report_s: Seconds = Field(2.0, gt=0, description="worker row metrics period")
 
     @property
     def min_cap_ms(self) -> float:
@@ -171,10 +185,10 @@ class GateSettings(_Strict):
 
     enabled: bool = Field(True, description="run the gate's roles in `lockgate worker`")
     page: int = Field(500, ge=1, le=5000, description="items per materialise/finalise step")
-    poll_s: float = Field(0.2, gt=0, description="pause between role passes while busy")
-    idle_max_s: float = Field(2.0, gt=0, description="longest pause when there is no work")
-    lease_s: float | None = Field(None, ge=1.0, description="role leases [worker lease_s]")
-    refresh_s: float = Field(1.0, gt=0, le=5.0,
+    poll_s: Seconds = Field(0.2, gt=0, description="pause between role passes while busy")
+    idle_max_s: Seconds = Field(2.0, gt=0, description="longest pause when there is no work")
+    lease_s: Seconds | None = Field(None, ge=1.0, description="role leases [worker lease_s]")
+    refresh_s: Seconds = Field(1.0, gt=0, le=5.0,
                              description="re-check of a registry reference's live version")
 
 
@@ -298,4 +312,5 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
     except ValidationError as exc:
         e = exc.errors()[0]
         where = ".".join(str(x) for x in e["loc"])
-        raise ConfigError(f"config {chosen or '(defaults)'}: '{where}': {e['msg']}") from None
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"config {chosen or '(defaults)'}: '{where}': {msg}") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
@@ -311,7 +311,7 @@ class Hostile:
 
     name = "default"
 
-    ANSWERS = {
+    ANSWERS: ClassVar[dict[str, str]] = {
         "huge": "x" * (10 << 20),
         "surrogate": '{"label": "y\ud800es"}',
         "nul": '{"label": "no\x00"}',

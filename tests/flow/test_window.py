@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from lockgate.errors import SpecError
 from lockgate.flow.window import (
     BatchPlan,
     Window,
@@ -14,7 +15,7 @@ from lockgate.flow.window import (
     clock_window,
     next_cron,
     paced_rate,
-    parse_duration_s,
+    parse_when,
     project,
 )
 
@@ -35,16 +36,19 @@ def test_clock_window_today_tomorrow_and_in_progress() -> None:
 
 @pytest.mark.parametrize("bad", ["2-3", "25:00-26:00", "02:00-02:00", "02:61-03:00"])
 def test_bad_clock_windows_are_refused(bad: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError) as err:
         clock_window(bad, at(1))
+    assert err.value.field == "window"
 
 
-def test_durations() -> None:
-    assert parse_duration_s("90m") == 5400
-    assert parse_duration_s("1h30m") == 5400
-    assert parse_duration_s("45s") == 45
-    with pytest.raises(ValueError):
-        parse_duration_s("soon")
+def test_a_deadline_is_a_time_or_a_duration_from_now() -> None:
+    assert parse_when("2026-03-10T05:00", at(1)) == at(5)
+    assert parse_when("+90m", at(1)) == at(2, 30)
+    assert parse_when("1.5h", at(1)) == at(2, 30)  # the + is optional
+    assert parse_when("1d", at(1)) == at(1, day=11)
+    with pytest.raises(SpecError, match="neither a time") as err:
+        parse_when("soon", at(1))
+    assert err.value.field == "deadline"
 
 
 def test_cron() -> None:
@@ -56,9 +60,9 @@ def test_cron() -> None:
     assert next_cron("0 9 * * 6", at(10)) == at(9, day=14)
     assert next_cron("0 9 * * 7", at(10)) == at(9, day=15)
     assert next_cron("0 0 1 * *", at(10)) == datetime(2026, 4, 1, 0, 0, tzinfo=TZ)
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError, match="five fields"):
         next_cron("0 2 * *", at(1))
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError, match="outside 0-59"):
         next_cron("61 2 * * *", at(1))
 
 
@@ -93,7 +97,8 @@ def test_batch_plan_fields() -> None:
     plan = BatchPlan(base_weight=10, window=Window(1000, 5000))
     assert plan.fields() == {"base_weight": 10.0, "window_start": 1000, "window_end": 5000,
                              "target_per_s": None, "deadline_at": 5000}
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError):
         BatchPlan(window=Window(5000, 1000)).fields()
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecError) as err:
         BatchPlan(base_weight=0).fields()
+    assert err.value.field == "weight"

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from lockgate.durations import EXAMPLES, parse_duration
+from lockgate.errors import SpecError
 from lockgate.flow.bucket import Limits
 
 #: Part of a window kept in reserve at its end, at most ``MAX_MARGIN_MS``.
@@ -128,12 +130,14 @@ def clock_window(spec: str, now: datetime) -> tuple[datetime, datetime]:
     """
     m = _CLOCK.match(spec)
     if m is None:
-        raise ValueError(f"window {spec!r} is not HH:MM-HH:MM (e.g. 02:00-03:30)")
+        raise SpecError(f"{spec!r} is not HH:MM-HH:MM (e.g. 02:00-03:30)", field="window")
     h1, m1, h2, m2 = (int(g) for g in m.groups())
     if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59:
-        raise ValueError(f"window {spec!r} has an hour above 23 or a minute above 59")
+        raise SpecError(f"{spec!r} has an hour above 23 or a minute above 59",
+                        field="window")
     if (h1, m1) == (h2, m2):
-        raise ValueError(f"window {spec!r} is empty: start and end are the same time")
+        raise SpecError(f"{spec!r} is empty: start and end are the same time",
+                        field="window")
     for days in (-1, 0, 1):
         day = (now + timedelta(days=days)).replace(hour=0, minute=0, second=0,
                                                    microsecond=0)
@@ -144,18 +148,6 @@ def clock_window(spec: str, now: datetime) -> tuple[datetime, datetime]:
         if now < end:
             return start, end
     raise AssertionError("unreachable: tomorrow's window always ends after now")
-
-
-def parse_duration_s(spec: str) -> float:
-    """``90m``, ``1h30m``, ``45s``, ``2h`` -> seconds."""
-    m = re.fullmatch(r"\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*", spec)
-    if m is None or not any(m.groups()):
-        raise ValueError(f"duration {spec!r} is not like 90m, 1h30m or 45s")
-    h, mi, s = (int(g) if g else 0 for g in m.groups())
-    total = h * 3600 + mi * 60 + s
-    if total <= 0:
-        raise ValueError(f"duration {spec!r} must be positive")
-    return float(total)
 
 
 _CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
@@ -169,7 +161,7 @@ def _cron_field(text: str, lo: int, hi: int) -> frozenset[int]:
             part, step_s = part.split("/", 1)
             step = int(step_s)
             if step < 1:
-                raise ValueError("a cron step must be at least 1")
+                raise ValueError("a step must be at least 1")
         if part == "*":
             a, b = lo, hi
         elif "-" in part:
@@ -179,7 +171,7 @@ def _cron_field(text: str, lo: int, hi: int) -> frozenset[int]:
             a = int(part)
             b = hi if step > 1 else a
         if not lo <= a <= b <= hi + (1 if hi == 6 else 0):
-            raise ValueError(f"cron value {part!r} is outside {lo}-{hi}")
+            raise ValueError(f"value {part!r} is outside {lo}-{hi}")
         out.update(range(a, b + 1, step))
     return frozenset(7 % 7 if v == 7 else v for v in out) if hi == 6 else frozenset(out)
 
@@ -191,13 +183,14 @@ def next_cron(expr: str, after: datetime) -> datetime:
     both are restricted)."""
     fields = expr.split()
     if len(fields) != 5:
-        raise ValueError(f"cron {expr!r} needs five fields: minute hour day month weekday")
+        raise SpecError(f"{expr!r} needs five fields: minute hour day month weekday",
+                        field="cron")
     try:
         minute, hour, dom, month, dow = (_cron_field(f, lo, hi)
                                          for f, (lo, hi) in zip(fields, _CRON_RANGES,
                                                                 strict=True))
     except ValueError as exc:
-        raise ValueError(f"cron {expr!r}: {exc}") from None
+        raise SpecError(f"{expr!r}: {exc}", field="cron") from None
     dom_any, dow_any = fields[2] == "*", fields[4] == "*"
     t = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
     for _ in range(366 * 24 * 60 * 5):
@@ -217,7 +210,7 @@ def next_cron(expr: str, after: datetime) -> datetime:
             t += timedelta(minutes=1)
             continue
         return t
-    raise ValueError(f"cron {expr!r} never fires")
+    raise SpecError(f"{expr!r} never fires", field="cron")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,13 +226,13 @@ class BatchPlan:
         out: dict[str, float | int | None] = {}
         if self.base_weight is not None:
             if self.base_weight <= 0:
-                raise ValueError("a batch weight must be positive")
+                raise SpecError("must be positive", field="weight")
             out["base_weight"] = float(self.base_weight)
         if self.deadline_ms is not None:
             out["deadline_at"] = int(self.deadline_ms)
         if self.window is not None:
             if self.window.end_ms <= self.window.start_ms:
-                raise ValueError("a window must end after it starts")
+                raise SpecError("must end after it starts", field="window")
             out["window_start"] = self.window.start_ms
             out["window_end"] = self.window.end_ms
             out["target_per_s"] = self.window.target_per_s
@@ -248,15 +241,19 @@ class BatchPlan:
         return out
 
 
-def parse_when(spec: str, now: datetime) -> datetime:
-    """A point in time: ISO 8601 (local time zone when none is given) or ``+90m``."""
+def parse_when(spec: str, now: datetime, *, field: str = "deadline") -> datetime:
+    """A point in time: ISO 8601 (local time zone when none is given), or a duration
+    from now (``90m``, ``+1h30m``, ``2d``; see :mod:`lockgate.durations`)."""
     s = spec.strip()
-    if s.startswith("+"):
-        return now + timedelta(seconds=parse_duration_s(s[1:]))
     try:
         t = datetime.fromisoformat(s)
     except ValueError:
-        raise ValueError(f"{spec!r} is neither ISO 8601 (2026-03-10T03:30) nor +90m") from None
+        try:
+            seconds = parse_duration(s.removeprefix("+"), field=field, allow_zero=False)
+        except SpecError:
+            raise SpecError(f"{spec!r} is neither a time (ISO 8601, e.g. 2026-03-10T03:30) "
+                            f"nor a duration from now ({EXAMPLES})", field=field) from None
+        return now + timedelta(seconds=seconds)
     return t if t.tzinfo is not None else t.replace(tzinfo=now.tzinfo)
 
 
@@ -270,21 +267,22 @@ def plan_from_options(*, window: str | None = None, cron: str | None = None,
     expression's next time and ``duration`` (``90m``) gives the length.
     """
     if window and cron:
-        raise ValueError("give --window or --cron, not both")
+        raise SpecError("goes with a window or a cron start, not both", field="cron")
     if cron and not duration:
-        raise ValueError("--cron needs --duration (e.g. --duration 90m)")
+        raise SpecError("is needed with a cron start (e.g. 90m)", field="duration")
     if duration and not cron:
-        raise ValueError("--duration goes with --cron")
+        raise SpecError("goes with a cron start", field="duration")
     w: Window | None = None
     if window:
         start, end = clock_window(window, now)
         w = Window(_ms(start), _ms(end), target)
     elif cron:
         start = next_cron(cron, now)
-        end = start + timedelta(seconds=parse_duration_s(duration or ""))
+        end = start + timedelta(seconds=parse_duration(duration or "", field="duration",
+                                                       allow_zero=False))
         w = Window(_ms(start), _ms(end), target)
     elif target is not None:
-        raise ValueError("--target goes with --window or --cron")
+        raise SpecError("goes with a window or a cron start", field="target")
     dl = _ms(parse_when(deadline, now)) if deadline else None
     if w is None and weight is None and dl is None:
         return None

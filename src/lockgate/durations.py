@@ -1,0 +1,86 @@
+"""One grammar for every duration lockgate reads: command-line flags (``--older-than``,
+``--lease``, ``--grace``, ``--timeout``, ``--duration``, ``--deadline``) and the config
+file (every setting whose name ends in ``_s``).
+
+A duration is a plain number of seconds (``90``, ``1.5``), or one or more parts of a
+number and a unit, largest first: ``250ms``, ``45s``, ``90m``, ``1h30m``, ``1.5h``,
+``30d``, ``2w``, ``1d12h``. Spaces between parts are allowed; the units are ``ms``,
+``s``, ``m``, ``h``, ``d`` and ``w``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from lockgate.errors import SpecError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_ORDER = ["w", "d", "h", "m", "s", "ms"]
+_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
+_NUMBER = re.compile(r"\s*[+-]?(\d+(?:\.\d+)?|\.\d+)\s*")
+EXAMPLES = "e.g. 45s, 90m, 1h30m, 1.5h or 30d (a plain number is seconds)"
+
+
+def parse_duration(value: str | float, *, field: str | None = None,
+                   allow_zero: bool = True) -> float:
+    """Seconds in ``value`` (see the module docstring). Raises :class:`SpecError` naming
+    ``field`` for anything else, a negative duration, or zero unless ``allow_zero``."""
+    if isinstance(value, bool):
+        raise SpecError(f"{value!r} is not a duration; {EXAMPLES}", field=field)
+    seconds = float(value) if isinstance(value, int | float) else _parse_text(value, field)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SpecError(f"{value!r} is not a duration: it must not be negative", field=field)
+    if seconds == 0 and not allow_zero:
+        raise SpecError(f"{value!r} is not a duration: it must be longer than zero",
+                        field=field)
+    return seconds
+
+
+def _parse_text(text: str, field: str | None) -> float:
+    if text.strip().startswith("-"):
+        raise SpecError(f"{text!r} is not a duration: it must not be negative", field=field)
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    total, pos, last = 0.0, 0, -1
+    for m in _PART.finditer(text):
+        if m.start() != pos:
+            break
+        unit = m.group(2).lower()
+        rank = _ORDER.index(unit)
+        if rank <= last:
+            raise SpecError(f"{text!r}: put the larger units first, each once ({EXAMPLES})",
+                            field=field)
+        last = rank
+        total += float(m.group(1)) * _UNITS[unit]
+        pos = m.end()
+    if pos == 0 or text[pos:].strip():
+        raise SpecError(f"{text!r} is not a duration; {EXAMPLES}", field=field)
+    return total
+
+
+def duration_field(value: Any) -> Any:
+    """A pydantic ``BeforeValidator`` for settings in seconds: strings in the duration
+    grammar become seconds; numbers pass (pydantic checks their range)."""
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except SpecError as exc:
+            raise ValueError(exc.reason) from None
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds in the grammar's shortest exact form (``5400`` -> ``1h30m``)."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    out, rest = [], round(seconds, 3)
+    for unit in ("d", "h", "m"):
+        n = int(rest // _UNITS[unit])
+        if n:
+            out.append(f"{n}{unit}")
+            rest -= n * _UNITS[unit]
+    if rest or not out:
+        out.append(f"{rest:g}s")
+    return "".join(out)
