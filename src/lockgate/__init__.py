@@ -27,22 +27,46 @@ _EXPORTS = {
     "TemplateError": "lockgate.errors",
     "TaskSpec": "lockgate.spec",
     "parse_task": "lockgate.spec",
+    "Attempt": "lockgate.results",
+    "Response": "lockgate.results",
+    "BatchSummary": "lockgate.results",
+    "Status": "lockgate.results",
+    "TaskError": "lockgate.results",
+    "TaskResult": "lockgate.results",
+    "TaskView": "lockgate.results",
+    "Usage": "lockgate.results",
+    "WorkerInfo": "lockgate.results",
+    "Worker": "lockgate.worker",
+    "WorkerStats": "lockgate.worker",
+    "SubmitReport": "lockgate.store",
 }
 _MODULES = ("config", "files")
 
 __all__ = [
     "AsyncLockgate",
+    "Attempt",
+    "BatchSummary",
     "ConfigError",
     "DatabaseUnavailable",
     "ErrorClass",
     "Lockgate",
     "LockgateError",
     "NotFound",
+    "Response",
     "SpecError",
     "StateConflict",
+    "Status",
     "StoreError",
+    "SubmitReport",
+    "TaskError",
+    "TaskResult",
     "TaskSpec",
+    "TaskView",
     "TemplateError",
+    "Usage",
+    "Worker",
+    "WorkerInfo",
+    "WorkerStats",
     "__version__",
     "config",
     "connect",
@@ -65,7 +89,20 @@ if TYPE_CHECKING:
         StoreError,
         TemplateError,
     )
+    from lockgate.results import (
+        Attempt,
+        BatchSummary,
+        Response,
+        Status,
+        TaskError,
+        TaskResult,
+        TaskView,
+        Usage,
+        WorkerInfo,
+    )
     from lockgate.spec import TaskSpec, parse_task
+    from lockgate.store import SubmitReport
+    from lockgate.worker import Worker, WorkerStats
 
 
 def __getattr__(name: str) -> Any:

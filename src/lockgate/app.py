@@ -7,12 +7,13 @@ Example::
     lg.submit_file("tasks.jsonl")
     lg.run_worker(burst=True)          # or run `lockgate worker` on many machines
     for row in lg.results("tasks"):
-        print(row["task_id"], row["status"], row["result"])
+        print(row.task_id, row.status, row.result if row.error is None else row.error)
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lockgate.config import Settings, load_settings
-from lockgate.errors import SpecError
+from lockgate.errors import NotFound, SpecError
 from lockgate.files import (
     Checks,
     Format,
@@ -33,6 +34,7 @@ from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
 from lockgate.registry.api import Datasets, Prompts
+from lockgate.results import BatchSummary, Status, TaskResult, TaskView
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
@@ -52,13 +54,24 @@ class Lockgate:
     """A handle on one lockgate database (blocking calls)."""
 
     def __init__(self, url: str | None = None, *, settings: Settings | None = None,
-                 config: str | Path | None = None, migrate: bool = True) -> None:
+                 config: str | Path | None = None, migrate: bool = True,
+                 create: bool = True) -> None:
+        """Open the database at ``url`` (default ``$LOCKGATE_DATABASE_URL``, else
+        ``sqlite:///lockgate.db``). With ``migrate`` its schema is created or upgraded;
+        without ``create`` nothing is created: a database that does not exist, or holds
+        no lockgate tables, is refused with :class:`ConfigError` (read-only uses)."""
         self.settings = settings or load_settings(config)
         self.store = Store(url)
         #: The database URL with its password (worker processes open their own).
         self.url: str = self.store.engine.url.render_as_string(hide_password=False)
-        if migrate:
-            self.store.migrate()
+        try:
+            if not create:
+                self.store.check_schema(old_ok=migrate)
+            if migrate:
+                self.store.migrate()
+        except BaseException:
+            self.store.close()
+            raise
         #: The prompt registry, datasets and release gate (docs/gate.md).
         self.prompts = Prompts(self.store, self.settings)
         self.datasets = Datasets(self.store)
@@ -85,8 +98,30 @@ class Lockgate:
             batch_fields=plan.fields() if plan else None), plan)
 
     def _checks(self) -> Checks:
+        """A submit's checks; each distinct registry reference is looked up once."""
+        problems: dict[str, str | None] = {}
+
+        def reference_problem(ref: str) -> str | None:
+            if ref not in problems:
+                problems[ref] = self._reference_problem(ref)
+            return problems[ref]
+
         return Checks(model_modules=self.settings.runtime.model_modules,
-                      max_input_bytes=self.store.max_input_bytes())
+                      max_input_bytes=self.store.max_input_bytes(),
+                      reference_problem=reference_problem)
+
+    def _reference_problem(self, ref: str) -> str | None:
+        """Why ``@registry:REF`` names no version now (with a likely name), or None."""
+        try:
+            self.prompts.resolve(ref)
+        except NotFound as exc:
+            name = ref.split("@", 1)[0]
+            names = [p["name"] for p in self.prompts.list()]
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = (f" (did you mean @registry:{close[0]}?)" if close and name not in names
+                    else "")
+            return f"@registry:{ref}: {exc}{hint}"
+        return None
 
     def _pool_of(self, spec: TaskSpec) -> str:
         return self.settings.pool_of(spec.model)
@@ -161,21 +196,37 @@ class Lockgate:
         return run_async(self.worker(burst=burst, gate=gate, on_progress=on_progress,
                                      **overrides).run())
 
-    def status(self) -> dict[str, Any]:
-        """Counts per batch and state, leases in flight, live workers."""
+    def status(self) -> Status:
+        """Counts per batch and state, leases in flight, live workers, incomplete
+        batches."""
         return self.store.status()
 
-    def results(self, batch_id: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every task of a batch with its result or error, streamed."""
+    def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
+        """Every task of a batch (all batches if None) with its result or error,
+        streamed in submission order. :class:`NotFound` for a batch never submitted."""
         return self.store.results(batch_id)
 
-    def task(self, task_id: str) -> dict[str, Any]:
+    def summary(self, batch_id: str | None = None,
+                elapsed_s: float | None = None) -> BatchSummary:
+        """What happened to a batch (or all): tasks per state, calls, retries, duplicate
+        calls, errors, parse statuses, latency percentiles, field completeness; with
+        ``elapsed_s`` also the throughput."""
+        return self.store.summary(batch_id, elapsed_s)
+
+    def task(self, task_id: str) -> TaskView:
         """A task, its config and its attempts."""
         return self.store.task(task_id)
 
     def retry(self, task_id: str) -> None:
-        """Run a FAILED, DEAD or CANCELLED task again."""
+        """Run a FAILED, DEAD or CANCELLED task again with a fresh attempt budget."""
         self.store.retry(task_id)
+
+    def retry_batch(self, batch_id: str, *, statuses: Iterable[str] = ("FAILED", "DEAD"),
+                    error_class: str | None = None) -> int:
+        """Run again every task of a batch in one of ``statuses`` (and, if given, with
+        ``error_class``, e.g. ``"connection_error"``), in one transaction; returns how
+        many. Idempotent: a second call finds nothing more."""
+        return self.store.retry_batch(batch_id, statuses=statuses, error_class=error_class)
 
     def cancel(self, task_id: str) -> None:
         """Cancel a PENDING task."""
@@ -215,17 +266,25 @@ class AsyncLockgate:
     async def run_worker(self, *, burst: bool = False, **overrides: Any) -> WorkerStats:
         return await self.sync.worker(burst=burst, **overrides).run()
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         return await asyncio.to_thread(self.sync.status)
 
-    async def results(self, batch_id: str | None = None) -> list[dict[str, Any]]:
+    async def results(self, batch_id: str | None = None) -> list[TaskResult]:
+        """Every task of a batch, as a list (read in a thread; for millions of rows use
+        the blocking :meth:`Lockgate.results` stream, e.g. in ``asyncio.to_thread``)."""
         return await asyncio.to_thread(lambda: list(self.sync.results(batch_id)))
 
-    async def task(self, task_id: str) -> dict[str, Any]:
+    async def task(self, task_id: str) -> TaskView:
         return await asyncio.to_thread(self.sync.task, task_id)
 
     async def retry(self, task_id: str) -> None:
         await asyncio.to_thread(self.sync.retry, task_id)
+
+    async def retry_batch(self, batch_id: str, *,
+                          statuses: Iterable[str] = ("FAILED", "DEAD"),
+                          error_class: str | None = None) -> int:
+        return await asyncio.to_thread(lambda: self.sync.retry_batch(
+            batch_id, statuses=statuses, error_class=error_class))
 
     async def cancel(self, task_id: str) -> None:
         await asyncio.to_thread(self.sync.cancel, task_id)

@@ -18,10 +18,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Engine, TextClause, select, text
+from sqlalchemy import Engine, TextClause, inspect, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from lockgate.errors import NotFound, SpecError, StateConflict
+from lockgate.errors import ConfigError, NotFound, SpecError, StateConflict
+from lockgate.redact import redact_url
+from lockgate.results import (
+    BatchSummary,
+    Status,
+    TaskResult,
+    TaskView,
+    WorkerInfo,
+    percentile,
+    utc,
+)
 from lockgate.spec import (
     MAX_INPUT_BYTES,
     RESERVED_ID_PREFIX,
@@ -40,6 +50,8 @@ from lockgate.store.types import ClaimedTask, Finish, FinishReport, row_dict
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
 
+#: How far one point of a task's ``priority`` moves it in the claim order.
+PRIORITY_STEP_MS = 1000
 #: A submit commits its tasks in chunks of at most this many bytes of input ...
 SUBMIT_CHUNK_BYTES = 4 << 20
 #: ... or this many rows, whichever comes first.
@@ -47,6 +59,7 @@ SUBMIT_CHUNK_ROWS = 2000
 
 # -- named statements (the same on every dialect; :now is bound by Tx.execute) ---------
 
+_REVISION = sql("SELECT version_num FROM alembic_version")
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
@@ -77,6 +90,10 @@ _RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at 
              "result = NULL, parse_status = NULL, error_class = NULL, "
              "error_message = NULL, version = version + 1 "
              "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
+_RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
+                                      "('FAILED', 'DEAD', 'CANCELLED')",
+                                      "WHERE batch_id = :b AND status IN :st"), "st")
+_RETRY_BATCH_CLASS = sql(_RETRY_BATCH.text + " AND error_class = :ec", "st")
 _DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c")
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
                        "'CANCELLED') AND finished_at < :c")
@@ -185,6 +202,29 @@ class Store:
                 self.dialect.migration_lock(conn), conn.begin():
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def check_schema(self, *, old_ok: bool = False) -> None:
+        """Raise :class:`ConfigError` unless this database holds lockgate's tables at the
+        newest revision (or, with ``old_ok``, at any revision: a migration will upgrade
+        them); never creates anything (a SQLite file that does not exist is not made)."""
+        from alembic.script import ScriptDirectory
+
+        where = redact_url(self.url)
+        path = self.engine.url.database
+        if self.dialect.name == "sqlite" and path not in (None, "", ":memory:") \
+                and not Path(path).exists():
+            raise ConfigError(f"no lockgate database at {where}: the file {path} does not "
+                              "exist; check the path (--db or LOCKGATE_DATABASE_URL), or "
+                              "create it with `lockgate init`")
+        with self.read() as tx:
+            if not inspect(tx.conn).has_table("alembic_version"):
+                raise ConfigError(f"the database {where} has no lockgate tables; create them "
+                                  "with `lockgate init`")
+            have = tx.execute(_REVISION).scalar()
+        head = ScriptDirectory(str(Path(__file__).parent / "migrations")).get_current_head()
+        if have != head and not old_ok:
+            raise ConfigError(f"the database {where} is at schema revision {have}, this "
+                              f"lockgate needs {head}; upgrade it with `lockgate init`")
 
     def max_input_bytes(self) -> int:
         """The largest task input (JSON bytes) this database can store and write back
@@ -303,9 +343,11 @@ class Store:
                 {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
         if not rows:
             return 0, {}
-        visible = max(now, window_start)
+        base = max(now, window_start)
         for r in rows:
-            r["visible_at"] = visible
+            # Claims take visible rows in visible_at order: priority p moves a task p
+            # seconds ahead (or back), never before its batch's window opens.
+            r["visible_at"] = max(window_start, base - r["priority"] * PRIORITY_STEP_MS)
             r["created_at"] = r["updated_at"] = now
         n = self._insert_tasks(tx, rows)
         if n == len(rows):
@@ -470,7 +512,7 @@ class Store:
         with self.read() as tx:
             return {s: int(n) for s, n in tx.execute(_BATCH_COUNTS, {"b": batch_id})}
 
-    def status(self, *, alive_within_ms: int = 30_000) -> dict[str, Any]:
+    def status(self, *, alive_within_ms: int = 30_000) -> Status:
         """Counts per batch and state, leases in flight, and live workers."""
         w = schema.worker
         with self.read() as tx:
@@ -479,28 +521,29 @@ class Store:
                 counts.setdefault(b, {})[s] = int(n)
             leased = tx.execute(_LEASED).scalar_one()
             waiting = tx.execute(_BACKING_OFF).scalar_one()
-            workers = [row_dict(r) for r in tx.execute(
+            workers = [WorkerInfo.from_row(row_dict(r), tx.now) for r in tx.execute(
                 select(w).where(w.c.status != "stopped",
                                 w.c.heartbeat_at >= tx.now - alive_within_ms)
                 .order_by(w.c.started_at))]
             incomplete = [str(b) for b in tx.execute(_INCOMPLETE).scalars()]
-            return {"now": tx.now, "batches": counts, "leased": int(leased),
-                    "backing_off": int(waiting), "workers": workers,
-                    "incomplete_batches": incomplete}
+            now = utc(tx.now)
+            assert now is not None
+            return Status(now=now, batches=counts, leased=int(leased),
+                          backing_off=int(waiting), workers=workers,
+                          incomplete_batches=incomplete)
 
-    def task(self, task_id: str) -> dict[str, Any]:
+    def task(self, task_id: str) -> TaskView:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
         t, a = schema.task, schema.task_attempt
         with self.read() as tx:
             row = tx.execute(select(t).where(t.c.task_id == task_id)).first()
             if row is None:
                 raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
-            out = row_dict(row)
-            out["attempt_log"] = [row_dict(r) for r in tx.execute(
-                select(a).where(a.c.task_pk == out["id"]).order_by(a.c.id))]
-            out["config"] = orjson.loads(tx.execute(_CONFIG, {"h": out["config_hash"]})
-                                         .scalar_one())
-        return out
+            task = row_dict(row)
+            attempts = [row_dict(r) for r in tx.execute(
+                select(a).where(a.c.task_pk == task["id"]).order_by(a.c.id))]
+            config = orjson.loads(tx.execute(_CONFIG, {"h": task["config_hash"]}).scalar_one())
+        return TaskView.from_rows(task, config, attempts)
 
     def cancel(self, task_id: str) -> None:
         """PENDING -> CANCELLED. A worker holding it will find its write-back fenced."""
@@ -509,6 +552,25 @@ class Store:
     def retry(self, task_id: str) -> None:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
         self._transition(task_id, _RETRY, "FAILED, DEAD or CANCELLED", "retry")
+
+    def retry_batch(self, batch_id: str, *, statuses: Iterable[str] = ("FAILED", "DEAD"),
+                    error_class: str | None = None) -> int:
+        """Every task of a batch in one of ``statuses`` (FAILED, DEAD, CANCELLED), and
+        with ``error_class`` if given, back to PENDING with a fresh attempt budget, in
+        one statement; returns how many. Running it again finds nothing more to do."""
+        wanted = sorted({str(st).upper() for st in statuses})
+        bad = set(wanted) - {"FAILED", "DEAD", "CANCELLED"}
+        if bad or not wanted:
+            raise SpecError(f"can only be FAILED, DEAD or CANCELLED, not {sorted(bad)}",
+                            field="status")
+        sql_ = _RETRY_BATCH if error_class is None else _RETRY_BATCH_CLASS
+
+        def work(tx: Tx) -> int:
+            if tx.execute(_BATCH_EXISTS, {"b": batch_id}).first() is None:
+                raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
+            return int(tx.execute(sql_, {"b": batch_id, "st": wanted,
+                                         "ec": error_class}).rowcount)
+        return self.transaction(work)
 
     def _transition(self, task_id: str, statement: TextClause, needs: str,
                     verb: str) -> None:
@@ -522,19 +584,28 @@ class Store:
                                 f"and {verb} needs {needs}")
         self.transaction(work)
 
-    def results(self, batch_id: str | None = None) -> Iterator[dict[str, Any]]:
-        """Stream every task of a batch (or all) in id order, with its last attempt's usage."""
-        t, a = schema.task, schema.task_attempt
-        won = (a.c.task_pk == t.c.id) & (a.c.outcome == "succeeded")
+    def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
+        """Stream every task of a batch (or all) in id order, with the usage of the call
+        whose answer was delivered. :class:`NotFound` for a batch never submitted."""
+        if batch_id is not None and not self.batch_exists(batch_id):
+            raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
+        return self._results(batch_id)
+
+    def _results(self, batch_id: str | None) -> Iterator[TaskResult]:
+        # One table, no join: the call that ended each task is on its row, so the plan
+        # is a scan whatever the planner's statistics (a join to task_attempt could be
+        # planned as a nested loop over a freshly loaded, unanalysed table).
+        t = schema.task
         q = select(t.c.id, t.c.task_id, t.c.batch_id, t.c.status, t.c.result,
                    t.c.parse_status, t.c.error_class, t.c.error_message, t.c.attempts,
-                   t.c.finished_at, t.c.created_at, a.c.input_tokens, a.c.output_tokens,
-                   a.c.model, a.c.latency_ms).select_from(t.outerjoin(a, won)).order_by(t.c.id)
+                   t.c.finished_at, t.c.created_at, t.c.input_tokens, t.c.output_tokens,
+                   t.c.model, t.c.latency_ms, t.c.http_status, t.c.request_id,
+                   t.c.response).order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
         with self.read() as tx:
             for row in tx.stream(q):
-                yield row_dict(row)
+                yield TaskResult.from_row(row._mapping)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""
@@ -569,6 +640,26 @@ class Store:
         return {"calls": sum(outcomes.values()), "outcomes": outcomes, "errors": errors,
                 "parse_status": parse, "latencies_ms": latencies,
                 "completeness": comp_sum / comp_n if comp_n else None}
+
+    def summary(self, batch_id: str | None = None,
+                elapsed_s: float | None = None) -> BatchSummary:
+        """What happened to one batch (or to everything): states, calls, retries,
+        duplicate calls, errors, parse statuses, latency percentiles, completeness."""
+        states: dict[str, int] = {}
+        for b, counts in self.status().batches.items():
+            if batch_id is None or b == batch_id:
+                for k, v in counts.items():
+                    states[k] = states.get(k, 0) + v
+        a = self.attempt_stats(batch_id)
+        lat = sorted(a["latencies_ms"])
+        return BatchSummary(
+            batch_id=batch_id, states=states, calls=a["calls"],
+            retries=a["outcomes"].get("retry", 0),
+            duplicate_calls=a["outcomes"].get("discarded", 0),
+            outcomes=a["outcomes"], errors=a["errors"], parse_status=a["parse_status"],
+            latency_ms={q: percentile(lat, v) for q, v in
+                        (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
+            completeness=a["completeness"], elapsed_s=elapsed_s)
 
     def cleanup(self, *, older_than_ms: int, tasks: bool = False) -> dict[str, int]:
         """Retention: delete attempts (and optionally finished tasks) older than a bound.

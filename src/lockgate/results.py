@@ -1,0 +1,329 @@
+"""What the Python API hands back: typed rows with Python values, not database text.
+
+One shape everywhere: a task's result is its parsed JSON value; its error is
+``TaskError(error_class, message)`` (``{"class": ..., "message": ...}`` in files);
+times are timezone-aware UTC :class:`~datetime.datetime` objects in Python and ISO-8601
+UTC strings (``2026-12-03T09:12:05.123Z``) in every file and JSON output
+(:meth:`to_dict`). The store builds these from its rows; exports write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+
+def utc(ms: int | None) -> datetime | None:
+    """A database time (integer ms since the epoch, database clock) as a UTC datetime."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def iso(t: datetime | None) -> str | None:
+    """ISO-8601 UTC with milliseconds and ``Z``, as every file lockgate writes has it."""
+    if t is None:
+        return None
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+def plain(value: Any) -> Any:
+    """A value as JSON takes it: datetimes as ISO strings, rows as their ``to_dict()``."""
+    if isinstance(value, datetime):
+        return iso(value)
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+class _Row:
+    """``to_dict()`` for the dataclasses below: JSON-ready, times in ISO-8601 UTC."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name))
+                for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskError(_Row):
+    """Why a task (or an attempt) did not succeed: the error class of the taxonomy
+    (``lockgate.ErrorClass``, or the task's state when it has none) and the message."""
+
+    error_class: str | None
+    message: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"class": self.error_class, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage(_Row):
+    """What the call that produced a result cost: tokens, the model that answered, its
+    latency."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+    model: str | None
+    latency_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Response(_Row):
+    """What the provider answered to the call that ended the task, as it answered it:
+    the HTTP status, its ``x-request-id`` and its body (parsed JSON; None when the body
+    was not JSON or too large to keep)."""
+
+    status_code: int
+    request_id: str | None
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult(_Row):
+    """One task of a batch as :meth:`lockgate.Lockgate.results` streams it."""
+
+    task_id: str
+    batch_id: str
+    status: str
+    #: The delivered value (parsed JSON); also for FAILED with fallback values.
+    result: Any
+    parse_status: str | None
+    #: None for SUCCEEDED; else the reason (a PENDING task: its last retry's reason).
+    error: TaskError | None
+    attempts: int
+    created_at: datetime
+    finished_at: datetime | None
+    #: Of the call that ended the task (the one whose answer was delivered, for
+    #: SUCCEEDED); None when no call got an answer.
+    usage: Usage | None
+    #: The provider's answer to that call, as returned; None without an HTTP answer.
+    response: Response | None = None
+
+    @classmethod
+    def from_row(cls, r: Mapping[Any, Any]) -> TaskResult:
+        failed = r["status"] != "SUCCEEDED" and (r["error_class"] or r["error_message"]
+                                                 or r["status"] != "PENDING")
+        usage = None
+        if r.get("model") is not None or r.get("input_tokens") is not None:
+            usage = Usage(r.get("input_tokens"), r.get("output_tokens"), r.get("model"),
+                          r.get("latency_ms"))
+        created = utc(r["created_at"])
+        assert created is not None
+        status_code = r.get("http_status")
+        response = None
+        if status_code is not None:
+            body = r.get("response")
+            try:
+                parsed = None if body is None else orjson.loads(body)
+            except orjson.JSONDecodeError:
+                parsed = None
+            response = Response(int(status_code), r.get("request_id"), parsed)
+        return cls(
+            task_id=r["task_id"], batch_id=r["batch_id"], status=r["status"],
+            result=_json(r["result"]), parse_status=r["parse_status"],
+            error=TaskError(r["error_class"] or (None if r["status"] == "PENDING"
+                                                 else r["status"].lower()),
+                            r["error_message"]) if failed else None,
+            attempts=int(r["attempts"]), created_at=created,
+            finished_at=utc(r["finished_at"]), usage=usage, response=response)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt(_Row):
+    """One call of a task (its ``task_attempt`` row: the trace)."""
+
+    attempt: int
+    outcome: str
+    worker_id: str
+    started_at: datetime
+    latency_ms: float | None
+    endpoint: str | None
+    model: str | None
+    prompt_version: str | None
+    prompt_sha256: str | None
+    #: The rendered messages as sent (None unless the worker keeps snapshots).
+    prompt: list[dict[str, str]] | None
+    token_estimator: str | None
+    estimated_tokens: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    http_status: int | None
+    raw_output: str | None
+    parse_status: str | None
+    fixes: list[str]
+    completeness: float | None
+    error: TaskError | None
+    routed_from: str | None
+
+    @classmethod
+    def from_row(cls, r: Mapping[str, Any]) -> Attempt:
+        started = utc(r["started_at"])
+        assert started is not None
+        return cls(
+            attempt=int(r["attempt"]), outcome=r["outcome"], worker_id=r["worker_id"],
+            started_at=started, latency_ms=r["latency_ms"], endpoint=r["endpoint"],
+            model=r["model"], prompt_version=r["prompt_version"],
+            prompt_sha256=r["prompt_sha256"], prompt=_json(r["prompt_snapshot"]),
+            token_estimator=r["token_estimator"], estimated_tokens=r["estimated_tokens"],
+            input_tokens=r["input_tokens"], output_tokens=r["output_tokens"],
+            http_status=r["http_status"], raw_output=r["raw_output"],
+            parse_status=r["parse_status"],
+            fixes=r["fixes"].split(",") if r["fixes"] else [],
+            completeness=r["completeness"],
+            error=TaskError(r["error_class"], r["error_message"])
+            if r["error_class"] or r["error_message"] else None,
+            routed_from=r["routed_from"])
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView(_Row):
+    """One task with its input, config, state and every attempt (``lockgate tasks
+    show``, :meth:`lockgate.Lockgate.task`)."""
+
+    task_id: str
+    batch_id: str
+    status: str
+    input_data: dict[str, Any]
+    metadata: dict[str, Any] | None
+    result: Any
+    parse_status: str | None
+    error: TaskError | None
+    attempts: int
+    priority: int
+    pool: str
+    #: While PENDING: when it becomes claimable (its lease's or back-off's end).
+    visible_at: datetime | None
+    leased_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    config_hash: str
+    #: Template, model config, delivery rule and retry policy, as submitted.
+    config: dict[str, Any]
+    attempt_log: list[Attempt] = field(default_factory=list)
+
+    @classmethod
+    def from_rows(cls, t: Mapping[str, Any], config: dict[str, Any],
+                  attempts: Sequence[Mapping[str, Any]]) -> TaskView:
+        base = TaskResult.from_row(t)
+        updated = utc(t["updated_at"])
+        assert updated is not None
+        return cls(
+            task_id=t["task_id"], batch_id=t["batch_id"], status=t["status"],
+            input_data=orjson.loads(t["input_data"]), metadata=_json(t["metadata"]),
+            result=base.result, parse_status=t["parse_status"], error=base.error,
+            attempts=int(t["attempts"]), priority=int(t["priority"]), pool=t["pool"],
+            visible_at=utc(t["visible_at"]) if t["status"] == "PENDING" else None,
+            leased_by=t["leased_by"], created_at=base.created_at, updated_at=updated,
+            finished_at=base.finished_at, config_hash=t["config_hash"], config=config,
+            attempt_log=[Attempt.from_row(a) for a in attempts])
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo(_Row):
+    """A worker process alive now, from its heartbeat row."""
+
+    id: str
+    hostname: str
+    pid: int
+    status: str
+    pool: str | None
+    concurrency: int
+    concurrency_limit: int | None
+    in_flight: int
+    claimed: int
+    succeeded: int
+    failed: int
+    discarded: int
+    started_at: datetime
+    heartbeat_at: datetime
+    #: Seconds since its last heartbeat, on the database clock.
+    heartbeat_age_s: float
+    #: Its flow controller's view of each endpoint (limits, breaker, in flight).
+    endpoints: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, r: Mapping[str, Any], now_ms: int) -> WorkerInfo:
+        started, beat = utc(r["started_at"]), utc(r["heartbeat_at"])
+        assert started is not None and beat is not None
+        return cls(id=r["id"], hostname=r["hostname"], pid=int(r["pid"]), status=r["status"],
+                   pool=r["pool"], concurrency=int(r["concurrency"]),
+                   concurrency_limit=r["concurrency_limit"], in_flight=int(r["in_flight"]),
+                   claimed=int(r["claimed"]), succeeded=int(r["succeeded"]),
+                   failed=int(r["failed"]), discarded=int(r["discarded"]),
+                   started_at=started, heartbeat_at=beat,
+                   heartbeat_age_s=(now_ms - int(r["heartbeat_at"])) / 1000,
+                   endpoints=_endpoints(r.get("flow")))
+
+
+def _endpoints(text: str | None) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Status(_Row):
+    """The queue at a glance (``lockgate status``, :meth:`lockgate.Lockgate.status`)."""
+
+    #: The database clock when it was read.
+    now: datetime
+    #: Tasks per state, per batch.
+    batches: dict[str, dict[str, int]]
+    #: PENDING tasks some worker holds a lease on now.
+    leased: int
+    #: PENDING tasks waiting out a retry's back-off.
+    backing_off: int
+    workers: list[WorkerInfo]
+    #: Batches whose submit has not finished writing (run it again to complete them).
+    incomplete_batches: list[str]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0..1) by nearest rank; None for no data."""
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+@dataclass
+class BatchSummary(_Row):
+    """What happened to a batch, from the database (not from any worker's memory)."""
+
+    batch_id: str | None
+    states: dict[str, int]
+    calls: int
+    retries: int
+    duplicate_calls: int
+    outcomes: dict[str, int]
+    errors: dict[str, int]
+    parse_status: dict[str, int]
+    latency_ms: dict[str, float | None]
+    completeness: float | None
+    elapsed_s: float | None
+
+    @property
+    def tasks(self) -> int:
+        return sum(self.states.values())
+
+    @property
+    def throughput(self) -> float | None:
+        done = self.tasks - self.states.get("PENDING", 0)
+        return done / self.elapsed_s if self.elapsed_s else None
+
+
+__all__ = ["Attempt", "BatchSummary", "Response", "Status", "TaskError", "TaskResult",
+           "TaskView", "Usage", "WorkerInfo", "iso", "percentile", "plain", "utc"]
