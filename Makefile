@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast databases lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,29 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP)
+# Tests that need no database server and no worker process: runtime, durations, the
+# CLI's error boundary, flow and gate arithmetic (under a minute).
+FAST_TESTS := tests/runtime tests/test_durations.py tests/test_cli_boundary.py \
+	tests/flow/test_bucket.py tests/flow/test_concurrency.py tests/flow/test_breaker.py \
+	tests/flow/test_estimate.py tests/flow/test_headers.py tests/flow/test_priority.py \
+	tests/flow/test_window.py tests/flow/test_status.py tests/gate/test_metrics.py \
+	tests/gate/test_decision.py tests/gate/test_parsing.py
+
+# The whole suite on SQLite, PostgreSQL and MariaDB (the servers are started if they are
+# down and this machine can; tests of a server that does not answer are skipped, or fail
+# under CI=true).
+test: $(STAMP) databases
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/python -m pytest $(FAST_TESTS)
+
+databases:
+	@bash .ci/databases
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

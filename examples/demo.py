@@ -25,15 +25,15 @@ from pathlib import Path
 
 import orjson
 from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "complaints"))
 import generate  # noqa: E402
 
 import lockgate  # noqa: E402
-from lockgate.cli import run_batch  # noqa: E402
-from lockgate.cli_registry import decision_table, progress_table  # noqa: E402
-from lockgate.report import summarize, summary_table  # noqa: E402
 from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
 
 SIMULATOR = {
@@ -74,17 +74,16 @@ def main() -> int:
         with lockgate.connect(f"sqlite:///{a.out / 'demo.db'}", settings=settings) as lg:
             report = lg.submit_file(tasks_file, batch_id="complaints")
             console.print(f"submitted {report.inserted:,} tasks (batch complaints)")
-            elapsed = run_batch(lg, "complaints")
-            summary = summarize(lg.store, "complaints", elapsed)
+            elapsed = work(lg, console, report.inserted)
+            summary = lg.summary("complaints", elapsed)
             right = {"category": 0, "emotion": 0}
             scored = 0
             for row in lg.results("complaints"):
-                if row["status"] != "SUCCEEDED":
+                if row.status != "SUCCEEDED":
                     continue
-                value = orjson.loads(row["result"])
                 scored += 1
                 for k in right:
-                    right[k] += value.get(k) == expected[row["task_id"]][k]
+                    right[k] += row.result.get(k) == expected[row.task_id][k]
             stats = sim.stats()
             extra = {
                 "simulator requests": f"{stats.get('requests', 0):,}",
@@ -138,12 +137,80 @@ def gate_act(lg: lockgate.Lockgate, console: Console, items: int) -> None:
         console.print(f"live version now: v{lg.prompts.version('complaints').version}")
 
 
+def work(lg: lockgate.Lockgate, console: Console, total: int) -> float:
+    """A burst worker with a progress bar (rate and elapsed time); returns seconds."""
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]working"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task("work", total=total, rate="")
+
+        def show(stats: lockgate.WorkerStats) -> None:
+            rate = stats.finished / max(1e-9, time.perf_counter() - t0)
+            progress.update(bar, completed=stats.finished, rate=f"{rate:,.0f} tasks/s")
+
+        lg.run_worker(burst=True, on_progress=show)
+    return time.perf_counter() - t0
+
+
+def summary_table(s: lockgate.BatchSummary, extra: dict[str, str]) -> Table:
+    """The batch's summary: states, calls, retries, duplicates, latency, completeness."""
+    t = Table(title=f"batch {s.batch_id}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    for state, n in sorted(s.states.items()):
+        t.add_row(f"tasks {state}", f"{n:,}")
+    t.add_row("calls made", f"{s.calls:,}")
+    t.add_row("retries", f"{s.retries:,}")
+    t.add_row("duplicate calls (discarded write-backs)", f"{s.duplicate_calls:,}")
+    t.add_row("errors by class", ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()))
+              or "-")
+    t.add_row("throughput", f"{s.throughput or 0:,.1f} tasks/s")
+    for q, ms in s.latency_ms.items():
+        t.add_row(f"latency {q}", "-" if ms is None else f"{ms:,.0f} ms")
+    comp = s.completeness
+    t.add_row("field completeness", "-" if comp is None else f"{comp * 100:.2f}%")
+    for k, v in extra.items():
+        t.add_row(k, v)
+    return t
+
+
+def progress_table(st: dict) -> Table:
+    """Per run of an evaluation: items materialised, tasks done, verdicts."""
+    t = Table(title=f"update {st['id']}: v{st['candidate_version']} against "
+                    f"v{st['base_version']}  {st['status']}")
+    for col in ("dataset", "run", "status", "done", "match / mismatch / error"):
+        t.add_column(col)
+    for r in st["runs"]:
+        total = sum(r["tasks"].values())
+        v = r["verdicts"]
+        t.add_row(r["dataset"], f"v{r['version']}" + (" (live)" if r["subject"] == "baseline"
+                                                      else ""),
+                  r["status"], f"{total - r['tasks'].get('PENDING', 0)}/{total}",
+                  f"{v.get('MATCH', 0)} / {v.get('MISMATCH', 0)} / {v.get('ERROR', 0)}")
+    return t
+
+
+def decision_table(st: dict) -> Table:
+    """Each metric of each dataset against its threshold."""
+    t = Table(title=f"decision: {st['status']}" + (f" ({st['reason']})" if st.get("reason")
+                                                  else ""))
+    for col in ("dataset", "metric", "value", "threshold", "result"):
+        t.add_column(col)
+    for ds in (st.get("decision") or {}).get("datasets", []):
+        for c in ds["checks"]:
+            limit = "-" if c["threshold"] is None else f"{c['op']} {c['threshold']:g}"
+            value = "undefined" if c["value"] is None else f"{c['value']:.4g}"
+            name = c["metric"] if c["kind"] == "threshold" else f"{c['metric']} vs live"
+            t.add_row(ds["dataset"], name, value, limit,
+                      "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]")
+    return t
+
+
 def evaluate(lg: lockgate.Lockgate, console: Console, update_id: int) -> dict:
     """Run a burst worker (it runs the gate's roles too) and show progress until decided."""
     thread = threading.Thread(target=lambda: lg.run_worker(burst=True), name="demo-worker")
     thread.start()
-    from rich.live import Live
-
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while True:
             status = lg.gate.status(update_id)

@@ -181,7 +181,7 @@ class FlowSettings(_Strict):
 
 class GateSettings(_Strict):
     """The release gate's roles inside workers (``[gate]``), and how fast workers see a
-    prompt's new live version (SPEC F4: within 5 seconds)."""
+    prompt's new live version (within 5 seconds)."""
 
     enabled: bool = Field(True, description="run the gate's roles in `lockgate worker`")
     page: int = Field(500, ge=1, le=5000, description="items per materialise/finalise step")
@@ -237,7 +237,7 @@ class Settings(_Strict):
         return None
 
     def pool_of(self, model: ModelConfig | None) -> str:
-        """The pool a task with this model config runs in (SPEC S3)."""
+        """The pool a task with this model config runs in."""
         try:
             return (self.route(model) if model is not None else self._default()).pool
         except ConfigError:

@@ -1,4 +1,4 @@
-"""The task spec: the six required meta-fields of a task (SPEC T1) as pydantic models.
+"""The task spec: the six required meta-fields of a task as pydantic models.
 
 A task line is ``{"task_id", "prompt_template", "input_data", "model_config",
 "delivery_rule", "retry_policy"}`` plus the optional ``batch_id``, ``priority`` and
@@ -58,7 +58,7 @@ KNOWN_PROVIDER_PARAMS = frozenset({
     "result_format", "incremental_output", "do_sample", "request_id", "num_ctx",
     "keep_alive", "options", "extra_body",
 })
-#: The six meta-fields every task line states (SPEC T1).
+#: The six meta-fields every task line states.
 REQUIRED_FIELDS = ("task_id", "prompt_template", "input_data", "model_config",
                    "delivery_rule", "retry_policy")
 
@@ -172,7 +172,7 @@ def check_model_keys(model: ModelConfig) -> None:
 
 
 class InputRule(_Strict):
-    """How input values are normalised before rendering (SPEC R1)."""
+    """How input values are normalised before rendering."""
 
     nfkc: bool = True
     strip_invisible: bool = True
@@ -221,6 +221,8 @@ class TaskSpec(BaseModel):
     delivery_rule: DeliveryRule = Field(default_factory=DeliveryRule)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     batch_id: str | None = Field(None, min_length=1, max_length=MAX_TASK_ID)
+    #: Seconds this task moves ahead of (or, negative, behind) others in the claim
+    #: order of its queue: claims take ready tasks oldest-ready first.
     priority: int = Field(0, ge=-1000, le=1000)
     metadata: dict[str, Any] | None = None
 

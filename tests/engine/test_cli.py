@@ -133,11 +133,13 @@ def test_tasks_show_cancel_and_retry(db_url: str, store: Store,
     assert shown.exit_code == 0, shown.output
     doc = orjson.loads(shown.stdout)
     assert (doc["task_id"], doc["status"]) == (ids[1], "SUCCEEDED")
-    assert orjson.loads(doc["result"]) == {"label": expected_label(text_for(1))}
+    assert doc["result"] == {"label": expected_label(text_for(1))}
+    assert doc["input_data"] == {"text": text_for(1)}
     assert doc["config"]["model_config"]["name"] == "sim-small"
     assert doc["config"]["retry_policy"]["max_retries"] == 3
+    assert doc["created_at"].endswith("Z") and doc["error"] is None
     (attempt,) = doc["attempt_log"]
-    assert attempt["outcome"] == "succeeded" and attempt["prompt_snapshot"]
+    assert attempt["outcome"] == "succeeded" and attempt["prompt"][-1]["role"] == "user"
 
     result = lockgate("tasks", "retry", ids[0], "--db", db_url)
     assert result.exit_code == 0, result.output
@@ -170,7 +172,9 @@ def test_cleanup_deletes_old_traces_and_finished_tasks_only(
     assert "deleted 5 attempt(s), 5 task(s)" in result.stderr
     assert status_counts(store) == {"PENDING": 2}
     bad = lockgate("cleanup", "--db", db_url, "--older-than", "soon")
-    assert bad.exit_code == 2 and "--older-than takes a number" in bad.stderr
+    assert bad.exit_code == 2 and "--older-than: 'soon' is not a duration" in bad.stderr
+    neg = lockgate("cleanup", "--db", db_url, "--older-than", "-1d")
+    assert neg.exit_code == 2 and "must not be negative" in neg.stderr
 
 
 def test_errors_say_what_is_wrong(tmp_path: Path) -> None:

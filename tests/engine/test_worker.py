@@ -57,6 +57,9 @@ def test_sigterm_lets_in_flight_calls_finish_and_exits_cleanly(
     assert w["status"] == "stopped" and w["stopped_at"] is not None
     assert (w["succeeded"], w["in_flight"]) == (len(done), 0)
     assert f"{len(done)} succeeded" in proc.log()
+    # what the user saw at the signal: what it is waiting for, and how not to wait
+    assert (f"stopping: no new tasks; finishing {CONCURRENCY} call(s) in flight within 30s "
+            "(send the signal again, e.g. Ctrl-C, to stop now)") in proc.log()
 
 
 @pytest.mark.slow

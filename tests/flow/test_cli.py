@@ -86,11 +86,14 @@ def test_submit_with_cron_and_deadline(db_url: str, store: Store, tmp_path: Path
 def test_bad_window_options_are_refused_with_the_reason(db_url: str, tmp_path: Path) -> None:
     f = write(tmp_path / "x.jsonl", 1)
     for args, words in (
-            (["--window", "25:00-26:00"], "hour above 23"),
-            (["--cron", "0 2 * * *"], "--cron needs --duration"),
+            (["--window", "25:00-26:00"], "--window: '25:00-26:00' has an hour above 23"),
+            (["--cron", "0 2 * * *"], "--duration: is needed with a cron start"),
             (["--window", "01:00-02:00", "--cron", "0 2 * * *", "--duration", "1h"],
              "not both"),
-            (["--target", "5"], "--target goes with")):
+            (["--target", "5"], "--target: goes with a window or a cron start"),
+            (["--cron", "0 2 * * *", "--duration", "soon"], "--duration: 'soon' is not a "
+                                                            "duration"),
+            (["--deadline", "soon"], "--deadline: 'soon' is neither a time")):
         r = lockgate("submit", f, "--db", db_url, *args)
         assert r.exit_code == 2 and words in " ".join(r.output.split()), r.output
 

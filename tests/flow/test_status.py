@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from lockgate.config import Settings
@@ -27,19 +26,22 @@ def bucket(name: str, **kw: object) -> dict[str, object]:
 
 def test_endpoints_merge_the_workers_reports_pauses_limits_and_cost() -> None:
     workers = [
-        {"flow": orjson.dumps({"hosted": {"limit": 10, "in_flight": 4, "waiting": 2,
-                                          "latency_ms": 100.0, "failure_rate": 0.1,
-                                          "calls": 30, "breaker": "closed"}}).decode()},
-        {"flow": orjson.dumps({"hosted": {"limit": 20, "in_flight": 6, "waiting": 0,
-                                          "latency_ms": 400.0, "failure_rate": 0.0,
-                                          "calls": 10, "breaker": "half_open"}}).decode()},
-        {"flow": "not json"},
+        {"concurrency": 512,
+         "endpoints": {"hosted": {"limit": 10, "in_flight": 4, "waiting": 2,
+                                  "latency_ms": 100.0, "failure_rate": 0.1,
+                                  "calls": 30, "breaker": "closed"}}},
+        {"concurrency": 20,  # its own --concurrency caps the endpoint's limit of 1000
+         "endpoints": {"hosted": {"limit": 1000, "in_flight": 6, "waiting": 0,
+                                  "latency_ms": 400.0, "failure_rate": 0.0,
+                                  "calls": 10, "breaker": "half_open"}}},
+        {"concurrency": 8, "endpoints": {}},
     ]
     rows = endpoints([bucket("hosted", paused_until=NOW + 2500, pause_reason="quota",
                              learned_rpm=300.0, rate_factor=0.9), bucket("local")],
                      workers, SETTINGS, {"hosted": (40, 200.0, 20.0)})
     h, loc = rows
     assert (h["concurrency"], h["in_flight"], h["waiting"], h["workers"]) == (30, 10, 2, 2)
+    assert h["worker_concurrency"] == [10, 20]
     assert h["latency_ms"] == pytest.approx((100 * 30 + 400 * 10) / 40)
     assert h["failure_rate"] == pytest.approx(3 / 40)
     assert h["breaker"] == "half_open"

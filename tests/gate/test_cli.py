@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lockgate.cli import app
-from lockgate.cli_registry import NOT_ACTIVATED
+from lockgate.cli.registry import NOT_ACTIVATED
 from lockgate.store import Store
 
 from .support import BAD, DELIVERY, GOOD, MEDIOCRE, MODEL, LocalProvider, items, run_worker

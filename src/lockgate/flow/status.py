@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from lockgate.config import Settings
 from lockgate.flow.bucket import effective
 from lockgate.flow.window import Window, capacity_per_s, project
@@ -32,12 +30,12 @@ def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[st
     prices."""
     reported: dict[str, list[dict[str, Any]]] = {}
     for w in workers:
-        try:
-            detail = orjson.loads(w.get("flow") or "{}")
-        except orjson.JSONDecodeError:
-            continue
-        for name, d in detail.items():
-            reported.setdefault(name, []).append(d)
+        for name, d in (w.get("endpoints") or {}).items():
+            # What a worker sends at once is its own limit (--concurrency) or the
+            # endpoint's adaptive one, whichever is lower.
+            cap = int(w.get("concurrency") or 0)
+            reported.setdefault(name, []).append(
+                {**d, "limit": min(int(d.get("limit", 0)), cap) if cap else d.get("limit", 0)})
     out = []
     for b in buckets:
         if b.get("kind") != "endpoint":
@@ -60,6 +58,7 @@ def endpoints(buckets: Sequence[Mapping[str, Any]], workers: Iterable[Mapping[st
             "pause_reason": b["pause_reason"] if paused_ms else None,
             "workers": len(ds),
             "concurrency": sum(d.get("limit", 0) for d in ds),
+            "worker_concurrency": [d.get("limit", 0) for d in ds],
             "in_flight": sum(d.get("in_flight", 0) for d in ds),
             "waiting": sum(d.get("waiting", 0) for d in ds),
             "latency_ms": round(sum(x * max(c, 1) for x, c in lat)

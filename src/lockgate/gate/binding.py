@@ -115,11 +115,11 @@ class BindingSettings(_Strict):
             named.add(self.non_inferiority.metric)
         wanting = sorted(named & set(NEEDS_POSITIVE))
         if wanting and self.positive_label is None:
-            raise ValueError(f"{', '.join(wanting)} need a positive label (--positive)")
+            raise ValueError(f"{', '.join(wanting)} need a positive label (positive)")
         if wanting and self.comparison.kind != "label":
             raise ValueError(f"{', '.join(wanting)} need a label comparison (label:FIELD)")
         if "cost_per_item" in named and self.prices is None:
-            raise ValueError("cost_per_item needs prices (--price-in/--price-out)")
+            raise ValueError("cost_per_item needs prices (input and output per 1M tokens)")
         return self
 
 

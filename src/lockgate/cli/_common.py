@@ -1,0 +1,182 @@
+"""What every command shares: the Typer app, consoles, options, the error boundary, the
+duration and time formats, and how a command opens the database."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lockgate import __version__
+from lockgate.app import Lockgate
+from lockgate.durations import EXAMPLES, parse_duration
+from lockgate.errors import LockgateError, SpecError
+from lockgate.results import plain, utc
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Exit code of a command that failed for a reason it names (bad input, no database...).
+FAILED = 2
+#: Exit code of a command interrupted by Ctrl-C.
+INTERRUPTED = 130
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"lockgate {__version__}\n")
+        raise typer.Exit()
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Durable, leased LLM prompt tasks on SQL databases, with a release "
+                       "gate for prompt changes.")
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="print the version and exit")] = False) -> None:
+    """Durable, leased LLM prompt tasks on SQL databases, with a release gate for prompt
+    changes."""
+
+
+#: Messages, progress and errors (stderr); tables and data go to ``out`` (stdout).
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False)
+
+DbOpt = Annotated[str | None, typer.Option(
+    "--db", envvar="LOCKGATE_DATABASE_URL", metavar="URL",
+    help="database URL: sqlite:///lockgate.db (default), postgresql://user@host/db, "
+         "mysql://user@host/db")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", envvar="LOCKGATE_CONFIG", metavar="FILE",
+    help="TOML file with endpoints and the [worker], [flow], [gate] and [runtime] "
+         "settings [default: ./lockgate.toml if present]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+ActorOpt = Annotated[str | None, typer.Option(
+    "--actor", "--author", metavar="NAME",
+    help="who does it, for the audit trail [default: login name]")]
+ReasonOpt = Annotated[str | None, typer.Option(
+    "--reason", "--note", metavar="TEXT", help="why, kept in the audit trail")]
+
+#: The flag of each field a library error may name, so messages speak the user's terms.
+FLAGS = {"older_than": "--older-than", "window": "--window", "cron": "--cron",
+         "duration": "--duration", "deadline": "--deadline", "target": "--target",
+         "weight": "--weight", "status": "--status", "lease": "--lease", "grace": "--grace",
+         "timeout": "--timeout", "processes": "--processes"}
+
+
+def fail(exc: BaseException) -> None:
+    """Print ``error: ...`` (what was wrong and what to do) and exit with code 2."""
+    text = str(exc)
+    if isinstance(exc, SpecError) and exc.line is None and exc.field in FLAGS:
+        text = f"{FLAGS[exc.field]}: {exc.reason}"
+    console.print(f"error: {text}", markup=False)
+    raise typer.Exit(FAILED)
+
+
+def handles_errors(fn: Callable[P, T]) -> Callable[P, T]:
+    """The CLI's one error boundary: a :class:`LockgateError` becomes one clear
+    message and exit code 2 (never a traceback); Ctrl-C ends with exit code 130."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except LockgateError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            console.print("interrupted", markup=False)
+            raise typer.Exit(INTERRUPTED) from None
+        raise AssertionError("unreachable")
+    return wrapper
+
+
+def command(group: typer.Typer, name: str | None = None,
+            **kwargs: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Register a command on ``group`` behind the error boundary."""
+    def deco(fn: Callable[P, T]) -> Callable[P, T]:
+        group.command(name, **kwargs)(handles_errors(fn))
+        return fn
+    return deco
+
+
+@contextmanager
+def opened(db: str | None, config: Path | None = None, *,
+           create: bool = False) -> Iterator[Lockgate]:
+    """The database of a command. Only commands that write tasks or prompts (``init``,
+    ``submit``, ``run``, ``worker``, ``prompt create``, ``dataset add``) may create it;
+    every other command refuses a database that does not exist, and read-only ones
+    never migrate it."""
+    lg = Lockgate(db, config=config, create=create, migrate=create)
+    try:
+        yield lg
+    finally:
+        lg.close()
+
+
+@contextmanager
+def opened_for_change(db: str | None, config: Path | None = None) -> Iterator[Lockgate]:
+    """The database of a command that changes rows of an existing database (retry,
+    cancel, cleanup, bind, rollback ...): it is upgraded if old, never created."""
+    lg = Lockgate(db, config=config, create=False, migrate=True)
+    try:
+        yield lg
+    finally:
+        lg.close()
+
+
+def seconds(value: str | None, field: str, *, allow_zero: bool = True) -> float | None:
+    """A duration flag's value in seconds (the one grammar, :mod:`lockgate.durations`)."""
+    if value is None:
+        return None
+    return parse_duration(value, field=field, allow_zero=allow_zero)
+
+
+DURATION_HELP = EXAMPLES
+
+
+def when(t: datetime | int | None) -> str:
+    """A time as every command shows it: local time, to the second."""
+    if t is None:
+        return "-"
+    if isinstance(t, int):
+        t = utc(t)
+        assert t is not None
+    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(title: str, columns: list[str] | tuple[str, ...], *,
+          right: tuple[str, ...] = ()) -> Table:
+    """A table that fits a narrow terminal without cutting a word to "…": the
+    ``right``-aligned (numeric) columns keep their width, the others wrap."""
+    t = Table(title=title)
+    for col in columns:
+        if col in right:
+            t.add_column(col, justify="right", no_wrap=True)
+        else:
+            t.add_column(col, overflow="fold")
+    return t
+
+
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout (dataclasses through ``to_dict``)."""
+    sys.stdout.write(orjson.dumps(plain(value), option=orjson.OPT_INDENT_2,
+                                  default=_json_default).decode() + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)

@@ -1,0 +1,360 @@
+"""The task commands: ``init``, ``submit``, ``run``, ``worker``, ``status``, ``export``,
+``cleanup``, ``simulate``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from lockgate.app import Lockgate
+from lockgate.cli._common import (
+    DURATION_HELP,
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    app,
+    command,
+    console,
+    opened,
+    opened_for_change,
+    out,
+    print_json,
+    seconds,
+    table,
+    when,
+)
+from lockgate.cli.report import summary_table
+from lockgate.errors import LockgateError
+from lockgate.files import WRITERS, Format
+from lockgate.flow.status import report as flow_report
+from lockgate.flow.window import BatchPlan, plan_from_options
+from lockgate.redact import redact_url
+from lockgate.results import Status
+
+InputFormatOpt = Annotated[str, typer.Option(
+    "--input-format", metavar="FORMAT",
+    help="the file's format: tasks (lockgate's JSONL) or openai-batch")]
+BatchNameOpt = Annotated[str | None, typer.Option(
+    "--batch", metavar="ID", help="batch id [default: the file's name without extension]")]
+SkipOpt = Annotated[bool, typer.Option(
+    "--skip-invalid", help="submit the good lines and write the bad ones to a rejects file "
+                           "(--rejects) instead of refusing the whole file")]
+RejectsOpt = Annotated[Path | None, typer.Option(
+    "--rejects", metavar="FILE",
+    help="where --skip-invalid writes the bad lines [FILE.rejects.jsonl]")]
+ConcOpt = Annotated[int | None, typer.Option(
+    "--concurrency", metavar="N", help="calls in flight per worker process [512]")]
+ClaimOpt = Annotated[int | None, typer.Option("--claim-batch", metavar="N",
+                                              help="rows per claim [256]")]
+LeaseOpt = Annotated[str | None, typer.Option(
+    "--lease", metavar="DURATION",
+    help=f"how long a worker keeps a task without renewing it [60s]; "
+                    f"{DURATION_HELP}")]
+GraceOpt = Annotated[str | None, typer.Option(
+    "--grace", metavar="DURATION",
+    help=f"time to finish calls in flight after SIGTERM/Ctrl-C [30s]; "
+                    f"{DURATION_HELP}")]
+ProcOpt = Annotated[int, typer.Option(
+    "--processes", "-p", min=1, max=256, metavar="N",
+    help="worker processes on this machine (each uses about one core)")]
+
+INPUT_FORMATS = ("tasks", "openai-batch")
+
+
+def _progress(auto_refresh: bool = True) -> Progress:
+    """A progress bar; without ``auto_refresh`` it starts no thread of its own and is
+    redrawn on each update (worker processes are forked only from a single thread)."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    console=console, transient=False, auto_refresh=auto_refresh)
+
+
+def _overrides(concurrency: int | None = None, claim_batch: int | None = None,
+               lease: str | None = None, grace: str | None = None,
+               pool: str | None = None) -> dict[str, Any]:
+    values = {"concurrency": concurrency, "claim_batch": claim_batch,
+              "lease_s": seconds(lease, "lease", allow_zero=False),
+              "shutdown_grace_s": seconds(grace, "grace"), "pool": pool}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
+            rejects: Path | None, plan: BatchPlan | None = None) -> str:
+    if fmt not in INPUT_FORMATS:
+        raise LockgateError(f"--input-format must be tasks or openai-batch, not {fmt!r}")
+    if skip_invalid and rejects is None:
+        rejects = file.with_suffix(".rejects.jsonl")
+    fmt_: Format = "openai-batch" if fmt == "openai-batch" else "tasks"
+    with _progress() as prog:
+        bar = prog.add_task("submitting", total=None, rate="")
+        report = lg.submit_file(file, format=fmt_, batch_id=batch,
+                                skip_invalid=skip_invalid, rejects=rejects,
+                                progress=lambda n: prog.advance(bar, n), plan=plan)
+    console.print(f"batch {report.batch_id}: {report.inserted:,} submitted, "
+                  f"{report.duplicates:,} already present (skipped)", markup=False)
+    if report.elsewhere:
+        where = ", ".join(f"{n:,} in batch '{b}'" for b, n in sorted(report.elsewhere.items()))
+        console.print(f"{sum(report.elsewhere.values()):,} task id(s) already belong to "
+                      f"another batch ({where}); they were not moved"
+                      + ("" if report.inserted else
+                         f", and batch '{report.batch_id}' was not created"), markup=False)
+    if skip_invalid and rejects is not None and rejects.exists() and rejects.stat().st_size:
+        console.print(f"rejected lines written to {rejects}", markup=False)
+    return report.batch_id
+
+
+@command(app)
+def init(db: DbOpt = None) -> None:
+    """Create the database's tables, or upgrade them to this version of lockgate."""
+    with opened(db, create=True) as lg:
+        console.print(f"schema is up to date in {redact_url(lg.store.url)}", markup=False)
+
+
+@command(app)
+def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
+           batch: BatchNameOpt = None, skip_invalid: SkipOpt = False,
+           rejects: RejectsOpt = None, config: ConfigOpt = None,
+           window: Annotated[str | None, typer.Option(
+               help="time window HH:MM-HH:MM (local time): tasks start at its start and "
+                    "are paced to finish inside it")] = None,
+           cron: Annotated[str | None, typer.Option(
+               help="window start from a cron expression, e.g. '0 2 * * *'")] = None,
+           duration: Annotated[str | None, typer.Option(
+               help=f"window length with --cron; {DURATION_HELP}")] = None,
+           target: Annotated[float | None, typer.Option(
+               help="window target tasks/s [tasks / window length]")] = None,
+           weight: Annotated[float | None, typer.Option(
+               help="SLA base weight of the batch [1]")] = None,
+           deadline: Annotated[str | None, typer.Option(
+               help="a time (ISO 8601) or a duration from now (2h, +90m): urgency grows "
+                    "as it nears")] = None) -> None:
+    """Submit a task file: refused whole if a line is bad; idempotent on task_id."""
+    plan = plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
+                             deadline=deadline, target=target,
+                             now=datetime.now().astimezone())
+    with opened(db, config, create=True) as lg:
+        _submit(lg, file, fmt, batch, skip_invalid, rejects, plan)
+    if plan is not None and plan.window is not None:
+        w = plan.window
+        console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "
+                      "start and are paced to finish inside it", markup=False)
+
+
+@command(app)
+def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = None,
+           claim_batch: ClaimOpt = None, lease: LeaseOpt = None, grace: GraceOpt = None,
+           burst: Annotated[bool, typer.Option(
+               "--burst", help="exit when no task is pending")] = False,
+           gate: Annotated[bool, typer.Option(
+               "--gate/--no-gate", help="also run the release gate's roles")] = True,
+           pool: Annotated[str | None, typer.Option(
+               help="serve only this pool (endpoint.pool) [all pools]")] = None,
+           processes: ProcOpt = 1,
+           log_level: Annotated[str, typer.Option(
+               help="logging level: DEBUG, INFO, WARNING, ERROR")] = "WARNING") -> None:
+    """Work tasks until SIGTERM/Ctrl-C. Run any number, on any number of machines."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = _overrides(concurrency, claim_batch, lease, grace, pool)
+    with opened(db, config, create=True) as lg:
+        ws = lg.settings.worker.model_copy(update=overrides)
+        console.print(f"{processes} worker process(es) on {redact_url(lg.store.url)}: "
+                      f"concurrency {ws.concurrency} each, lease {ws.lease_s:g}s"
+                      if processes > 1 else
+                      f"worker on {redact_url(lg.store.url)}: concurrency "
+                      f"{ws.concurrency}, lease {ws.lease_s:g}s", markup=False)
+        stats = lg.run_worker(burst=burst, gate=gate, processes=processes,
+                              log_level=log_level, **overrides)
+    console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
+                  f"{stats.dead:,} dead, {stats.retried:,} retried, "
+                  f"{stats.discarded:,} discarded", markup=False)
+
+
+def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any) -> float:
+    """Work until the queue is drained, with a progress bar for ``batch_id``."""
+    counts = lg.store.batch_counts(batch_id)
+    total = sum(counts.values())
+    done0 = total - counts.get("PENDING", 0)
+    t0 = time.perf_counter()
+    with _progress(auto_refresh=processes == 1) as prog:
+        bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
+
+        def show(done: int) -> None:
+            elapsed = time.perf_counter() - t0
+            rate = (done - done0) / elapsed if elapsed > 0 else 0.0
+            prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s",
+                        refresh=processes > 1)
+
+        def poll() -> None:  # most workers are other processes: read the database
+            c = lg.store.batch_counts(batch_id)
+            show(sum(c.values()) - c.get("PENDING", 0))
+
+        lg.run_worker(burst=True, processes=processes, tick=poll,
+                      on_progress=lambda stats: show(done0 + stats.finished), **overrides)
+        if processes > 1:
+            poll()
+    return time.perf_counter() - t0
+
+
+@command(app)
+def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
+        fmt: InputFormatOpt = "tasks", batch: BatchNameOpt = None,
+        skip_invalid: SkipOpt = False, rejects: RejectsOpt = None,
+        concurrency: ConcOpt = None, claim_batch: ClaimOpt = None, lease: LeaseOpt = None,
+        processes: ProcOpt = 1) -> None:
+    """Submit FILE and work until every task is finished (one machine), with progress."""
+    with opened(db, config, create=True) as lg:
+        batch_id = _submit(lg, file, fmt, batch, skip_invalid, rejects)
+        elapsed = run_batch(lg, batch_id, processes,
+                            **_overrides(concurrency, claim_batch, lease))
+        out.print(summary_table(lg.store.summary(batch_id, elapsed)))
+
+
+@command(app)
+def status(db: DbOpt = None, as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Tasks per state and batch, leases in flight, workers alive, endpoints, windows."""
+    with opened(db, config) as lg:
+        st = lg.status()
+        flow = flow_report(lg.store, lg.settings, [
+            {"endpoints": w.endpoints, "concurrency": w.concurrency} for w in st.workers])
+    if as_json:
+        print_json({**st.to_dict(), "flow": flow})
+        return
+    _print_status(st)
+    _print_flow(flow)
+
+
+def _print_status(st: Status) -> None:
+    states = ["PENDING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
+    t = table("tasks", ["batch", *states], right=tuple(states))
+    for b, counts in sorted(st.batches.items()):
+        t.add_row(b + (" (incomplete)" if b in st.incomplete_batches else ""),
+                  *[f"{counts.get(s, 0):,}" for s in states])
+    out.print(t)
+    if st.incomplete_batches:
+        console.print("incomplete: a submit of " + ", ".join(st.incomplete_batches)
+                      + " did not finish; run the same submit again to complete it",
+                      markup=False)
+    out.print(f"leases in flight: {st.leased:,}   backing off: {st.backing_off:,}",
+              markup=False)
+    w = table(f"workers alive: {len(st.workers)}",
+              ["worker", "status", "in flight", "succeeded", "failed", "discarded",
+               "heartbeat"],
+              right=("in flight", "succeeded", "failed", "discarded", "heartbeat"))
+    for r in st.workers:
+        w.add_row(r.id, r.status, f"{r.in_flight}/{r.concurrency}", f"{r.succeeded:,}",
+                  f"{r.failed:,}", f"{r.discarded:,}", f"{r.heartbeat_age_s:.1f}s ago")
+    out.print(w)
+
+
+def _print_flow(flow: dict[str, Any]) -> None:
+    """Endpoints (limits, pauses, concurrency, health) and windows (projections)."""
+    if flow["endpoints"]:
+        t = table("endpoints", ["endpoint", "state", "concurrency", "in flight",
+                                "latency", "failures"],
+                  right=("in flight", "latency", "failures"))
+        for e in flow["endpoints"]:
+            per = e.get("worker_concurrency") or []
+            conc = (f"{e['concurrency']} = {' + '.join(map(str, per))}" if len(per) > 1
+                    else str(e["concurrency"]))
+            state = e["breaker"] if e["breaker"] != "closed" else "ok"
+            if e["paused_s"]:
+                state += f", paused {e['paused_s']:g}s ({e['pause_reason']})"
+            t.add_row(e["endpoint"], state, conc, f"{e['in_flight']}+{e['waiting']} waiting",
+                      f"{e['latency_ms']:,.0f} ms" if e["latency_ms"] else "-",
+                      f"{e['failure_rate']:.2%}" if e["failure_rate"] is not None else "-")
+        out.print(t)
+        console.print("concurrency: the calls the workers may send at once, each worker "
+                      "the lower of its --concurrency and the endpoint's adaptive limit",
+                      markup=False)
+        limits = [e for e in flow["endpoints"] if e["rpm"] or e["tpm"] or e["fallback"]
+                  or e["cost_per_1k_calls"] or (e["pool"] or "default") != "default"]
+        if limits:
+            t = table("endpoint limits", ["endpoint", "pool", "rpm", "tpm", "cost/1k calls",
+                                          "fallback"],
+                      right=("rpm", "tpm", "cost/1k calls"))
+            for e in limits:
+                t.add_row(e["endpoint"], e["pool"] or "-", _num(e["rpm"]), _num(e["tpm"]),
+                          _num(e["cost_per_1k_calls"]), e["fallback"] or "-")
+            out.print(t)
+    if flow["windows"]:
+        t = table("windows", ["batch", "window", "done", "target/s", "rate/s", "needs/s",
+                              "limits/s", "projected finish", "status"])
+        for w in flow["windows"]:
+            done = w["total"] - w["remaining"]
+            t.add_row(w["batch"], f"{when(w['window_start'])} - {when(w['window_end'])}",
+                      f"{done:,}/{w['total']:,}", _num(w["target_per_s"]),
+                      f"{w['rate_per_s']:,.1f}", f"{w['required_per_s']:,.1f}",
+                      _num(w["capacity_per_s"]), when(w["projected_finish"]),
+                      "ok" if w["warning"] is None else "WARNING")
+        out.print(t)
+        for w in flow["windows"]:
+            if w["warning"]:
+                console.print(f"window {w['batch']}: {w['warning']}", markup=False)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.4g}"
+
+
+@command(app)
+def export(batch: str, db: DbOpt = None,
+           fmt: Annotated[str, typer.Option(
+               "--format", metavar="FORMAT", help="the output: jsonl, csv or openai-batch")]
+           = "jsonl",
+           output: Annotated[Path | None, typer.Option(
+               "--out", "-o", metavar="FILE", help="file [stdout]")] = None) -> None:
+    """Write every task of BATCH: its result, or the precise error."""
+    if fmt not in WRITERS:
+        raise LockgateError(f"--format must be one of {', '.join(sorted(WRITERS))}, "
+                            f"not {fmt!r}")
+    with opened(db) as lg:
+        rows = lg.results(batch)  # NotFound for a batch never submitted, before any output
+        fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+        try:
+            n = WRITERS[fmt](rows, fh)
+        finally:
+            if output:
+                fh.close()
+    console.print(f"exported {n:,} task(s)", markup=False)
+
+
+@command(app)
+def cleanup(older_than: Annotated[str, typer.Option(
+                "--older-than", metavar="DURATION",
+                help=f"age of what is deleted; {DURATION_HELP}")] = "30d",
+            tasks: Annotated[bool, typer.Option(
+                "--tasks", help="also delete finished tasks that old")] = False,
+            db: DbOpt = None) -> None:
+    """Retention: delete attempt traces (and optionally finished tasks) older than an age."""
+    age = seconds(older_than, "older_than")
+    assert age is not None
+    with opened_for_change(db) as lg:
+        deleted = lg.store.cleanup(older_than_ms=int(age * 1000), tasks=tasks)
+    console.print(f"deleted {deleted['attempts']:,} attempt(s), {deleted['tasks']:,} "
+                  "task(s)", markup=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def simulate(ctx: typer.Context) -> None:
+    """Run the built-in OpenAI-compatible simulator (`lockgate simulate --help` for flags)."""
+    from lockgate.simulator.cli import main as simulator_main  # only this command needs it
+
+    raise typer.Exit(simulator_main(list(ctx.args), prog="lockgate simulate"))
