@@ -87,3 +87,41 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKGATE_")}
     env.update(extra)
     return env
+
+
+#: An OpenAI Batch API output line, from OpenAI's documentation of the batch output file:
+#: ``response`` or ``error`` is null; a response carries the HTTP status, the request id
+#: and the body of the endpoint's response.
+OPENAI_BATCH_LINE = {
+    "type": "object",
+    "required": ["id", "custom_id", "response", "error"],
+    "additionalProperties": False,
+    "properties": {
+        "id": {"type": "string", "pattern": "^batch_req_[A-Za-z0-9]+$"},
+        "custom_id": {"type": "string"},
+        "response": {"oneOf": [
+            {"type": "null"},
+            {"type": "object", "required": ["status_code", "request_id", "body"],
+             "additionalProperties": False,
+             "properties": {"status_code": {"type": "integer"},
+                            "request_id": {"type": ["string", "null"]},
+                            "body": {"type": "object"}}}]},
+        "error": {"oneOf": [
+            {"type": "null"},
+            {"type": "object", "required": ["code", "message"],
+             "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}]},
+    },
+}
+
+
+def check_openai_batch_line(line: dict[str, Any]) -> None:
+    """The line matches OpenAI's batch output format; a 200's body is a chat completion as
+    the official ``openai`` package reads it."""
+    import jsonschema
+    from openai.types.chat import ChatCompletion
+
+    jsonschema.validate(line, OPENAI_BATCH_LINE)
+    assert (line["response"] is None) != (line["error"] is None), line
+    resp = line["response"]
+    if resp is not None and resp["status_code"] == 200:
+        ChatCompletion.model_validate(resp["body"])

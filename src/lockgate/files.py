@@ -11,6 +11,7 @@ Out: JSONL, CSV and the OpenAI Batch API output format.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from lockgate.errors import LockgateError, SpecError
+from lockgate.results import TaskResult, iso
 from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import (
     MAX_INPUT_BYTES,
@@ -85,6 +87,9 @@ class Checks:
 
     model_modules: tuple[str, ...] = ()
     max_input_bytes: int = MAX_INPUT_BYTES
+    #: What is wrong with a registry reference (``NAME``, ``NAME@label``, ``NAME@3``),
+    #: or None when it names a version; None: references are not checked.
+    reference_problem: Callable[[str], str | None] | None = None
 
 
 def validate_line(raw: bytes, line: int, fmt: Format, checks: Checks = Checks()) -> TaskSpec:
@@ -108,7 +113,12 @@ def check_spec(spec: TaskSpec, checks: Checks = Checks()) -> None:
     not here."""
     if spec.model is not None:
         check_model_keys(spec.model)
-    if registry_reference(spec.prompt_template) is None:
+    ref = registry_reference(spec.prompt_template)
+    if ref is not None and checks.reference_problem is not None:
+        problem = checks.reference_problem(ref)
+        if problem is not None:
+            raise SpecError(problem, field="prompt_template")
+    if ref is None:
         check_template(spec.prompt_template, set(spec.input_data),
                        spec.delivery_rule.input_defaults)
     check_delivery_rule(spec.delivery_rule, model_modules=checks.model_modules)
@@ -172,78 +182,95 @@ def describe_rejects(rejected: list[tuple[int, SpecError]]) -> str:
 
 # -- export ---------------------------------------------------------------------------
 
-def _result_value(row: dict[str, Any]) -> Any:
-    return orjson.loads(row["result"]) if row.get("result") is not None else None
-
-
-def _error(row: dict[str, Any]) -> dict[str, Any] | None:
-    if row["status"] == "SUCCEEDED":
-        return None
-    return {"class": row.get("error_class"), "message": row.get("error_message")}
-
-
-def write_jsonl(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
-    """One JSON object per task: result, or the precise error."""
+def write_jsonl(rows: Iterable[TaskResult], out: TextIO) -> int:
+    """One JSON object per task: its result, or the precise error (``{class,
+    message}``), with ISO-8601 UTC times (the same shape as ``TaskResult.to_dict()``)."""
     n = 0
     for row in rows:
-        out.write(orjson.dumps({
-            "task_id": row["task_id"], "batch_id": row["batch_id"], "status": row["status"],
-            "result": _result_value(row), "parse_status": row["parse_status"],
-            "error": _error(row), "attempts": row["attempts"],
-            "finished_at": row["finished_at"]}).decode() + "\n")
+        out.write(orjson.dumps(row.to_dict()).decode() + "\n")
         n += 1
     return n
 
 
 CSV_COLUMNS = ["task_id", "batch_id", "status", "parse_status", "error_class",
-               "error_message", "attempts", "finished_at", "result"]
+               "error_message", "attempts", "created_at", "finished_at", "input_tokens",
+               "output_tokens", "model", "result"]
 
 
-def write_csv(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
-    """CSV with the result as a JSON string column."""
+def write_csv(rows: Iterable[TaskResult], out: TextIO) -> int:
+    """CSV with the result as a JSON column and ISO-8601 UTC times."""
     w = csv.writer(out)
     w.writerow(CSV_COLUMNS)
     n = 0
     for row in rows:
-        w.writerow([row["task_id"], row["batch_id"], row["status"], row["parse_status"] or "",
-                    row["error_class"] or "", row["error_message"] or "", row["attempts"],
-                    row["finished_at"] or "", row["result"] or ""])
+        err, use = row.error, row.usage
+        w.writerow([row.task_id, row.batch_id, row.status, row.parse_status or "",
+                    err.error_class or "" if err else "", err.message or "" if err else "",
+                    row.attempts, iso(row.created_at), iso(row.finished_at) or "",
+                    "" if use is None or use.input_tokens is None else use.input_tokens,
+                    "" if use is None or use.output_tokens is None else use.output_tokens,
+                    use.model or "" if use else "",
+                    "" if row.result is None else orjson.dumps(row.result).decode()])
         n += 1
     return n
 
 
-def write_openai_batch(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
-    """The OpenAI Batch API output format, so existing consumers read our results."""
+def _batch_request_id(row: TaskResult, prefix: str = "batch_req_") -> str:
+    """A stable ``batch_req_…`` id per task, in the form OpenAI's lines have."""
+    digest = hashlib.sha256(f"{row.task_id}\x00{iso(row.created_at)}".encode()).hexdigest()
+    return f"{prefix}{digest[:24]}"
+
+
+def write_openai_batch(rows: Iterable[TaskResult], out: TextIO) -> int:
+    """The OpenAI Batch API output format, so existing consumers read our results.
+
+    A task whose last call got an HTTP answer is written as the provider answered it:
+    ``response: {status_code, request_id, body}`` with the body as returned (an HTTP 400
+    too, its error in the body) and ``error: null``. A task with no HTTP answer (the
+    connection failed, the call timed out, it never ran) has ``response: null`` and
+    ``error: {code, message}``. lockgate's own verdict (repairs, validation, fallbacks)
+    is in the JSONL and CSV exports; this format carries the provider's answer."""
     n = 0
     for row in rows:
-        value = _result_value(row)
-        line: dict[str, Any] = {"id": f"batch_req_{row['id']}", "custom_id": row["task_id"]}
-        if row["status"] == "SUCCEEDED":
+        line: dict[str, Any] = {"id": _batch_request_id(row), "custom_id": row.task_id}
+        resp = row.response
+        if resp is not None and resp.body is not None:
+            line["response"] = {"status_code": resp.status_code,
+                                "request_id": resp.request_id, "body": resp.body}
+            line["error"] = None
+        elif row.status == "SUCCEEDED":  # the body was not kept: rebuild it
+            value = row.result
             content = value if isinstance(value, str) else orjson.dumps(value).decode()
+            use = row.usage
             usage = None
-            if row.get("input_tokens") is not None or row.get("output_tokens") is not None:
-                pt, ct = row.get("input_tokens") or 0, row.get("output_tokens") or 0
+            if use is not None and (use.input_tokens is not None
+                                    or use.output_tokens is not None):
+                pt, ct = use.input_tokens or 0, use.output_tokens or 0
                 usage = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
-            line["response"] = {"status_code": 200, "request_id": None, "body": {
-                "object": "chat.completion", "model": row.get("model"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": content}}],
-                "usage": usage}}
+            line["response"] = {
+                "status_code": 200, "request_id": resp.request_id if resp else None,
+                "body": {"id": _batch_request_id(row, "chatcmpl-"), "object": "chat.completion",
+                         "model": use.model if use else None,
+                         "created": int((row.finished_at or row.created_at).timestamp()),
+                         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                                      "message": {"role": "assistant", "content": content}}],
+                         "usage": usage}}
             line["error"] = None
         else:
+            err = row.error
             line["response"] = None
-            line["error"] = {"code": row["error_class"] or row["status"].lower(),
-                             "message": row["error_message"] or row["status"]}
+            line["error"] = {"code": (err.error_class if err else None) or row.status.lower(),
+                             "message": (err.message if err else None) or row.status}
         out.write(orjson.dumps(line).decode() + "\n")
         n += 1
     return n
 
 
-WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], TextIO], int]] = {
+WRITERS: dict[str, Callable[[Iterable[TaskResult], TextIO], int]] = {
     "jsonl": write_jsonl, "csv": write_csv, "openai-batch": write_openai_batch}
 
 
-def export_text(rows: Iterable[dict[str, Any]], fmt: str) -> str:
+def export_text(rows: Iterable[TaskResult], fmt: str) -> str:
     """Export to a string (for small batches and tests)."""
     buf = io.StringIO()
     WRITERS[fmt](rows, buf)

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner, Result
 
+from helpers import check_openai_batch_line
 from lockgate.app import Lockgate
 from lockgate.cli import app
 from lockgate.simulator.testing import SimulatorProcess
@@ -218,7 +219,7 @@ def test_a_batch_named_in_the_task_lines_can_be_exported(
         db_url: str, store: Store, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "file.jsonl", [t | {"batch_id": "custom"} for t in tasks(3)])
     assert lockgate("submit", path, "--db", db_url).exit_code == 0
-    assert set(store.status()["batches"]) == {"custom"}
+    assert set(store.status().batches) == {"custom"}
     result = lockgate("export", "custom", "--db", db_url)
     assert result.exit_code == 0, result.stderr
     assert [r["task_id"] for r in map(orjson.loads, result.stdout.splitlines())] == [
@@ -242,7 +243,7 @@ def test_openai_batch_format_in_and_out(db_url: str, store: Store, simulator: Si
     lines = [openai_line(f"req-{i}", text_for(i)) for i in range(6)]
     lines.append(openai_line("req-text", "please refund", json_mode=False))
     path = write_jsonl(tmp_path / "requests.jsonl", lines)
-    result = lockgate("submit", path, "--db", db_url, "--format", "openai-batch",
+    result = lockgate("submit", path, "--db", db_url, "--input-format", "openai-batch",
                       "--batch", "oa")
     assert result.exit_code == 0, result.output
     assert submitted(result) == (7, 0)
@@ -256,6 +257,7 @@ def test_openai_batch_format_in_and_out(db_url: str, store: Store, simulator: Si
     assert set(by_id) == {line["custom_id"] for line in lines}
     for i in range(6):
         line = by_id[f"req-{i}"]
+        check_openai_batch_line(line)
         assert line["error"] is None
         resp = line["response"]
         assert resp["status_code"] == 200
@@ -275,7 +277,7 @@ def test_openai_batch_bad_line_names_its_field(db_url: str, store: Store,
                                                tmp_path: Path) -> None:
     bad = openai_line("req-1", "x") | {"method": "GET"}
     path = write_jsonl(tmp_path / "r.jsonl", [openai_line("req-0", "y"), bad])
-    result = lockgate("submit", path, "--db", db_url, "--format", "openai-batch")
+    result = lockgate("submit", path, "--db", db_url, "--input-format", "openai-batch")
     assert result.exit_code == 2
     err = " ".join(result.stderr.split())
     assert "line 2, field 'method'" in err and "must be POST" in err
@@ -337,10 +339,25 @@ def test_export_jsonl_and_csv_give_the_precise_error_of_each_task(
 
     result = lockgate("export", "mixed", "--db", db_url, "--format", "openai-batch")
     assert result.exit_code == 0, result.output
-    oa = {r["custom_id"]: r for r in map(orjson.loads, result.stdout.splitlines())}
-    assert oa["fail-model"]["response"] is None
-    assert oa["fail-model"]["error"]["code"] == "invalid_request"
-    assert oa["dead-prose"]["error"]["code"] == "invalid_output"
+    lines = [orjson.loads(x) for x in result.stdout.splitlines()]
+    for line in lines:
+        check_openai_batch_line(line)
+    assert len({line["id"] for line in lines}) == len(lines)
+    oa = {r["custom_id"]: r for r in lines}
+    # an HTTP error is written as OpenAI writes it: the status and the provider's error
+    # body in the response, no lockgate error
+    model = oa["fail-model"]
+    assert model["error"] is None and model["response"]["status_code"] == 404
+    assert model["response"]["body"]["error"]["code"] == "model_not_found"
+    assert model["response"]["request_id"].startswith("req_")
+    ok = oa["ok-refund"]["response"]
+    assert ok["status_code"] == 200 and ok["request_id"].startswith("req_")
+    body = ok["body"]  # as the provider returned it
+    assert body["id"].startswith("chatcmpl-") and isinstance(body["created"], int)
+    assert body["system_fingerprint"] == "fp_lockgate_sim"
+    assert body["choices"][0]["logprobs"] is None
+    assert orjson.loads(body["choices"][0]["message"]["content"]) == {"label": "yes"}
+    assert oa["dead-prose"]["response"]["status_code"] == 200  # what the model said
 
 
 def test_export_of_an_unknown_batch_or_format_is_refused(db_url: str) -> None:

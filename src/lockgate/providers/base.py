@@ -31,6 +31,9 @@ class Completion:
     finish_reason: str | None = None
     request_id: str | None = None
     rate_limit: dict[str, str] = field(default_factory=dict)
+    #: The response body as the provider returned it (its JSON text), for exports in
+    #: the provider's own format; None when it was not JSON or is too large to keep.
+    body: str | None = None
 
 
 class ProviderError(Exception):
@@ -38,13 +41,17 @@ class ProviderError(Exception):
 
     def __init__(self, error_class: ErrorClass, message: str, *, http_status: int | None = None,
                  retry_after_ms: int | None = None,
-                 rate_limit: dict[str, str] | None = None) -> None:
+                 rate_limit: dict[str, str] | None = None, request_id: str | None = None,
+                 body: str | None = None) -> None:
         super().__init__(f"{error_class}: {message}")
         self.error_class = error_class
         self.message = message
         self.http_status = http_status
         self.retry_after_ms = retry_after_ms
         self.rate_limit = rate_limit or {}
+        #: The provider's ``x-request-id`` and error body as returned, if it answered.
+        self.request_id = request_id
+        self.body = body
 
 
 @dataclass(slots=True)

@@ -23,7 +23,23 @@ def _rate_limit(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: headers[k] for k in _RATE_HEADERS if k in headers}
 
 
-def classify_response(status: int, body: Any, headers: Mapping[str, str]) -> ProviderError:
+#: The largest response body kept as returned (for exports); beyond it only the parsed
+#: answer is kept.
+MAX_BODY = 1 << 20
+
+
+def _kept_body(raw: bytes) -> str | None:
+    if not raw or len(raw) > MAX_BODY:
+        return None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if text.lstrip()[:1] in ("{", "[") else None
+
+
+def classify_response(status: int, body: Any, headers: Mapping[str, str],
+                      raw: bytes = b"") -> ProviderError:
     """Map an error response to the most specific :class:`ErrorClass`."""
     err = body.get("error") if isinstance(body, dict) else None
     err = err if isinstance(err, dict) else {}
@@ -48,7 +64,8 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str]) -> Pro
     else:
         cls = ErrorClass.INVALID_REQUEST
     return ProviderError(cls, f"HTTP {status}: {message}", http_status=status,
-                         retry_after_ms=retry_after, rate_limit=_rate_limit(headers))
+                         retry_after_ms=retry_after, rate_limit=_rate_limit(headers),
+                         request_id=headers.get("x-request-id"), body=_kept_body(raw))
 
 
 #: The largest token count taken from a provider's ``usage`` (it is stored in 32-bit
@@ -123,8 +140,10 @@ class OpenAICompatible:
             data = None
         if status != 200:
             raise classify_response(status, data if data is not None else raw[:300].decode(
-                "utf-8", "replace"), resp_headers)
-        return self._completion(data, status, resp_headers, request.model)
+                "utf-8", "replace"), resp_headers, raw)
+        answer = self._completion(data, status, resp_headers, request.model)
+        answer.body = _kept_body(raw)
+        return answer
 
     @staticmethod
     def _completion(data: Any, status: int, headers: Mapping[str, str],

@@ -42,7 +42,14 @@ _FINISH_SET = """
     {t}leased_by = CASE WHEN v.status = 'PENDING' THEN NULL ELSE t.leased_by END,
     {t}finished_at = CASE WHEN v.status = 'PENDING' THEN NULL ELSE {now} END,
     {t}version = t.version + 1,
-    {t}updated_at = {now}
+    {t}updated_at = {now},
+    {t}model = v.model,
+    {t}input_tokens = v.input_tokens,
+    {t}output_tokens = v.output_tokens,
+    {t}latency_ms = v.latency_ms,
+    {t}http_status = v.http_status,
+    {t}request_id = v.request_id,
+    {t}response = v.response
 """
 # No status condition here: the rows were locked and checked PENDING by ``owned`` in
 # the same transaction. Naming the status let PostgreSQL, before its first ANALYZE of
@@ -50,14 +57,18 @@ _FINISH_SET = """
 # claim index (127 ms for 256 rows among 300k pending, against 1 ms by primary key).
 _FINISH_FENCE = "t.id = v.id AND t.lease_token = v.tok"
 _FINISH_COLS = ("id", "tok", "status", "result", "parse_status", "error_class",
-                "error_message", "delay_ms", "release_attempt")
+                "error_message", "delay_ms", "release_attempt", "model", "input_tokens",
+                "output_tokens", "latency_ms", "http_status", "request_id", "response")
 #: The Python type of each, to declare it when the values are read back from JSON.
-_FINISH_KINDS: tuple[type, ...] = (int, str, str, str, str, str, str, int, int)
+_FINISH_KINDS: tuple[type, ...] = (int, str, str, str, str, str, str, int, int, str, int, int,
+                                   float, int, str, str)
 
 
 def _finish_values(f: Finish) -> tuple[Any, ...]:
     return (f.id, f.lease_token, f.status, f.result, f.parse_status, f.error_class,
-            f.error_message, f.delay_ms, 1 if f.release_attempt else 0)
+            f.error_message, f.delay_ms, 1 if f.release_attempt else 0, f.model,
+            f.input_tokens, f.output_tokens, f.latency_ms, f.http_status, f.request_id,
+            f.response)
 
 
 #: The Python type of each trace column, to declare it when reading rows from JSON.

@@ -1,4 +1,4 @@
-"""Release-gate persistence (SPEC G1-G8): bindings, candidate updates, runs, run items.
+"""Release-gate persistence: bindings, candidate updates, runs, run items.
 
 Every state transition goes through :meth:`GateStore._move`, one conditional UPDATE
 that names the states it leaves; the arrows it may take are listed in
@@ -172,7 +172,7 @@ class GateStore:
 
         The prompt row is locked first (``submissions + 1``), so concurrent proposals
         for one prompt are serialised: each newer one sees, and cancels, the older
-        ones (SPEC G7). Refused when no dataset is bound or the content is already live.
+        ones. Refused when no dataset is bound or the content is already live.
         """
 
         def work(tx: Tx) -> Proposal:
@@ -609,7 +609,7 @@ class GateStore:
     # -- Reconcile ------------------------------------------------------------------------------
 
     def activate(self, update_id: int, decision: dict[str, Any]) -> Outcome:
-        """The activation transaction (SPEC G6): the live pointer moves to the candidate
+        """The activation transaction: the live pointer moves to the candidate
         and the update becomes ACTIVATED together, only if the candidate is still the
         newest submission and the live version is still its base (compare-and-swap on
         ``prompt.generation``). Otherwise the update ends CANCELLED or STALE."""

@@ -44,7 +44,7 @@ batch = Table(
     Column("id", String(KEY), primary_key=True),
     Column("source", String(1000)),
     Column("created_at", BigInteger, nullable=False),
-    # flow control (migration 0003): SLA weight, deadline and time window (SPEC S1, S2)
+    # flow control (migration 0003): SLA weight, deadline and time window
     Column("base_weight", Double, nullable=False, server_default="1"),
     Column("deadline_at", BigInteger),
     Column("window_start", BigInteger),
@@ -78,6 +78,16 @@ task = Table(
     Column("updated_at", BigInteger, nullable=False),
     Column("finished_at", BigInteger),
     Column("pool", String(100), nullable=False, server_default="default"),  # 0003
+    # 0005: the call that ended the task's last claim (results and exports read these,
+    # not task_attempt): the model that answered, usage, latency, HTTP status, the
+    # provider's request id and its response body as returned
+    Column("model", String(200)),
+    Column("input_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("latency_ms", Float),
+    Column("http_status", Integer),
+    Column("request_id", String(128)),
+    Column("response", LongText),
     Index("ix_task_claim", "status", "visible_at"),
     Index("ix_task_batch_status", "batch_id", "status"),
     # Per-pool, per-batch claims and the discovery of batches with pending work.
@@ -111,6 +121,7 @@ task_attempt = Table(
     Column("error_message", Text),
     Column("prompt_version", String(255)),  # name@N; 0004 (was 191)
     Column("routed_from", String(100)),  # 0003: the primary, when a fallback answered
+    Column("request_id", String(128)),  # 0005: the provider's x-request-id
     Index("ix_task_attempt_task", "task_pk", "attempt"),
 )
 
@@ -233,7 +244,7 @@ dataset_item = Table(
     Index("ix_dataset_item_page", "dataset_id", "id"),
 )
 
-# -- release gate (SPEC G1) -------------------------------------------------------------
+# -- release gate -------------------------------------------------------------
 
 prompt_dataset = Table(
     "prompt_dataset", metadata,

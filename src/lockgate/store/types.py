@@ -38,6 +38,16 @@ class Finish:
     delay_ms: int = 0
     attempt: dict[str, Any] | None = None
     release_attempt: bool = False
+    #: The call this write-back ends (kept on the task row, for results and exports
+    #: without a join): the model that answered, its usage and latency, the HTTP status,
+    #: the provider's request id and response body as returned. None for no call.
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_ms: float | None = None
+    http_status: int | None = None
+    request_id: str | None = None
+    response: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ class AttemptResult:
     http_status: int | None
     endpoint: str
     model: str
+    #: The provider's request id and response body as returned (when it answered).
+    request_id: str | None = None
+    response_body: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,20 +74,22 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
     except ProviderError as exc:
         return AttemptResult(rendered, None, None, exc.error_class, exc.message,
                              exc.retry_after_ms, (time.perf_counter() - t0) * 1000,
-                             exc.http_status, endpoint.name, model)
+                             exc.http_status, endpoint.name, model, exc.request_id, exc.body)
     latency = (time.perf_counter() - t0) * 1000
     try:
         parsed = runtime.parse_output(completion.content, config.delivery_rule)
     except LockgateError as exc:  # the delivery rule itself is broken: not retryable
         return AttemptResult(rendered, completion, None, ErrorClass.INVALID_REQUEST,
                              f"delivery_rule: {exc}", None, latency, completion.http_status,
-                             endpoint.name, model)
+                             endpoint.name, model, completion.request_id, completion.body)
     if not parsed.usable:
         return AttemptResult(rendered, completion, parsed, ErrorClass.INVALID_OUTPUT,
                              f"{parsed.status}: {parsed.error or 'unusable output'}", None,
-                             latency, completion.http_status, endpoint.name, model)
+                             latency, completion.http_status, endpoint.name, model,
+                             completion.request_id, completion.body)
     return AttemptResult(rendered, completion, parsed, None, None, None, latency,
-                         completion.http_status, endpoint.name, model)
+                         completion.http_status, endpoint.name, model, completion.request_id,
+                         completion.body)
 
 
 def decide(config: TaskConfig, attempt: int, res: AttemptResult,
@@ -155,7 +160,7 @@ def provider_params(config: TaskConfig, endpoint: Endpoint, worker_seed: str) ->
 def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: str,
                   *, store_snapshot: bool = True,
                   prompt_version: str | None = None) -> dict[str, Any]:
-    """The task_attempt row for one call (SPEC F1, T3); ``prompt_version`` names the
+    """The task_attempt row for one call; ``prompt_version`` names the
     registry version the call ran (``name@N``), if any."""
     r, c, p = res.rendered, res.completion, res.parsed
     return {
@@ -179,4 +184,5 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "error_class": str(res.error_class) if res.error_class else None,
         "error_message": (res.error_message or "")[:2000] or None,
         "prompt_version": prompt_version,
+        "request_id": res.request_id,
     }

@@ -145,7 +145,7 @@ class Worker:
         self._hard = asyncio.Event()
         self._hard_stop = False
         self._rng = random.Random(secrets.randbits(64))
-        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
+        self._db_threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
         #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
         #: has acted on it (a supervisor that is also a worker forwards it on).
         self.on_signal: Callable[[int], None] | None = None
@@ -164,7 +164,7 @@ class Worker:
 
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(self._db_threads, lambda: fn(*args, **kwargs))
 
     async def _db_retry(self, what: str, fn: Callable[..., T], *args: Any,
                         **kwargs: Any) -> T:
@@ -272,7 +272,7 @@ class Worker:
                 await self._db(self.store.heartbeat, self.id, status="stopped",
                                **self._counters())
             self._remove_signals()
-            self._pool.shutdown(wait=True)
+            self._db_threads.shutdown(wait=True)
         return self.stats
 
     def _install_signals(self) -> None:
@@ -282,6 +282,13 @@ class Worker:
                 loop.add_signal_handler(sig, self._signalled, sig)
 
     def _signalled(self, sig: int) -> None:
+        if not self._stopping.is_set():
+            log.warning("stopping: no new tasks; finishing %d call(s) in flight within "
+                        "%gs (send the signal again, e.g. Ctrl-C, to stop now)",
+                        len(self._running), self.ws.shutdown_grace_s)
+        elif not self._hard_stop:
+            log.warning("stopping now: %d call(s) in flight are given back unfinished",
+                        len(self._running))
         self.request_stop()
         if self.on_signal is not None:
             self.on_signal(sig)
@@ -488,6 +495,7 @@ class Worker:
             # takes it at once): retried without spending an attempt
             d = Decision(TaskStatus.PENDING, None, passage.delay_ms, str(passage.unspent))
         parsed = res.parsed
+        c = res.completion
         trace = attempt_trace(t.attempt, started, res, d.outcome,
                               store_snapshot=self.ws.store_snapshots,
                               prompt_version=prompt_version)
@@ -497,7 +505,11 @@ class Worker:
             parse_status=str(parsed.status) if parsed else None,
             error_class=str(res.error_class) if res.error_class else None,
             error_message=(res.error_message or "")[:2000] or None,
-            delay_ms=d.delay_ms, release_attempt=unspent, attempt=trace)
+            delay_ms=d.delay_ms, release_attempt=unspent, attempt=trace,
+            model=c.model if c else res.model, input_tokens=c.prompt_tokens if c else None,
+            output_tokens=c.completion_tokens if c else None,
+            latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
+            request_id=res.request_id, response=res.response_body)
 
     def _fallback_params(self, route_key: str, config: TaskConfig,
                          ep: Endpoint) -> dict[str, Any]:
