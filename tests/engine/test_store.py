@@ -463,7 +463,7 @@ def test_sqlite_reads_leave_the_write_lock_free(sqlite_store: Store) -> None:
             assert conn.execute(text("SELECT COUNT(*) FROM task")).scalar_one() == 3
             other.execute("BEGIN IMMEDIATE")  # would raise "database is locked"
             other.execute("ROLLBACK")
-            assert sqlite_store.status()["batches"]["b"]["PENDING"] == 3
+            assert sqlite_store.status().batches["b"]["PENDING"] == 3
     finally:
         other.close()
 
@@ -665,3 +665,15 @@ def test_concurrent_migrations_of_a_fresh_database_agree(fresh_db_url: str) -> N
         assert rows(s, "SELECT version_num FROM alembic_version") == [version]
     finally:
         s.close()
+
+
+def test_priority_moves_a_task_ahead_in_the_claim_order(store: Store) -> None:
+    """Claims take ready tasks oldest-ready first; priority p moves a task p seconds
+    ahead (a negative one behind, and later)."""
+    lines = [{**t, "priority": p} for t, p in zip(tasks(4), (0, 30, -5, 600), strict=True)]
+    store.submit([parse_task(t) for t in lines], batch_id="b")
+    order = [store.claim(1, lease_ms=60_000, worker_id="w")[0].task_id for _ in range(3)]
+    assert order == ["t-00003", "t-00001", "t-00000"]
+    assert store.claim(1, lease_ms=60_000, worker_id="w") == []  # -5: not ready yet
+    wait_for(lambda: store.claim(1, lease_ms=60_000, worker_id="w"), "the deferred task",
+             timeout=15)

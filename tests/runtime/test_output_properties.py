@@ -141,17 +141,21 @@ def _nothing(draw: st.DrawFn) -> tuple[DeliveryRule, str]:
     obj: dict[str, Any] = {}
     for n in draw(st.lists(st.sampled_from(names), unique=True)):
         obj[n] = draw(invalid[fields[n]])
+    # Unrelated values hold no bracket: a JSON text inside a string is read as an
+    # answer of its own (and may hold declared fields).
+    plain = _chatter()
     for k in draw(st.lists(st.sampled_from(UNRELATED), unique=True)):
-        obj[k] = draw(st.one_of(_texts, st.integers(), st.lists(_texts, max_size=2),
-                                st.dictionaries(st.sampled_from(UNRELATED), _texts,
+        obj[k] = draw(st.one_of(plain, st.integers(), st.lists(plain, max_size=2),
+                                st.dictionaries(st.sampled_from(UNRELATED), plain,
                                                 max_size=2)))
     wrapped: Any = obj
     for w in draw(st.lists(st.sampled_from(WRAPPERS), max_size=3)):
-        wrapped = {w: wrapped, **draw(st.dictionaries(st.sampled_from(UNRELATED), _texts,
+        wrapped = {w: wrapped, **draw(st.dictionaries(st.sampled_from(UNRELATED), plain,
                                                       max_size=2))}
     text = json.dumps(wrapped, ensure_ascii=draw(st.booleans()))
-    if draw(st.booleans()):
-        text = text[:draw(st.integers(min_value=0, max_value=len(text)))]
+    if draw(st.booleans()):  # cut off: the output ends there (no chatter after it, which
+        # could complete the cut text into a value)
+        return rule, draw(_chatter()) + text[:draw(st.integers(0, len(text)))]
     return rule, draw(_chatter()) + text + draw(_chatter())
 
 

@@ -159,8 +159,14 @@ def test_render_never_raises_on_arbitrary_unicode(values: dict[str, Any]) -> Non
     assert json.loads(r.snapshot) == r.messages
     user = r.messages[1]["content"]
     assert user.count(INPUT_OPEN) == 1 and user.count(INPUT_CLOSE) == 1
-    assert _fixed_tokens() + NOTE_ROOM <= 120
-    assert r.input_tokens <= 120 and "over_budget" not in r.alerts, (r.input_tokens, r.alerts)
+    # Only free text is condensed; structured values (lists, numbers) are kept whole.
+    fixed = render(make_config(THREE, rule={"input_defaults": {"review": "-", "product": "-"}}),
+                   {k: ("" if isinstance(v, str) else v) for k, v in values.items()})
+    if fixed.input_tokens + NOTE_ROOM <= 120:
+        assert r.input_tokens <= 120 and "over_budget" not in r.alerts, (
+            r.input_tokens, r.alerts)
+    else:
+        assert r.input_tokens <= 120 or "over_budget" in r.alerts
 
 
 @settings(max_examples=150, deadline=None)
@@ -182,8 +188,8 @@ def test_rendered_prompt_within_budget_for_every_input(n: int, budget: int) -> N
         # room for the template, the condensation note and some input: it must fit
         assert r.input_tokens <= budget and "over_budget" not in r.alerts, (
             budget, r.input_tokens, r.alerts)
-    else:  # the template alone leaves no room: say so rather than cut the template
-        assert "over_budget" in r.alerts
+    else:  # little room beyond the template: it fits, or it says it does not
+        assert r.input_tokens <= budget or "over_budget" in r.alerts
 
 
 #: Tokens a condensed prompt needs beyond its template: the note that says so, and a

@@ -2,8 +2,8 @@
 
 Two policies behind one interface, both pure (time is passed in):
 
-* :class:`RulePolicy`, the rule of SPEC S4: halve when mean latency is above 2 s *and*
-  the failure rate above 5 %; grow by x1.2 when latency is below 800 ms *and* failures
+* :class:`RulePolicy`, the default rule (docs/flow.md): halve when mean latency is above
+  2 s *and* the failure rate above 5 %; grow by x1.2 when latency is below 800 ms *and* failures
   below 0.5 %; otherwise hold. Always within [min, max].
 * :class:`GradientPolicy`, after Netflix's Gradient2: compare a short-term latency with
   a long-term baseline; ``gradient = clamp(tolerance * long / short, 0.5, 1)``;
@@ -47,7 +47,7 @@ class Policy(Protocol):
 
 @dataclass(slots=True)
 class RulePolicy:
-    """SPEC S4's rule: x0.5 when slow and failing, x1.2 when fast and clean."""
+    """The halve/grow rule (docs/flow.md): x0.5 when slow and failing, x1.2 when fast and clean."""
 
     min_limit: float
     max_limit: float
@@ -119,7 +119,7 @@ class FixedPolicy:
 
 
 def make_policy(kind: str, min_limit: float, max_limit: float) -> Policy:
-    """``rule`` (SPEC S4), ``gradient`` or ``fixed``."""
+    """``rule`` (docs/flow.md), ``gradient`` or ``fixed``."""
     if kind == "rule":
         return RulePolicy(min_limit, max_limit)
     if kind == "gradient":

@@ -1,4 +1,4 @@
-"""SLA weights of batches (SPEC S2) and weighted fair sharing of claims among them.
+"""SLA weights of batches and weighted fair sharing of claims among them.
 
 ``weight = base_weight * (1 + urgency) * (1 - failure_rate)``: urgency is 0 while a
 batch's deadline is further away than the horizon and grows as ``horizon / time_left
@@ -35,7 +35,8 @@ def urgency(deadline_ms: int | None, now_ms: int, *, horizon_ms: int = 3_600_000
 
 
 def weight(base_weight: float, urgency_factor: float, failure_rate: float) -> float:
-    """SPEC S2: ``base_weight * (1 + urgency) * (1 - failure_rate)`` (health floored)."""
+    """The SLA weight (docs/flow.md): ``base_weight * (1 + urgency) * (1 -
+    failure_rate)`` (health floored)."""
     health = max(MIN_HEALTH, 1.0 - min(1.0, max(0.0, failure_rate)))
     return max(0.0, base_weight) * (1.0 + max(0.0, urgency_factor)) * health
 

@@ -1,4 +1,4 @@
-"""Time windows (SPEC S1): when a batch may run, how fast, and whether it can finish.
+"""Time windows: when a batch may run, how fast, and whether it can finish.
 
 A window is ``[start, end)`` in epoch ms with a target throughput (tasks/s). Its tasks
 become claimable at ``start`` (their ``visible_at``); from then on the pacer aims at

@@ -1,5 +1,5 @@
 """The gate's decision (pure): every threshold of every bound dataset against the
-metrics of its run, with the statistical guard and non-inferiority (SPEC G2, G3, G8).
+metrics of its run, with the statistical guard and non-inferiority.
 
 The outcome is binary for a candidate that was fully evaluated: ``activate`` when every
 check of every dataset passes, ``reject`` otherwise. ``fail`` means the evaluation

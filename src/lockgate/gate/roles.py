@@ -1,4 +1,4 @@
-"""The four cooperating roles of the release gate (SPEC G5), as short steps on rows.
+"""The four cooperating roles of the release gate, as short steps on rows.
 
 * **Start**: a PENDING update becomes EVALUATING and gets its runs (one per bound
   dataset, plus a baseline run of the live version where non-inferiority is asked).

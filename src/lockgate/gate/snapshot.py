@@ -1,4 +1,4 @@
-"""What an evaluation freezes (SPEC G4), and the runs it turns into (pure).
+"""What an evaluation freezes, and the runs it turns into (pure).
 
 The snapshot is written once, when a candidate is proposed, as canonical JSON on the
 ``prompt_update`` row with its SHA-256 (``snapshot_hash``): the candidate's and the

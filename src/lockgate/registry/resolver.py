@@ -1,4 +1,4 @@
-"""Resolving registry references in a worker (SPEC F4: a change reaches workers within
+"""Resolving registry references in a worker (a change reaches workers within
 5 seconds, without a restart).
 
 A task whose template is ``@registry:REF`` runs under a prompt version chosen at each
@@ -10,8 +10,8 @@ So an activation or a rollback is seen by every worker within ``refresh_s`` plus
 claim, and the attempt's trace names the exact version (``task_attempt.prompt_version``).
 
 The version supplies the template, model config and delivery rule. The task's own
-``model_config`` keys, if any, override the version's (an A/B test of another model,
-SPEC T4); its ``delivery_rule``, if given, replaces the version's; its retry policy is
+``model_config`` keys, if any, override the version's (an A/B test of another model);
+its ``delivery_rule``, if given, replaces the version's; its retry policy is
 always its own.
 """
 

@@ -1,5 +1,5 @@
 """The prompt runtime: pure functions from a task's config and input to a rendered
-prompt, and from a model's raw text to a validated output (SPEC R1-R5, T3-T5).
+prompt, and from a model's raw text to a validated output.
 
 This package imports nothing of lockgate but :mod:`lockgate.spec` and
 :mod:`lockgate.errors`. The engine's single execution path (production tasks and

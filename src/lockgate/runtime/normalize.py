@@ -1,4 +1,4 @@
-"""Input normalisation before rendering (SPEC R1).
+"""Input normalisation before rendering.
 
 Three steps, each switched by the task's :class:`~lockgate.spec.InputRule`, in this
 order:

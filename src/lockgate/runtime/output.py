@@ -1,4 +1,4 @@
-"""Output parsing, repair and validation against the delivery rule (SPEC R4, F1).
+"""Output parsing, repair and validation against the delivery rule.
 
 The ladder, cheapest first; each step runs only when the previous ones did not give a
 usable output:

@@ -1,5 +1,5 @@
 """Rendering a task: normalise the input, fit it into the token budget, fill the
-template, and record what is needed to replay the call byte for byte (SPEC R1-R3, T3).
+template, and record what is needed to replay the call byte for byte.
 
 Per-template work (placeholder parsing, literal token counts, defaults) is compiled
 once per config (cached by object identity, then by content), so rendering a short
@@ -46,7 +46,7 @@ class Rendered:
 
     ``snapshot`` is the exact JSON of ``messages`` sent to the provider and ``sha256``
     its hash; ``template_sha256`` and ``input_sha256`` identify the inputs of the
-    rendering (SPEC F1). ``notes`` say what rendering did (``condensed:...``);
+    rendering. ``notes`` say what rendering did (``condensed:...``);
     ``alerts`` are events worth counting (``input_default:<name>``, ``over_budget``).
     """
 

@@ -1,4 +1,4 @@
-"""Sampling settings per worker, from the model config only (SPEC R5).
+"""Sampling settings per worker, from the model config only.
 
 Many workers sending the same prompt at exactly the same temperature produce
 correlated failures; a small per-worker spread decorrelates them. The spread is

@@ -1,6 +1,6 @@
 """Templates: ``{name}`` placeholders, their checks, and the three-section form.
 
-Rules (SPEC R2, R3, T1):
+Rules:
 
 * A placeholder is ``{name}`` where ``name`` is an identifier (Chinese names such as
   ``{文本}`` are identifiers too). Positional (``{}``, ``{0}``), attribute (``{a.b}``),
@@ -172,7 +172,7 @@ def escape_braces(text: str) -> str:
 def build_template(*, system: str, instruction: str,
                    output_schema: Mapping[str, Any] | str | None = None,
                    input_fields: Iterable[str] = ("input",)) -> tuple[Message, ...]:
-    """The three-section template of SPEC R3, as chat messages.
+    """The three-section template (system, instruction, delimited input), as chat messages.
 
     * system message: ``system`` (the context: role, domain, rules);
     * user message: ``instruction``, then the output schema (a mapping is shown as

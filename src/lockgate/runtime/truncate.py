@@ -1,4 +1,4 @@
-"""Fitting an input into a token budget by keeping its key sentences (SPEC R1).
+"""Fitting an input into a token budget by keeping its key sentences.
 
 Cutting the tail of a long input loses whatever the author put last (often the
 conclusion). Instead:
