@@ -1,0 +1,244 @@
+"""Reads of the task store for people and programs (status, a task, results, summaries)
+and operator actions on tasks (cancel, retry, retention): mixed into :class:`Store`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+from sqlalchemy import TextClause, select
+
+from lockgate.errors import NotFound, SpecError, StateConflict
+from lockgate.results import (
+    BatchSummary,
+    Status,
+    TaskResult,
+    TaskView,
+    WorkerInfo,
+    percentile,
+    utc,
+)
+from lockgate.store import schema
+from lockgate.store.tx import Tx, sql
+from lockgate.store.types import row_dict
+
+T = TypeVar("T")
+
+_BACKING_OFF = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
+                   "AND lease_token IS NULL AND visible_at > :now")
+_BATCH_COUNTS = sql("SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status")
+_BATCH_EXISTS = sql("SELECT id FROM batch WHERE id = :b")
+_CANCEL = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
+              "version = version + 1, error_class = NULL, "
+              "error_message = 'cancelled by operator' "
+              "WHERE task_id = :tid AND status = 'PENDING'")
+_CONFIG = sql("SELECT document FROM task_config WHERE hash = :h")
+_COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task GROUP BY batch_id, status")
+_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c")
+_DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
+                       "'CANCELLED') AND finished_at < :c")
+_INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
+_LEASED = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
+              "AND lease_token IS NOT NULL AND visible_at > :now")
+_RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at = :now, "
+             "attempts = 0, lease_token = NULL, leased_by = NULL, finished_at = NULL, "
+             "result = NULL, parse_status = NULL, error_class = NULL, "
+             "error_message = NULL, version = version + 1 "
+             "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
+_RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
+                                      "('FAILED', 'DEAD', 'CANCELLED')",
+                                      "WHERE batch_id = :b AND status IN :st"), "st")
+_RETRY_BATCH_CLASS = sql(_RETRY_BATCH.text + " AND error_class = :ec", "st")
+_STATUS_OF = sql("SELECT status FROM task WHERE task_id = :tid")
+
+
+class TaskViews:
+    """The read side and the operator actions of the task store."""
+
+    if TYPE_CHECKING:  # provided by Store
+        def read(self) -> AbstractContextManager[Tx]: ...
+
+        def transaction(self, fn: Callable[[Tx], T], *, attempts: int = 8) -> T: ...
+
+    def batch_counts(self, batch_id: str) -> dict[str, int]:
+        """Tasks of one batch per state (index-backed: cheap enough to poll)."""
+        with self.read() as tx:
+            return {s: int(n) for s, n in tx.execute(_BATCH_COUNTS, {"b": batch_id})}
+
+    def status(self, *, alive_within_ms: int = 30_000) -> Status:
+        """Counts per batch and state, leases in flight, and live workers."""
+        w = schema.worker
+        with self.read() as tx:
+            counts: dict[str, dict[str, int]] = {}
+            for b, s, n in tx.execute(_COUNTS):
+                counts.setdefault(b, {})[s] = int(n)
+            leased = tx.execute(_LEASED).scalar_one()
+            waiting = tx.execute(_BACKING_OFF).scalar_one()
+            workers = [WorkerInfo.from_row(row_dict(r), tx.now) for r in tx.execute(
+                select(w).where(w.c.status != "stopped",
+                                w.c.heartbeat_at >= tx.now - alive_within_ms)
+                .order_by(w.c.started_at))]
+            incomplete = [str(b) for b in tx.execute(_INCOMPLETE).scalars()]
+            now = utc(tx.now)
+            assert now is not None
+            return Status(now=now, batches=counts, leased=int(leased),
+                          backing_off=int(waiting), workers=workers,
+                          incomplete_batches=incomplete)
+
+    def task(self, task_id: str) -> TaskView:
+        """One task with its config and every attempt, for ``lockgate tasks show``."""
+        t, a = schema.task, schema.task_attempt
+        with self.read() as tx:
+            row = tx.execute(select(t).where(t.c.task_id == task_id)).first()
+            if row is None:
+                raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
+            task = row_dict(row)
+            attempts = [row_dict(r) for r in tx.execute(
+                select(a).where(a.c.task_pk == task["id"]).order_by(a.c.id))]
+            config = orjson.loads(tx.execute(_CONFIG, {"h": task["config_hash"]}).scalar_one())
+        return TaskView.from_rows(task, config, attempts)
+
+    def cancel(self, task_id: str) -> None:
+        """PENDING -> CANCELLED. A worker holding it will find its write-back fenced."""
+        self._transition(task_id, _CANCEL, "PENDING", "cancel")
+
+    def retry(self, task_id: str) -> None:
+        """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
+        self._transition(task_id, _RETRY, "FAILED, DEAD or CANCELLED", "retry")
+
+    def retry_batch(self, batch_id: str, *, statuses: Iterable[str] = ("FAILED", "DEAD"),
+                    error_class: str | None = None) -> int:
+        """Every task of a batch in one of ``statuses`` (FAILED, DEAD, CANCELLED), and
+        with ``error_class`` if given, back to PENDING with a fresh attempt budget, in
+        one statement; returns how many. Running it again finds nothing more to do."""
+        wanted = sorted({str(st).upper() for st in statuses})
+        bad = set(wanted) - {"FAILED", "DEAD", "CANCELLED"}
+        if bad or not wanted:
+            raise SpecError(f"can only be FAILED, DEAD or CANCELLED, not {sorted(bad)}",
+                            field="status")
+        sql_ = _RETRY_BATCH if error_class is None else _RETRY_BATCH_CLASS
+
+        def work(tx: Tx) -> int:
+            if tx.execute(_BATCH_EXISTS, {"b": batch_id}).first() is None:
+                raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
+            return int(tx.execute(sql_, {"b": batch_id, "st": wanted,
+                                         "ec": error_class}).rowcount)
+        return self.transaction(work)
+
+    def _transition(self, task_id: str, statement: TextClause, needs: str,
+                    verb: str) -> None:
+        def work(tx: Tx) -> None:
+            if tx.execute(statement, {"tid": task_id}).rowcount == 1:
+                return
+            st = tx.execute(_STATUS_OF, {"tid": task_id}).scalar()
+            if st is None:
+                raise NotFound(f"no task '{task_id}'")
+            raise StateConflict(f"cannot {verb} task '{task_id}': it is {st}, "
+                                f"and {verb} needs {needs}")
+        self.transaction(work)
+
+    def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
+        """Stream every task of a batch (or all) in id order, with the usage of the call
+        whose answer was delivered. :class:`NotFound` for a batch never submitted."""
+        if batch_id is not None and not self.batch_exists(batch_id):
+            raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
+        return self._results(batch_id)
+
+    def _results(self, batch_id: str | None) -> Iterator[TaskResult]:
+        # One table, no join: the call that ended each task is on its row, so the plan
+        # is a scan whatever the planner's statistics (a join to task_attempt could be
+        # planned as a nested loop over a freshly loaded, unanalysed table).
+        t = schema.task
+        q = select(t.c.id, t.c.task_id, t.c.batch_id, t.c.status, t.c.result,
+                   t.c.parse_status, t.c.error_class, t.c.error_message, t.c.attempts,
+                   t.c.finished_at, t.c.created_at, t.c.input_tokens, t.c.output_tokens,
+                   t.c.model, t.c.latency_ms, t.c.http_status, t.c.request_id,
+                   t.c.response).order_by(t.c.id)
+        if batch_id is not None:
+            q = q.where(t.c.batch_id == batch_id)
+        with self.read() as tx:
+            for row in tx.stream(q):
+                yield TaskResult.from_row(row._mapping)
+
+    def batch_exists(self, batch_id: str) -> bool:
+        """Whether a batch of this id was ever submitted."""
+        with self.read() as tx:
+            return tx.execute(_BATCH_EXISTS, {"b": batch_id}).first() is not None
+
+    def attempt_stats(self, batch_id: str | None = None) -> dict[str, Any]:
+        """Calls, outcomes, latencies and completeness over the attempts of a batch."""
+        t, a = schema.task, schema.task_attempt
+        q = select(a.c.outcome, a.c.latency_ms, a.c.completeness, a.c.error_class,
+                   a.c.parse_status)
+        if batch_id is not None:
+            q = q.join(t, t.c.id == a.c.task_pk).where(t.c.batch_id == batch_id)
+        latencies: list[float] = []
+        outcomes: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        parse: dict[str, int] = {}
+        comp_sum = 0.0
+        comp_n = 0
+        with self.read() as tx:
+            for outcome, lat, comp, err, ps in tx.stream(q, rows=5000):
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                if lat is not None:
+                    latencies.append(float(lat))
+                if err:
+                    errors[err] = errors.get(err, 0) + 1
+                if ps:
+                    parse[ps] = parse.get(ps, 0) + 1
+                if outcome == "succeeded" and comp is not None:
+                    comp_sum += comp
+                    comp_n += 1
+        return {"calls": sum(outcomes.values()), "outcomes": outcomes, "errors": errors,
+                "parse_status": parse, "latencies_ms": latencies,
+                "completeness": comp_sum / comp_n if comp_n else None}
+
+    def summary(self, batch_id: str | None = None,
+                elapsed_s: float | None = None) -> BatchSummary:
+        """What happened to one batch (or to everything): states, calls, retries,
+        duplicate calls, errors, parse statuses, latency percentiles, completeness."""
+        states: dict[str, int] = {}
+        for b, counts in self.status().batches.items():
+            if batch_id is None or b == batch_id:
+                for k, v in counts.items():
+                    states[k] = states.get(k, 0) + v
+        a = self.attempt_stats(batch_id)
+        lat = sorted(a["latencies_ms"])
+        return BatchSummary(
+            batch_id=batch_id, states=states, calls=a["calls"],
+            retries=a["outcomes"].get("retry", 0),
+            duplicate_calls=a["outcomes"].get("discarded", 0),
+            outcomes=a["outcomes"], errors=a["errors"], parse_status=a["parse_status"],
+            latency_ms={q: percentile(lat, v) for q, v in
+                        (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
+            completeness=a["completeness"], elapsed_s=elapsed_s)
+
+    def cleanup(self, *, older_than_ms: int, tasks: bool = False) -> dict[str, int]:
+        """Retention: delete attempts (and optionally finished tasks) older than a bound.
+
+        The cutoff is the database clock minus ``older_than_ms``; tasks' ``finished_at``
+        and attempts' ``started_at`` are on that clock (a worker stamps its attempts
+        with its own clock corrected by the offset it measures against the database's).
+        A negative age is refused: it would reach into work still in flight."""
+        if older_than_ms < 0:
+            raise SpecError(f"must not be negative (got {older_than_ms} ms)",
+                            field="older_than")
+        deleted = {"attempts": 0, "tasks": 0}
+
+        def work(tx: Tx) -> None:
+            cutoff = {"c": tx.now - older_than_ms}
+            deleted["attempts"] = tx.execute(_DELETE_ATTEMPTS, cutoff).rowcount
+            if tasks:
+                deleted["tasks"] = tx.execute(_DELETE_FINISHED, cutoff).rowcount
+        self.transaction(work)
+        return deleted
+
+    def truncate_all(self) -> None:
+        """Delete every row (tests and benchmarks only)."""
+        def work(tx: Tx) -> None:
+            for tbl in reversed(schema.metadata.sorted_tables):
+                tx.execute(tbl.delete())
+        self.transaction(work)
