@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from sqlalchemy import Engine, inspect, text
@@ -36,7 +36,7 @@ from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
 from lockgate.store.tx import Tx, sql
-from lockgate.store.types import ClaimedTask, Finish, FinishReport
+from lockgate.store.types import AttemptRow, ClaimedTask, Finish, FinishReport
 from lockgate.store.views import TaskViews
 
 log = logging.getLogger("lockgate.store")
@@ -89,7 +89,8 @@ def _storable(f: Finish) -> Finish:
 
     return replace(f, result=clean(f.result), error_message=clean(f.error_message),
                    error_class=clean(f.error_class), parse_status=clean(f.parse_status),
-                   attempt={k: clean(v) for k, v in trace.items()} if trace else trace)
+                   attempt=cast(AttemptRow, {k: clean(v) for k, v in trace.items()})
+                   if trace else trace)
 
 
 @dataclass(frozen=True, slots=True)

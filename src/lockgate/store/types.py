@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Row
 
@@ -21,6 +21,35 @@ class ClaimedTask:
     lease_token: str
 
 
+class AttemptRow(TypedDict, total=False):
+    """A ``task_attempt`` row as a worker writes it (the trace of one call). Keys are
+    column names: a key that is not a column is a type error here, not a SQL error at
+    run time. The store adds ``task_pk``, ``lease_token`` and ``worker_id``."""
+
+    attempt: int
+    outcome: str
+    started_at: int
+    latency_ms: float | None
+    endpoint: str | None
+    model: str | None
+    prompt_sha256: str | None
+    prompt_snapshot: str | None
+    token_estimator: str | None
+    estimated_tokens: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    http_status: int | None
+    raw_output: str | None
+    parse_status: str | None
+    fixes: str | None
+    completeness: float | None
+    error_class: str | None
+    error_message: str | None
+    prompt_version: str | None
+    routed_from: str | None
+    request_id: str | None
+
+
 @dataclass(slots=True)
 class Finish:
     """One write-back: the task's new state, fenced by the lease token it was claimed with.
@@ -36,7 +65,7 @@ class Finish:
     error_class: str | None = None
     error_message: str | None = None
     delay_ms: int = 0
-    attempt: dict[str, Any] | None = None
+    attempt: AttemptRow | None = None
     release_attempt: bool = False
     #: The call this write-back ends (kept on the task row, for results and exports
     #: without a join): the model that answered, its usage and latency, the HTTP status,

@@ -20,6 +20,7 @@ from lockgate.errors import ErrorClass, LockgateError
 from lockgate.providers.base import Completion, CompletionRequest, Provider, ProviderError
 from lockgate.spec import TaskConfig
 from lockgate.states import TaskStatus
+from lockgate.store.types import AttemptRow
 
 
 @dataclass(slots=True)
@@ -159,11 +160,11 @@ def provider_params(config: TaskConfig, endpoint: Endpoint, worker_seed: str) ->
 
 def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: str,
                   *, store_snapshot: bool = True,
-                  prompt_version: str | None = None) -> dict[str, Any]:
+                  prompt_version: str | None = None) -> AttemptRow:
     """The task_attempt row for one call; ``prompt_version`` names the
     registry version the call ran (``name@N``), if any."""
     r, c, p = res.rendered, res.completion, res.parsed
-    return {
+    row: AttemptRow = {
         "attempt": attempt,
         "outcome": outcome,
         "started_at": started_ms,
@@ -186,3 +187,4 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "prompt_version": prompt_version,
         "request_id": res.request_id,
     }
+    return row

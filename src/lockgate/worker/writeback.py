@@ -23,6 +23,7 @@ from typing import Any
 from lockgate.errors import ErrorClass, StoreError
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
+from lockgate.store.types import AttemptRow
 
 log = logging.getLogger("lockgate.worker")
 
@@ -39,15 +40,21 @@ def _claim(f: Finish) -> Claim:
     return f.id, f.lease_token
 
 
-def _bare_trace(f: Finish, message: str) -> dict[str, Any] | None:
+def _bare_trace(f: Finish, message: str) -> AttemptRow | None:
     """The attempt row of ``f`` reduced to what lockgate itself produced, with the
     reason its full trace was not stored."""
     if f.attempt is None:
         return None
     a = f.attempt
-    return {"attempt": a.get("attempt"), "outcome": a.get("outcome"),
-            "started_at": a.get("started_at"), "error_class": str(ErrorClass.STORAGE_ERROR),
-            "error_message": message[:2000]}
+    row: AttemptRow = {"error_class": str(ErrorClass.STORAGE_ERROR),
+                       "error_message": message[:2000]}
+    if "attempt" in a:
+        row["attempt"] = a["attempt"]
+    if "outcome" in a:
+        row["outcome"] = a["outcome"]
+    if "started_at" in a:
+        row["started_at"] = a["started_at"]
+    return row
 
 
 def with_bare_trace(f: Finish, exc: BaseException) -> Finish | None:
