@@ -58,11 +58,15 @@ def _bare_trace(f: Finish, message: str) -> AttemptRow | None:
 
 
 def with_bare_trace(f: Finish, exc: BaseException) -> Finish | None:
-    """``f`` with its trace reduced (the task's own write-back unchanged), or None when
+    """``f`` with its trace reduced (the task's state and result unchanged), or None when
     it has no trace to reduce."""
     trace = _bare_trace(f, f"the database refused this attempt's trace, which was not "
                            f"stored: {exc}")
-    return None if trace is None else replace(f, attempt=trace)
+    if trace is None:
+        return None
+    # The task row's copy of the call (usage, model, body) goes with the trace.
+    return replace(f, attempt=trace, model=None, input_tokens=None, output_tokens=None,
+                   latency_ms=None, http_status=None, request_id=None, response=None)
 
 
 def unstorable(f: Finish, exc: BaseException) -> Finish:
