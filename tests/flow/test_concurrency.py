@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lockgate.errors import ConfigError
 from lockgate.flow.concurrency import (
     Adaptive,
     GradientPolicy,
@@ -106,5 +107,5 @@ def test_policies_by_name() -> None:
     assert make_policy("rule", 1, 10).name == "rule"
     assert make_policy("gradient", 1, 10).name == "gradient"
     assert make_policy("fixed", 1, 10).next_limit(7, stats(9999, 1.0)) == 7
-    with pytest.raises(ValueError, match="unknown concurrency policy"):
+    with pytest.raises(ConfigError, match="unknown concurrency policy"):
         make_policy("vegas", 1, 10)

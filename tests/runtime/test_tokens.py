@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lockgate.errors import SpecError
 from lockgate.runtime import tokens
 from lockgate.runtime.tokens import CALIBRATED, calibrated_count, get_estimator
 
@@ -33,8 +34,9 @@ def test_get_estimator_names() -> None:
     assert get_estimator("calibrated") is CALIBRATED
     assert get_estimator(None) is tokens.default_estimator()
     assert get_estimator(tokens.default_estimator().name) is tokens.default_estimator()
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(SpecError, match="unknown") as err:
         get_estimator("no-such-tokenizer")
+    assert err.value.field == "model_config.tokenizer"
 
 
 def test_discovery_never_touches_the_network(monkeypatch: pytest.MonkeyPatch,

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from lockgate.errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class WindowStats:
@@ -126,7 +128,7 @@ def make_policy(kind: str, min_limit: float, max_limit: float) -> Policy:
         return GradientPolicy(min_limit, max_limit)
     if kind == "fixed":
         return FixedPolicy()
-    raise ValueError(f"unknown concurrency policy {kind!r}: use rule, gradient or fixed")
+    raise ConfigError(f"unknown concurrency policy {kind!r}: use rule, gradient or fixed")
 
 
 class Adaptive:

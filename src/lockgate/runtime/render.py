@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from lockgate.errors import TemplateError
+from lockgate.errors import SpecError, TemplateError
 from lockgate.runtime.normalize import normalize_value
 from lockgate.runtime.template import (
     INPUT_CLOSE,
@@ -92,7 +92,7 @@ def _build_plan(config: TaskConfig) -> _Plan:
         defaults[k] = (v, "input_default")
     try:
         estimator = get_estimator(config.model.tokenizer)
-    except ValueError:  # not available on this host: the trace names the one used
+    except SpecError:  # not available on this host: the trace names the one used
         estimator = get_estimator()
     literal = [t.literal for t in template.texts]
     fixed = sum(estimator.count(t) for t in literal) + \

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lockgate.errors import SpecError
+
 _SHORT = 128
 
 #: Chat framing cost: tokens per message and for priming the reply (OpenAI's format).
@@ -207,7 +209,8 @@ def get_estimator(name: str | None = None) -> Estimator:
     est = default_estimator()
     if name == est.name:
         return est
-    raise ValueError(f"unknown or unavailable token estimator {name!r}")
+    raise SpecError(f"unknown or unavailable token estimator {name!r}; use 'calibrated' or "
+                    f"leave it unset for {est.name}", field="model_config.tokenizer")
 
 
 def count_tokens(text: str) -> int:

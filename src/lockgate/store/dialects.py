@@ -20,6 +20,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
+from lockgate.errors import ConfigError
 from lockgate.store.schema import task_attempt
 from lockgate.store.tx import in_list
 from lockgate.store.types import ClaimedTask, Finish
@@ -514,4 +515,4 @@ def dialect_for(name: str) -> Dialect:
         return PostgresDialect()
     if name in ("mysql", "mariadb"):
         return MySQLDialect()
-    raise ValueError(f"unsupported database '{name}': use sqlite, postgresql or mysql/mariadb")
+    raise ConfigError(f"unsupported database '{name}': use sqlite, postgresql or mysql/mariadb")

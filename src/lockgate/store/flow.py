@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import text
 
+from lockgate.errors import SpecError
 from lockgate.store import schema
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx, in_list
@@ -432,7 +433,7 @@ class FlowStore:
         allowed = {"base_weight", "deadline_at", "window_start", "window_end", "target_per_s"}
         bad = set(fields) - allowed
         if bad:
-            raise ValueError(f"unknown batch fields {sorted(bad)}")
+            raise SpecError(f"unknown batch fields {sorted(bad)}", field="batch")
         if not fields:
             return
         sets = ", ".join(f"{k} = :{k}" for k in sorted(fields))
