@@ -227,8 +227,8 @@ class FlowStore:
         """Every bucket row with the database's now (for status)."""
         with self.store.read() as tx:
             now = tx.now
-            rows = [dict(r._mapping) for r in tx.execute(text(
-                "SELECT * FROM rate_limit ORDER BY kind, name"))]
+            rows = tx.rows(text(
+                "SELECT * FROM rate_limit ORDER BY kind, name"))
         for r in rows:
             r["now"] = now
         return rows
@@ -404,10 +404,10 @@ class FlowStore:
         recent rate and mean tokens per task (for projections)."""
         with self.store.read() as tx:
             now = tx.now
-            batches = [dict(r._mapping) for r in tx.execute(text(
+            batches = tx.rows(text(
                 "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "
                 "FROM batch WHERE window_end IS NOT NULL AND window_end >= :since "
-                "ORDER BY window_start"), {"since": now - 86_400_000})]
+                "ORDER BY window_start"), {"since": now - 86_400_000})
             for b in batches:
                 counts = {s: int(n) for s, n in tx.execute(text(
                     "SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status"),

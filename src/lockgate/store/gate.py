@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import config_hash
@@ -57,6 +57,10 @@ class _Abort(Exception):
         self.status = status
 
 
+K = TypeVar("K", str, int)
+
+_VERDICT_COUNTS = sql("SELECT run_id, verdict, COUNT(*) FROM prompt_run_item "
+                      "WHERE run_id IN :ids GROUP BY run_id, verdict", "ids")
 _TASK_COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task WHERE batch_id IN :ids "
                    "GROUP BY batch_id, status", "ids")
 
@@ -255,8 +259,8 @@ class GateStore(RunSteps):
             sql += " WHERE p.name = :n"
             params["n"] = prompt
         with self.store.read() as tx:
-            return [dict(r._mapping) for r in tx.execute(
-                text(sql + " ORDER BY u.id DESC LIMIT :lim"), params)]
+            return tx.rows(
+                text(sql + " ORDER BY u.id DESC LIMIT :lim"), params)
 
     def active_updates(self) -> list[tuple[int, str]]:
         """(id, status) of every update still PENDING or EVALUATING (index on status)."""
@@ -268,33 +272,28 @@ class GateStore(RunSteps):
     def runs(self, update_id: int) -> list[dict[str, Any]]:
         """The runs of an update, with their metrics decoded."""
         with self.store.read() as tx:
-            rows = [dict(r._mapping) for r in tx.execute(text(
+            rows = tx.rows(text(
                 "SELECT *, :now AS db_now FROM prompt_run WHERE update_id = :u "
-                "ORDER BY dataset_name, subject DESC"), {"u": update_id})]
+                "ORDER BY dataset_name, subject DESC"), {"u": update_id})
         for r in rows:
             r["metrics"] = orjson.loads(r["metrics"]) if r["metrics"] else None
         return rows
 
     def task_counts(self, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """Tasks per status for each batch (progress of the Execute role)."""
-        if not batch_ids:
-            return {}
-        out: dict[str, dict[str, int]] = {b: {} for b in batch_ids}
-        with self.store.read() as tx:
-            for b, s, n in tx.execute(_TASK_COUNTS, {"ids": list(batch_ids)}):
-                out[b][s] = int(n)
-        return out
+        return self._counts(_TASK_COUNTS, batch_ids)
 
     def verdict_counts(self, run_ids: Sequence[int]) -> dict[int, dict[str, int]]:
         """Run items per verdict for each run."""
-        if not run_ids:
-            return {}
-        out: dict[int, dict[str, int]] = {r: {} for r in run_ids}
-        with self.store.read() as tx:
-            for r, v, n in tx.execute(text(
-                    "SELECT run_id, verdict, COUNT(*) FROM prompt_run_item WHERE run_id IN :ids "
-                    "GROUP BY run_id, verdict").bindparams(in_list("ids")), {"ids": list(run_ids)}):
-                out[int(r)][v] = int(n)
+        return self._counts(_VERDICT_COUNTS, run_ids)
+
+    def _counts(self, statement: TextClause, keys: Sequence[K]) -> dict[K, dict[str, int]]:
+        """Rows per state for each key of ``keys`` (a statement of key, state, count)."""
+        out: dict[K, dict[str, int]] = {k: {} for k in keys}
+        if keys:
+            with self.store.read() as tx:
+                for k, state, n in tx.execute(statement, {"ids": list(keys)}):
+                    out[k][state] = int(n)
         return out
 
     # -- Reconcile ------------------------------------------------------------------------------

@@ -239,12 +239,12 @@ class RunSteps(GateRows):
     def undecided_items(self, run_id: int, *, limit: int) -> list[dict[str, Any]]:
         """Run items without a verdict, with their task's outcome and attempt figures."""
         with self.store.read() as tx:
-            rows = [dict(r._mapping) for r in tx.execute(text(
+            rows = tx.rows(text(
                 "SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
                 "t.status, t.result, t.error_class, t.error_message, t.attempts, "
                 "t.input_data FROM prompt_run_item i LEFT JOIN task t "
                 "ON t.id = i.task_pk WHERE i.run_id = :r AND i.verdict = 'PENDING' "
-                "ORDER BY i.item_id LIMIT :n"), {"r": run_id, "n": limit})]
+                "ORDER BY i.item_id LIMIT :n"), {"r": run_id, "n": limit})
             pks = [r["task_pk"] for r in rows if r["task_pk"] is not None]
             figures: dict[int, dict[str, Any]] = {}
             if pks:
@@ -289,11 +289,11 @@ class RunSteps(GateRows):
     def outcomes(self, run_id: int) -> list[dict[str, Any]]:
         """Every item of a run with its verdict, for metrics and the snapshot check."""
         with self.store.read() as tx:
-            return [dict(r._mapping) for r in tx.execute(text(
+            return tx.rows(text(
                 "SELECT i.item_id, i.item_key, i.content_hash, i.expected, i.actual, "
                 "i.verdict, i.error, i.latency_ms, i.input_tokens, i.output_tokens, "
                 "i.attempts FROM prompt_run_item i WHERE i.run_id = :r ORDER BY i.item_id"),
-                {"r": run_id})]
+                {"r": run_id})
 
     def finish_run(self, run_id: int, *, token: str, status: str,
                    metrics: dict[str, Any] | None, reason: str | None) -> bool:

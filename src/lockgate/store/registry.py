@@ -221,9 +221,9 @@ class RegistryStore:
     def prompts(self) -> list[dict[str, Any]]:
         """Every prompt with its live version and generation."""
         with self.store.read() as tx:
-            return [dict(r._mapping) for r in tx.execute(text(
+            return tx.rows(text(
                 "SELECT name, live_version, generation, submissions, updated_at "
-                "FROM prompt ORDER BY name"))]
+                "FROM prompt ORDER BY name"))
 
     def version(self, name: str, version: int) -> VersionRow:
         """One version of a prompt."""
@@ -254,10 +254,10 @@ class RegistryStore:
         """The prompt's audit rows, oldest first."""
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            return [dict(r._mapping) for r in tx.execute(text(
+            return tx.rows(text(
                 "SELECT id, action, from_version, to_version, label, update_id, generation, "
                 "actor, reason, created_at FROM prompt_audit WHERE prompt_id = :p "
-                "ORDER BY id"), {"p": row.id})]
+                "ORDER BY id"), {"p": row.id})
 
     def pointer(self, name: str, label: str | None) -> tuple[int | None, int]:
         """(version the name or label points at, generation): the workers' cheap check,
@@ -445,9 +445,9 @@ class RegistryStore:
     def datasets(self) -> list[dict[str, Any]]:
         """Every dataset with its revision and size."""
         with self.store.read() as tx:
-            return [dict(r._mapping) for r in tx.execute(text(
+            return tx.rows(text(
                 "SELECT name, revision, item_count, items_hash, updated_at FROM dataset "
-                "ORDER BY name"))]
+                "ORDER BY name"))
 
     def items(self, name: str, *, revision: int | None = None,
               limit: int | None = None) -> list[dict[str, Any]]:

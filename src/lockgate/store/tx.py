@@ -69,6 +69,12 @@ class Tx:
                 parameters = [{"now": self.now, **p} for p in parameters]
         return self.conn.execute(statement, parameters)
 
+    def rows(self, statement: Executable | str,
+             parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every row of a query as a dict of column name to value."""
+        return [{str(k): v for k, v in r._mapping.items()}
+                for r in self.execute(statement, parameters)]
+
     def stream(self, statement: Executable, parameters: Mapping[str, Any] | None = None, *,
                rows: int = 1000) -> CursorResult[*TupleAny]:
         """Run a query whose rows are fetched ``rows`` at a time (a server-side cursor

@@ -95,8 +95,8 @@ class TaskViews:
             if row is None:
                 raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
             task = row_dict(row)
-            attempts = [row_dict(r) for r in tx.execute(
-                select(a).where(a.c.task_pk == task["id"]).order_by(a.c.id))]
+            attempts = tx.rows(
+                select(a).where(a.c.task_pk == task["id"]).order_by(a.c.id))
             config = orjson.loads(tx.execute(_CONFIG, {"h": task["config_hash"]}).scalar_one())
         return TaskView.from_rows(task, config, attempts)
 
