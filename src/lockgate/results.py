@@ -26,7 +26,9 @@ def iso(t: datetime | None) -> str | None:
     """ISO-8601 UTC with milliseconds and ``Z``, as every file lockgate writes has it."""
     if t is None:
         return None
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    if t.tzinfo is not UTC:
+        t = t.astimezone(UTC)
+    return t.isoformat(timespec="milliseconds")[:-6] + "Z"  # drop "+00:00"
 
 
 def _json(text: str | None) -> Any:
@@ -76,6 +78,10 @@ class Usage(_Row):
     model: str | None
     latency_ms: float | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "model": self.model, "latency_ms": self.latency_ms}
+
 
 @dataclass(frozen=True, slots=True)
 class Response(_Row):
@@ -86,6 +92,10 @@ class Response(_Row):
     status_code: int
     request_id: str | None
     body: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status_code": self.status_code, "request_id": self.request_id,
+                "body": self.body}  # already a JSON value: no walk through it
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,33 +119,46 @@ class TaskResult(_Row):
     #: The provider's answer to that call, as returned; None without an HTTP answer.
     response: Response | None = None
 
+    #: The task columns :meth:`from_row` reads, in the order it reads them.
+    COLUMNS = ("task_id", "batch_id", "status", "result", "parse_status", "error_class",
+               "error_message", "attempts", "created_at", "finished_at", "input_tokens",
+               "output_tokens", "model", "latency_ms", "http_status", "request_id",
+               "response")
+
     @classmethod
-    def from_row(cls, r: Mapping[Any, Any]) -> TaskResult:
-        failed = r["status"] != "SUCCEEDED" and (r["error_class"] or r["error_message"]
-                                                 or r["status"] != "PENDING")
+    def from_row(cls, r: Sequence[Any]) -> TaskResult:
+        """From the values of :data:`COLUMNS`, in that order (one result row)."""
+        (task_id, batch_id, status, result, parse_status, error_class, error_message,
+         attempts, created_at, finished_at, input_tokens, output_tokens, model,
+         latency_ms, http_status, request_id, body) = r
+        error = None
+        if status != "SUCCEEDED" and (error_class or error_message or status != "PENDING"):
+            error = TaskError(error_class or (None if status == "PENDING"
+                                              else status.lower()), error_message)
         usage = None
-        if r.get("model") is not None or r.get("input_tokens") is not None:
-            usage = Usage(r.get("input_tokens"), r.get("output_tokens"), r.get("model"),
-                          r.get("latency_ms"))
-        created = utc(r["created_at"])
-        assert created is not None
-        status_code = r.get("http_status")
+        if model is not None or input_tokens is not None:
+            usage = Usage(input_tokens, output_tokens, model, latency_ms)
         response = None
-        if status_code is not None:
-            body = r.get("response")
+        if http_status is not None:
             try:
                 parsed = None if body is None else orjson.loads(body)
             except orjson.JSONDecodeError:
                 parsed = None
-            response = Response(int(status_code), r.get("request_id"), parsed)
-        return cls(
-            task_id=r["task_id"], batch_id=r["batch_id"], status=r["status"],
-            result=_json(r["result"]), parse_status=r["parse_status"],
-            error=TaskError(r["error_class"] or (None if r["status"] == "PENDING"
-                                                 else r["status"].lower()),
-                            r["error_message"]) if failed else None,
-            attempts=int(r["attempts"]), created_at=created,
-            finished_at=utc(r["finished_at"]), usage=usage, response=response)
+            response = Response(int(http_status), request_id, parsed)
+        return cls(task_id, batch_id, status, _json(result), parse_status, error,
+                   int(attempts), datetime.fromtimestamp(created_at / 1000, UTC),
+                   utc(finished_at), usage, response)
+
+    def to_dict(self) -> dict[str, Any]:
+        # Written out: the result and the response body are JSON values already, and
+        # exports call this once per row.
+        return {"task_id": self.task_id, "batch_id": self.batch_id, "status": self.status,
+                "result": self.result, "parse_status": self.parse_status,
+                "error": None if self.error is None else self.error.to_dict(),
+                "attempts": self.attempts, "created_at": iso(self.created_at),
+                "finished_at": iso(self.finished_at),
+                "usage": None if self.usage is None else self.usage.to_dict(),
+                "response": None if self.response is None else self.response.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +238,7 @@ class TaskView(_Row):
     @classmethod
     def from_rows(cls, t: Mapping[str, Any], config: dict[str, Any],
                   attempts: Sequence[Mapping[str, Any]]) -> TaskView:
-        base = TaskResult.from_row(t)
+        base = TaskResult.from_row([t[name] for name in TaskResult.COLUMNS])
         updated = utc(t["updated_at"])
         assert updated is not None
         return cls(

@@ -151,16 +151,13 @@ class TaskViews:
         # is a scan whatever the planner's statistics (a join to task_attempt could be
         # planned as a nested loop over a freshly loaded, unanalysed table).
         t = schema.task
-        q = select(t.c.id, t.c.task_id, t.c.batch_id, t.c.status, t.c.result,
-                   t.c.parse_status, t.c.error_class, t.c.error_message, t.c.attempts,
-                   t.c.finished_at, t.c.created_at, t.c.input_tokens, t.c.output_tokens,
-                   t.c.model, t.c.latency_ms, t.c.http_status, t.c.request_id,
-                   t.c.response).order_by(t.c.id)
+        q = select(*(t.c[name] for name in TaskResult.COLUMNS)).order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
+        from_row = TaskResult.from_row
         with self.read() as tx:
-            for row in tx.stream(q):
-                yield TaskResult.from_row(row._mapping)
+            for row in tx.stream(q, rows=5000):
+                yield from_row(row)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""

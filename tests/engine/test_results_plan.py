@@ -1,0 +1,72 @@
+"""Results and exports read the task table alone, so no planner statistics can make
+them quadratic.
+
+Right after a bulk run the tables have no statistics yet, and a server-side cursor
+favours a fast-start plan: a results query joined to ``task_attempt`` was planned on
+PostgreSQL as a nested loop over a sequential scan of the attempts (minutes at 30k
+tasks, hours at a million). The call that ended each task is on its row, so the stream
+is one scan of ``task``; ``bench/export_throughput.py`` times it at a million rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from lockgate.spec import parse_task
+from lockgate.store import Store
+
+from .support import tasks
+
+
+def _statements(store: Store, fn: Any) -> list[tuple[str, Any]]:
+    """The SQL statements (and parameters) the engine runs while ``fn()`` runs."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        seen.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        fn()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_results_read_one_table_and_postgres_plans_no_join(store: Store,
+                                                           backend: str) -> None:
+    store.migrate()
+    store.submit([parse_task(t) for t in tasks(300)], batch_id="b")
+    # attempts for every task, as a run leaves them, and no ANALYZE afterwards
+    with store.engine.begin() as c:
+        c.execute(text(
+            "INSERT INTO task_attempt (task_pk, attempt, worker_id, lease_token, outcome, "
+            "started_at) SELECT id, 1, 'w', 'tok', 'succeeded', created_at FROM task"))
+        c.execute(text("UPDATE task SET status = 'SUCCEEDED', result = '{\"label\": 1}', "
+                       "model = 'm', input_tokens = 3, output_tokens = 1"))
+    seen = _statements(store, lambda: list(store.results("b")))
+    reads = [(s, p) for s, p in seen if "FROM task" in s and "result" in s]
+    assert len(reads) == 1, seen
+    statement, params = reads[0]
+    assert "task_attempt" not in statement and "JOIN" not in statement.upper()
+    if backend == "postgresql":
+        with store.engine.connect() as c:
+            plan = "\n".join(r[0] for r in c.exec_driver_sql("EXPLAIN " + statement,
+                                                              params))
+        assert "Join" not in plan and "Nested Loop" not in plan, plan
+    rows = list(store.results("b"))
+    assert len(rows) == 300 and rows[0].result == {"label": 1}
+    assert rows[0].usage is not None and rows[0].usage.model == "m"
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_results_stream_in_submission_order(store: Store, n: int) -> None:
+    store.migrate()
+    lines = tasks(n)
+    store.submit([parse_task(t) for t in reversed(lines)], batch_id="order")
+    got = [r.task_id for r in store.results("order")]
+    assert got == [t["task_id"] for t in reversed(lines)]
