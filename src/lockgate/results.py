@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -24,8 +25,11 @@ def utc(ms: int | None) -> datetime | None:
 
 def iso(t: datetime | None) -> str | None:
     """ISO-8601 UTC with milliseconds and ``Z``, as every file lockgate writes has it."""
-    if t is None:
-        return None
+    return None if t is None else _iso(t)
+
+
+@lru_cache(maxsize=4096)  # the rows of a submit chunk share their creation time
+def _iso(t: datetime) -> str:
     if t.tzinfo is not UTC:
         t = t.astimezone(UTC)
     return t.isoformat(timespec="milliseconds")[:-6] + "Z"  # drop "+00:00"

@@ -156,8 +156,9 @@ class TaskViews:
             q = q.where(t.c.batch_id == batch_id)
         from_row = TaskResult.from_row
         with self.read() as tx:
-            for row in tx.stream(q, rows=5000):
-                yield from_row(row)
+            for rows in tx.stream(q, rows=5000).partitions():
+                for row in rows:
+                    yield from_row(row)
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""
