@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
-from lockgate.errors import NotFound, StateConflict
+from lockgate.errors import NotFound, StateConflict, StoreError
 from lockgate.spec import parse_task
-from lockgate.store import ClaimedTask, Finish, Store
+from lockgate.store import ClaimedTask, Finish, Store, dialects
 from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
 from lockgate.store.failures import is_conflict
 
@@ -665,6 +665,27 @@ def test_concurrent_migrations_of_a_fresh_database_agree(fresh_db_url: str) -> N
         assert rows(s, "SELECT version_num FROM alembic_version") == [version]
     finally:
         s.close()
+
+
+def test_a_migration_lock_held_too_long_is_one_clear_error(
+        fresh_db_url: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MySQL/MariaDB's migration lock has a bound; past it, a ``StoreError`` says what
+    holds the start up (not a bare ``TimeoutError``)."""
+    if backend != "mariadb":
+        pytest.skip("only MySQL/MariaDB's migration lock gives up after a bound")
+    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_S", 1)
+    holder = Store(fresh_db_url, pool_size=1)
+    s = Store(fresh_db_url, pool_size=1)
+    try:
+        with holder.engine.connect() as c:
+            assert c.execute(text("SELECT GET_LOCK('lockgate_migrate', 5)")).scalar() == 1
+            with pytest.raises(StoreError, match="migration lock for 1 s"):
+                s.migrate()
+            c.execute(text("SELECT RELEASE_LOCK('lockgate_migrate')"))
+        s.migrate()  # free again: it goes through
+    finally:
+        s.close()
+        holder.close()
 
 
 def test_priority_moves_a_task_ahead_in_the_claim_order(store: Store) -> None:

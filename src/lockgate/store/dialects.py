@@ -20,11 +20,13 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
-from lockgate.errors import ConfigError
+from lockgate.errors import ConfigError, StoreError
 from lockgate.store.schema import task_attempt
 from lockgate.store.tx import in_list
 from lockgate.store.types import ClaimedTask, Finish
 
+#: How long a process waits for another's schema migration (where the lock has a bound).
+MIGRATION_LOCK_WAIT_S = 120
 _CLAIM_COLS = "id, task_id, batch_id, config_hash, input_data, attempts, lease_token"
 
 # The SET clause of a write-back, shared by all dialects. ``v`` is the batch of
@@ -196,12 +198,32 @@ class Dialect:
         """What a process's threads hold around each write transaction (none here)."""
         return nullcontext()
 
+    #: The statements that take (answering 1, or giving up after ``:wait`` seconds
+    #: where the lock has a bound) and give back the cross-process schema migration
+    #: lock; None on SQLite, whose IMMEDIATE transactions already serialise
+    #: writers.
+    _migration_lock: tuple[str, str] | None = None
+
     @contextmanager
     def migration_lock(self, conn: Connection) -> Iterator[None]:
         """Serialise schema migrations across processes: held from before the
-        migration's transaction begins until after it commits (SQLite needs nothing:
-        its IMMEDIATE transactions already serialise writers)."""
-        yield
+        migration's transaction begins until after it commits."""
+        if self._migration_lock is None:
+            yield
+            return
+        take, give_back = self._migration_lock
+        got = conn.execute(text(take), {"wait": MIGRATION_LOCK_WAIT_S}).scalar()
+        conn.commit()
+        if got != 1:
+            raise StoreError(f"another process has held the schema migration lock for "
+                             f"{MIGRATION_LOCK_WAIT_S} s; let its migration finish (or stop "
+                             "it), then start again")
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.execute(text(give_back))
+            conn.commit()
 
     def _claim_update_sql(self, where: str) -> str:
         return (
@@ -391,16 +413,8 @@ class PostgresDialect(Dialect):
         return _claimed(conn.execute(text(sql), self._lane_params(
             pool, batch_id, limit, lease_ms, token, worker_id)).all())
 
-    @contextmanager
-    def migration_lock(self, conn: Connection) -> Iterator[None]:
-        conn.execute(text("SELECT pg_advisory_lock(7193001)"))
-        conn.commit()
-        try:
-            yield
-        finally:
-            conn.rollback()
-            conn.execute(text("SELECT pg_advisory_unlock(7193001)"))
-            conn.commit()
+    _migration_lock = ("SELECT 1 FROM (SELECT pg_advisory_lock(7193001)) AS held",
+                       "SELECT pg_advisory_unlock(7193001)")
 
 
 class MySQLDialect(Dialect):
@@ -493,18 +507,8 @@ class MySQLDialect(Dialect):
         packet = int(conn.execute(text("SELECT @@max_allowed_packet")).scalar_one())
         return min(ceiling, packet // 4)
 
-    @contextmanager
-    def migration_lock(self, conn: Connection) -> Iterator[None]:
-        got = conn.execute(text("SELECT GET_LOCK('lockgate_migrate', 120)")).scalar()
-        conn.commit()
-        if got != 1:
-            raise TimeoutError("another process holds the migration lock for over 120 s")
-        try:
-            yield
-        finally:
-            conn.rollback()
-            conn.execute(text("SELECT RELEASE_LOCK('lockgate_migrate')"))
-            conn.commit()
+    _migration_lock = ("SELECT GET_LOCK('lockgate_migrate', :wait)",
+                       "SELECT RELEASE_LOCK('lockgate_migrate')")
 
 
 def dialect_for(name: str) -> Dialect:
