@@ -1,4 +1,4 @@
-"""A tolerant, single-pass scan of JSON-like text (used by :mod:`.output`).
+"""A tolerant, single-pass scan of JSON-like text (used by :mod:`.search`).
 
 Two jobs that a JSON repair library cannot do for the ladder:
 

@@ -1,0 +1,222 @@
+"""Searching a reply that is not strict JSON as a whole for its answer (steps 2-4 of
+the ladder in :mod:`.output`): a leading reasoning block set aside, full-width syntax
+turned to ASCII, code fences, then each region :mod:`.scan` finds, read as JSON, as a
+Python literal or repaired. Each candidate is settled by :mod:`.settle`; the first
+usable one is the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, overload
+
+import orjson
+
+from lockgate.runtime.conform import Fixes
+from lockgate.runtime.extract import fenced_blocks, python_literal, repair
+from lockgate.runtime.scan import (
+    ANY_START,
+    NOT_READ,
+    OBJECT_START,
+    Region,
+    ascii_syntax,
+    may_be_wide,
+    regions,
+    strict_region,
+    wide_bracket,
+)
+from lockgate.runtime.schema import OutputPlan
+from lockgate.runtime.settle import Parsed, ParseStatus, finish, unusable
+
+#: Longest text searched for JSON in chatter (characters); longer ones must be strict
+#: JSON as a whole.
+MAX_SEARCH = 512 << 10
+#: Longest region handed to ``json_repair`` (pure Python, 1-3 ms per KB).
+MAX_REPAIR = 128 << 10
+#: An object at the start of a line (after text without JSON syntax, if any).
+_LINE_START = re.compile(r"\n[^\n\"'{}\[\],]*\{")
+_MAX_RESTARTS = 16
+
+
+def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
+    """Steps 2-9 on a text that is not strict JSON as a whole."""
+    start_at = ANY_START if plan.expect == "array" else OBJECT_START
+    if len(text) > MAX_SEARCH:
+        if start_at.search(text) is None:
+            return unusable(ParseStatus.NO_JSON_FOUND, plan,
+                            "no JSON object or array in the output")
+        return unusable(ParseStatus.INVALID_JSON, plan,
+                        f"the output is not JSON as a whole and too long to search "
+                        f"({len(text)} characters; the limit is {MAX_SEARCH})")
+    if "</think>" in text and "stripped:think" not in fixes.applied:
+        # Reasoning models put their scratch work first; it may hold braces of its own.
+        thought = _strip_thinking(text)
+        if thought is not None:
+            inner = fixes.copy()
+            inner.repair("stripped:think")
+            found = search(thought, plan, inner)
+            if found.usable:
+                return found
+    if may_be_wide(text):
+        # The usual reply, strict JSON after some chatter, needs no conversion; the
+        # conversion could only matter where a full-width bracket came before it.
+        first = _search_text(text, plan, fixes, first_strict=True)
+        if first is not None:
+            return first
+    converted = ascii_syntax(text)
+    if converted is not text:
+        inner = fixes.copy()
+        inner.repair("repaired:punctuation")
+        found = _search_text(converted, plan, inner)
+        if found.usable:
+            return found
+        plain = _search_text(text, plan, fixes)
+        return plain if plain.usable or plain.completeness > found.completeness else found
+    return _search_text(text, plan, fixes)
+
+
+@overload
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed: ...
+
+
+@overload
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
+                 first_strict: bool) -> Parsed | None: ...
+
+
+def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
+                 first_strict: bool = False) -> Parsed | None:
+    """Fences, then the whole text. ``first_strict``: only a usable first object that
+    is strict JSON and that no full-width bracket precedes, else None."""
+    start_at = ANY_START if plan.expect == "array" else OBJECT_START
+    for block in fenced_blocks(text):
+        inner = fixes.copy()
+        inner.repair("extracted:fence")
+        if first_strict:
+            return _first_strict(block, plan, inner, start_at)
+        found = _search_regions(block, plan, inner, start_at)
+        if found.usable:
+            return found
+    if first_strict:
+        return _first_strict(text, plan, fixes, start_at)
+    return _search_regions(text, plan, fixes, start_at)
+
+
+def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
+                  start_at: re.Pattern[str]) -> Parsed | None:
+    found = regions(text, start_at, limit=1)
+    if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start):
+        return None
+    for value, labels, repaired, _ in _candidates(text, found[0], plan):
+        inner = fixes.copy()
+        for label in labels:
+            inner.repair(label)
+        parsed = finish(value, plan, inner, repaired=repaired)
+        return parsed if parsed.usable else None
+    return None
+
+
+def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
+                    start_at: re.Pattern[str]) -> Parsed:
+    found = regions(text, start_at)
+    if not found:
+        return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
+    failures: list[Parsed] = []
+    for region in found:
+        for value, labels, repaired, cut in _candidates(text, region, plan):
+            inner = fixes.copy()
+            for label in labels:
+                inner.repair(label)
+            parsed = finish(value, plan, inner, repaired=repaired, cut=cut)
+            if parsed.usable:
+                return parsed
+            failures.append(parsed)
+    if not failures:
+        if not found[-1].closed:
+            return unusable(ParseStatus.INVALID_JSON, plan,
+                            "the output was cut off before any value in it finished",
+                            (*fixes.labels(), "truncated"))
+        return unusable(ParseStatus.INVALID_JSON, plan,
+                        "the output holds JSON-like text that could not be read",
+                        fixes.labels())
+    # The failure that recovered most of the expected fields explains best; the first
+    # such one (max keeps the first of equals).
+    return max(failures, key=lambda p: (p.completeness,
+                                        p.status is ParseStatus.SCHEMA_VIOLATION))
+
+
+#: (value, fix labels, needed repair?, the cut region it was read from - or None)
+Candidate = tuple[Any, tuple[str, ...], bool, Region | None]
+
+
+def _candidates(text: str, region: Region, plan: OutputPlan) -> Iterator[Candidate]:
+    """The values a region may hold, best first."""
+    whole = region.start == len(text) - len(text.lstrip()) and (
+        not region.closed or region.end == len(text.rstrip()))
+    where = () if whole else ("extracted:chatter",)
+    if region.closed:
+        if region.value is not NOT_READ:
+            yield region.value, where, False, None
+            return
+        body = text[region.start:region.end]
+        yield from _restarts(text, region)
+        yield from _read(body, where, None, strict=False)
+        return
+    own: Iterator[Candidate] = iter(())
+    if plan.keep_truncated:
+        own = _read(text[region.start:] + region.tail, (*where, "truncated"), None)
+    elif region.safe_end > region.start + 1:  # some value finished before the cut
+        own = _read(region.trimmed(text), (*where, "truncated"), region)
+    inner = (c for s, e in region.inner
+             for c in _read(text[s:e], ("extracted:chatter",), None, repair_it=False))
+    if text[region.start] == "[" and plan.expect != "array":
+        # A bracket that never closes before the end: the complete objects in it first
+        # (the first of them is the answer, as for an array of objects).
+        yield from inner
+        yield from own
+    else:
+        yield from own
+        yield from inner
+
+
+def _restarts(text: str, region: Region) -> Iterator[Candidate]:
+    """Complete objects that begin a line inside a region that is not JSON as written:
+    the model started over after an answer it did not finish (``{"a": "cut`` then a
+    new line and a whole object). They come before a repair of the region, which would
+    mix the two."""
+    for tried, m in enumerate(_LINE_START.finditer(text, region.start + 1, region.end)):
+        if tried >= _MAX_RESTARTS:
+            return
+        inner = strict_region(text, m.end() - 1)
+        if inner is not None and inner.end <= region.end:
+            yield inner.value, ("extracted:chatter",), False, None
+
+
+def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: bool = True,
+          repair_it: bool = True) -> Iterator[Candidate]:
+    """The value of one region's text: strict JSON, a Python literal, or repaired."""
+    cut_off = "truncated" in labels
+    if strict:
+        try:
+            yield orjson.loads(body), labels, cut_off, cut
+            return
+        except orjson.JSONDecodeError:
+            pass
+    literal = python_literal(body)
+    if literal is not None:
+        yield literal, (*labels, "repaired:python"), True, cut
+        return
+    if repair_it and len(body) <= MAX_REPAIR:
+        value = repair(body)
+        if value is not None:
+            yield value, (*labels, "repaired:json"), True, cut
+
+
+def _strip_thinking(text: str) -> str | None:
+    """The reply after a leading reasoning block (``<think>...</think>``), if any."""
+    end = text.find("</think>")
+    head = text[:end]
+    if head.lstrip().startswith("<think>") or ("{" not in head and "[" not in head):
+        return text[end + len("</think>"):]
+    return None

@@ -1,0 +1,325 @@
+"""Settling a value read from the output (steps 4-9 of the ladder in :mod:`.output`):
+the answer unwrapped (:mod:`.unwrap`), fields the output was cut off in dropped, names
+and types conformed, fallbacks filled, the schema and model checked, the value made
+storable as JSON. Also the outcome (:class:`ParseStatus`, :class:`Parsed`) and the fast
+check of a strict reply that needs none of this.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from lockgate.errors import ErrorClass
+from lockgate.runtime.conform import Fixes, conform, json_type
+from lockgate.runtime.scan import Path, Region
+from lockgate.runtime.schema import Node, OutputPlan
+from lockgate.runtime.unwrap import declares, unwrap
+
+
+class ParseStatus(StrEnum):
+    """How an output was obtained (usable) or why it is not (unusable)."""
+
+    VALID = "valid"
+    REPAIRED = "repaired"
+    COERCED = "coerced"
+    FILLED_FALLBACK = "filled_fallback"
+    INVALID_JSON = "invalid_json"
+    NO_JSON_FOUND = "no_json_found"
+    SCHEMA_VIOLATION = "schema_violation"
+
+
+USABLE = frozenset({ParseStatus.VALID, ParseStatus.REPAIRED, ParseStatus.COERCED,
+                    ParseStatus.FILLED_FALLBACK})
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """The outcome of parsing one raw output."""
+
+    status: ParseStatus
+    value: Any
+    fixes: tuple[str, ...] = ()
+    completeness: float = 1.0
+    conforms: bool = True
+    error: str | None = None
+    missing: tuple[str, ...] = field(default=())
+
+    @property
+    def usable(self) -> bool:
+        return self.status in USABLE
+
+    @property
+    def truncated(self) -> bool:
+        """The output ended inside its JSON (cut off, e.g. at ``max_tokens``)."""
+        return "truncated" in self.fixes
+
+    @property
+    def error_class(self) -> ErrorClass | None:
+        """``invalid_output`` for an unusable output (retryable unless ``stop_on``)."""
+        return None if self.usable else ErrorClass.INVALID_OUTPUT
+
+
+_MISSING = object()
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def unusable(status: ParseStatus, plan: OutputPlan, error: str,
+             fixes: tuple[str, ...] = ()) -> Parsed:
+    return Parsed(status, None, fixes, completeness=0.0, conforms=False, error=error,
+                  missing=plan.expected)
+
+
+def fast_ok(value: Any, plan: OutputPlan) -> bool:
+    if plan.expect == "object":
+        if not isinstance(value, dict):
+            return False
+        for k in plan.required:
+            if _blank(value.get(k)):
+                return False
+        for k in plan.fallback:
+            if value.get(k) is None:
+                return False
+        if plan.fields and all(_blank(value.get(k)) for k in plan.fields):
+            return False
+        if not _keys_known(value, plan.root):
+            return False
+    elif plan.expect == "array" and not isinstance(value, list):
+        return False
+    if plan.is_valid is not None and not plan.is_valid(value):
+        return False
+    return plan.model is None
+
+
+def _keys_known(value: Any, node: Node) -> bool:
+    if isinstance(value, dict):
+        props = node.props
+        if props or not node.additional:
+            for k, v in value.items():
+                child = props.get(k)
+                if child is None or (child.structured and not _keys_known(v, child)):
+                    return False
+        return True
+    if isinstance(value, list) and node.items is not None and node.items.structured:
+        return all(_keys_known(v, node.items) for v in value)
+    return True
+
+
+def _drop_cut(value: Any, where: Path, cut: Region | None, fixes: Fixes) -> Any:
+    """Remove the fields whose value the output was cut off in: they were closed by the
+    scan, not finished by the model (a cut scalar was already left out)."""
+    if cut is None:
+        return value
+    if cut.dropped is not None:
+        fixes.repair(f"truncated:{_place(cut.dropped, where)}")
+    n = len(where)
+    if isinstance(value, dict):
+        gone = [k for k in value if (*where, k) in cut.open_paths]
+        if gone:
+            value = {k: v for k, v in value.items() if k not in gone}
+            for k in gone:
+                fixes.repair(f"truncated:{k}")
+    elif isinstance(value, list) and where in cut.open_paths:
+        gone_at = {p[n] for p in cut.open_paths if len(p) == n + 1 and p[:n] == where}
+        if gone_at:
+            value = [v for i, v in enumerate(value) if i not in gone_at]
+            fixes.repair(f"truncated:{_place((*where, min(gone_at)), where)}")
+    return value
+
+
+def _place(path: Path, where: Path) -> str:
+    if path[:len(where)] == where:
+        path = path[len(where):]
+    return ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[") \
+        or "$"
+
+
+def finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
+           cut: Region | None = None) -> Parsed:
+    """Steps 4-9 on a value read from the output (``cut``: the region it was cut
+    back from)."""
+    value, where = unwrap(value, plan, fixes)
+    value = _drop_cut(value, where, cut, fixes)
+    nothing = ParseStatus.INVALID_JSON if repaired else ParseStatus.SCHEMA_VIOLATION
+    if repaired and plan.known and not declares(value, plan):
+        # A repair that recovers none of the expected fields is no recovery.
+        return unusable(ParseStatus.INVALID_JSON, plan, _cut(
+            "the output holds JSON-like text that could not be repaired into the "
+            "expected fields", fixes), fixes.labels())
+    if plan.expect is not None and json_type(value) != plan.expect:
+        return Parsed(nothing, value, fixes.labels(), completeness=0.0, conforms=False,
+                      error=f"expected a JSON {plan.expect}, got {json_type(value)}",
+                      missing=plan.expected)
+    value = conform(value, plan.root, fixes)
+    completeness, missing = _completeness(value, plan)
+    own = value
+    filled: set[str] = set()
+    if isinstance(value, dict):
+        value = _fill(value, plan, fixes, filled)
+    error = _violation(value, plan, filled)
+    if error is not None and isinstance(value, dict):
+        value, refilled = _fill_invalid(value, plan, fixes, filled)
+        if refilled:
+            filled.update(refilled)
+            error = _violation(value, plan, filled)
+            completeness, missing = _completeness_after(value, plan, completeness, missing,
+                                                        refilled)
+    if plan.expect == "object" and plan.fields and isinstance(own, dict) and not any(
+            k in own and k not in filled and not _blank(own[k]) for k in plan.fields):
+        return Parsed(nothing, value, fixes.labels(), completeness=completeness,
+                      conforms=False, missing=missing, error=_cut(
+                          f"no declared field ({', '.join(plan.fields[:8])}) holds a "
+                          "value from the output", fixes))
+    if error is None and plan.model is not None:
+        value, error = _model_check(value, plan, fixes, filled)
+    if error is not None:
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, value, fixes.labels(),
+                      completeness=completeness, conforms=False, error=_cut(error, fixes),
+                      missing=missing)
+    status = ParseStatus.FILLED_FALLBACK if fixes.filled else ParseStatus.COERCED \
+        if fixes.coerced else ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID
+    return deliverable(Parsed(status, value, fixes.labels(), completeness=completeness,
+                              missing=missing))
+
+
+def _cut(error: str, fixes: Fixes) -> str:
+    if "truncated" in fixes.applied:
+        return f"{error} (the output was cut off inside its JSON)"
+    return error
+
+
+def deliverable(parsed: Parsed) -> Parsed:
+    """The parsed output if its value can be stored as JSON: integers beyond 64 bits
+    become floats (as ``orjson`` reads them), stray surrogates U+FFFD; nesting deeper
+    than ``orjson`` writes (254 levels) makes it unusable."""
+    try:
+        orjson.dumps(parsed.value)
+        return parsed
+    except TypeError:
+        pass
+    try:
+        value = _json_safe(parsed.value)
+        orjson.dumps(value)
+    except (TypeError, RecursionError) as exc:
+        return Parsed(ParseStatus.INVALID_JSON, None, parsed.fixes, completeness=0.0,
+                      conforms=False, error=f"the value cannot be written as JSON: {exc}",
+                      missing=parsed.missing)
+    return Parsed(ParseStatus.REPAIRED if parsed.status is ParseStatus.VALID else parsed.status,
+                  value, (*parsed.fixes, "repaired:sanitized"), parsed.completeness,
+                  parsed.conforms, parsed.error, parsed.missing)
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    if depth > 256:
+        raise TypeError("nested deeper than 254 levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 64) else float(value)
+    if isinstance(value, dict):
+        return {_json_safe(k, depth + 1): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v, depth + 1) for v in value]
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
+    if not plan.expected or not isinstance(value, dict):
+        return 1.0, ()
+    missing = tuple(k for k in plan.expected if _blank(value.get(k)))
+    return 1.0 - len(missing) / len(plan.expected), missing
+
+
+def _completeness_after(value: Any, plan: OutputPlan, completeness: float,
+                        missing: tuple[str, ...], refilled: list[str]) -> tuple[
+                            float, tuple[str, ...]]:
+    extra = tuple(k for k in refilled if k in plan.expected and k not in missing)
+    if not extra:
+        return completeness, missing
+    missing = missing + extra
+    return 1.0 - len(missing) / len(plan.expected), missing
+
+
+def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
+          filled: set[str]) -> dict[str, Any]:
+    out = value
+    for k, fallback in plan.fallback.items():
+        current = value.get(k, _MISSING)
+        if current is _MISSING or current is None or (k in plan.required and _blank(current)):
+            if out is value:
+                out = dict(value)
+            out[k] = copy.deepcopy(fallback)
+            filled.add(k)
+            fixes.fill(f"fallback:{k}")
+    return out
+
+
+def _violation(value: Any, plan: OutputPlan, filled: set[str]) -> str | None:
+    """Why ``value`` breaks the rule; fields filled from fallbacks are the user's own
+    answer and are not judged."""
+    if isinstance(value, dict):
+        absent = [k for k in plan.required if k not in filled and _blank(value.get(k))]
+        if absent:
+            return f"missing required field(s) {absent} and no fallback value"
+    if plan.is_valid is not None and not plan.is_valid(value):
+        assert plan.errors is not None
+        for where, message in plan.errors(value):
+            if where and where[0] in filled:
+                continue
+            place = ".".join(str(p) for p in where) or "$"
+            return _short(f"{place}: {message}")
+    return None
+
+
+def _short(error: str) -> str:
+    """An error message of bounded length (jsonschema quotes the offending value)."""
+    return error if len(error) <= 500 else error[:500] + "..."
+
+
+def _fill_invalid(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
+                  filled: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """Replace top-level fields that still violate the schema by their fallback."""
+    if plan.errors is None or not plan.fallback:
+        return value, []
+    bad = {where[0] for where, _ in plan.errors(value)
+           if where and where[0] in plan.fallback and where[0] not in filled}
+    if not bad:
+        return value, []
+    out = dict(value)
+    for k in sorted(bad):
+        out[k] = copy.deepcopy(plan.fallback[k])
+        fixes.fill(f"fallback:{k}(invalid)")
+    return out, sorted(bad)
+
+
+def _model_check(value: Any, plan: OutputPlan, fixes: Fixes,
+                 filled: set[str]) -> tuple[Any, str | None]:
+    from pydantic import ValidationError
+
+    try:
+        inst = plan.model.model_validate(value)
+    except ValidationError as exc:
+        errors = [e for e in exc.errors() if not (e["loc"] and e["loc"][0] in filled)]
+        if not errors:
+            return value, None  # only fallbacks break the model: they are delivered
+        err = errors[0]
+        place = ".".join(str(p) for p in err["loc"]) or "$"
+        return value, _short(f"{place}: {err['msg']}")
+    dumped = inst.model_dump(mode="json", by_alias=True)
+    if isinstance(value, dict) and isinstance(dumped, dict) and any(
+            k in dumped and dumped[k] != v for k, v in value.items()):
+        fixes.coerce("coerced:model")
+    return dumped, None
