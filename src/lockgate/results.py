@@ -141,7 +141,8 @@ class TaskResult(_Row):
                                               else status.lower()), error_message)
         usage = None
         if model is not None or input_tokens is not None:
-            usage = Usage(input_tokens, output_tokens, model, latency_ms)
+            usage = Usage(input_tokens, output_tokens, model,
+                          None if latency_ms is None else float(latency_ms))
         response = None
         if http_status is not None:
             try:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Table, text
+from sqlalchemy import ColumnElement, Connection, Row, Select, Table, func, select, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
@@ -193,6 +193,12 @@ class Dialect:
     def max_input_bytes(self, conn: Connection, ceiling: int) -> int:
         """The largest task input (JSON bytes) this database takes, at most ``ceiling``."""
         return ceiling
+
+    def select_stream(self, columns: Sequence[ColumnElement[Any]]
+                      ) -> tuple[Select[Any], Callable[[Row[Any]], Sequence[Any]]]:
+        """A SELECT of ``columns`` for a long stream of rows, and how to read one of
+        its rows as the columns' values, in order."""
+        return select(*columns), _as_is
 
     def writer_lock(self) -> AbstractContextManager[Any]:
         """What a process's threads hold around each write transaction (none here)."""
@@ -417,12 +423,27 @@ class PostgresDialect(Dialect):
                        "SELECT pg_advisory_unlock(7193001)")
 
 
+def _as_is(row: Row[Any]) -> Sequence[Any]:
+    return row
+
+
+def _json_array(row: Row[Any]) -> Sequence[Any]:
+    values: list[Any] = orjson.loads(row[0])
+    return values
+
+
 class MySQLDialect(Dialect):
     """MySQL >= 8.0 and MariaDB >= 10.6: SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE."""
 
     name = "mysql"
     # Sessions run with time_zone '+00:00' (set on connect), so this is exact UTC.
     now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+    def select_stream(self, columns: Sequence[ColumnElement[Any]]
+                      ) -> tuple[Select[Any], Callable[[Row[Any]], Sequence[Any]]]:
+        # Each row as one JSON array: PyMySQL decodes fields in pure Python, so one
+        # field a row instead of one a column streams ~1.7x the rows per second.
+        return select(func.json_array(*columns)), _json_array
 
     def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
               worker_id: str) -> list[ClaimedTask]:

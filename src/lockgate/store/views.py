@@ -24,6 +24,9 @@ from lockgate.store import schema
 from lockgate.store.tx import Tx, sql
 from lockgate.store.types import row_dict
 
+if TYPE_CHECKING:
+    from lockgate.store.dialects import Dialect
+
 T = TypeVar("T")
 
 _BACKING_OFF = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
@@ -58,6 +61,8 @@ class TaskViews:
     """The read side and the operator actions of the task store."""
 
     if TYPE_CHECKING:  # provided by Store
+        dialect: Dialect
+
         def read(self) -> AbstractContextManager[Tx]: ...
 
         def transaction(self, fn: Callable[[Tx], T], *, attempts: int = 8) -> T: ...
@@ -151,14 +156,15 @@ class TaskViews:
         # is a scan whatever the planner's statistics (a join to task_attempt could be
         # planned as a nested loop over a freshly loaded, unanalysed table).
         t = schema.task
-        q = select(*(t.c[name] for name in TaskResult.COLUMNS)).order_by(t.c.id)
+        q, values = self.dialect.select_stream([t.c[name] for name in TaskResult.COLUMNS])
+        q = q.order_by(t.c.id)
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
         from_row = TaskResult.from_row
         with self.read() as tx:
             for rows in tx.stream(q, rows=5000).partitions():
                 for row in rows:
-                    yield from_row(row)
+                    yield from_row(values(row))
 
     def batch_exists(self, batch_id: str) -> bool:
         """Whether a batch of this id was ever submitted."""
