@@ -352,6 +352,17 @@ def test_format_duration() -> None:
     assert format_duration(1.5) == "1.5s"
     assert format_duration(360.0) == "6m0s"
     assert format_duration(90.25) == "1m30.25s"
+    # A wait a hair under a minute is a minute, as OpenAI writes it (never "60s").
+    assert format_duration(59.9996) == "1m0s"
+    assert format_duration(119.9999) == "2m0s"
+
+
+@given(st.floats(min_value=1.0, max_value=86_400.0))
+def test_format_duration_seconds_part_below_a_minute(seconds: float) -> None:
+    text = format_duration(seconds)
+    minutes, _, secs = text[:-1].rpartition("m")
+    assert 0 <= float(secs) < 60
+    assert abs((int(minutes or 0) * 60 + float(secs)) - seconds) <= 0.0005 + 1e-9
 
 
 def test_insufficient_quota(client: Client, simulator: SimulatorProcess) -> None:

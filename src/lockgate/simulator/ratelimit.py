@@ -32,9 +32,10 @@ def format_duration(seconds: float) -> str:
         return "0s"
     if seconds < 1.0:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
-    minutes, rest = divmod(seconds, 60.0)
-    secs = f"{rest:.3f}".rstrip("0").rstrip(".")
-    return f"{int(minutes)}m{secs}s" if minutes else f"{secs}s"
+    # Whole milliseconds first: 59.9996 s is 1m0s, never "60s" or "0m60s".
+    minutes, rest_ms = divmod(round(seconds * 1000), 60_000)
+    secs = f"{rest_ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
 def scaled_limit(limit: int, enforce: float, window: float) -> int:
