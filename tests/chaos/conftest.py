@@ -31,7 +31,7 @@ class Scale:
     fuzz_cases: int
 
 
-SHORT = Scale("short", kill_tasks=1500, kills=3, restart_tasks=1500, outages=(1.0,),
+SHORT = Scale("short", kill_tasks=1500, kills=3, restart_tasks=1000, outages=(1.0,),
               fuzz_cases=150)
 LONG = Scale("long", kill_tasks=20_000, kills=20, restart_tasks=10_000, outages=(1.0, 30.0),
              fuzz_cases=2500)
