@@ -159,6 +159,12 @@ def _create_server_database(backend: str, *, migrate: bool = True) -> ServerData
     return ServerDatabase(backend, name, url, admin, cleaner, tables)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--chaos", choices=("short", "long"), default="short",
+                     help="size of the chaos and fuzz suite (tests/chaos): short (part of "
+                          "make test, under two minutes) or long (make chaos)")
+
+
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every test: no LOCKGATE_* setting from the caller's shell, and no ./lockgate.toml,

@@ -35,7 +35,7 @@ from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
 from lockgate.registry.api import Datasets, Prompts
 from lockgate.results import BatchSummary, Status, TaskResult, TaskView
-from lockgate.spec import TaskSpec, parse_task
+from lockgate.spec import TaskSpec, check_storable, parse_task
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
@@ -46,6 +46,7 @@ from lockgate.worker.processes import run_processes
 def _as_spec(task: TaskSpec | dict[str, Any], index: int, checks: Checks) -> TaskSpec:
     spec = task if isinstance(task, TaskSpec) else parse_task(
         task, line=index, max_input_bytes=checks.max_input_bytes)
+    check_storable(spec, index)
     check_spec(spec, checks)
     return spec
 

@@ -383,6 +383,33 @@ def encode_input(input_data: dict[str, Any], *, max_bytes: int = MAX_INPUT_BYTES
     return raw
 
 
+def _unencodable(exc: Exception) -> str:
+    """Why a value cannot be stored as JSON, and what to do about it."""
+    text = str(exc)
+    if "surrogates" in text:
+        return ("holds a lone surrogate (half of a UTF-16 pair), which no JSON encoding "
+                "carries: decode the text with errors='replace' or drop the character")
+    if "64-bit" in text:
+        return "holds an integer beyond 64 bits, which JSON cannot carry here: pass it as text"
+    if "Recursion" in text:
+        return "is nested too deeply (more than 250 levels)"
+    return f"cannot be stored as JSON: {text}"
+
+
+def check_storable(spec: TaskSpec, line: int | None = None) -> None:
+    """:class:`SpecError` naming the field when a task built in Python holds a value no
+    JSON encoding carries (a lone surrogate, an integer beyond 64 bits, a cycle): what
+    a file's JSON cannot hold, a dict passed to ``submit`` can."""
+    parts: dict[str, Any] = {"metadata": spec.metadata, **spec.config_document()}
+    for name, value in parts.items():
+        if value is None:
+            continue
+        try:
+            canonical_json(value)
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise SpecError(_unencodable(exc), field=name, line=line) from None
+
+
 def _missing_hint(name: str) -> str:
     if name == "model_config":
         return 'at least {"name": "<model>"}'

@@ -245,6 +245,7 @@ class Worker:
         side += [asyncio.create_task(s.run(self._stopping, self.id), name=f"lockgate-{s.name}")
                  for s in self._services]
         claim = asyncio.create_task(self._claim_loop(), name="lockgate-claim")
+        failed = False
         try:
             done, _ = await asyncio.wait([claim, *side], return_when=asyncio.FIRST_COMPLETED)
             for t in done:
@@ -259,12 +260,20 @@ class Worker:
             # database takes to come back (a second stop request gives up on them).
             await side[0]
             await asyncio.wait_for(asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60)
+        except BaseException:
+            failed = True
+            raise
         finally:
             self.request_stop(hard=True)
-            for t in [claim, *side, *self._running.values()]:
+            calls = list(self._running.values())
+            for t in [claim, *side, *calls]:
                 t.cancel()
+            # The loops also end on the hard stop: on Python 3.11 ``asyncio.wait_for``
+            # can swallow a cancellation that arrives as its wait ends.
             with contextlib.suppress(Exception):
-                await asyncio.gather(claim, *side, return_exceptions=True)
+                await asyncio.gather(claim, *side, *calls, return_exceptions=True)
+            if failed:
+                await self._give_back()
             for p in self._providers.values():
                 with contextlib.suppress(Exception):
                     await p.close()
@@ -274,6 +283,26 @@ class Worker:
             self._remove_signals()
             self._db_threads.shutdown(wait=True)
         return self.stats
+
+    async def _give_back(self) -> None:
+        """After a loop died: write back what is buffered and release every other lease
+        held here (no attempt spent), in one try, so that other workers take the tasks
+        now rather than when the leases expire."""
+        buffered = {(f.id, f.lease_token) for f in self._buffer}
+        batch = self._buffer + [
+            Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
+                   error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
+                   error_message="released: the worker stopped on an internal error",
+                   release_attempt=True)
+            for claim, t in self._held.items() if claim not in buffered]
+        self._buffer = []
+        if not batch:
+            return
+        with contextlib.suppress(Exception):
+            landed = await self._writeback.write(batch, hard_stop=self._hard)
+            log.error("the worker stopped on an internal error; %d task(s) written back or "
+                      "released, %d left to their leases", len(batch) - len(landed.unwritten),
+                      len(landed.unwritten))
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -524,7 +553,8 @@ class Worker:
     async def _flush_loop(self) -> None:
         while True:
             if not self._buffer:
-                if (self._stopping.is_set() and not self._running and not self._ready
+                if (self._hard.is_set() and not self._running) or (
+                        self._stopping.is_set() and not self._running and not self._ready
                         and self._claim_finished.is_set()):
                     return
                 self._flush_wake.clear()
@@ -623,7 +653,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=min(
                     renew_every, self.ws.heartbeat_s))
-            if self._stopping.is_set() and not self._held:
+            if self._hard.is_set() or (self._stopping.is_set() and not self._held):
                 return
             if self._stopping.is_set():
                 await asyncio.sleep(min(renew_every, 0.5))

@@ -1,0 +1,65 @@
+"""Fixtures of the chaos and fuzz suite: its size (``--chaos=short``, the default and part
+of ``make test``; ``--chaos=long`` for ``make chaos``), worker subprocesses, and private
+database servers that a test may stop, kill and restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from engine.support import WorkerPool
+from lockgate.simulator.testing import SimulatorProcess
+
+from .servers import PrivateServer, private_server
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big each scenario is."""
+
+    name: str
+    #: kill -9: tasks, kills and workers of a run.
+    kill_tasks: int
+    kills: int
+    #: Database restart: tasks of a run, and the outages (seconds down) it goes through.
+    restart_tasks: int
+    outages: tuple[float, ...]
+    #: Fuzz: hypothesis examples per property.
+    fuzz_cases: int
+
+
+SHORT = Scale("short", kill_tasks=1500, kills=3, restart_tasks=1000, outages=(1.0,),
+              fuzz_cases=150)
+LONG = Scale("long", kill_tasks=20_000, kills=20, restart_tasks=10_000, outages=(1.0, 30.0),
+             fuzz_cases=2500)
+
+
+@pytest.fixture(scope="session")
+def scale(request: pytest.FixtureRequest) -> Scale:
+    """The size of the chaos scenarios of this run."""
+    return LONG if request.config.getoption("--chaos") == "long" else SHORT
+
+
+@pytest.fixture
+def workers(db_url: str, simulator: SimulatorProcess, tmp_path: Path) -> Iterator[WorkerPool]:
+    """``lockgate worker`` subprocesses on the test's database and the simulator."""
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    pool = WorkerPool(db_url, simulator.url, log_dir)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="module", params=("postgresql", "mariadb"))
+def private(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
+    """A private server of this module (never the shared 5432/3306 ones)."""
+    server = private_server(str(request.param))
+    try:
+        yield server
+    finally:
+        server.close()
