@@ -83,12 +83,12 @@ class GateStore(RunSteps):
                 raise NotFound(f"no dataset '{dataset}'; add it with `lockgate dataset add`")
             doc = dumps(settings)
             tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
-                "prompt_id": p.id, "dataset_id": d, "settings": doc, "created_at": now,
+                "prompt_id": p["id"], "dataset_id": d, "settings": doc, "created_at": now,
                 "updated_at": now}])
             tx.execute(text(
                 "UPDATE prompt_dataset SET settings = :s, updated_at = :now, "
                 "version = version + 1 WHERE prompt_id = :p AND dataset_id = :d"),
-                {"s": doc, "now": now, "p": p.id, "d": d})
+                {"s": doc, "now": now, "p": p["id"], "d": d})
 
         self.store.transaction(work)
 
@@ -99,7 +99,7 @@ class GateStore(RunSteps):
             p = self.registry.prompt_row(tx, prompt)
             return bool(tx.execute(text(
                 "DELETE FROM prompt_dataset WHERE prompt_id = :p AND dataset_id = "
-                "(SELECT id FROM dataset WHERE name = :n)"), {"p": p.id, "n": dataset}
+                "(SELECT id FROM dataset WHERE name = :n)"), {"p": p["id"], "n": dataset}
             ).rowcount)
 
         return self.store.transaction(work)
@@ -108,7 +108,7 @@ class GateStore(RunSteps):
         """The datasets bound to a prompt, with their settings and current revision."""
         with self.store.read() as tx:
             p = self.registry.prompt_row(tx, prompt)
-            return self._bindings(tx, int(p.id))
+            return self._bindings(tx, int(p["id"]))
 
     def _bindings(self, tx: Tx, prompt_id: int) -> list[dict[str, Any]]:
         return [{"dataset": r.name, "dataset_id": int(r.id), "revision": int(r.revision),
@@ -136,13 +136,13 @@ class GateStore(RunSteps):
         def work(tx: Tx) -> Proposal:
             now = tx.now
             p = self.registry.prompt_row(tx, name, lock=True)
-            pid = int(p.id)
+            pid = int(p["id"])
             tx.execute(text("UPDATE prompt SET submissions = submissions + 1, "
                               "updated_at = :now WHERE id = :p"), {"now": now, "p": pid})
-            seq = int(p.submissions) + 1
+            seq = int(p["submissions"]) + 1
             version, created = self.registry.add_version(
                 tx, pid, content, tag=tag, author=author, note=note, now=now)
-            if version == p.live_version:
+            if version == p["live_version"]:
                 raise StateConflict(f"that content is version {version} of '{name}', which "
                                     "is already live; nothing to evaluate")
             bound = self._bindings(tx, pid)
@@ -150,13 +150,13 @@ class GateStore(RunSteps):
                 raise StateConflict(f"no dataset is bound to '{name}'; bind one first with "
                                     f"`lockgate bind {name} DATASET --threshold ...`")
             cand = self.registry._version(tx, name, pid, version)
-            base = (self.registry._version(tx, name, pid, int(p.live_version))
-                    if p.live_version is not None else None)
+            base = (self.registry._version(tx, name, pid, int(p["live_version"]))
+                    if p["live_version"] is not None else None)
             snapshot = {
                 "prompt": name,
                 "candidate": _version_doc(cand),
                 "base": _version_doc(base) if base else None,
-                "base_generation": int(p.generation),
+                "base_generation": int(p["generation"]),
                 "retry_policy": retry_policy,
                 "datasets": [{"name": b["dataset"], "id": b["dataset_id"],
                               "revision": b["revision"], "items": b["items"],
@@ -166,7 +166,7 @@ class GateStore(RunSteps):
             }
             uid = inserted_id(tx.execute(schema.prompt_update.insert().values(
                 prompt_id=pid, seq=seq, candidate_version=version,
-                base_version=p.live_version, base_generation=p.generation,
+                base_version=p["live_version"], base_generation=p["generation"],
                 status=U.PENDING, snapshot=dumps(snapshot),
                 snapshot_hash=config_hash(snapshot), author=author, created_at=now,
                 updated_at=now)))
@@ -177,13 +177,13 @@ class GateStore(RunSteps):
             self._cancel(tx, older, f"superseded by update {uid}", now)
             for old in older:
                 self.registry.audit(tx, pid, "cancel", None, None,
-                                    generation=int(p.generation), actor=author,
+                                    generation=int(p["generation"]), actor=author,
                                     reason=f"superseded by update {uid}", now=now,
                                     update_id=old)
-            self.registry.audit(tx, pid, "propose", p.live_version, version,
-                                generation=int(p.generation), actor=author, reason=note,
+            self.registry.audit(tx, pid, "propose", p["live_version"], version,
+                                generation=int(p["generation"]), actor=author, reason=note,
                                 now=now, update_id=uid)
-            return Proposal(uid, version, created, p.live_version, older)
+            return Proposal(uid, version, created, p["live_version"], older)
 
         return self.store.transaction(work)
 

@@ -19,6 +19,8 @@ from sqlalchemy import BindParameter, Connection, CursorResult, Executable, Text
 from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.util.typing import TupleAny
 
+from lockgate.errors import NotFound
+
 _NOW = re.compile(r":now\b")
 
 
@@ -74,6 +76,15 @@ class Tx:
         """Every row of a query as a dict of column name to value."""
         return [{str(k): v for k, v in r._mapping.items()}
                 for r in self.execute(statement, parameters)]
+
+    def one(self, statement: Executable | str, parameters: Mapping[str, Any] | None = None,
+            *, missing: NotFound) -> dict[str, Any]:
+        """The first row of a query as a dict of column name to value; raises ``missing``
+        (naming what is absent and how to list or create it) when there is none."""
+        row = self.execute(statement, parameters).first()
+        if row is None:
+            raise missing
+        return {str(k): v for k, v in row._mapping.items()}
 
     def stream(self, statement: Executable, parameters: Mapping[str, Any] | None = None, *,
                rows: int = 1000) -> CursorResult[*TupleAny]:
