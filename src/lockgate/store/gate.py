@@ -257,11 +257,9 @@ class GateStore(RunSteps):
     def update(self, update_id: int) -> dict[str, Any]:
         """One update with its snapshot and decision decoded."""
         with self.store.read() as tx:
-            out = tx.one(_UPDATE, {"u": update_id}, missing=NotFound(
-                f"no release-gate update {update_id}; `lockgate gate list` shows them"))
-        out["snapshot"] = orjson.loads(out["snapshot"])
-        out["decision"] = orjson.loads(out["decision"]) if out["decision"] else None
-        return out
+            return tx.one(_UPDATE, {"u": update_id}, json=("snapshot", "decision"),
+                          missing=NotFound(f"no release-gate update {update_id}; "
+                                           "`lockgate gate list` shows them"))
 
     def updates(self, prompt: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         """Recent updates, newest first."""

@@ -439,10 +439,8 @@ class RegistryStore:
     def dataset(self, name: str) -> dict[str, Any]:
         """The dataset row (revision, item count, items hash, input keys)."""
         with self.store.read() as tx:
-            out = tx.one(_DATASET, {"n": name}, missing=NotFound(
+            return tx.one(_DATASET, {"n": name}, json=("input_keys",), missing=NotFound(
                 f"no dataset '{name}'; add one with `lockgate dataset add`"))
-        out["input_keys"] = orjson.loads(out["input_keys"])
-        return out
 
     def datasets(self) -> list[dict[str, Any]]:
         """Every dataset with its revision and size."""
