@@ -21,6 +21,7 @@ from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.util.typing import TupleAny
 
 from lockgate.errors import NotFound
+from lockgate.store.types import row_dict
 
 _NOW = re.compile(r":now\b")
 
@@ -75,8 +76,7 @@ class Tx:
     def rows(self, statement: Executable | str,
              parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of a query as a dict of column name to value."""
-        return [{str(k): v for k, v in r._mapping.items()}
-                for r in self.execute(statement, parameters)]
+        return [row_dict(r) for r in self.execute(statement, parameters)]
 
     def one(self, statement: Executable | str, parameters: Mapping[str, Any] | None = None,
             *, missing: NotFound, json: Sequence[str] = ()) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class Tx:
         row = self.execute(statement, parameters).first()
         if row is None:
             raise missing
-        out = {str(k): v for k, v in row._mapping.items()}
+        out = row_dict(row)
         for column in json:
             if out[column] is not None:
                 out[column] = orjson.loads(out[column])
