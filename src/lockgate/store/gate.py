@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import config_hash
@@ -27,7 +27,7 @@ from lockgate.states import (
 from lockgate.store import schema
 from lockgate.store.gate_runs import RunPlan, RunSteps, batch_id_for
 from lockgate.store.registry import VersionContent, dumps, inserted_id
-from lockgate.store.tx import Tx, in_list, sql
+from lockgate.store.tx import Tx, sql
 
 U, R, V = UpdateStatus, RunStatus, Verdict
 
@@ -59,10 +59,54 @@ class _Abort(Exception):
 
 K = TypeVar("K", str, int)
 
+# The statements, the same on every dialect (inserts go through the schema's tables and
+# ``Dialect.insert_ignore``; status changes through ``GateRows._move``).
+
+# -- bindings of datasets to prompts
+_DATASET_ID = sql("SELECT id FROM dataset WHERE name = :n")
+_SET_BINDING = sql("UPDATE prompt_dataset SET settings = :s, updated_at = :now, "
+                   "version = version + 1 WHERE prompt_id = :p AND dataset_id = :d")
+_UNBIND = sql("DELETE FROM prompt_dataset WHERE prompt_id = :p AND dataset_id = "
+              "(SELECT id FROM dataset WHERE name = :n)")
+_BINDINGS = sql("SELECT d.id, d.name, d.revision, d.item_count, d.items_hash, "
+                "d.input_keys, b.settings FROM prompt_dataset b JOIN dataset d "
+                "ON d.id = b.dataset_id WHERE b.prompt_id = :p ORDER BY d.name")
+
+# -- proposals and their cancellation
+_COUNT_SUBMISSION = sql("UPDATE prompt SET submissions = submissions + 1, "
+                        "updated_at = :now WHERE id = :p")
+_OTHER_ACTIVE = sql("SELECT id FROM prompt_update WHERE prompt_id = :p AND id <> :u "
+                    "AND status IN :st", "st")
+_ACTIVE_RUNS_OF = sql("SELECT id, batch_id FROM prompt_run WHERE update_id IN :ids "
+                      "AND status IN :st", "ids", "st")
+_CANCEL_TASKS = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, "
+                    "updated_at = :now, version = version + 1, error_message = :msg "
+                    "WHERE batch_id IN :ids AND status = 'PENDING'", "ids")
+
+# -- updates and their runs, for people and the roles
+_UPDATE_ROW = sql("SELECT prompt_id, seq, base_generation, base_version, candidate_version, "
+                  "status FROM prompt_update WHERE id = :u")
+_UPDATE = sql("SELECT u.*, p.name AS prompt, p.live_version, p.generation "
+              "FROM prompt_update u JOIN prompt p ON p.id = u.prompt_id WHERE u.id = :u")
+_UPDATES_COLUMNS = ("SELECT u.id, p.name AS prompt, u.seq, u.candidate_version, "
+                    "u.base_version, u.status, u.reason, u.created_at, u.decided_at "
+                    "FROM prompt_update u JOIN prompt p ON p.id = u.prompt_id")
+_UPDATES = sql(_UPDATES_COLUMNS + " ORDER BY u.id DESC LIMIT :lim")
+_UPDATES_OF = sql(_UPDATES_COLUMNS + " WHERE p.name = :n ORDER BY u.id DESC LIMIT :lim")
+_ACTIVE_UPDATES = sql("SELECT id, status FROM prompt_update WHERE status IN :st ORDER BY id",
+                      "st")
+_RUNS = sql("SELECT *, :now AS db_now FROM prompt_run WHERE update_id = :u "
+            "ORDER BY dataset_name, subject DESC")
 _VERDICT_COUNTS = sql("SELECT run_id, verdict, COUNT(*) FROM prompt_run_item "
                       "WHERE run_id IN :ids GROUP BY run_id, verdict", "ids")
 _TASK_COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task WHERE batch_id IN :ids "
                    "GROUP BY batch_id, status", "ids")
+
+# -- the live pointer, read and compare-and-swapped by Reconcile
+_GENERATION = sql("SELECT generation FROM prompt WHERE id = :p")
+_PROMPT_STATE = sql("SELECT live_version, generation, submissions FROM prompt WHERE id = :p")
+_ACTIVATE = sql("UPDATE prompt SET live_version = :c, generation = generation + 1, "
+                "updated_at = :now WHERE id = :p AND generation = :g AND submissions = :seq")
 
 
 class GateStore(RunSteps):
@@ -77,18 +121,13 @@ class GateStore(RunSteps):
         def work(tx: Tx) -> None:
             now = tx.now
             p = self.registry.prompt_row(tx, prompt)
-            d = tx.execute(text("SELECT id FROM dataset WHERE name = :n"),
-                             {"n": dataset}).scalar()
-            if d is None:
-                raise NotFound(f"no dataset '{dataset}'; add it with `lockgate dataset add`")
+            d = tx.one(_DATASET_ID, {"n": dataset}, missing=NotFound(
+                f"no dataset '{dataset}'; add it with `lockgate dataset add`"))["id"]
             doc = dumps(settings)
             tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
-                "prompt_id": p.id, "dataset_id": d, "settings": doc, "created_at": now,
+                "prompt_id": p["id"], "dataset_id": d, "settings": doc, "created_at": now,
                 "updated_at": now}])
-            tx.execute(text(
-                "UPDATE prompt_dataset SET settings = :s, updated_at = :now, "
-                "version = version + 1 WHERE prompt_id = :p AND dataset_id = :d"),
-                {"s": doc, "now": now, "p": p.id, "d": d})
+            tx.execute(_SET_BINDING, {"s": doc, "p": p["id"], "d": d})
 
         self.store.transaction(work)
 
@@ -97,10 +136,7 @@ class GateStore(RunSteps):
 
         def work(tx: Tx) -> bool:
             p = self.registry.prompt_row(tx, prompt)
-            return bool(tx.execute(text(
-                "DELETE FROM prompt_dataset WHERE prompt_id = :p AND dataset_id = "
-                "(SELECT id FROM dataset WHERE name = :n)"), {"p": p.id, "n": dataset}
-            ).rowcount)
+            return bool(tx.execute(_UNBIND, {"p": p["id"], "n": dataset}).rowcount)
 
         return self.store.transaction(work)
 
@@ -108,18 +144,14 @@ class GateStore(RunSteps):
         """The datasets bound to a prompt, with their settings and current revision."""
         with self.store.read() as tx:
             p = self.registry.prompt_row(tx, prompt)
-            return self._bindings(tx, int(p.id))
+            return self._bindings(tx, int(p["id"]))
 
     def _bindings(self, tx: Tx, prompt_id: int) -> list[dict[str, Any]]:
         return [{"dataset": r.name, "dataset_id": int(r.id), "revision": int(r.revision),
                  "items": int(r.item_count), "items_hash": r.items_hash,
                  "input_keys": orjson.loads(r.input_keys),
                  "settings": orjson.loads(r.settings)}
-                for r in tx.execute(text(
-                    "SELECT d.id, d.name, d.revision, d.item_count, d.items_hash, "
-                    "d.input_keys, b.settings FROM prompt_dataset b JOIN dataset d "
-                    "ON d.id = b.dataset_id WHERE b.prompt_id = :p ORDER BY d.name"),
-                    {"p": prompt_id})]
+                for r in tx.execute(_BINDINGS, {"p": prompt_id})]
 
     # -- proposals ------------------------------------------------------------------------
 
@@ -136,13 +168,12 @@ class GateStore(RunSteps):
         def work(tx: Tx) -> Proposal:
             now = tx.now
             p = self.registry.prompt_row(tx, name, lock=True)
-            pid = int(p.id)
-            tx.execute(text("UPDATE prompt SET submissions = submissions + 1, "
-                              "updated_at = :now WHERE id = :p"), {"now": now, "p": pid})
-            seq = int(p.submissions) + 1
+            pid = int(p["id"])
+            tx.execute(_COUNT_SUBMISSION, {"p": pid})
+            seq = int(p["submissions"]) + 1
             version, created = self.registry.add_version(
                 tx, pid, content, tag=tag, author=author, note=note, now=now)
-            if version == p.live_version:
+            if version == p["live_version"]:
                 raise StateConflict(f"that content is version {version} of '{name}', which "
                                     "is already live; nothing to evaluate")
             bound = self._bindings(tx, pid)
@@ -150,13 +181,13 @@ class GateStore(RunSteps):
                 raise StateConflict(f"no dataset is bound to '{name}'; bind one first with "
                                     f"`lockgate bind {name} DATASET --threshold ...`")
             cand = self.registry._version(tx, name, pid, version)
-            base = (self.registry._version(tx, name, pid, int(p.live_version))
-                    if p.live_version is not None else None)
+            base = (self.registry._version(tx, name, pid, int(p["live_version"]))
+                    if p["live_version"] is not None else None)
             snapshot = {
                 "prompt": name,
                 "candidate": _version_doc(cand),
                 "base": _version_doc(base) if base else None,
-                "base_generation": int(p.generation),
+                "base_generation": int(p["generation"]),
                 "retry_policy": retry_policy,
                 "datasets": [{"name": b["dataset"], "id": b["dataset_id"],
                               "revision": b["revision"], "items": b["items"],
@@ -166,24 +197,22 @@ class GateStore(RunSteps):
             }
             uid = inserted_id(tx.execute(schema.prompt_update.insert().values(
                 prompt_id=pid, seq=seq, candidate_version=version,
-                base_version=p.live_version, base_generation=p.generation,
+                base_version=p["live_version"], base_generation=p["generation"],
                 status=U.PENDING, snapshot=dumps(snapshot),
                 snapshot_hash=config_hash(snapshot), author=author, created_at=now,
                 updated_at=now)))
-            older = [int(r[0]) for r in tx.execute(text(
-                "SELECT id FROM prompt_update WHERE prompt_id = :p AND id <> :u "
-                "AND status IN :st").bindparams(in_list("st")),
-                {"p": pid, "u": uid, "st": list(ACTIVE_UPDATES)})]
+            older = [int(r[0]) for r in tx.execute(
+                _OTHER_ACTIVE, {"p": pid, "u": uid, "st": list(ACTIVE_UPDATES)})]
             self._cancel(tx, older, f"superseded by update {uid}", now)
             for old in older:
                 self.registry.audit(tx, pid, "cancel", None, None,
-                                    generation=int(p.generation), actor=author,
+                                    generation=int(p["generation"]), actor=author,
                                     reason=f"superseded by update {uid}", now=now,
                                     update_id=old)
-            self.registry.audit(tx, pid, "propose", p.live_version, version,
-                                generation=int(p.generation), actor=author, reason=note,
+            self.registry.audit(tx, pid, "propose", p["live_version"], version,
+                                generation=int(p["generation"]), actor=author, reason=note,
                                 now=now, update_id=uid)
-            return Proposal(uid, version, created, p.live_version, older)
+            return Proposal(uid, version, created, p["live_version"], older)
 
         return self.store.transaction(work)
 
@@ -195,20 +224,15 @@ class GateStore(RunSteps):
             return 0
         n = self._move(tx, "prompt_update", update_ids, ACTIVE_UPDATES, U.CANCELLED, now,
                        sets=", reason = :reason, decided_at = :now", params={"reason": reason})
-        runs = tx.execute(text(
-            "SELECT id, batch_id FROM prompt_run WHERE update_id IN :ids AND status IN :st"
-        ).bindparams(in_list("ids"), in_list("st")), {"ids": list(update_ids),
-                                           "st": list(ACTIVE_RUNS)}).all()
+        runs = tx.execute(_ACTIVE_RUNS_OF, {"ids": list(update_ids),
+                                            "st": list(ACTIVE_RUNS)}).all()
         self._move(tx, "prompt_run", [int(r.id) for r in runs], ACTIVE_RUNS, R.CANCELLED,
                    now, sets=", reason = :reason, finished_at = :now, lease_token = NULL, "
                    "lease_until = NULL", params={"reason": reason})
         batches = [r.batch_id for r in runs]
         for i in range(0, len(batches), 500):
-            tx.execute(text(
-                "UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
-                "version = version + 1, error_message = :msg WHERE batch_id IN :ids "
-                "AND status = 'PENDING'").bindparams(in_list("ids")),
-                {"now": now, "msg": f"release gate: {reason}", "ids": batches[i:i + 500]})
+            tx.execute(_CANCEL_TASKS, {"now": now, "msg": f"release gate: {reason}",
+                                       "ids": batches[i:i + 500]})
         return n
 
     def cancel(self, update_id: int, reason: str, *, actor: str | None = None) -> bool:
@@ -216,17 +240,13 @@ class GateStore(RunSteps):
 
         def work(tx: Tx) -> bool:
             now = tx.now
-            row = tx.execute(text("SELECT prompt_id, candidate_version, base_version, "
-                                    "status FROM prompt_update WHERE id = :u"),
-                               {"u": update_id}).first()
-            if row is None:
-                raise NotFound(f"no release-gate update {update_id}")
+            row = tx.one(_UPDATE_ROW, {"u": update_id},
+                         missing=NotFound(f"no release-gate update {update_id}"))
             if self._cancel(tx, [update_id], reason, now) != 1:
                 return False
-            gen = tx.execute(text("SELECT generation FROM prompt WHERE id = :p"),
-                               {"p": row.prompt_id}).scalar_one()
-            self.registry.audit(tx, int(row.prompt_id), "cancel", row.base_version,
-                                row.candidate_version, generation=int(gen), actor=actor,
+            gen = tx.execute(_GENERATION, {"p": row["prompt_id"]}).scalar_one()
+            self.registry.audit(tx, int(row["prompt_id"]), "cancel", row["base_version"],
+                                row["candidate_version"], generation=int(gen), actor=actor,
                                 reason=reason, now=now, update_id=update_id)
             return True
 
@@ -237,44 +257,29 @@ class GateStore(RunSteps):
     def update(self, update_id: int) -> dict[str, Any]:
         """One update with its snapshot and decision decoded."""
         with self.store.read() as tx:
-            row = tx.execute(text(
-                "SELECT u.*, p.name AS prompt, p.live_version, p.generation "
-                "FROM prompt_update u JOIN prompt p ON p.id = u.prompt_id WHERE u.id = :u"),
-                {"u": update_id}).first()
-        if row is None:
-            raise NotFound(f"no release-gate update {update_id}; `lockgate gate list` shows "
-                           "them")
-        out = dict(row._mapping)
-        out["snapshot"] = orjson.loads(out["snapshot"])
-        out["decision"] = orjson.loads(out["decision"]) if out["decision"] else None
-        return out
+            return tx.one(_UPDATE, {"u": update_id}, json=("snapshot", "decision"),
+                          missing=NotFound(f"no release-gate update {update_id}; "
+                                           "`lockgate gate list` shows them"))
 
     def updates(self, prompt: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         """Recent updates, newest first."""
-        sql = ("SELECT u.id, p.name AS prompt, u.seq, u.candidate_version, u.base_version, "
-               "u.status, u.reason, u.created_at, u.decided_at FROM prompt_update u "
-               "JOIN prompt p ON p.id = u.prompt_id")
         params: dict[str, Any] = {"lim": limit}
+        statement = _UPDATES
         if prompt is not None:
-            sql += " WHERE p.name = :n"
-            params["n"] = prompt
+            statement, params["n"] = _UPDATES_OF, prompt
         with self.store.read() as tx:
-            return tx.rows(
-                text(sql + " ORDER BY u.id DESC LIMIT :lim"), params)
+            return tx.rows(statement, params)
 
     def active_updates(self) -> list[tuple[int, str]]:
         """(id, status) of every update still PENDING or EVALUATING (index on status)."""
         with self.store.read() as tx:
-            return [(int(r[0]), str(r[1])) for r in tx.execute(text(
-                "SELECT id, status FROM prompt_update WHERE status IN :st ORDER BY id"
-            ).bindparams(in_list("st")), {"st": list(ACTIVE_UPDATES)})]
+            return [(int(r[0]), str(r[1]))
+                    for r in tx.execute(_ACTIVE_UPDATES, {"st": list(ACTIVE_UPDATES)})]
 
     def runs(self, update_id: int) -> list[dict[str, Any]]:
         """The runs of an update, with their metrics decoded."""
         with self.store.read() as tx:
-            rows = tx.rows(text(
-                "SELECT *, :now AS db_now FROM prompt_run WHERE update_id = :u "
-                "ORDER BY dataset_name, subject DESC"), {"u": update_id})
+            rows = tx.rows(_RUNS, {"u": update_id})
         for r in rows:
             r["metrics"] = orjson.loads(r["metrics"]) if r["metrics"] else None
         return rows
@@ -306,17 +311,12 @@ class GateStore(RunSteps):
 
         def work(tx: Tx) -> Outcome:
             now = tx.now
-            u = tx.execute(text(
-                "SELECT prompt_id, seq, base_generation, base_version, candidate_version, "
-                "status FROM prompt_update WHERE id = :u"), {"u": update_id}).one()
+            u = tx.execute(_UPDATE_ROW, {"u": update_id}).one()
             if u.status != U.EVALUATING:
                 return Outcome(str(u.status), None)
             doc = dumps(decision)
-            swapped = tx.execute(text(
-                "UPDATE prompt SET live_version = :c, generation = generation + 1, "
-                "updated_at = :now WHERE id = :p AND generation = :g AND submissions = :seq"),
-                {"c": u.candidate_version, "now": now, "p": u.prompt_id,
-                 "g": u.base_generation, "seq": u.seq}).rowcount
+            swapped = tx.execute(_ACTIVATE, {"c": u.candidate_version, "p": u.prompt_id,
+                                             "g": u.base_generation, "seq": u.seq}).rowcount
             if swapped == 1:
                 reason = "passed every threshold"
                 if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], U.ACTIVATED,
@@ -328,8 +328,7 @@ class GateStore(RunSteps):
                                     actor="release-gate", reason=reason, now=now,
                                     update_id=update_id)
                 return Outcome(str(U.ACTIVATED), reason)
-            p = tx.execute(text("SELECT live_version, generation, submissions FROM prompt "
-                                  "WHERE id = :p"), {"p": u.prompt_id}).one()
+            p = tx.execute(_PROMPT_STATE, {"p": u.prompt_id}).one()
             if int(p.submissions) != int(u.seq):
                 to, reason = U.CANCELLED, "superseded by a newer submission"
             else:
@@ -358,15 +357,12 @@ class GateStore(RunSteps):
 
         def work(tx: Tx) -> bool:
             now = tx.now
-            u = tx.execute(text(
-                "SELECT prompt_id, base_version, candidate_version FROM prompt_update "
-                "WHERE id = :u"), {"u": update_id}).one()
+            u = tx.execute(_UPDATE_ROW, {"u": update_id}).one()
             if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], status, now,
                           sets=", decision = :d, reason = :reason, decided_at = :now",
                           params={"d": dumps(decision), "reason": reason}) != 1:
                 return False
-            gen = tx.execute(text("SELECT generation FROM prompt WHERE id = :p"),
-                               {"p": u.prompt_id}).scalar_one()
+            gen = tx.execute(_GENERATION, {"p": u.prompt_id}).scalar_one()
             self.registry.audit(tx, int(u.prompt_id), status.lower(), u.base_version,
                                 u.candidate_version, generation=int(gen),
                                 actor="release-gate", reason=reason, now=now,

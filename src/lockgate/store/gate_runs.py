@@ -20,16 +20,65 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import text
 
 from lockgate.spec import config_hash
 from lockgate.states import ACTIVE_RUNS, ARROWS, RunStatus, UpdateStatus, Verdict
 from lockgate.store import schema
 from lockgate.store.registry import RegistryStore, dumps
 from lockgate.store.store import Store
-from lockgate.store.tx import Tx, in_list
+from lockgate.store.tx import Tx, sql
 
 U, R, V = UpdateStatus, RunStatus, Verdict
+
+# The statements, the same on every dialect (inserts go through the schema's tables and
+# ``Dialect.insert_ignore``; status changes through ``GateRows._move``).
+
+# -- the lease of a run: claim, renew fenced by the token, give back
+_CLAIM_RUN = sql("UPDATE prompt_run SET lease_token = :tok, lease_until = :now + :lease, "
+                 "leased_by = :w, version = version + 1, updated_at = :now "
+                 "WHERE id = :r AND status = :st AND (lease_until IS NULL OR "
+                 "lease_until <= :now)")
+_CLAIM_RUN_TASKS_DONE = sql(_CLAIM_RUN.text + " AND NOT EXISTS (SELECT 1 FROM task "
+                            "WHERE task.batch_id = prompt_run.batch_id "
+                            "AND task.status = 'PENDING')")
+_RENEW_RUN = sql("UPDATE prompt_run SET lease_until = :now + :lease, updated_at = :now "
+                 "WHERE id = :r AND lease_token = :tok AND status = :st")
+_RELEASE_RUN = sql("UPDATE prompt_run SET lease_token = NULL, lease_until = NULL, "
+                   "leased_by = NULL WHERE id = :r AND lease_token = :tok")
+_RUN = sql("SELECT * FROM prompt_run WHERE id = :r")
+
+# -- Materialize: a page of the dataset revision into run items and tasks
+_ITEMS_PAGE = sql("SELECT id, item_key, content_hash, input_data, expected FROM dataset_item "
+                  "WHERE dataset_id = :d AND id > :cur AND added_rev <= :rev AND "
+                  "(retired_rev IS NULL OR retired_rev > :rev) ORDER BY id LIMIT :n")
+_CONFIG = sql("SELECT document FROM task_config WHERE hash = :h")
+_TASKS_BY_ID = sql("SELECT id, task_id, batch_id, config_hash FROM task "
+                   "WHERE task_id IN :ids", "ids")
+_ADVANCE_CURSOR = sql("UPDATE prompt_run SET page_cursor = :c WHERE id = :r")
+_COUNT_ITEMS = sql("SELECT COUNT(*) FROM prompt_run_item WHERE run_id = :r")
+
+# -- Finalize: items without a verdict, their verdicts, the run's outcomes
+_UNDECIDED = sql("SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
+                 "t.status, t.result, t.error_class, t.error_message, t.attempts, "
+                 "t.input_data FROM prompt_run_item i LEFT JOIN task t "
+                 "ON t.id = i.task_pk WHERE i.run_id = :r AND i.verdict = 'PENDING' "
+                 "ORDER BY i.item_id LIMIT :n")
+_ATTEMPT_FIGURES = sql("SELECT task_pk, outcome, latency_ms, input_tokens, output_tokens "
+                       "FROM task_attempt WHERE task_pk IN :ids ORDER BY id", "ids")
+_RECORD_VERDICT = sql("UPDATE prompt_run_item SET verdict = :verdict, actual = :actual, "
+                      "error = :error, latency_ms = :latency_ms, "
+                      "input_tokens = :input_tokens, output_tokens = :output_tokens, "
+                      "attempts = :attempts, decided_at = :now "
+                      "WHERE run_id = :run AND item_id = :item_id AND verdict = 'PENDING'")
+_OUTCOMES = sql("SELECT i.item_id, i.item_key, i.content_hash, i.expected, i.actual, "
+                "i.verdict, i.error, i.latency_ms, i.input_tokens, i.output_tokens, "
+                "i.attempts FROM prompt_run_item i WHERE i.run_id = :r ORDER BY i.item_id")
+
+# -- a failed role step
+_COUNT_FAILURE = sql("UPDATE prompt_run SET failures = failures + 1, reason = :m, "
+                     "lease_token = NULL, lease_until = NULL WHERE id = :r AND status IN :st "
+                     "AND (lease_token = :tok OR lease_token IS NULL)", "st")
+_RUN_FAILURES = sql("SELECT status, failures FROM prompt_run WHERE id = :r")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +117,10 @@ class GateRows:
                 raise AssertionError(f"{table}: {f} -> {to} is not an allowed transition")
         if not ids:
             return 0
-        sql = text(f"UPDATE {table} SET status = :to, version = version + 1, "
-                   f"updated_at = :now{sets} WHERE id IN :ids AND status IN :frm{where}"
-                   ).bindparams(in_list("ids"), in_list("frm"))
-        return int(tx.execute(sql, {"to": to, "now": now, "ids": list(ids),
+        statement = sql(f"UPDATE {table} SET status = :to, version = version + 1, "
+                        f"updated_at = :now{sets} WHERE id IN :ids AND status IN :frm{where}",
+                        "ids", "frm")
+        return int(tx.execute(statement, {"to": to, "now": now, "ids": list(ids),
                                       "frm": list(frm), **(params or {})}).rowcount)
 
 
@@ -115,34 +164,24 @@ class RunSteps(GateRows):
         run has no lease to take) if nobody holds a live one."""
         if status not in ACTIVE_RUNS:
             return False
-        sql = ("UPDATE prompt_run SET lease_token = :tok, lease_until = :now + :lease, "
-               "leased_by = :w, version = version + 1, updated_at = :now "
-               "WHERE id = :r AND status = :st AND (lease_until IS NULL OR "
-               "lease_until <= :now)")
-        if require_tasks_done:
-            sql += (" AND NOT EXISTS (SELECT 1 FROM task WHERE task.batch_id = "
-                    "prompt_run.batch_id AND task.status = 'PENDING')")
-        return bool(self.store.transaction(lambda tx: tx.execute(text(sql), {
+        statement = _CLAIM_RUN_TASKS_DONE if require_tasks_done else _CLAIM_RUN
+        return bool(self.store.transaction(lambda tx: tx.execute(statement, {
             "tok": token, "lease": lease_ms, "w": worker_id, "r": run_id, "st": status,
         }).rowcount))
 
     def _fence(self, tx: Tx, run_id: int, token: str, status: str,
                lease_ms: int) -> Any:
         """Renew the lease, fenced by the token; the run row, or None if the lease is lost."""
-        n = tx.execute(text(
-            "UPDATE prompt_run SET lease_until = :now + :lease, updated_at = :now "
-            "WHERE id = :r AND lease_token = :tok AND status = :st"),
-            {"lease": lease_ms, "r": run_id, "tok": token, "st": status}).rowcount
+        n = tx.execute(_RENEW_RUN, {"lease": lease_ms, "r": run_id, "tok": token,
+                                    "st": status}).rowcount
         if n != 1:
             return None
-        return tx.execute(text("SELECT * FROM prompt_run WHERE id = :r"),
-                            {"r": run_id}).one()
+        return tx.execute(_RUN, {"r": run_id}).one()
 
     def release_run(self, run_id: int, token: str) -> None:
         """Give a lease back early (the step could not proceed yet)."""
-        self.store.transaction(lambda tx: tx.execute(text(
-            "UPDATE prompt_run SET lease_token = NULL, lease_until = NULL, leased_by = NULL "
-            "WHERE id = :r AND lease_token = :tok"), {"r": run_id, "tok": token}))
+        self.store.transaction(lambda tx: tx.execute(_RELEASE_RUN,
+                                                     {"r": run_id, "tok": token}))
 
     # -- Materialize ------------------------------------------------------------------------
 
@@ -163,19 +202,14 @@ class RunSteps(GateRows):
             run = self._fence(tx, run_id, token, R.MATERIALIZING, lease_ms)
             if run is None:
                 return "lost"
-            items = tx.execute(text(
-                "SELECT id, item_key, content_hash, input_data, expected FROM dataset_item "
-                "WHERE dataset_id = :d AND id > :cur AND added_rev <= :rev AND "
-                "(retired_rev IS NULL OR retired_rev > :rev) ORDER BY id LIMIT :n"),
-                {"d": run.dataset_id, "cur": run.page_cursor, "rev": revision, "n": page}
-            ).all()
+            items = tx.execute(_ITEMS_PAGE, {"d": run.dataset_id, "cur": run.page_cursor,
+                                             "rev": revision, "n": page}).all()
             if items:
                 meta = dumps({"gate": {"update": int(run.update_id), "run": run_id,
                                        "subject": run.subject}})
                 pool = "default"
                 if pool_of is not None:
-                    doc = tx.execute(text("SELECT document FROM task_config WHERE hash = :h"),
-                                       {"h": run.config_hash}).scalar()
+                    doc = tx.execute(_CONFIG, {"h": run.config_hash}).scalar()
                     if doc is not None:
                         pool = pool_of(orjson.loads(doc))
                 tasks = [{
@@ -189,9 +223,8 @@ class RunSteps(GateRows):
                 # one this run made (the ``gate:`` namespace is refused to submitters,
                 # but a database may hold older rows), and point the items at them by
                 # row id, never by task id.
-                rows = {r.task_id: r for r in tx.execute(text(
-                    "SELECT id, task_id, batch_id, config_hash FROM task WHERE task_id IN :ids"
-                ).bindparams(in_list("ids")), {"ids": [t["task_id"] for t in tasks]})}
+                rows = {r.task_id: r for r in tx.execute(
+                    _TASKS_BY_ID, {"ids": [t["task_id"] for t in tasks]})}
                 foreign = [t["task_id"] for t in tasks
                            if rows[t["task_id"]].batch_id != run.batch_id
                            or rows[t["task_id"]].config_hash != run.config_hash]
@@ -209,13 +242,10 @@ class RunSteps(GateRows):
                     "task_pk": rows[t["task_id"]].id, "expected": it.expected,
                     "verdict": V.PENDING, "created_at": now}
                     for it, t in zip(items, tasks, strict=True)])
-                tx.execute(text("UPDATE prompt_run SET page_cursor = :c WHERE id = :r"),
-                             {"c": items[-1].id, "r": run_id})
+                tx.execute(_ADVANCE_CURSOR, {"c": items[-1].id, "r": run_id})
             if len(items) == page:
                 return "more"
-            count = int(tx.execute(text(
-                "SELECT COUNT(*) FROM prompt_run_item WHERE run_id = :r"), {"r": run_id}
-            ).scalar_one())
+            count = int(tx.execute(_COUNT_ITEMS, {"r": run_id}).scalar_one())
             reason: str | None = None
             if count != run.expected_items:
                 to = R.FAILED
@@ -239,19 +269,11 @@ class RunSteps(GateRows):
     def undecided_items(self, run_id: int, *, limit: int) -> list[dict[str, Any]]:
         """Run items without a verdict, with their task's outcome and attempt figures."""
         with self.store.read() as tx:
-            rows = tx.rows(text(
-                "SELECT i.item_id, i.item_key, i.task_id, i.expected, t.id AS task_pk, "
-                "t.status, t.result, t.error_class, t.error_message, t.attempts, "
-                "t.input_data FROM prompt_run_item i LEFT JOIN task t "
-                "ON t.id = i.task_pk WHERE i.run_id = :r AND i.verdict = 'PENDING' "
-                "ORDER BY i.item_id LIMIT :n"), {"r": run_id, "n": limit})
+            rows = tx.rows(_UNDECIDED, {"r": run_id, "n": limit})
             pks = [r["task_pk"] for r in rows if r["task_pk"] is not None]
             figures: dict[int, dict[str, Any]] = {}
             if pks:
-                for a in tx.execute(text(
-                        "SELECT task_pk, outcome, latency_ms, input_tokens, output_tokens "
-                        "FROM task_attempt WHERE task_pk IN :ids ORDER BY id"
-                ).bindparams(in_list("ids")), {"ids": pks}):
+                for a in tx.execute(_ATTEMPT_FIGURES, {"ids": pks}):
                     f = figures.setdefault(int(a.task_pk), {
                         "calls": 0, "input_tokens": 0, "output_tokens": 0, "latency_ms": None})
                     if a.outcome != "released":
@@ -276,12 +298,8 @@ class RunSteps(GateRows):
                 for v in verdicts:
                     if (V.PENDING, v["verdict"]) not in ARROWS["prompt_run_item"]:
                         raise AssertionError(f"bad verdict {v['verdict']}")
-                tx.execute(text(
-                    "UPDATE prompt_run_item SET verdict = :verdict, actual = :actual, "
-                    "error = :error, latency_ms = :latency_ms, input_tokens = :input_tokens, "
-                    "output_tokens = :output_tokens, attempts = :attempts, decided_at = :now "
-                    "WHERE run_id = :run AND item_id = :item_id AND verdict = 'PENDING'"),
-                    [{**v, "run": run_id, "now": now} for v in verdicts])
+                tx.execute(_RECORD_VERDICT,
+                           [{**v, "run": run_id, "now": now} for v in verdicts])
             return True
 
         return self.store.transaction(work)
@@ -289,11 +307,7 @@ class RunSteps(GateRows):
     def outcomes(self, run_id: int) -> list[dict[str, Any]]:
         """Every item of a run with its verdict, for metrics and the snapshot check."""
         with self.store.read() as tx:
-            return tx.rows(text(
-                "SELECT i.item_id, i.item_key, i.content_hash, i.expected, i.actual, "
-                "i.verdict, i.error, i.latency_ms, i.input_tokens, i.output_tokens, "
-                "i.attempts FROM prompt_run_item i WHERE i.run_id = :r ORDER BY i.item_id"),
-                {"r": run_id})
+            return tx.rows(_OUTCOMES, {"r": run_id})
 
     def finish_run(self, run_id: int, *, token: str, status: str,
                    metrics: dict[str, Any] | None, reason: str | None) -> bool:
@@ -324,15 +338,10 @@ class RunSteps(GateRows):
 
         def work(tx: Tx) -> str | None:
             now = tx.now
-            if not tx.execute(text(
-                "UPDATE prompt_run SET failures = failures + 1, reason = :m, "
-                "lease_token = NULL, lease_until = NULL WHERE id = :r AND status IN :st "
-                "AND (lease_token = :tok OR lease_token IS NULL)"
-            ).bindparams(in_list("st")), {"m": message[:2000], "r": run_id, "tok": token,
-                                       "st": list(ACTIVE_RUNS)}).rowcount:
+            if not tx.execute(_COUNT_FAILURE, {"m": message[:2000], "r": run_id, "tok": token,
+                                               "st": list(ACTIVE_RUNS)}).rowcount:
                 return None
-            row = tx.execute(text("SELECT status, failures FROM prompt_run WHERE id = :r"),
-                               {"r": run_id}).one()
+            row = tx.execute(_RUN_FAILURES, {"r": run_id}).one()
             if row.status in ACTIVE_RUNS and row.failures >= max_failures:
                 self._move(tx, "prompt_run", [run_id], [row.status], R.FAILED, now,
                            sets=", finished_at = :now")

@@ -11,23 +11,81 @@ dataset revision that replaced it, so every past revision can be read back exact
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
 from lockgate.errors import NotFound, StateConflict
 from lockgate.spec import canonical_json
 from lockgate.store import schema
 from lockgate.store.store import Store
-from lockgate.store.tx import Tx, in_list
+from lockgate.store.tx import Tx, sql
 
 #: Audit actions that set the live pointer (the live history).
 LIVE_ACTIONS = ("create", "activate", "rollback")
 PRODUCTION = "production"
+
+# The statements, the same on every dialect. Inserts go through the schema's tables
+# (``inserted_id``, ``Dialect.insert_ignore``); a statement that row-locks adds the
+# dialect's ``lock_for_update()`` suffix (see ``RegistryStore.__init__``).
+
+# -- prompts and where they point
+_PROMPT = sql("SELECT id, name, live_version, generation, submissions, description, "
+              "created_at, updated_at FROM prompt WHERE name = :n")
+_PROMPTS = sql("SELECT name, live_version, generation, submissions, updated_at "
+               "FROM prompt ORDER BY name")
+_LIVE_POINTER = sql("SELECT live_version, generation FROM prompt WHERE name = :n")
+_LABEL_POINTER = sql("SELECT l.version, p.generation FROM prompt p LEFT JOIN prompt_label l "
+                     "ON l.prompt_id = p.id AND l.label = :l WHERE p.name = :n")
+_SWAP_LIVE = sql("UPDATE prompt SET live_version = :to, generation = generation + 1, "
+                 "updated_at = :now WHERE id = :p AND generation = :g")
+
+# -- versions (immutable but for a tag given once)
+_VERSION_COLUMNS = ("SELECT version, template, model_config, delivery_rule, content_hash, "
+                    "tag, author, note, created_at FROM prompt_version WHERE prompt_id = :p")
+_VERSION = sql(_VERSION_COLUMNS + " AND version = :v")
+_VERSION_BY_TAG = sql(_VERSION_COLUMNS + " AND tag = :t")
+_VERSIONS = sql(_VERSION_COLUMNS + " ORDER BY version")
+_VERSION_OF_CONTENT = sql("SELECT version, tag FROM prompt_version "
+                          "WHERE prompt_id = :p AND content_hash = :h")
+_VERSION_TAGGED = sql("SELECT version FROM prompt_version WHERE prompt_id = :p AND tag = :t")
+_TAG_VERSION = sql("UPDATE prompt_version SET tag = :t "
+                   "WHERE prompt_id = :p AND version = :v AND tag IS NULL")
+_LAST_VERSION = sql("SELECT MAX(version) FROM prompt_version WHERE prompt_id = :p")
+
+# -- labels and the audit trail
+_LABELS = sql("SELECT label, version FROM prompt_label WHERE prompt_id = :p ORDER BY label")
+_LABEL = sql("SELECT version FROM prompt_label WHERE prompt_id = :p AND label = :l")
+_MOVE_LABEL = sql("UPDATE prompt_label SET version = :v, updated_by = :a, updated_at = :now "
+                  "WHERE prompt_id = :p AND label = :l")
+_AUDIT_TRAIL = sql("SELECT id, action, from_version, to_version, label, update_id, "
+                   "generation, actor, reason, created_at FROM prompt_audit "
+                   "WHERE prompt_id = :p ORDER BY id")
+_LIVE_HISTORY = sql("SELECT action, from_version, to_version FROM prompt_audit "
+                    "WHERE prompt_id = :p AND action IN :acts ORDER BY id", "acts")
+
+# -- datasets and their revisions
+_DATASET = sql("SELECT id, name, description, source, revision, item_count, items_hash, "
+               "input_keys, created_at, updated_at FROM dataset WHERE name = :n")
+_DATASETS = sql("SELECT name, revision, item_count, items_hash, updated_at FROM dataset "
+                "ORDER BY name")
+_DATASET_REVISION = sql("SELECT id, revision FROM dataset WHERE name = :n")
+_SET_REVISION = sql("UPDATE dataset SET revision = :rev, item_count = :n, items_hash = :h, "
+                    "input_keys = :k, updated_at = :now, source = COALESCE(:src, source), "
+                    "description = COALESCE(:desc, description) WHERE id = :d")
+_ACTIVE_ITEMS = sql("SELECT id, item_key, content_hash FROM dataset_item "
+                    "WHERE dataset_id = :d AND retired_rev IS NULL")
+_ACTIVE_CONTENT = sql("SELECT item_key, content_hash, input_data FROM dataset_item "
+                      "WHERE dataset_id = :d AND retired_rev IS NULL ORDER BY id")
+_RETIRE_ITEMS = sql("UPDATE dataset_item SET retired_rev = :rev WHERE id IN :ids "
+                    "AND retired_rev IS NULL", "ids")
+_ITEMS_AT = sql("SELECT id, item_key, content_hash, input_data, expected FROM dataset_item "
+                "WHERE dataset_id = :d AND added_rev <= :rev AND (retired_rev IS NULL OR "
+                "retired_rev > :rev) ORDER BY id")
+_ITEMS_AT_LIMIT = sql(_ITEMS_AT.text + " LIMIT :lim")
 
 
 def inserted_id(result: Any) -> int:
@@ -99,12 +157,13 @@ def items_hash(pairs: Sequence[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def _version_row(name: str, r: Any) -> VersionRow:
-    return VersionRow(prompt=name, version=int(r.version), template=orjson.loads(r.template),
-                      model_config=orjson.loads(r.model_config),
-                      delivery_rule=orjson.loads(r.delivery_rule),
-                      content_hash=r.content_hash, tag=r.tag, author=r.author, note=r.note,
-                      created_at=int(r.created_at))
+def _version_row(name: str, r: Mapping[str, Any]) -> VersionRow:
+    return VersionRow(prompt=name, version=int(r["version"]),
+                      template=orjson.loads(r["template"]),
+                      model_config=orjson.loads(r["model_config"]),
+                      delivery_rule=orjson.loads(r["delivery_rule"]),
+                      content_hash=r["content_hash"], tag=r["tag"], author=r["author"],
+                      note=r["note"], created_at=int(r["created_at"]))
 
 
 class RegistryStore:
@@ -113,20 +172,17 @@ class RegistryStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.dialect = store.dialect
-
+        lock = self.dialect.lock_for_update()
+        self._prompt_locked = sql(_PROMPT.text + lock)
+        self._dataset_locked = sql(_DATASET_REVISION.text + lock)
 
     # -- prompts ------------------------------------------------------------------------
 
-    def prompt_row(self, tx: Tx, name: str, *, lock: bool = False) -> Any:
+    def prompt_row(self, tx: Tx, name: str, *, lock: bool = False) -> dict[str, Any]:
         """The prompt row of ``name`` (row-locked with ``lock``); NotFound otherwise."""
-        sql = ("SELECT id, name, live_version, generation, submissions, description, "
-               "created_at, updated_at FROM prompt WHERE name = :n")
-        if lock:
-            sql += self.dialect.lock_for_update()
-        row = tx.execute(text(sql), {"n": name}).first()
-        if row is None:
-            raise NotFound(f"no prompt '{name}'; create it with `lockgate prompt create`")
-        return row
+        return tx.one(self._prompt_locked if lock else _PROMPT, {"n": name},
+                      missing=NotFound(f"no prompt '{name}'; create it with "
+                                       "`lockgate prompt create`"))
 
     def create_prompt(self, name: str, content: VersionContent, *, tag: str | None,
                       author: str | None, note: str | None,
@@ -157,25 +213,21 @@ class RegistryStore:
         """The version number holding ``content``: an existing one with the same content
         hash, else a new row (the caller holds the prompt row's lock). Returns
         (version, created)."""
-        v = schema.prompt_version
-        found = tx.execute(select(v.c.version, v.c.tag).where(
-            v.c.prompt_id == prompt_id, v.c.content_hash == content.content_hash)).first()
+        found = tx.execute(_VERSION_OF_CONTENT,
+                           {"p": prompt_id, "h": content.content_hash}).first()
         if found is not None:
             if tag is not None and found.tag not in (None, tag):
                 raise StateConflict(f"this content is already version {found.version} "
                                     f"tagged '{found.tag}'; versions are immutable")
             if tag is not None and found.tag is None:
                 self._check_tag_free(tx, prompt_id, tag)
-                tx.execute(v.update().where(v.c.prompt_id == prompt_id,
-                                              v.c.version == found.version,
-                                              v.c.tag.is_(None)).values(tag=tag))
+                tx.execute(_TAG_VERSION, {"t": tag, "p": prompt_id, "v": found.version})
             return int(found.version), False
         if tag is not None:
             self._check_tag_free(tx, prompt_id, tag)
-        last = tx.execute(text("SELECT MAX(version) FROM prompt_version "
-                                 "WHERE prompt_id = :p"), {"p": prompt_id}).scalar()
+        last = tx.execute(_LAST_VERSION, {"p": prompt_id}).scalar()
         number = int(last or 0) + 1
-        tx.execute(v.insert().values(
+        tx.execute(schema.prompt_version.insert().values(
             prompt_id=prompt_id, version=number, template=dumps(content.template),
             model_config=dumps(content.model_config),
             delivery_rule=dumps(content.delivery_rule), content_hash=content.content_hash,
@@ -183,9 +235,7 @@ class RegistryStore:
         return number, True
 
     def _check_tag_free(self, tx: Tx, prompt_id: int, tag: str) -> None:
-        v = schema.prompt_version
-        other = tx.execute(select(v.c.version).where(
-            v.c.prompt_id == prompt_id, v.c.tag == tag)).scalar()
+        other = tx.execute(_VERSION_TAGGED, {"p": prompt_id, "t": tag}).scalar()
         if other is not None:
             raise StateConflict(f"tag '{tag}' already names version {other}")
 
@@ -200,84 +250,63 @@ class RegistryStore:
             actor=actor, reason=reason, created_at=now))
 
     def _version(self, tx: Tx, name: str, prompt_id: int, version: int) -> VersionRow:
-        v = schema.prompt_version
-        row = tx.execute(select(v).where(v.c.prompt_id == prompt_id,
-                                           v.c.version == version)).first()
-        if row is None:
-            raise NotFound(f"prompt '{name}' has no version {version}; "
-                           f"`lockgate prompt history {name}` lists them")
-        return _version_row(name, row)
+        return _version_row(name, tx.one(
+            _VERSION, {"p": prompt_id, "v": version},
+            missing=NotFound(f"prompt '{name}' has no version {version}; "
+                             f"`lockgate prompt history {name}` lists them")))
 
     def prompt(self, name: str) -> dict[str, Any]:
         """The prompt row with its labels."""
         with self.store.read() as tx:
-            row = self.prompt_row(tx, name)
-            out = dict(row._mapping)
-            out["labels"] = {r.label: int(r.version) for r in tx.execute(text(
-                "SELECT label, version FROM prompt_label WHERE prompt_id = :p "
-                "ORDER BY label"), {"p": row.id})}
+            out = self.prompt_row(tx, name)
+            out["labels"] = {r.label: int(r.version)
+                             for r in tx.execute(_LABELS, {"p": out["id"]})}
         return out
 
     def prompts(self) -> list[dict[str, Any]]:
         """Every prompt with its live version and generation."""
         with self.store.read() as tx:
-            return tx.rows(text(
-                "SELECT name, live_version, generation, submissions, updated_at "
-                "FROM prompt ORDER BY name"))
+            return tx.rows(_PROMPTS)
 
     def version(self, name: str, version: int) -> VersionRow:
         """One version of a prompt."""
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            return self._version(tx, name, int(row.id), version)
+            return self._version(tx, name, int(row["id"]), version)
 
     def version_by_tag(self, name: str, tag: str) -> VersionRow:
         """The version a tag names."""
-        v = schema.prompt_version
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            found = tx.execute(select(v).where(v.c.prompt_id == row.id,
-                                                 v.c.tag == tag)).first()
-        if found is None:
-            raise NotFound(f"prompt '{name}' has no version tagged '{tag}'")
-        return _version_row(name, found)
+            return _version_row(name, tx.one(
+                _VERSION_BY_TAG, {"p": row["id"], "t": tag},
+                missing=NotFound(f"prompt '{name}' has no version tagged '{tag}'")))
 
     def versions(self, name: str) -> list[VersionRow]:
         """Every version of a prompt, oldest first."""
-        v = schema.prompt_version
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            return [_version_row(name, r) for r in tx.execute(
-                select(v).where(v.c.prompt_id == row.id).order_by(v.c.version))]
+            return [_version_row(name, r) for r in tx.rows(_VERSIONS, {"p": row["id"]})]
 
     def audit_trail(self, name: str) -> list[dict[str, Any]]:
         """The prompt's audit rows, oldest first."""
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            return tx.rows(text(
-                "SELECT id, action, from_version, to_version, label, update_id, generation, "
-                "actor, reason, created_at FROM prompt_audit WHERE prompt_id = :p "
-                "ORDER BY id"), {"p": row.id})
+            return tx.rows(_AUDIT_TRAIL, {"p": row["id"]})
 
     def pointer(self, name: str, label: str | None) -> tuple[int | None, int]:
         """(version the name or label points at, generation): the workers' cheap check,
         one primary-key or unique-index read."""
+        missing = NotFound(f"no prompt '{name}'")
         with self.store.read() as tx:
             if label is None or label == PRODUCTION:
-                row = tx.execute(text("SELECT live_version, generation FROM prompt "
-                                        "WHERE name = :n"), {"n": name}).first()
-                if row is None:
-                    raise NotFound(f"no prompt '{name}'")
-                return (None if row[0] is None else int(row[0])), int(row[1])
-            row = tx.execute(text(
-                "SELECT l.version, p.generation FROM prompt p LEFT JOIN prompt_label l "
-                "ON l.prompt_id = p.id AND l.label = :l WHERE p.name = :n"),
-                {"n": name, "l": label}).first()
-            if row is None:
-                raise NotFound(f"no prompt '{name}'")
-            if row[0] is None:
+                row = tx.one(_LIVE_POINTER, {"n": name}, missing=missing)
+                live = row["live_version"]
+                return (None if live is None else int(live)), int(row["generation"])
+            row = tx.one(_LABEL_POINTER, {"n": name, "l": label}, missing=missing)
+            if row["version"] is None:
                 raise NotFound(f"prompt '{name}' has no label '{label}'")
-            return int(row[0]), int(row[1])
+            return int(row["version"]), int(row["generation"])
 
     def set_label(self, name: str, label: str, version: int, *, actor: str | None,
                   reason: str | None) -> int | None:
@@ -289,18 +318,14 @@ class RegistryStore:
         def work(tx: Tx) -> int | None:
             now = tx.now
             p = self.prompt_row(tx, name, lock=True)
-            self._version(tx, name, int(p.id), version)
-            before = tx.execute(text(
-                "SELECT version FROM prompt_label WHERE prompt_id = :p AND label = :l"),
-                {"p": p.id, "l": label}).scalar()
+            pid = int(p["id"])
+            self._version(tx, name, pid, version)
+            before = tx.execute(_LABEL, {"p": pid, "l": label}).scalar()
             tx.execute(self.dialect.insert_ignore(schema.prompt_label), [{
-                "prompt_id": p.id, "label": label, "version": version, "updated_by": actor,
+                "prompt_id": pid, "label": label, "version": version, "updated_by": actor,
                 "updated_at": now}])
-            tx.execute(text(
-                "UPDATE prompt_label SET version = :v, updated_by = :a, updated_at = :now "
-                "WHERE prompt_id = :p AND label = :l"),
-                {"v": version, "a": actor, "now": now, "p": p.id, "l": label})
-            self.audit(tx, int(p.id), "label", before, version, generation=int(p.generation),
+            tx.execute(_MOVE_LABEL, {"v": version, "a": actor, "p": pid, "l": label})
+            self.audit(tx, pid, "label", before, version, generation=int(p["generation"]),
                        actor=actor, reason=reason, now=now, label=label)
             return None if before is None else int(before)
 
@@ -318,10 +343,8 @@ class RegistryStore:
         def work(tx: Tx) -> dict[str, Any]:
             now = tx.now
             p = self.prompt_row(tx, name, lock=True)
-            history = tx.execute(text(
-                "SELECT action, from_version, to_version FROM prompt_audit "
-                "WHERE prompt_id = :p AND action IN ('create', 'activate', 'rollback') "
-                "ORDER BY id"), {"p": p.id}).all()
+            pid, live, generation = int(p["id"]), p["live_version"], int(p["generation"])
+            history = tx.execute(_LIVE_HISTORY, {"p": pid, "acts": list(LIVE_ACTIONS)}).all()
             good = {int(h.to_version) for h in history if h.to_version is not None}
             target = to
             if target is None:
@@ -330,22 +353,19 @@ class RegistryStore:
                     raise StateConflict(f"prompt '{name}' has no earlier live version to "
                                         "roll back to")
                 target = int(last.from_version)
-            if target == p.live_version:
+            if target == live:
                 raise StateConflict(f"version {target} of '{name}' is already live")
             if target not in good:
                 raise StateConflict(
                     f"version {target} of '{name}' was never live (passed the gate); "
                     f"rollback targets: {sorted(good)}")
-            n = tx.execute(text(
-                "UPDATE prompt SET live_version = :to, generation = generation + 1, "
-                "updated_at = :now WHERE id = :p AND generation = :g"),
-                {"to": target, "now": now, "p": p.id, "g": p.generation}).rowcount
+            n = tx.execute(_SWAP_LIVE, {"to": target, "p": pid, "g": generation}).rowcount
             if n != 1:
                 raise StateConflict(f"prompt '{name}' changed during the rollback; retry")
-            generation = int(p.generation) + 1
-            self.audit(tx, int(p.id), "rollback", p.live_version, target,
+            generation += 1
+            self.audit(tx, pid, "rollback", live, target,
                        generation=generation, actor=actor, reason=reason, now=now)
-            return {"prompt": name, "from": p.live_version, "to": target,
+            return {"prompt": name, "from": live, "to": target,
                     "generation": generation, "at": now}
 
         return self.store.transaction(work)
@@ -373,13 +393,10 @@ class RegistryStore:
                 "name": name, "description": description, "source": source, "revision": 0,
                 "item_count": 0, "items_hash": items_hash([]), "input_keys": "[]",
                 "created_at": now, "updated_at": now}])
-            row = tx.execute(text(
-                "SELECT id, revision FROM dataset WHERE name = :n"
-                + self.dialect.lock_for_update()), {"n": name}).one()
+            row = tx.execute(self._dataset_locked, {"n": name}).one()
             did, rev = int(row.id), int(row.revision) + 1
-            active = {r.item_key: (int(r.id), r.content_hash) for r in tx.execute(text(
-                "SELECT id, item_key, content_hash FROM dataset_item WHERE dataset_id = :d "
-                "AND retired_rev IS NULL"), {"d": did})}
+            active = {r.item_key: (int(r.id), r.content_hash)
+                      for r in tx.execute(_ACTIVE_ITEMS, {"d": did})}
             new_rows: list[dict[str, Any]] = []
             retire: list[int] = []
             unchanged = 0
@@ -403,26 +420,16 @@ class RegistryStore:
                         "items": len(active)}
             changed = sum(1 for r in new_rows if r["item_key"] in active)
             for i in range(0, len(retire), 1000):
-                tx.execute(text(
-                    "UPDATE dataset_item SET retired_rev = :rev WHERE id IN :ids "
-                    "AND retired_rev IS NULL").bindparams(in_list("ids")),
-                    {"rev": rev, "ids": retire[i:i + 1000]})
+                tx.execute(_RETIRE_ITEMS, {"rev": rev, "ids": retire[i:i + 1000]})
             for i in range(0, len(new_rows), 500):
                 tx.execute(schema.dataset_item.insert(), new_rows[i:i + 500])
-            pairs = tx.execute(text(
-                "SELECT item_key, content_hash, input_data FROM dataset_item "
-                "WHERE dataset_id = :d AND retired_rev IS NULL ORDER BY id"),
-                {"d": did}).all()
+            pairs = tx.execute(_ACTIVE_CONTENT, {"d": did}).all()
             input_keys: set[str] = set()
             for p in pairs:
                 input_keys.update(orjson.loads(p.input_data))
-            tx.execute(text(
-                "UPDATE dataset SET revision = :rev, item_count = :n, items_hash = :h, "
-                "input_keys = :k, updated_at = :now, source = COALESCE(:src, source), "
-                "description = COALESCE(:desc, description) WHERE id = :d"),
-                {"rev": rev, "n": len(pairs), "h": items_hash([(p[0], p[1]) for p in pairs]),
-                 "k": dumps(sorted(input_keys)), "now": now, "src": source,
-                 "desc": description, "d": did})
+            tx.execute(_SET_REVISION, {
+                "rev": rev, "n": len(pairs), "h": items_hash([(p[0], p[1]) for p in pairs]),
+                "k": dumps(sorted(input_keys)), "src": source, "desc": description, "d": did})
             return {"dataset": name, "revision": rev, "added": len(new_rows) - changed,
                     "changed": changed, "retired": len(retire) - changed,
                     "unchanged": unchanged, "items": len(pairs)}
@@ -432,37 +439,24 @@ class RegistryStore:
     def dataset(self, name: str) -> dict[str, Any]:
         """The dataset row (revision, item count, items hash, input keys)."""
         with self.store.read() as tx:
-            row = tx.execute(text(
-                "SELECT id, name, description, source, revision, item_count, items_hash, "
-                "input_keys, created_at, updated_at FROM dataset WHERE name = :n"),
-                {"n": name}).first()
-        if row is None:
-            raise NotFound(f"no dataset '{name}'; add one with `lockgate dataset add`")
-        out = dict(row._mapping)
-        out["input_keys"] = orjson.loads(out["input_keys"])
-        return out
+            return tx.one(_DATASET, {"n": name}, json=("input_keys",), missing=NotFound(
+                f"no dataset '{name}'; add one with `lockgate dataset add`"))
 
     def datasets(self) -> list[dict[str, Any]]:
         """Every dataset with its revision and size."""
         with self.store.read() as tx:
-            return tx.rows(text(
-                "SELECT name, revision, item_count, items_hash, updated_at FROM dataset "
-                "ORDER BY name"))
+            return tx.rows(_DATASETS)
 
     def items(self, name: str, *, revision: int | None = None,
               limit: int | None = None) -> list[dict[str, Any]]:
         """The items of a revision (default: the current one), in insertion order."""
         ds = self.dataset(name)
         rev = ds["revision"] if revision is None else revision
-        sql = ("SELECT id, item_key, content_hash, input_data, expected FROM dataset_item "
-               "WHERE dataset_id = :d AND added_rev <= :rev AND (retired_rev IS NULL OR "
-               "retired_rev > :rev) ORDER BY id")
-        params: dict[str, Any] = {"d": ds["id"], "rev": rev}
+        statement, params = _ITEMS_AT, {"d": ds["id"], "rev": rev}
         if limit is not None:
-            sql += " LIMIT :lim"
-            params["lim"] = limit
+            statement, params["lim"] = _ITEMS_AT_LIMIT, limit
         with self.store.read() as tx:
             return [{"id": r.item_key, "pk": int(r.id), "content_hash": r.content_hash,
                      "input": orjson.loads(r.input_data), "expected": orjson.loads(r.expected)}
-                    for r in tx.execute(text(sql), params)]
+                    for r in tx.execute(statement, params)]
 

@@ -15,9 +15,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import BindParameter, Connection, CursorResult, Executable, TextClause, text
 from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.util.typing import TupleAny
+
+from lockgate.errors import NotFound
+from lockgate.store.types import row_dict
 
 _NOW = re.compile(r":now\b")
 
@@ -72,8 +76,21 @@ class Tx:
     def rows(self, statement: Executable | str,
              parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of a query as a dict of column name to value."""
-        return [{str(k): v for k, v in r._mapping.items()}
-                for r in self.execute(statement, parameters)]
+        return [row_dict(r) for r in self.execute(statement, parameters)]
+
+    def one(self, statement: Executable | str, parameters: Mapping[str, Any] | None = None,
+            *, missing: NotFound, json: Sequence[str] = ()) -> dict[str, Any]:
+        """The first row of a query as a dict of column name to value, with the JSON text
+        of the ``json`` columns decoded (NULL stays None); raises ``missing`` (naming
+        what is absent and how to list or create it) when there is none."""
+        row = self.execute(statement, parameters).first()
+        if row is None:
+            raise missing
+        out = row_dict(row)
+        for column in json:
+            if out[column] is not None:
+                out[column] = orjson.loads(out[column])
+        return out
 
     def stream(self, statement: Executable, parameters: Mapping[str, Any] | None = None, *,
                rows: int = 1000) -> CursorResult[*TupleAny]:

@@ -96,10 +96,8 @@ class TaskViews:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
         t, a = schema.task, schema.task_attempt
         with self.read() as tx:
-            row = tx.execute(select(t).where(t.c.task_id == task_id)).first()
-            if row is None:
-                raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
-            task = row_dict(row)
+            task = tx.one(select(t).where(t.c.task_id == task_id), missing=NotFound(
+                f"no task '{task_id}'; check the id with `lockgate status`"))
             attempts = tx.rows(
                 select(a).where(a.c.task_pk == task["id"]).order_by(a.c.id))
             config = orjson.loads(tx.execute(_CONFIG, {"h": task["config_hash"]}).scalar_one())
