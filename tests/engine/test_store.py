@@ -17,7 +17,7 @@ from lockgate.errors import NotFound, StateConflict, StoreError
 from lockgate.spec import parse_task
 from lockgate.store import ClaimedTask, Finish, Store, dialects
 from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
-from lockgate.store.failures import is_conflict
+from lockgate.store.failures import is_conflict, is_transient
 
 from .support import rows, scalar, task_row, tasks, wait_for
 
@@ -698,3 +698,18 @@ def test_priority_moves_a_task_ahead_in_the_claim_order(store: Store) -> None:
     assert store.claim(1, lease_ms=60_000, worker_id="w") == []  # -5: not ready yet
     wait_for(lambda: store.claim(1, lease_ms=60_000, worker_id="w"), "the deferred task",
              timeout=15)
+
+
+@pytest.mark.parametrize("message", ["database is locked", "database table is locked",
+                                     "locking protocol"])
+def test_sqlite_lock_races_are_conflicts_tried_again(message: str) -> None:
+    # SQLITE_PROTOCOL ("locking protocol") is a lost WAL lock race under contention:
+    # like SQLITE_BUSY it passes when the transaction runs again, so a read or write
+    # during a burst of worker restarts must not fail outright on it.
+    exc = DBAPIError("SELECT 1", None, sqlite3.OperationalError(message))
+    assert is_conflict(exc) and is_transient(exc)
+
+
+def test_sqlite_corruption_is_not_tried_again() -> None:
+    exc = DBAPIError("SELECT 1", None, sqlite3.DatabaseError("database disk image is malformed"))
+    assert not is_conflict(exc) and not is_transient(exc)

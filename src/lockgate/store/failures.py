@@ -44,7 +44,10 @@ def is_conflict(exc: DBAPIError) -> bool:
         return True
     if getattr(exc.orig, "sqlstate", None) in _PG_CONFLICTS:
         return True
-    return isinstance(exc.orig, sqlite3.OperationalError) and "locked" in str(exc.orig)
+    # "database is locked" (another writer), and "locking protocol" (SQLITE_PROTOCOL:
+    # a WAL lock race lost under heavy contention, which SQLite documents as retryable)
+    return isinstance(exc.orig, sqlite3.OperationalError) and any(
+        word in str(exc.orig) for word in ("locked", "locking protocol"))
 
 
 def is_unavailable(exc: DBAPIError) -> bool:
