@@ -215,9 +215,9 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
             time.sleep(POLL_S)
         ended = time.perf_counter()
         stats = sim.stats()
-        stored = {r["task_id"]: orjson.dumps(r["result"]).decode()
-                  if not isinstance(r["result"], str) else r["result"]
-                  for r in lg.results("peers") if r["status"] == "SUCCEEDED"}
+        stored = {r.task_id: orjson.dumps(r.result).decode()
+                  if not isinstance(r.result, str) else r.result
+                  for r in lg.results("peers") if r.status == "SUCCEEDED"}
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
