@@ -30,12 +30,17 @@ def main() -> None:
                          "starting them")
     ap.add_argument("--start-method", choices=["fork", "spawn"],
                     help="how the children start [fork: this process has one thread]")
+    ap.add_argument("--http-client", choices=["aiohttp", "pyreqwest"],
+                    help="the worker's HTTP client [its default]")
     a = ap.parse_args()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    import_cpu_s = usage.ru_utime + usage.ru_stime  # interpreter start and imports
 
     store = Store(a.db)
     settings = Settings(worker=WorkerSettings(
         concurrency=a.concurrency, claim_batch=a.claim_batch, prefetch=a.prefetch,
-        store_snapshots=not a.no_snapshots))
+        store_snapshots=not a.no_snapshots,
+        **({"http_client": a.http_client} if a.http_client else {})))
     t0 = time.perf_counter()
     if a.processes > 1:
         stats = run_processes(a.processes, WorkerPlan(a.db, settings, burst=True, gate=False),
@@ -49,6 +54,7 @@ def main() -> None:
                         "flushes": stats.flushes,
                         "maxrss_mb": max(resource.getrusage(who).ru_maxrss for who in (
                             resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024,
+                        "import_cpu_s": import_cpu_s,
                         "cpu_s": sum(u.ru_utime + u.ru_stime for u in (
                             resource.getrusage(resource.RUSAGE_SELF),
                             resource.getrusage(resource.RUSAGE_CHILDREN))),

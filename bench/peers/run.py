@@ -3,6 +3,8 @@ end to end against the built-in simulator. One command runs every figure:
 
     .venv/bin/python bench/peers/run.py [--tasks 10000] [--scenarios zero,lognormal,errors]
         [--systems naive,pgqueuer,arq,celery,procrastinate,lockgate-sqlite,...]
+        (lockgate-<db> runs the worker's defaults, lockgate-<db>-pyreqwest the optional
+        HTTP client)
         [--markdown bench/out/peers.md] [--json bench/out/peers.json]
 
 Each peer library lives in a virtualenv of its own, bench/peers/.venvs/<peer>, created
@@ -65,7 +67,11 @@ from lockgate.store import Store  # noqa: E402
 from workload import request_body, task_line  # noqa: E402
 
 PEERS = ("pgqueuer", "arq", "celery", "procrastinate")
-LOCKGATE = ("lockgate-sqlite", "lockgate-postgresql", "lockgate-mariadb")
+#: lockgate on each database with its default settings, and with the optional HTTP
+#: client (``[worker] http_client = "pyreqwest"``, the fast-http extra).
+LOCKGATE = ("lockgate-sqlite", "lockgate-postgresql", "lockgate-mariadb",
+            "lockgate-sqlite-pyreqwest", "lockgate-postgresql-pyreqwest",
+            "lockgate-mariadb-pyreqwest")
 SYSTEMS = ("naive", *PEERS, *LOCKGATE)
 LABELS = {
     "naive": "naive asyncio loop, nothing durable (the limit)",
@@ -76,6 +82,9 @@ LABELS = {
     "lockgate-sqlite": "lockgate, SQLite",
     "lockgate-postgresql": "lockgate, PostgreSQL",
     "lockgate-mariadb": "lockgate, MariaDB",
+    "lockgate-sqlite-pyreqwest": "lockgate, SQLite, http_client pyreqwest",
+    "lockgate-postgresql-pyreqwest": "lockgate, PostgreSQL, http_client pyreqwest",
+    "lockgate-mariadb-pyreqwest": "lockgate, MariaDB, http_client pyreqwest",
 }
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "zero": ("0 ms model", {"latency": {"kind": "fixed", "mean_ms": 0}}),
@@ -178,7 +187,10 @@ def _lockgate_count(store: Store, batch: str) -> int:
 
 def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp: Path,
                  expected: list[str]) -> dict[str, Any]:
-    backend = system.split("-", 1)[1]
+    backend = system.split("-")[1]
+    client = system.split("-")[2] if system.count("-") == 2 else "aiohttp"
+    config = tmp / f"{system}.toml"
+    config.write_text(f'[worker]\nhttp_client = "{client}"\n')
     url = _flow_common.fresh_db(backend, tmp, name=DB_NAME)
     tasks_file = tmp / f"{system}-tasks.jsonl"
     with tasks_file.open("wb") as f:
@@ -188,7 +200,8 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
             f.write(orjson.dumps(line) + b"\n")
     log = (tmp / f"{system}-worker.log").open("wb")
     worker = subprocess.Popen([sys.executable, "-m", "lockgate.cli", "worker", "--db", url,
-                               "--no-gate", "--concurrency", str(a.concurrency)],
+                               "--config", str(config), "--no-gate", "--concurrency",
+                               str(a.concurrency)],
                               stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "LOCKGATE_BASE_URL": sim.url})
     lg = Lockgate(url)
@@ -215,9 +228,9 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
             time.sleep(POLL_S)
         ended = time.perf_counter()
         stats = sim.stats()
-        stored = {r["task_id"]: orjson.dumps(r["result"]).decode()
-                  if not isinstance(r["result"], str) else r["result"]
-                  for r in lg.results("peers") if r["status"] == "SUCCEEDED"}
+        stored = {r.task_id: orjson.dumps(r.result).decode()
+                  if not isinstance(r.result, str) else r.result
+                  for r in lg.results("peers") if r.status == "SUCCEEDED"}
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -235,7 +248,7 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
             **verify(stored, ids, expected),
             **_sim_counts(stats),
             "settings": {"worker": f"lockgate worker --no-gate (defaults: --concurrency "
-                                   f"{a.concurrency}, one process)",
+                                   f"{a.concurrency}, one process; http_client {client})",
                          "submit": "Lockgate.submit_file (what `lockgate submit` runs)",
                          "retry": f"retry_policy {RETRY_POLICY}"}}
 

@@ -25,30 +25,22 @@ from lockgate.errors import NotFound, SpecError
 from lockgate.files import (
     Checks,
     Format,
+    Intake,
     check_file,
-    check_spec,
     describe_rejects,
-    valid_specs,
+    valid_tasks,
 )
 from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
 from lockgate.registry.api import Datasets, Prompts
 from lockgate.results import BatchSummary, Status, TaskResult, TaskView
-from lockgate.spec import TaskSpec, check_storable, parse_task
+from lockgate.spec import TaskSpec
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
 from lockgate.worker.loop import run_async
 from lockgate.worker.processes import run_processes
-
-
-def _as_spec(task: TaskSpec | dict[str, Any], index: int, checks: Checks) -> TaskSpec:
-    spec = task if isinstance(task, TaskSpec) else parse_task(
-        task, line=index, max_input_bytes=checks.max_input_bytes)
-    check_storable(spec, index)
-    check_spec(spec, checks)
-    return spec
 
 
 class Lockgate:
@@ -90,13 +82,13 @@ class Lockgate:
 
     def submit(self, tasks: Iterable[TaskSpec | dict[str, Any]], *,
                batch_id: str = "default", plan: BatchPlan | None = None) -> SubmitReport:
-        """Validate every task, then insert them all in one transaction (idempotent).
-        ``plan`` sets the batch's weight, deadline or time window (docs/flow.md)."""
-        checks = self._checks()
-        specs = [_as_spec(t, i, checks) for i, t in enumerate(tasks, start=1)]
-        return self._planned(self.store.submit(
-            specs, batch_id=batch_id, pool_of=self._pool_of,
-            batch_fields=plan.fields() if plan else None), plan)
+        """Validate every task, then insert them (idempotent on task id) in committed
+        chunks, as :meth:`submit_file` does. ``plan`` sets the batch's weight, deadline
+        or time window (docs/flow.md)."""
+        intake = Intake(self._checks(), self._pool_of)
+        rows = [intake.task(t, i) for i, t in enumerate(tasks, start=1)]
+        return self._planned(self.store.submit_rows(
+            rows, batch_id=batch_id, batch_fields=plan.fields() if plan else None), plan)
 
     def _checks(self) -> Checks:
         """A submit's checks; each distinct registry reference is looked up once."""
@@ -143,10 +135,10 @@ class Lockgate:
                     plan: BatchPlan | None = None) -> SubmitReport:
         """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping)."""
         p = Path(path)
-        checks = self._checks()
+        intake = Intake(self._checks(), self._pool_of)
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
         try:
-            checked = check_file(p, format, reject_sink=sink, checks=checks)
+            checked = check_file(p, format, reject_sink=sink, intake=intake)
         finally:
             if sink:
                 sink.close()
@@ -156,9 +148,9 @@ class Lockgate:
                 f"or pass --skip-invalid to submit the {checked.valid} good line(s):\n"
                 + describe_rejects(checked.rejected))
         skip = {n for n, _ in checked.rejected}
-        return self._planned(self.store.submit(
-            valid_specs(p, format, skip, checks), batch_id=batch_id or p.stem, source=str(p),
-            progress=progress, pool_of=self._pool_of,
+        return self._planned(self.store.submit_rows(
+            valid_tasks(p, format, skip, intake), batch_id=batch_id or p.stem,
+            source=str(p), progress=progress,
             batch_fields=plan.fields() if plan else None), plan)
 
     def worker(self, *, burst: bool = False, gate: bool = True,

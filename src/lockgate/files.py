@@ -25,11 +25,16 @@ from lockgate.results import TaskResult, iso
 from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import (
     MAX_INPUT_BYTES,
+    MAX_TASK_ID,
+    RESERVED_ID_PREFIX,
     TaskSpec,
     check_model_keys,
+    check_storable,
     parse_task,
     registry_reference,
 )
+from lockgate.store.store import new_task
+from lockgate.store.types import ConfigRow, NewTask
 
 Format = Literal["tasks", "openai-batch"]
 MAX_SHOWN = 20
@@ -42,6 +47,12 @@ def _escape(text: str) -> str:
 def from_openai_batch(obj: Any, line: int | None = None,
                       max_input_bytes: int = MAX_INPUT_BYTES) -> TaskSpec:
     """Turn one OpenAI Batch API request line into a task (messages taken literally)."""
+    return parse_task(openai_batch_task(obj, line), line=line,
+                      max_input_bytes=max_input_bytes)
+
+
+def openai_batch_task(obj: Any, line: int | None = None) -> dict[str, Any]:
+    """One OpenAI Batch API request line as a task mapping (the six meta-fields)."""
     if not isinstance(obj, dict):
         raise SpecError("expected a JSON object", line=line)
     for key in ("custom_id", "body"):
@@ -72,11 +83,11 @@ def from_openai_batch(obj: Any, line: int | None = None,
     model = {"name": body.get("model") or "", **params}
     if json_mode:
         model["response_format"] = "json_object"
-    return parse_task({
+    return {
         "task_id": obj["custom_id"], "prompt_template": template, "input_data": {},
         "model_config": model, "delivery_rule": {"format": "json" if json_mode else "text"},
         "retry_policy": {},
-    }, line=line, max_input_bytes=max_input_bytes)
+    }
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,148 @@ def check_spec(spec: TaskSpec, checks: Checks = Checks()) -> None:
                         f"at most {checks.max_input_bytes:,} per task", field="input_data")
 
 
+#: The keys of a task line that make up its config (content-addressed, checked once).
+_CONFIG_KEYS = ("prompt_template", "model_config", "delivery_rule", "retry_policy")
+#: Every key a task line may have, as a submit's fast path knows them.
+_LINE_KEYS = frozenset({*_CONFIG_KEYS, "task_id", "input_data", "batch_id", "priority",
+                        "metadata"})
+#: Distinct configs (and input key lists per config) an intake remembers; past that it
+#: starts again, so that its memory stays bounded whatever the file.
+_REMEMBERED = 10_000
+
+
+@dataclass(slots=True)
+class _Config:
+    """A config that passed every check, as its tasks are written."""
+
+    row: ConfigRow
+    pool: str
+    #: Input key lists (in order) that passed the template's placeholder check.
+    inputs: set[tuple[str, ...]]
+
+
+def _plain_id(v: str) -> bool:
+    """What ``TaskSpec`` accepts as a task or batch id (the fast path's check)."""
+    return (0 < len(v) <= MAX_TASK_ID and v.isprintable() and v == v.strip()
+            and not v.startswith(RESERVED_ID_PREFIX))
+
+
+class Intake:
+    """Task lines, mappings or specs checked and turned into the rows a submit writes.
+
+    Every check of :func:`parse_task` and :func:`check_spec` applies, but each distinct
+    config (template, model config, delivery rule, retry policy: the part tasks share)
+    is validated, checked and hashed once: the first task that carries it takes the
+    full path, and the tasks after it are checked for their own fields only (id,
+    input, batch, priority, metadata, placeholders against the input's keys). A task
+    the fast path is not sure of (an unusual type, an unknown key, input keys it has
+    not seen with that config) takes the full path, so an error reads the same either
+    way."""
+
+    def __init__(self, checks: Checks = Checks(),
+                 pool_of: Callable[[TaskSpec], str] | None = None) -> None:
+        self.checks = checks
+        self.pool_of = pool_of
+        self._configs: dict[bytes, _Config] = {}
+        self._rows: dict[str, ConfigRow] = {}
+        self._batches: set[str] = set()  # batch ids that passed
+
+    def line(self, raw: bytes, line: int, fmt: Format = "tasks") -> NewTask:
+        """One line of a task file (JSON) as a row; :class:`SpecError` naming the line
+        and the field if it is bad."""
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise SpecError(f"not valid JSON ({exc})", line=line) from None
+        if fmt == "openai-batch":
+            obj = openai_batch_task(obj, line)
+        return self.mapping(obj, line)
+
+    def task(self, task: TaskSpec | dict[str, Any], line: int | None = None) -> NewTask:
+        """A task given as a spec or a mapping, as a row."""
+        if isinstance(task, TaskSpec):
+            try:
+                check_storable(task)
+                check_spec(task, self.checks)
+            except SpecError as exc:
+                raise exc.at_line(line) from None
+            return self._row(task)
+        return self.mapping(task, line)
+
+    def mapping(self, obj: Any, line: int | None = None) -> NewTask:
+        """A task mapping (a parsed task line) as a row."""
+        key: bytes | None = None
+        if type(obj) is dict and obj.keys() <= _LINE_KEYS:
+            try:
+                key = orjson.dumps({k: obj[k] for k in _CONFIG_KEYS if k in obj})
+            except (TypeError, orjson.JSONEncodeError):
+                key = None  # values orjson cannot write: the full path says what
+            cfg = self._configs.get(key) if key is not None else None
+            if cfg is not None:
+                row = self._fast(obj, cfg)
+                if row is not None:
+                    return row
+        spec = parse_task(obj, line, max_input_bytes=self.checks.max_input_bytes)
+        try:
+            check_storable(spec)  # a mapping built in Python can hold what JSON cannot
+            check_spec(spec, self.checks)
+        except SpecError as exc:
+            raise exc.at_line(line) from None
+        row = self._row(spec)
+        if key is not None:
+            if len(self._configs) >= _REMEMBERED:
+                self._configs.clear()
+            cfg = self._configs.setdefault(key, _Config(row.config, row.pool, set()))
+            if len(cfg.inputs) < _REMEMBERED:
+                cfg.inputs.add(tuple(obj["input_data"]))
+        return row
+
+    def _fast(self, obj: dict[str, Any], cfg: _Config) -> NewTask | None:
+        """A task of a config already checked, as a row; None if unsure."""
+        tid = obj.get("task_id")
+        data = obj.get("input_data")
+        if type(tid) is not str or type(data) is not dict or not 0 < len(tid) <= MAX_TASK_ID \
+                or not tid.isprintable() or tid != tid.strip() \
+                or tid.startswith(RESERVED_ID_PREFIX) or tuple(data) not in cfg.inputs:
+            return None
+        batch = obj.get("batch_id")
+        if batch is not None and batch not in self._batches:
+            if type(batch) is not str or not _plain_id(batch):
+                return None
+            if len(self._batches) >= _REMEMBERED:
+                self._batches.clear()
+            self._batches.add(batch)
+        priority = obj.get("priority", 0)
+        if type(priority) is not int or not -1000 <= priority <= 1000:
+            return None
+        meta = obj.get("metadata")
+        if meta is not None and type(meta) is not dict:
+            return None
+        try:
+            raw = orjson.dumps(data)
+            meta_json = orjson.dumps(meta).decode() if meta else None
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        if len(raw) > self.checks.max_input_bytes:
+            return None
+        return NewTask(tid, batch, cfg.row, raw.decode(), meta_json, priority, cfg.pool)
+
+    def _row(self, spec: TaskSpec) -> NewTask:
+        """A checked spec as a row (its config row shared with earlier tasks')."""
+        try:
+            row = new_task(spec, self.pool_of(spec) if self.pool_of else "default")
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise SpecError(f"cannot be encoded as JSON: {exc}", field="metadata") from None
+        known = self._rows.get(row.config.hash)
+        if known is None:
+            if len(self._rows) >= _REMEMBERED:
+                self._rows.clear()
+            self._rows[row.config.hash] = row.config
+        elif known is not row.config:
+            row = row._replace(config=known)
+        return row
+
+
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, start=1):
@@ -144,15 +297,18 @@ class FileCheck:
 
 def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
                progress: Callable[[int], None] | None = None,
-               checks: Checks = Checks()) -> FileCheck:
-    """Validate every line; keep the first errors, count them all."""
+               checks: Checks = Checks(), intake: Intake | None = None) -> FileCheck:
+    """Validate every line (streaming: nothing is kept but the rejects); keep the first
+    errors, count them all. ``intake`` is the one the write pass uses after it (it
+    then meets every config already checked)."""
     if not path.exists():
         raise LockgateError(f"file {path} does not exist")
+    intake = intake or Intake(checks)
     valid = 0
     rejected: list[tuple[int, SpecError]] = []
     for n, raw in _lines(path):
         try:
-            validate_line(raw, n, fmt, checks)
+            intake.line(raw, n, fmt)
             valid += 1
         except SpecError as exc:
             rejected.append((n, exc))
@@ -165,12 +321,11 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     return FileCheck(valid, rejected)
 
 
-def valid_specs(path: Path, fmt: Format, skip: set[int],
-                checks: Checks = Checks()) -> Iterator[TaskSpec]:
-    """Second pass: the valid lines as specs (the file was checked already)."""
+def valid_tasks(path: Path, fmt: Format, skip: set[int], intake: Intake) -> Iterator[NewTask]:
+    """Second pass: the valid lines as rows (the file was checked already)."""
     for n, raw in _lines(path):
         if n not in skip:
-            yield validate_line(raw, n, fmt, checks)
+            yield intake.line(raw, n, fmt)
 
 
 def describe_rejects(rejected: list[tuple[int, SpecError]]) -> str:

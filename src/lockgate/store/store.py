@@ -12,6 +12,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,13 +31,19 @@ from lockgate.spec import (
     canonical_json,
     config_hash,
 )
-from lockgate.states import TaskStatus
 from lockgate.store import schema
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
 from lockgate.store.tx import Tx, sql
-from lockgate.store.types import AttemptRow, ClaimedTask, Finish, FinishReport
+from lockgate.store.types import (
+    AttemptRow,
+    ClaimedTask,
+    ConfigRow,
+    Finish,
+    FinishReport,
+    NewTask,
+)
 from lockgate.store.views import TaskViews
 
 log = logging.getLogger("lockgate.store")
@@ -45,9 +52,10 @@ T = TypeVar("T")
 #: How far one point of a task's ``priority`` moves it in the claim order.
 PRIORITY_STEP_MS = 1000
 #: A submit commits its tasks in chunks of at most this many bytes of input ...
-SUBMIT_CHUNK_BYTES = 4 << 20
-#: ... or this many rows, whichever comes first.
-SUBMIT_CHUNK_ROWS = 2000
+SUBMIT_CHUNK_BYTES = 16 << 20
+#: ... or its dialect's ``submit_chunk_rows``, whichever comes first; its first chunk
+#: holds at most this many rows, so that workers can start on it at once.
+SUBMIT_FIRST_CHUNK_ROWS = 1000
 
 # -- named statements (the same on every dialect; :now is bound by Tx.execute) ---------
 
@@ -214,19 +222,29 @@ class Store(TaskViews):
                progress: Callable[[int], None] | None = None,
                pool_of: Callable[[TaskSpec], str] | None = None,
                batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
+        """Insert validated specs (see :meth:`submit_rows`); ``pool_of`` names each
+        task's worker pool (flow control)."""
+        return self.submit_rows(
+            (new_task(s, pool_of(s) if pool_of else "default") for s in specs),
+            batch_id=batch_id, source=source, progress=progress, batch_fields=batch_fields)
+
+    def submit_rows(self, rows: Iterable[NewTask], *, batch_id: str,
+                    source: str | None = None,
+                    progress: Callable[[int], None] | None = None,
+                    batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
         """Insert tasks; task ids that exist already are skipped (idempotent).
 
-        Tasks are written in chunks of at most :data:`SUBMIT_CHUNK_BYTES` (or
-        :data:`SUBMIT_CHUNK_ROWS`), each committed at once, so workers start on the
-        first chunk while the rest is written, and a SQLite writer lock is held only
-        for one chunk's insert (``specs`` is consumed, and validated, outside it). The
-        batch is marked incomplete until the last chunk is in: an interrupted submit
+        Tasks are written in chunks (the first small, so that workers start at once,
+        then of the dialect's bulk size, at most :data:`SUBMIT_CHUNK_BYTES` of input),
+        each committed at once, so workers work the first chunks while the rest is
+        written, and a SQLite writer lock is held only for one chunk's insert (``rows``
+        is consumed, and validated, outside it, while the chunk before is written).
+        The batch is marked incomplete until the last chunk is in: an interrupted submit
         leaves it so (``status`` shows it), and the same submit run again completes it.
         Duplicates are found by the unique constraint on ``task_id``, never by a check
-        before the insert. ``pool_of`` names each task's worker pool (flow control);
-        ``batch_fields`` sets the batch's weight, deadline or window, and a window's
-        tasks become visible at its start. A batch left without tasks (every task id
-        belonged to another batch already) is not kept.
+        before the insert. ``batch_fields`` sets the batch's weight, deadline or window,
+        and a window's tasks become visible at its start. A batch left without tasks
+        (every task id belonged to another batch already) is not kept.
         """
         if batch_id.startswith(RESERVED_ID_PREFIX):
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
@@ -238,45 +256,58 @@ class Store(TaskViews):
         seen_batches = {batch_id}
         inserted = total = 0
         elsewhere: dict[str, int] = {}
-        chunk: list[dict[str, Any]] = []
-        configs: list[dict[str, Any]] = []
+        chunk: list[NewTask] = []
+        configs: list[ConfigRow] = []
         batches: list[str] = []
         size = 0
+        limit = SUBMIT_FIRST_CHUNK_ROWS
+        writing: Future[tuple[int, dict[str, int]]] | None = None
+        written = 0
 
-        def flush() -> None:
-            nonlocal inserted, total, chunk, configs, batches, size
-            got, other = self.transaction(lambda tx: self._insert_chunk(
-                tx, chunk, configs, batches, source, window_start))
+        def collect() -> None:
+            """Wait for the chunk being written, and count it."""
+            nonlocal inserted, total, writing
+            if writing is None:
+                return
+            got, other = writing.result()
+            writing = None
             inserted += got
-            total += len(chunk)
+            total += written
             for b, n in other.items():
                 elsewhere[b] = elsewhere.get(b, 0) + n
             if progress:
-                progress(len(chunk))
-            chunk, configs, batches, size = [], [], [], 0
+                progress(written)
 
-        for spec in specs:
-            doc = spec.config_document()
-            h = config_hash(doc)
-            if h not in seen_configs:
-                seen_configs.add(h)
-                configs.append({"hash": h, "document": canonical_json(doc).decode()})
-            if spec.batch_id and spec.batch_id not in seen_batches:
-                seen_batches.add(spec.batch_id)
-                batches.append(spec.batch_id)
-            data = spec.input_json().decode()
-            meta = orjson.dumps(spec.metadata).decode() if spec.metadata else None
-            chunk.append({
-                "task_id": spec.task_id, "batch_id": spec.batch_id or batch_id,
-                "config_hash": h, "input_data": data, "metadata": meta,
-                "priority": spec.priority, "status": TaskStatus.PENDING,
-                "pool": pool_of(spec) if pool_of else "default",
-            })
-            size += len(data) + len(meta or "") + 200
-            if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= SUBMIT_CHUNK_ROWS:
-                flush()
-        if chunk or configs or batches:
-            flush()
+        def flush() -> None:
+            nonlocal chunk, configs, batches, size, limit, writing, written
+            collect()
+            args = (chunk, configs, batches)
+            writing = writer.submit(self.transaction, lambda tx: self._insert_chunk(
+                tx, *args, source, window_start, batch_id))
+            written = len(chunk)
+            chunk, configs, batches, size = [], [], [], 0
+            limit = self.dialect.submit_chunk_rows
+
+        # One chunk is written (in a thread: the database works, and the driver waits
+        # without the GIL) while the next is read and checked here.
+        with ThreadPoolExecutor(1, thread_name_prefix="lockgate-submit") as writer:
+            try:
+                for t in rows:
+                    cfg = t.config
+                    if cfg.hash not in seen_configs:
+                        seen_configs.add(cfg.hash)
+                        configs.append(cfg)
+                    if t.batch_id and t.batch_id not in seen_batches:
+                        seen_batches.add(t.batch_id)
+                        batches.append(t.batch_id)
+                    chunk.append(t)
+                    size += len(t.input_json) + len(t.metadata_json or "") + 200
+                    if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= limit:
+                        flush()
+                if chunk or configs or batches:
+                    flush()
+            finally:
+                collect()  # interrupted too: the chunk handed over is committed whole
         self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
         return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
 
@@ -295,46 +326,44 @@ class Store(TaskViews):
         if created:  # a batch this submit made and left empty is not kept
             tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
 
-    def _insert_chunk(self, tx: Tx, rows: list[dict[str, Any]],
-                      configs: list[dict[str, Any]], batches: list[str],
-                      source: str | None, window_start: int) -> tuple[int, dict[str, int]]:
+    def _insert_chunk(self, tx: Tx, rows: list[NewTask], configs: list[ConfigRow],
+                      batches: list[str], source: str | None, window_start: int,
+                      batch_id: str) -> tuple[int, dict[str, int]]:
         """One chunk of a submit, in its transaction: the configs and batches it brings,
         then its tasks. Returns (rows inserted, batches holding the ids that existed,
         when not the batch asked for)."""
         now = tx.now
         if configs:  # sorted: two submits never take the same keys in opposite orders
             tx.execute(self.dialect.insert_ignore(schema.task_config), [
-                {**c, "created_at": now} for c in sorted(configs, key=lambda c: c["hash"])])
+                {"hash": c.hash, "document": c.document, "created_at": now}
+                for c in sorted(configs, key=lambda c: c.hash)])
         if batches:
             tx.execute(self.dialect.insert_ignore(schema.batch), [
                 {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
         if not rows:
             return 0, {}
-        base = max(now, window_start)
-        for r in rows:
-            # Claims take visible rows in visible_at order: priority p moves a task p
-            # seconds ahead (or back), never before its batch's window opens.
-            r["visible_at"] = max(window_start, base - r["priority"] * PRIORITY_STEP_MS)
-            r["created_at"] = r["updated_at"] = now
-        n = self._insert_tasks(tx, rows)
-        if n == len(rows):
-            return n, {}
-        wanted = {r["task_id"]: r["batch_id"] for r in rows}
-        other: dict[str, int] = {}
-        for tid, b in tx.execute(_TASK_BATCHES, {"ids": list(wanted)}):
-            if b != wanted[tid]:
-                other[b] = other.get(b, 0) + 1
-        return n, other
-
-    def _insert_tasks(self, tx: Tx, rows: list[dict[str, Any]]) -> int:
-        if len({r["task_id"] for r in rows}) != len(rows):
+        if len({t.task_id for t in rows}) != len(rows):
             # Repeated ids inside one chunk: keep the first, as a second submit would.
-            rows = list({r["task_id"]: r for r in reversed(rows)}.values())[::-1]
-        stmt = self.dialect.insert_ignore(schema.task)
-        if tx.conn.dialect.insert_executemany_returning:
-            # RETURNING names exactly the rows inserted; executemany rowcounts do not.
-            return len(tx.execute(stmt.returning(schema.task.c.id), rows).all())
-        return int(tx.execute(stmt, rows).rowcount)  # MySQL: INSERT IGNORE counts inserts
+            rows = list({t.task_id: t for t in reversed(rows)}.values())[::-1]
+        # Claims take visible rows in visible_at order: priority p moves a task p
+        # seconds ahead (or back), never before its batch's window opens.
+        base = max(now, window_start)
+        values = [(t.task_id, t.batch_id or batch_id, t.config.hash, t.input_json,
+                   t.metadata_json, t.priority,
+                   base if not t.priority
+                   else max(window_start, base - t.priority * PRIORITY_STEP_MS), t.pool)
+                  for t in rows]
+        n = self.dialect.insert_tasks(tx.conn, values, now=now)
+        if n == len(values):
+            return n, {}
+        wanted = {v[0]: v[1] for v in values}
+        ids = list(wanted)
+        other: dict[str, int] = {}
+        for i in range(0, len(ids), 1000):
+            for tid, b in tx.execute(_TASK_BATCHES, {"ids": ids[i:i + 1000]}):
+                if b != wanted[tid]:
+                    other[b] = other.get(b, 0) + 1
+        return n, other
 
     # -- the hot path -------------------------------------------------------------
 
@@ -473,4 +502,14 @@ class Store(TaskViews):
         return self.transaction(work)
 
 
-__all__ = ["Store", "SubmitReport"]
+def new_task(spec: TaskSpec, pool: str = "default") -> NewTask:
+    """A validated spec as the row a submit writes (its config hashed here: a file's
+    submit hashes each distinct config once, see ``lockgate.files.Intake``)."""
+    doc = spec.config_document()
+    meta = orjson.dumps(spec.metadata).decode() if spec.metadata else None
+    return NewTask(spec.task_id, spec.batch_id,
+                   ConfigRow(config_hash(doc), canonical_json(doc).decode()),
+                   spec.input_json().decode(), meta, spec.priority, pool)
+
+
+__all__ = ["Store", "SubmitReport", "new_task"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from sqlalchemy import Row
 
@@ -19,6 +19,28 @@ class ClaimedTask:
     input_data: str
     attempt: int
     lease_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRow:
+    """A content-addressed task config as stored: its hash and canonical JSON."""
+
+    hash: str
+    document: str
+
+
+class NewTask(NamedTuple):
+    """A validated task as a submit writes it: its config by reference (one object per
+    distinct config), its input and metadata already encoded as JSON text. (A tuple:
+    a submit makes millions.)"""
+
+    task_id: str
+    batch_id: str | None
+    config: ConfigRow
+    input_json: str
+    metadata_json: str | None
+    priority: int
+    pool: str
 
 
 class AttemptRow(TypedDict, total=False):

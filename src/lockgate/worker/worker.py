@@ -203,7 +203,7 @@ class Worker:
             p = OpenAICompatible(ep.name, ep.base_url, api_key=ep.api_key(),
                                  max_connections=min(ep.max_concurrency, self.ws.concurrency),
                                  send_idempotency_key=ep.send_idempotency_key,
-                                 headers=ep.headers)
+                                 headers=ep.headers, http_client=self.ws.http_client)
             self._providers[ep.name] = p
         return p
 
