@@ -23,6 +23,7 @@ from typing import Any
 from lockgate.errors import ErrorClass, StoreError
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
+from lockgate.store.store import AttemptObserver
 from lockgate.store.types import AttemptRow
 
 log = logging.getLogger("lockgate.worker")
@@ -112,10 +113,13 @@ class _Wait(Exception):
 class WriteBack:
     """Writes batches of results for one worker (see the module docstring)."""
 
-    def __init__(self, store: Store, worker_id: str, *, db: DbCall) -> None:
+    def __init__(self, store: Store, worker_id: str, *, db: DbCall,
+                 observe: AttemptObserver | None = None) -> None:
         self.store = store
         self.worker_id = worker_id
         self._db = db
+        #: Handed the attempt rows of each write-back in its transaction (rollups).
+        self._observe = observe
         self._backoff = 0.05
         self._strikes = 0
         self._isolating = False
@@ -157,7 +161,8 @@ class WriteBack:
 
     async def _land(self, rows: list[Finish], landed: Landed) -> None:
         try:
-            report = await self._db(self.store.finish, rows, worker_id=self.worker_id)
+            report = await self._db(self.store.finish, rows, worker_id=self.worker_id,
+                                  observe=self._observe)
         except Exception as exc:  # a database error, or a refused batch (StateConflict)
             await self._check(exc)
             if len(rows) > 1:
@@ -178,7 +183,8 @@ class WriteBack:
             if form is None:
                 continue
             try:
-                report = await self._db(self.store.finish, [form], worker_id=self.worker_id)
+                report = await self._db(self.store.finish, [form], worker_id=self.worker_id,
+                                      observe=self._observe)
             except Exception as again:
                 if isinstance(again, StoreError) and again.transient:
                     raise _Wait(str(again)) from again
