@@ -16,10 +16,11 @@ import orjson
 
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
+from lockgate.quality.tracing import CallSpan, Tracing
 from lockgate.spec import canonical_json, registry_reference
 from lockgate.states import TaskStatus
-from lockgate.store.quality import QualityStore, RowKey
-from lockgate.store.store import AttemptObserver, Store
+from lockgate.store.quality import QualityStore, RowKey, TaskInfo
+from lockgate.store.store import Store
 from lockgate.store.tx import Tx
 from lockgate.store.types import Finish
 
@@ -53,21 +54,33 @@ class RollupWriter:
         self._watch: dict[tuple[str, str | None], Watch] = {}
         self._prices: dict[str, Endpoint | None] = {}
 
-    def record(self, tx: Tx, written: Sequence[Written]) -> None:
+    def tasks(self, tx: Tx, written: Sequence[Written]) -> dict[int, TaskInfo]:
+        """The tasks of ``written`` (their configs learnt)."""
+        tasks = self.qstore.tasks(tx, (f.id for f, _a in written))
+        self._learn(tx, {t.config_hash for t in tasks.values()})
+        return tasks
+
+    def prompt_of(self, config_hash: str, attempt: Mapping[str, Any]) -> str:
+        """The prompt key of an attempt: its registry version, else its inline
+        template's key (the config must have been learnt by :meth:`tasks`)."""
+        return str(attempt.get("prompt_version") or self._configs[config_hash][0] or "")
+
+    def record(self, tx: Tx, written: Sequence[Written],
+               tasks: Mapping[int, TaskInfo] | None = None) -> None:
         """Add the attempts of one write-back to the rollups, in its transaction."""
         if not written:
             return
-        configs = self.qstore.task_configs(tx, (f.id for f, _a in written))
-        self._learn(tx, set(configs.values()))
+        if tasks is None:
+            tasks = self.tasks(tx, written)
         deltas: dict[RowKey, Rollup] = {}
         for f, a in written:
-            h = configs.get(f.id)
-            if h is None:  # the task is gone (cleaned up): nothing to file it under
+            info = tasks.get(f.id)
+            if info is None:  # the task is gone (cleaned up): nothing to file it under
                 continue
+            h = info.config_hash
             version = a.get("prompt_version")
-            inline, _doc = self._configs[h]
             key = Key(*(str(v or "")[:n] for v, n in zip(
-                (version or inline or "", a.get("model"), a.get("endpoint")),
+                (self.prompt_of(h, a), a.get("model"), a.get("endpoint")),
                 _KEY_LIMITS, strict=True)))
             watch = self._watch_for(tx, h, version)
             output = None
@@ -124,10 +137,46 @@ class RollupWriter:
         return ep.cost(a.get("input_tokens") or 0, a.get("output_tokens") or 0)
 
 
-def rollup_observer(store: Store, settings: Settings, shard: str) -> AttemptObserver | None:
-    """What a worker's write-back hands its attempt rows to: a :class:`RollupWriter` of
-    its own shard, or None when ``[quality] rollups`` is off."""
-    if not settings.quality.rollups:
+
+class QualityObserver:
+    """What a worker's write-back hands its attempt rows to, in its transaction: the
+    rollups are written there; the spans of the attempts are gathered there and emitted
+    by :meth:`committed` once the transaction has committed (a transaction run again
+    after a deadlock gathers them again, never twice)."""
+
+    def __init__(self, writer: RollupWriter, *, rollups: bool = True,
+                 tracing: Tracing | None = None) -> None:
+        self.writer = writer
+        self.rollups = rollups
+        self.tracing = tracing
+        self._pending: list[CallSpan] = []
+
+    def __call__(self, tx: Tx, written: Sequence[Written]) -> None:
+        self._pending = []
+        tasks = self.writer.tasks(tx, written)
+        if self.rollups:
+            self.writer.record(tx, written, tasks)
+        if self.tracing is not None:
+            self._pending = [
+                CallSpan(info.task_id, info.batch_id,
+                         self.writer.prompt_of(info.config_hash, a), a, f.model,
+                         f.response, str(a.get("outcome") or ""))
+                for f, a in written if (info := tasks.get(f.id)) is not None]
+
+    def committed(self) -> None:
+        """The write-back whose rows were last observed has committed."""
+        pending, self._pending = self._pending, []
+        if pending and self.tracing is not None:
+            self.tracing.emit(pending)
+
+
+def quality_observer(store: Store, settings: Settings, shard: str,
+                     tracing: Tracing | None = None) -> QualityObserver | None:
+    """A worker's observer: rollups unless ``[quality] rollups`` is off, spans when the
+    ``OTEL_*`` environment asks for them (or ``tracing`` is given); None for neither."""
+    tracing = tracing or Tracing.from_env(settings.endpoint_named)
+    if not settings.quality.rollups and tracing is None:
         return None
-    return RollupWriter(store, shard=shard, endpoint=settings.endpoint_named,
-                        keywords=settings.quality.keywords).record
+    return QualityObserver(RollupWriter(store, shard=shard, endpoint=settings.endpoint_named,
+                                        keywords=settings.quality.keywords),
+                           rollups=settings.quality.rollups, tracing=tracing)

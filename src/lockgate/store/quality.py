@@ -29,10 +29,19 @@ _VALUE_COLS = tuple(c.name for c in _T.columns
                     if c.name not in ("id", "resolution", "bucket", "prompt", "model",
                                       "endpoint", "shard", "updated_at"))
 
-_TASKS = sql("SELECT id, config_hash, batch_id FROM task WHERE id IN :ids", "ids")
+_TASKS = sql("SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN :ids", "ids")
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """What the quality loop files a task's attempts under."""
+
+    config_hash: str
+    task_id: str
+    batch_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +67,12 @@ class QualityStore:
     # -- what the writer needs to know about the tasks of a flush ---------------------
 
     @staticmethod
-    def task_configs(tx: Tx, ids: Iterable[int]) -> dict[int, str]:
-        """The config hash of each task among ``ids``."""
+    def tasks(tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
+        """The config hash, task id and batch of each task among ``ids``."""
         wanted = sorted(set(ids))
-        out: dict[int, str] = {}
+        out: dict[int, TaskInfo] = {}
         for i in range(0, len(wanted), 1000):
-            out.update((int(pk), str(h)) for pk, h, _b in
+            out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
                        tx.execute(_TASKS, {"ids": wanted[i:i + 1000]}))
         return out
 

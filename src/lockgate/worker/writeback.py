@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lockgate.errors import ErrorClass, StoreError
+from lockgate.quality import QualityObserver
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
-from lockgate.store.store import AttemptObserver
 from lockgate.store.types import AttemptRow
 
 log = logging.getLogger("lockgate.worker")
@@ -114,11 +114,12 @@ class WriteBack:
     """Writes batches of results for one worker (see the module docstring)."""
 
     def __init__(self, store: Store, worker_id: str, *, db: DbCall,
-                 observe: AttemptObserver | None = None) -> None:
+                 observe: QualityObserver | None = None) -> None:
         self.store = store
         self.worker_id = worker_id
         self._db = db
-        #: Handed the attempt rows of each write-back in its transaction (rollups).
+        #: Handed the attempt rows of each write-back in its transaction (rollups), and
+        #: told when it committed (spans).
         self._observe = observe
         self._backoff = 0.05
         self._strikes = 0
@@ -172,7 +173,12 @@ class WriteBack:
                 return
             await self._refused(rows[0], exc, landed)
             return
+        self._committed()
         landed.add(report)
+
+    def _committed(self) -> None:
+        if self._observe is not None:
+            self._observe.committed()
 
     async def _refused(self, f: Finish, exc: Exception, landed: Landed) -> None:
         """Land a row the database refused in a form it takes, or give it up."""
@@ -191,6 +197,7 @@ class WriteBack:
                 await self._check(again)
                 why = again
                 continue
+            self._committed()
             landed.add(report)
             landed.replaced[claim] = form
             log.error("the database refused the write-back of task pk %s (%s); wrote it "
