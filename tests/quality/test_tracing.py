@@ -223,3 +223,12 @@ def test_a_worker_exports_its_calls_over_otlp_http(
     everything = b"".join(body for _p, body in received)
     assert SECRET_KEY.encode() not in everything
     assert SECRET_HEADER.encode() not in everything
+
+
+def test_a_sampler_from_the_environment_keeps_whole_tasks_or_none(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    exporter = InMemorySpanExporter()
+    _written(store, _observer(store, exporter, capture=False))
+    assert exporter.get_finished_spans() == ()

@@ -6,7 +6,10 @@ Off unless the standard environment asks for it: ``OTEL_TRACES_EXPORTER`` (``otl
 exporter speaks OTLP/HTTP (protobuf) and reads its own ``OTEL_EXPORTER_OTLP_*``
 settings; spans leave through the SDK's batch processor (``OTEL_BSP_*``), so a slow or
 absent collector never holds a worker up; ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES`` name the service (``lockgate`` by default).
+``OTEL_RESOURCE_ATTRIBUTES`` name the service (``lockgate`` by default);
+``OTEL_TRACES_SAMPLER=traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` keeps a share of the
+tasks (decided per task: its trace id is derived from the task id), for volumes where a
+span per call costs too much CPU.
 
 Spans are made when a write-back has committed, from the attempt rows it wrote, with the
 attempt's own times (database clock): a span ``lockgate.task {task_id}`` per run of a
@@ -129,10 +132,12 @@ class Tracing:
             hashlib.sha256(c.task_id.encode()).digest()[:16], "big") or 1
         try:  # a root span: the trace is the task's
             run = self.tracer.start_span(f"lockgate.task {c.task_id}", context=_ROOT,
-                                         kind=SpanKind.INTERNAL, start_time=start,
-                                         attributes=self._lockgate(c))
+                                         kind=SpanKind.INTERNAL, start_time=start)
         finally:
             self._ids.trace_id = 0
+        if not run.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): nothing to build
+            return
+        run.set_attributes(self._lockgate(c))
         error = a.get("error_class")
         if c.outcome in ("failed", "dead") and error:
             run.set_status(Status(StatusCode.ERROR, error))
