@@ -27,6 +27,7 @@ ARGS: dict[str, list[str]] = {
     "dataset add": ["d", "{items}"], "dataset show": ["d"], "dataset list": [],
     "bind": ["p", "d", "-t", "accuracy>=0.9"],
     "gate status": ["1"], "gate list": [], "gate cancel": ["1"],
+    "quality": ["p", "--since", "1h"],
 }
 #: Commands that open no database.
 NO_DATABASE = {"simulate"}

@@ -39,6 +39,7 @@ _EXPORTS = {
     "Worker": "lockgate.worker",
     "WorkerStats": "lockgate.worker",
     "SubmitReport": "lockgate.store",
+    "QualityRow": "lockgate.quality",
 }
 _MODULES = ("config", "files")
 
@@ -52,6 +53,7 @@ __all__ = [
     "Lockgate",
     "LockgateError",
     "NotFound",
+    "QualityRow",
     "Response",
     "SpecError",
     "StateConflict",
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
         StoreError,
         TemplateError,
     )
+    from lockgate.quality import QualityRow
     from lockgate.results import (
         Attempt,
         BatchSummary,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lockgate.config import Settings, load_settings
+from lockgate.durations import parse_duration
 from lockgate.errors import NotFound, SpecError
 from lockgate.files import (
     Checks,
@@ -33,6 +34,7 @@ from lockgate.files import (
 from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
+from lockgate.quality import QualityRow, quality_report
 from lockgate.registry.api import Datasets, Prompts
 from lockgate.results import BatchSummary, Status, TaskResult, TaskView
 from lockgate.spec import TaskSpec
@@ -225,6 +227,15 @@ class Lockgate:
         """Cancel a PENDING task."""
         self.store.cancel(task_id)
 
+    def quality(self, prompt: str | None = None, *, since: str | float = "24h",
+                by: str = "version") -> list[QualityRow]:
+        """Quality figures of the last ``since`` (a duration such as ``"24h"``, or
+        seconds) per prompt version (``by="version"``), version and model (``"model"``)
+        or version and hour (``"hour"``), read from the rollups (docs/quality.md).
+        ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
+        return quality_report(self.store, prompt, since_s=parse_duration(
+            since, field="since", allow_zero=False), by=by)
+
 
 @dataclass(frozen=True)
 class WorkerPlan:
@@ -281,6 +292,10 @@ class AsyncLockgate:
 
     async def cancel(self, task_id: str) -> None:
         await asyncio.to_thread(self.sync.cancel, task_id)
+
+    async def quality(self, prompt: str | None = None, *, since: str | float = "24h",
+                      by: str = "version") -> list[QualityRow]:
+        return await asyncio.to_thread(self.sync.quality, prompt, since=since, by=by)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)

@@ -203,6 +203,15 @@ class RuntimeSettings(_Strict):
                         "delivery_rule.pydantic_model may name: workers import them")
 
 
+class QualitySettings(_Strict):
+    """The quality loop (``[quality]``, docs/quality.md)."""
+
+    rollups: bool = Field(True, description="keep quality rollups as attempts are written")
+    keywords: tuple[str, ...] = Field(
+        (), description="words whose frequency in outputs is watched, beside every enum "
+                        "member of the output schema")
+
+
 class Settings(_Strict):
     """The whole configuration."""
 
@@ -212,6 +221,7 @@ class Settings(_Strict):
     gate: GateSettings = Field(default_factory=GateSettings)
     flow: FlowSettings = Field(default_factory=FlowSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
 
     @model_validator(mode="after")
     def _check_fallbacks(self) -> Settings:

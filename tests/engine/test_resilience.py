@@ -22,6 +22,7 @@ from lockgate.simulator.responder import Responder
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import ClaimedTask, Finish, FinishReport, Store
+from lockgate.store.store import AttemptObserver
 from lockgate.worker import Worker, WorkerStats
 from lockgate.worker.writeback import WriteBack
 
@@ -184,8 +185,9 @@ class LostAck(Store):
         super().__init__(url)
         self.lost = 1
 
-    def finish(self, rows: Sequence[Finish], *, worker_id: str) -> FinishReport:
-        report = super().finish(rows, worker_id=worker_id)
+    def finish(self, rows: Sequence[Finish], *, worker_id: str,
+               observe: AttemptObserver | None = None) -> FinishReport:
+        report = super().finish(rows, worker_id=worker_id, observe=observe)
         if self.lost:
             self.lost -= 1
             raise DatabaseUnavailable("connection lost after COMMIT (injected)")
@@ -213,9 +215,10 @@ class Slow(Store):
         super().__init__(url)
         self.delay_s = delay_s
 
-    def finish(self, rows: Sequence[Finish], *, worker_id: str) -> FinishReport:
+    def finish(self, rows: Sequence[Finish], *, worker_id: str,
+               observe: AttemptObserver | None = None) -> FinishReport:
         time.sleep(self.delay_s)
-        return super().finish(rows, worker_id=worker_id)
+        return super().finish(rows, worker_id=worker_id, observe=observe)
 
 
 def test_results_waiting_for_a_slow_write_back_hold_claiming_back(

@@ -358,3 +358,47 @@ rate_limit = Table(
     Column("updated_at", BigInteger, nullable=False),
     Column("version", Integer, nullable=False, server_default="0"),
 )
+
+# -- quality rollups (migration 0006) -----------------------------------------------------
+
+#: Quality figures of the attempts written back, per prompt (``name@N``, or
+#: ``inline:<template hash>``), model and endpoint, per minute, hour and day
+#: (``resolution`` m, h, d; ``bucket`` the start of the span, ms). Each worker keeps its
+#: own rows (``shard`` its id), so workers flushing at once never wait on one row;
+#: readers merge the shards. Counters add; ``parse_mix``, ``error_mix``, ``outcomes``
+#: and ``watched`` are JSON maps of counts; ``latency_sketch`` is a serialised DDSketch
+#: (mergeable). See :mod:`lockgate.quality.rollup`.
+quality_rollup = Table(
+    "quality_rollup", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("resolution", String(1), nullable=False),
+    Column("bucket", BigInteger, nullable=False),
+    Column("prompt", String(KEY), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("endpoint", String(100), nullable=False),
+    Column("shard", String(64), nullable=False),
+    Column("attempts", BigInteger, nullable=False, server_default="0"),
+    Column("tasks", BigInteger, nullable=False, server_default="0"),
+    Column("calls", BigInteger, nullable=False, server_default="0"),
+    Column("retries", BigInteger, nullable=False, server_default="0"),
+    Column("discarded", BigInteger, nullable=False, server_default="0"),
+    Column("fallbacks", BigInteger, nullable=False, server_default="0"),
+    Column("parsed", BigInteger, nullable=False, server_default="0"),
+    Column("conforming", BigInteger, nullable=False, server_default="0"),
+    Column("completeness_sum", Double, nullable=False, server_default="0"),
+    Column("completeness_n", BigInteger, nullable=False, server_default="0"),
+    Column("latency_sum", Double, nullable=False, server_default="0"),
+    Column("latency_sketch", Text),
+    Column("input_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("output_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("cost", Double),
+    Column("watch_n", BigInteger, nullable=False, server_default="0"),
+    Column("watched", Text),
+    Column("parse_mix", Text),
+    Column("error_mix", Text),
+    Column("outcomes", Text),
+    Column("updated_at", BigInteger, nullable=False),
+    UniqueConstraint("resolution", "bucket", "prompt", "model", "endpoint", "shard",
+                     name="uq_quality_rollup"),
+    Index("ix_quality_rollup_prompt", "resolution", "prompt", "bucket"),
+)

@@ -49,6 +49,9 @@ from lockgate.store.views import TaskViews
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
 
+#: What :meth:`Store.finish` hands the attempt rows it wrote to, in its transaction.
+AttemptObserver = Callable[[Tx, Sequence[tuple[Finish, dict[str, Any]]]], None]
+
 #: How far one point of a task's ``priority`` moves it in the claim order.
 PRIORITY_STEP_MS = 1000
 #: A submit commits its tasks in chunks of at most this many bytes of input ...
@@ -381,12 +384,15 @@ class Store(TaskViews):
         with self.read() as tx:
             return {h: orjson.loads(d) for h, d in tx.execute(_CONFIGS, {"h": wanted})}
 
-    def finish(self, rows: Sequence[Finish], *, worker_id: str) -> FinishReport:
+    def finish(self, rows: Sequence[Finish], *, worker_id: str,
+               observe: AttemptObserver | None = None) -> FinishReport:
         """Apply a batch of write-backs, each fenced by its lease token.
 
         Rows whose token no longer matches (the lease was re-claimed) or whose task
         left PENDING are discarded, never written; their attempts are still recorded
         with outcome ``discarded``. Returns which ids were applied and discarded.
+        ``observe`` is handed the attempt rows written, each with its write-back, in
+        the same transaction (the quality rollups are kept so).
         """
         if not rows:
             return FinishReport([], [])
@@ -407,6 +413,7 @@ class Store(TaskViews):
             earlier = self._written_before(tx, [f for f in ordered
                                                   if (f.id, f.lease_token) not in applied])
             attempts = []
+            written: list[tuple[Finish, dict[str, Any]]] = []
             for f in ordered:
                 claim = (f.id, f.lease_token)
                 if f.attempt is not None and claim not in earlier:
@@ -417,10 +424,13 @@ class Store(TaskViews):
                     if claim not in applied:
                         a["outcome"] = "discarded"
                     attempts.append(a)
+                    written.append((f, a))
             if attempts:
                 # One column set for all: short attempt rows (released, dead) sit
                 # beside full traces.
                 self.dialect.insert_attempts(tx.conn, attempts)
+                if observe is not None:
+                    observe(tx, written)
             lost = [f for f in ordered if (f.id, f.lease_token) not in applied | earlier]
             return FinishReport(sorted(f.id for f in mine), [f.id for f in lost],
                                 frozenset(applied | earlier),
@@ -512,4 +522,4 @@ def new_task(spec: TaskSpec, pool: str = "default") -> NewTask:
                    spec.input_json().decode(), meta, spec.priority, pool)
 
 
-__all__ = ["Store", "SubmitReport", "new_task"]
+__all__ = ["AttemptObserver", "Store", "SubmitReport", "new_task"]

@@ -33,6 +33,7 @@ from lockgate.errors import ConfigError, ErrorClass, LockgateError, StoreError
 from lockgate.flow.control import FlowControl
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
+from lockgate.quality import quality_observer
 from lockgate.registry.resolver import Entry, Fixed, PromptResolver, load
 from lockgate.spec import TaskConfig
 from lockgate.states import TaskStatus
@@ -155,7 +156,8 @@ class Worker:
         #: retention and failure rates compare them with.
         self._clock_offset_ms = 0
         self._wall = wall_clock
-        self._writeback = WriteBack(store, self.id, db=self._db)
+        self._writeback = WriteBack(store, self.id, db=self._db, observe=quality_observer(
+            store, self.settings, self.id))
         #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
         self.flow = FlowControl(FlowStore(store), self.settings, self.id, db=self._db,
                                 provider=self._provider)

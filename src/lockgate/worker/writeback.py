@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lockgate.errors import ErrorClass, StoreError
+from lockgate.quality import QualityObserver
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
 from lockgate.store.types import AttemptRow
@@ -112,10 +113,14 @@ class _Wait(Exception):
 class WriteBack:
     """Writes batches of results for one worker (see the module docstring)."""
 
-    def __init__(self, store: Store, worker_id: str, *, db: DbCall) -> None:
+    def __init__(self, store: Store, worker_id: str, *, db: DbCall,
+                 observe: QualityObserver | None = None) -> None:
         self.store = store
         self.worker_id = worker_id
         self._db = db
+        #: Handed the attempt rows of each write-back in its transaction (rollups), and
+        #: told when it committed (spans).
+        self._observe = observe
         self._backoff = 0.05
         self._strikes = 0
         self._isolating = False
@@ -157,7 +162,8 @@ class WriteBack:
 
     async def _land(self, rows: list[Finish], landed: Landed) -> None:
         try:
-            report = await self._db(self.store.finish, rows, worker_id=self.worker_id)
+            report = await self._db(self.store.finish, rows, worker_id=self.worker_id,
+                                  observe=self._observe)
         except Exception as exc:  # a database error, or a refused batch (StateConflict)
             await self._check(exc)
             if len(rows) > 1:
@@ -167,7 +173,12 @@ class WriteBack:
                 return
             await self._refused(rows[0], exc, landed)
             return
+        self._committed()
         landed.add(report)
+
+    def _committed(self) -> None:
+        if self._observe is not None:
+            self._observe.committed()
 
     async def _refused(self, f: Finish, exc: Exception, landed: Landed) -> None:
         """Land a row the database refused in a form it takes, or give it up."""
@@ -178,13 +189,15 @@ class WriteBack:
             if form is None:
                 continue
             try:
-                report = await self._db(self.store.finish, [form], worker_id=self.worker_id)
+                report = await self._db(self.store.finish, [form], worker_id=self.worker_id,
+                                      observe=self._observe)
             except Exception as again:
                 if isinstance(again, StoreError) and again.transient:
                     raise _Wait(str(again)) from again
                 await self._check(again)
                 why = again
                 continue
+            self._committed()
             landed.add(report)
             landed.replaced[claim] = form
             log.error("the database refused the write-back of task pk %s (%s); wrote it "

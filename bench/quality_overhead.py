@@ -1,0 +1,147 @@
+"""What the quality loop costs the engine: ``lockgate run`` of N tasks against the 0 ms
+simulator with rollups and OpenTelemetry export on (to an OTLP/HTTP receiver in this
+process) against the same run with both off, in alternating pairs (on, off, on, off ...)
+so a drift of the shared machine hits both alike. Each run starts from an empty
+database; the figures are tasks/s from the run's own wall time and the CPU seconds of
+the whole ``lockgate run`` process (and its children).
+
+    python bench/quality_overhead.py --tasks 20000 --pairs 5 --backends sqlite,postgresql
+    python bench/quality_overhead.py --tasks 20000 --pairs 5 --sample 0.01
+
+Target (issue: the quality loop): on/off throughput ratio >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _flow_common  # noqa: E402
+from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {"label": {"type": "string",
+                                                     "enum": ["yes", "no"]}}}
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Takes OTLP/HTTP exports and counts their bytes (answers an empty response)."""
+
+    exported: ClassVar[list[int]] = [0, 0]  # requests, bytes
+
+    def do_POST(self) -> None:
+        n = int(self.headers["Content-Length"])
+        self.rfile.read(n)
+        self.exported[0] += 1
+        self.exported[1] += n
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _tasks(path: Path, n: int) -> None:
+    with path.open("wb") as f:
+        for i in range(n):
+            line = _flow_common.task_line(i, "q", model="sim-small")
+            line["delivery_rule"]["schema"] = SCHEMA
+            f.write(orjson.dumps(line) + b"\n")
+
+
+def _database(backend: str, tmp: Path) -> str:
+    """An empty, migrated database (a server's is dropped and made again)."""
+    return _flow_common.fresh_db(backend, tmp, "lockgate_quality_bench")
+
+
+def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
+         tmp: Path, ratio: float | None) -> tuple[float, float]:
+    config = tmp / ("on.toml" if on else "off.toml")
+    config.write_text(f'[quality]\nrollups = {"true" if on else "false"}\n')
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LOCKGATE_", "OTEL_"))}
+    env["LOCKGATE_BASE_URL"] = sim
+    if on and otlp:
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = otlp
+        if ratio is not None:
+            env["OTEL_TRACES_SAMPLER"] = "traceidratio"
+            env["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "lockgate.cli", "run", str(tasks), "--db", url,
+                    "--config", str(config), "--concurrency", "512"],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=20_000)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--backends", default="sqlite")
+    ap.add_argument("--sample", type=float, help="trace this share of the tasks "
+                    "(OTEL_TRACES_SAMPLER=traceidratio) [every task]")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    otlp = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    out: dict[str, Any] = {"machine": _flow_common.machine(), "tasks": args.tasks,
+                           "pairs": args.pairs, "sample": args.sample, "backends": {}}
+    with SimulatorProcess() as sim, tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        tasks = tmp / "tasks.jsonl"
+        _tasks(tasks, args.tasks)
+        for backend in args.backends.split(","):
+            rows: list[dict[str, float]] = []
+            for i in range(args.pairs):
+                pair: dict[str, float] = {}
+                for on in (True, False):
+                    url = _database(backend, tmp)
+                    wall, cpu = _one(url, tasks, sim.url, otlp, on, tmp, args.sample)
+                    key = "on" if on else "off"
+                    pair[f"{key}_tps"] = args.tasks / wall
+                    pair[f"{key}_cpu_s"] = cpu
+                pair["ratio_tps"] = pair["on_tps"] / pair["off_tps"]
+                pair["ratio_cpu"] = pair["on_cpu_s"] / pair["off_cpu_s"]
+                rows.append(pair)
+                print(f"{backend} pair {i + 1}: on {pair['on_tps']:,.0f} tasks/s "
+                      f"({pair['on_cpu_s']:.2f} cpu s), off {pair['off_tps']:,.0f} tasks/s "
+                      f"({pair['off_cpu_s']:.2f} cpu s), ratio {pair['ratio_tps']:.3f}",
+                      flush=True)
+            summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            summary["ratio_tps_min"] = min(r["ratio_tps"] for r in rows)
+            summary["ratio_tps_max"] = max(r["ratio_tps"] for r in rows)
+            out["backends"][backend] = {"pairs": rows, "median": summary}
+            print(f"{backend}: median on {summary['on_tps']:,.0f} / off "
+                  f"{summary['off_tps']:,.0f} tasks/s, ratio {summary['ratio_tps']:.3f} "
+                  f"(min {summary['ratio_tps_min']:.3f}, max "
+                  f"{summary['ratio_tps_max']:.3f}); cpu ratio {summary['ratio_cpu']:.3f}")
+    out["otlp_exports"] = {"requests": _Receiver.exported[0], "bytes": _Receiver.exported[1]}
+    print(f"OTLP exports received: {_Receiver.exported[0]} requests, "
+          f"{_Receiver.exported[1]:,} bytes")
+    if args.json:
+        args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()

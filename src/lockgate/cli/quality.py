@@ -1,0 +1,71 @@
+"""``lockgate quality [PROMPT]``: quality figures per prompt version, model or hour, from
+the rollups the workers keep (docs/quality.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lockgate.cli._common import DbOpt, JsonOpt, app, command, opened, out, print_json, table
+from lockgate.quality import QualityRow
+from lockgate.quality.report import BY
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.2f}%"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def _share(counts: dict[str, int], name: str, of: int) -> str:
+    return "-" if not of else f"{counts.get(name, 0) / of * 100:.2f}%"
+
+
+def _watched(r: QualityRow, most: int = 4) -> str:
+    top = sorted(r.watched.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
+    return ", ".join(f"{k} {v * 100:.1f}%" for k, v in top) or "-"
+
+
+@command(app, "quality")
+def quality(prompt: Annotated[str | None, typer.Argument(
+                help="a registry prompt (every version), NAME@N, or an inline key "
+                     "(inline:…) [all]")] = None,
+            since: Annotated[str, typer.Option(
+                "--since", help="how far back, e.g. 30m, 24h, 7d")] = "24h",
+            by: Annotated[str, typer.Option(
+                "--by", help=f"one row per: {', '.join(BY)}")] = "version",
+            as_json: JsonOpt = False, db: DbOpt = None) -> None:
+    """Quality per prompt version: tasks, calls, field completeness (before fallbacks),
+    schema conformance, invalid JSON, errors, latency p50/p95/p99, tokens per call,
+    cost per task (retries and discarded calls included) and watched values."""
+    with opened(db) as lg:
+        rows = lg.quality(prompt, since=since, by=by)
+    if as_json:
+        print_json(rows)
+        return
+    second = {"model": ["model"], "hour": ["hour (UTC)"]}.get(by, [])
+    t = table(f"quality, last {since}", ["prompt", *second, "tasks", "calls",
+                                         "complete", "conform", "invalid json", "errors",
+                                         "p50 ms", "p95 ms", "p99 ms", "in/out tok",
+                                         "cost/task", "watched"],
+              right=("tasks", "calls", "complete", "conform", "invalid json", "errors",
+                     "p50 ms", "p95 ms", "p99 ms", "in/out tok", "cost/task"))
+    for r in rows:
+        extra = [r.model or ""] if by == "model" else \
+            [r.hour.strftime("%Y-%m-%d %H:00") if r.hour else ""] if by == "hour" else []
+        per_call = "-" if not r.calls else \
+            f"{r.input_tokens / r.calls:,.0f}/{r.output_tokens / r.calls:,.0f}"
+        t.add_row(r.prompt, *extra, f"{r.tasks:,}", f"{r.calls:,}", _pct(r.completeness),
+                  _pct(r.conformance),
+                  _share(r.parse_status, "invalid_json", sum(r.parse_status.values())),
+                  _pct(sum(r.errors.values()) / r.attempts if r.attempts else None),
+                  _ms(r.latency_p50_ms), _ms(r.latency_p95_ms), _ms(r.latency_p99_ms),
+                  per_call, "-" if r.cost_per_task is None else f"{r.cost_per_task:.6f}",
+                  _watched(r))
+    if not rows:
+        out.print(f"no attempts recorded in the last {since}", markup=False)
+        return
+    out.print(t)

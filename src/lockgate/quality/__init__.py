@@ -1,0 +1,15 @@
+"""The quality loop: rollups of every attempt's quality figures per prompt version,
+model and endpoint (:mod:`~lockgate.quality.rollup`, kept by
+:mod:`~lockgate.quality.writer` as attempts are written), their reports
+(:mod:`~lockgate.quality.report`), and OpenTelemetry GenAI spans of every call
+(:mod:`~lockgate.quality.tracing`)."""
+
+from __future__ import annotations
+
+from lockgate.quality.report import QualityRow, quality_report
+from lockgate.quality.rollup import Key, Rollup, Watch, watch_of
+from lockgate.quality.tracing import Tracing
+from lockgate.quality.writer import QualityObserver, RollupWriter, quality_observer
+
+__all__ = ["Key", "QualityObserver", "QualityRow", "Rollup", "RollupWriter", "Tracing",
+           "Watch", "quality_observer", "quality_report", "watch_of"]

@@ -1,0 +1,335 @@
+"""Quality rollups: what the attempts of one prompt version, model and endpoint did in one
+span of time, in a form that adds up.
+
+A :class:`Rollup` is a set of counters, sums, maps of counts and a latency sketch; two
+rollups of the same key merge into the rollup of both spans (or both workers), so the
+per-minute rows written as attempts land add up to hour and day rows, and a report over
+any window merges rows without ever reading ``task_attempt``. Latency quantiles come from
+a DDSketch (relative accuracy :data:`LATENCY_ACCURACY`): mergeable, a few hundred bytes,
+where a sorted list of latencies would grow with the calls.
+
+What counts (one attempt row = one observation, :meth:`Rollup.observe`):
+
+* ``attempts``: every attempt row written, including discarded duplicates (a call whose
+  write-back lost its lease) and attempts that made no call;
+* ``tasks``: attempts that ended their task (succeeded, failed, dead) and were not
+  discarded: each task counts once, where its last attempt ran;
+* ``calls``: attempts that rendered a prompt and sent it (a trace with the prompt's hash
+  and a latency), discarded ones included: they cost tokens too;
+* completeness is the output's field completeness *before* fallback values were filled,
+  over calls whose output was parsed; conformance is the share of parsed outputs that
+  were usable (valid, repaired, coerced or filled from fallbacks);
+* watched values: for each usable output of a call that delivered it, which members of
+  the output schema's enums it holds, and which declared keywords appear in its texts;
+  ``watch_n`` is the number of outputs looked at (the share's denominator);
+* cost: the configured price of each call's tokens (None while no call was priced).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from ddsketch import DDSketch
+from ddsketch.pb.ddsketch_pb2 import DDSketch as SketchMessage
+from ddsketch.pb.proto import DDSketchProto
+
+from lockgate.runtime import USABLE
+
+#: Relative accuracy of the latency quantiles (2%: a p99 of 1,000 ms reads 980-1,020).
+LATENCY_ACCURACY = 0.02
+#: Outcomes that end a task.
+TERMINAL = frozenset({"succeeded", "failed", "dead"})
+#: Spans kept, by resolution code: a minute, an hour, a day (ms).
+SPANS: dict[str, int] = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+_USABLE = frozenset(str(s) for s in USABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """What a rollup row is about: a prompt, the model and endpoint that answered."""
+
+    prompt: str
+    model: str
+    endpoint: str
+
+
+def _new_sketch() -> DDSketch:
+    return DDSketch(LATENCY_ACCURACY)
+
+
+def dump_sketch(sketch: DDSketch | None) -> str | None:
+    """A sketch as stored: its protobuf form, base64 (None for an empty sketch)."""
+    if sketch is None or sketch.count == 0:
+        return None
+    return base64.b64encode(DDSketchProto.to_proto(sketch).SerializeToString()).decode()
+
+
+def load_sketch(text: str | None) -> DDSketch | None:
+    """The sketch :func:`dump_sketch` wrote (None stays None)."""
+    if not text:
+        return None
+    loaded = DDSketchProto.from_proto(SketchMessage.FromString(base64.b64decode(text)))
+    sketch = _new_sketch()
+    sketch.merge(loaded)  # a DDSketch again (from_proto gives the base class)
+    return sketch
+
+
+def _add_counts(into: dict[str, int], more: Mapping[str, int]) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
+
+
+@dataclass(slots=True)
+class Rollup:
+    """The figures of one key over one span (see the module docstring)."""
+
+    attempts: int = 0
+    tasks: int = 0
+    calls: int = 0
+    retries: int = 0
+    discarded: int = 0
+    fallbacks: int = 0
+    parsed: int = 0
+    conforming: int = 0
+    completeness_sum: float = 0.0
+    completeness_n: int = 0
+    latency_sum: float = 0.0
+    latency: DDSketch | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    watch_n: int = 0
+    watched: dict[str, int] = field(default_factory=dict)
+    parse_mix: dict[str, int] = field(default_factory=dict)
+    error_mix: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    # -- building ---------------------------------------------------------------------
+
+    def observe(self, attempt: Mapping[str, Any], *, output: Any = None,
+                watch: Watch | None = None, cost: float | None = None) -> None:
+        """Add one attempt row. ``output`` is the value the call delivered (None if it
+        delivered none), ``watch`` what to look for in it, ``cost`` the call's price."""
+        outcome = attempt.get("outcome") or ""
+        self.attempts += 1
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if outcome in TERMINAL:
+            self.tasks += 1
+        elif outcome == "retry":
+            self.retries += 1
+        elif outcome == "discarded":
+            self.discarded += 1
+        if attempt.get("routed_from"):
+            self.fallbacks += 1
+        error = attempt.get("error_class")
+        if error:
+            self.error_mix[error] = self.error_mix.get(error, 0) + 1
+        latency = attempt.get("latency_ms")
+        if attempt.get("prompt_sha256") is None or latency is None:
+            return
+        self.calls += 1
+        self.latency_sum += latency
+        if self.latency is None:
+            self.latency = _new_sketch()
+        self.latency.add(max(float(latency), 0.0))
+        self.input_tokens += attempt.get("input_tokens") or 0
+        self.output_tokens += attempt.get("output_tokens") or 0
+        if cost is not None:
+            self.cost = (self.cost or 0.0) + cost
+        status = attempt.get("parse_status")
+        if status is None:
+            return
+        self.parse_mix[status] = self.parse_mix.get(status, 0) + 1
+        self.parsed += 1
+        completeness = attempt.get("completeness")
+        if completeness is not None:
+            self.completeness_sum += completeness
+            self.completeness_n += 1
+        if status in _USABLE:
+            self.conforming += 1
+            if output is not None and watch is not None and watch:
+                self.watch_n += 1
+                for name in watch.found(output):
+                    self.watched[name] = self.watched.get(name, 0) + 1
+
+    def merge(self, other: Rollup) -> Rollup:
+        """Add ``other`` into this rollup (and return it)."""
+        for name in ("attempts", "tasks", "calls", "retries", "discarded", "fallbacks",
+                     "parsed", "conforming", "completeness_n", "input_tokens",
+                     "output_tokens", "watch_n"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.completeness_sum += other.completeness_sum
+        self.latency_sum += other.latency_sum
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+        if other.latency is not None and other.latency.count:
+            if self.latency is None:
+                self.latency = _new_sketch()
+            self.latency.merge(other.latency)
+        _add_counts(self.watched, other.watched)
+        _add_counts(self.parse_mix, other.parse_mix)
+        _add_counts(self.error_mix, other.error_mix)
+        _add_counts(self.outcomes, other.outcomes)
+        return self
+
+    # -- reading ----------------------------------------------------------------------
+
+    @property
+    def completeness(self) -> float | None:
+        """Mean field completeness before fallbacks, over parsed outputs."""
+        return self.completeness_sum / self.completeness_n if self.completeness_n else None
+
+    @property
+    def conformance(self) -> float | None:
+        """Share of parsed outputs that were usable."""
+        return self.conforming / self.parsed if self.parsed else None
+
+    def quantile(self, q: float) -> float | None:
+        """The latency at quantile ``q`` (ms), within :data:`LATENCY_ACCURACY`."""
+        if self.latency is None or self.latency.count == 0:
+            return None
+        value = self.latency.get_quantile_value(q)
+        return None if value is None or math.isnan(value) else float(value)
+
+    @property
+    def cost_per_task(self) -> float | None:
+        """Every call's cost (retries and discarded duplicates included) per task."""
+        return None if self.cost is None or not self.tasks else self.cost / self.tasks
+
+    # -- stored form ------------------------------------------------------------------
+
+    def to_row(self) -> dict[str, Any]:
+        """The columns of a ``quality_rollup`` row (without its key and time)."""
+        return {
+            "attempts": self.attempts, "tasks": self.tasks, "calls": self.calls,
+            "retries": self.retries, "discarded": self.discarded,
+            "fallbacks": self.fallbacks, "parsed": self.parsed,
+            "conforming": self.conforming, "completeness_sum": self.completeness_sum,
+            "completeness_n": self.completeness_n, "latency_sum": self.latency_sum,
+            "latency_sketch": dump_sketch(self.latency),
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "cost": self.cost, "watch_n": self.watch_n,
+            "watched": _dump_map(self.watched), "parse_mix": _dump_map(self.parse_mix),
+            "error_mix": _dump_map(self.error_mix), "outcomes": _dump_map(self.outcomes),
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Rollup:
+        """The rollup a ``quality_rollup`` row holds."""
+        return cls(
+            attempts=int(row["attempts"]), tasks=int(row["tasks"]), calls=int(row["calls"]),
+            retries=int(row["retries"]), discarded=int(row["discarded"]),
+            fallbacks=int(row["fallbacks"]), parsed=int(row["parsed"]),
+            conforming=int(row["conforming"]),
+            completeness_sum=float(row["completeness_sum"]),
+            completeness_n=int(row["completeness_n"]),
+            latency_sum=float(row["latency_sum"]),
+            latency=load_sketch(row["latency_sketch"]),
+            input_tokens=int(row["input_tokens"]), output_tokens=int(row["output_tokens"]),
+            cost=None if row["cost"] is None else float(row["cost"]),
+            watch_n=int(row["watch_n"]), watched=_load_map(row["watched"]),
+            parse_mix=_load_map(row["parse_mix"]), error_mix=_load_map(row["error_mix"]),
+            outcomes=_load_map(row["outcomes"]))
+
+
+def _dump_map(counts: dict[str, int]) -> str | None:
+    return orjson.dumps(counts, option=orjson.OPT_SORT_KEYS).decode() if counts else None
+
+
+def _load_map(text: str | None) -> dict[str, int]:
+    return {str(k): int(v) for k, v in orjson.loads(text).items()} if text else {}
+
+
+def bucket_of(at_ms: int, resolution: str) -> int:
+    """The start (ms) of the span of ``resolution`` holding ``at_ms``."""
+    span = SPANS[resolution]
+    return at_ms - at_ms % span
+
+
+# -- watched values -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What to look for in an output: each member of the output schema's enums, at its
+    field (``label=positive``, nested fields dotted, ``[]`` for list items), and keywords
+    (``keyword:refund``, found case-blind in any text of the output)."""
+
+    members: tuple[tuple[tuple[str, ...], Any, str], ...] = ()
+    keywords: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.members or self.keywords)
+
+    def found(self, output: Any) -> Iterator[str]:
+        """The names of the watched values ``output`` holds (each at most once)."""
+        for path, member, name in self.members:
+            if any(v == member and type(v) is type(member) for v in _at(output, path)):
+                yield name
+        if self.keywords:
+            text = "\n".join(_texts(output)).casefold()
+            for word in self.keywords:
+                if word.casefold() in text:
+                    yield f"keyword:{word}"
+
+
+def watch_of(schema: Mapping[str, Any] | None, keywords: Iterable[str] = ()) -> Watch:
+    """The watched values of an output JSON schema plus declared keywords."""
+    members: list[tuple[tuple[str, ...], Any, str]] = []
+    if isinstance(schema, Mapping):
+        _enums(schema, (), members)
+    return Watch(tuple(members), tuple(dict.fromkeys(k for k in keywords if k)))
+
+
+def _enums(node: Mapping[str, Any], path: tuple[str, ...],
+           out: list[tuple[tuple[str, ...], Any, str]]) -> None:
+    values = node.get("enum")
+    if not isinstance(values, list) and "const" in node:
+        values = [node["const"]]
+    if isinstance(values, list):
+        where = ".".join(path) or "$"
+        for v in values:
+            if isinstance(v, str | int | float | bool) or v is None:
+                out.append((path, v, f"{where}={_plain(v)}"))
+    props = node.get("properties")
+    if isinstance(props, Mapping):
+        for name, child in props.items():
+            if isinstance(child, Mapping):
+                _enums(child, (*path, str(name)), out)
+    items = node.get("items")
+    if isinstance(items, Mapping):
+        _enums(items, (*path, "[]"), out)
+
+
+def _plain(v: Any) -> str:
+    return v if isinstance(v, str) else orjson.dumps(v).decode()
+
+
+def _at(value: Any, path: tuple[str, ...]) -> Iterator[Any]:
+    if not path:
+        yield value
+        return
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        if isinstance(value, list):
+            for v in value:
+                yield from _at(v, rest)
+    elif isinstance(value, dict) and head in value:
+        yield from _at(value[head], rest)
+
+
+def _texts(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _texts(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _texts(v)

@@ -1,0 +1,182 @@
+"""Keeping the rollups as attempts land: the write-back hands each flush's attempt rows
+to :meth:`RollupWriter.record` inside its own transaction, so a rollup counts exactly
+the attempts that were committed, never scans ``task_attempt``, and costs a flush three
+statements (the flush's task configs, the rollup rows under lock, one write of the rows)
+plus an insert for a new minute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from lockgate.config import Endpoint, Settings
+from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
+from lockgate.quality.tracing import CallSpan, Tracing
+from lockgate.spec import canonical_json, registry_reference
+from lockgate.states import TaskStatus
+from lockgate.store.quality import QualityStore, RowKey, TaskInfo
+from lockgate.store.store import Store
+from lockgate.store.tx import Tx
+from lockgate.store.types import Finish
+
+log = logging.getLogger("lockgate.quality")
+
+#: A written attempt: the write-back it belongs to and its ``task_attempt`` row.
+Written = tuple[Finish, Mapping[str, Any]]
+
+_KEY_LIMITS = (191, 200, 100)  # prompt, model, endpoint columns
+
+
+def template_key(template: Any) -> str:
+    """The rollup key of an inline template: ``inline:`` and 12 hex digits of the hash of
+    its canonical JSON (the same template has the same key in every task)."""
+    return "inline:" + hashlib.sha256(canonical_json(template)).hexdigest()[:12]
+
+
+class RollupWriter:
+    """Turns written attempts into rollup rows of one shard (a worker's id)."""
+
+    def __init__(self, store: Store, *, shard: str,
+                 endpoint: Callable[[str], Endpoint | None] = lambda _name: None,
+                 keywords: Sequence[str] = ()) -> None:
+        self.qstore = QualityStore(store)
+        self.shard = shard[:64]
+        self._endpoint = endpoint
+        self._keywords = tuple(keywords)
+        #: per config hash: (inline prompt key or None, the document)
+        self._configs: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        #: per (config hash, prompt version): what to watch in its outputs
+        self._watch: dict[tuple[str, str | None], Watch] = {}
+        self._prices: dict[str, Endpoint | None] = {}
+
+    def tasks(self, tx: Tx, written: Sequence[Written]) -> dict[int, TaskInfo]:
+        """The tasks of ``written`` (their configs learnt)."""
+        tasks = self.qstore.tasks(tx, (f.id for f, _a in written))
+        self._learn(tx, {t.config_hash for t in tasks.values()})
+        return tasks
+
+    def prompt_of(self, config_hash: str, attempt: Mapping[str, Any]) -> str:
+        """The prompt key of an attempt: its registry version, else its inline
+        template's key (the config must have been learnt by :meth:`tasks`)."""
+        return str(attempt.get("prompt_version") or self._configs[config_hash][0] or "")
+
+    def record(self, tx: Tx, written: Sequence[Written],
+               tasks: Mapping[int, TaskInfo] | None = None) -> None:
+        """Add the attempts of one write-back to the rollups, in its transaction."""
+        if not written:
+            return
+        if tasks is None:
+            tasks = self.tasks(tx, written)
+        deltas: dict[RowKey, Rollup] = {}
+        for f, a in written:
+            info = tasks.get(f.id)
+            if info is None:  # the task is gone (cleaned up): nothing to file it under
+                continue
+            h = info.config_hash
+            version = a.get("prompt_version")
+            key = Key(*(str(v or "")[:n] for v, n in zip(
+                (self.prompt_of(h, a), a.get("model"), a.get("endpoint")),
+                _KEY_LIMITS, strict=True)))
+            watch = self._watch_for(tx, h, version)
+            output = None
+            if watch and f.status == TaskStatus.SUCCEEDED and f.result is not None:
+                output = orjson.loads(f.result)
+            started = int(a.get("started_at") or tx.now)
+            cost = self._cost(a)
+            for res in SPANS:
+                rk = (res, bucket_of(started, res), key.prompt, key.model, key.endpoint)
+                d = deltas.get(rk)
+                if d is None:
+                    d = deltas[rk] = Rollup()
+                d.observe(a, output=output, watch=watch, cost=cost)
+        if not deltas:
+            return
+        stored = self.qstore.locked(tx, self.shard, list(deltas))
+        merged = {k: (Rollup.from_row(stored[k]).merge(d) if k in stored else d).to_row()
+                  for k, d in deltas.items()}
+        self.qstore.write(tx, self.shard, merged, stored.keys())
+
+    def _learn(self, tx: Tx, hashes: set[str]) -> None:
+        missing = hashes - self._configs.keys()
+        if not missing:
+            return
+        for h, doc in self.qstore.config_documents(tx, missing).items():
+            template = doc.get("prompt_template")
+            inline = None if registry_reference(template) is not None else \
+                template_key(template)
+            self._configs[h] = (inline, doc)
+
+    def _watch_for(self, tx: Tx, config_hash: str, version: str | None) -> Watch:
+        key = (config_hash, version)
+        watch = self._watch.get(key)
+        if watch is None:
+            _inline, doc = self._configs[config_hash]
+            rule = doc.get("delivery_rule")
+            if rule is None and version and "@" in version:
+                name, _sep, number = version.rpartition("@")
+                if number.isdigit():
+                    rule = self.qstore.version_rule(tx, name, int(number))
+            schema = (rule or {}).get("schema") or (rule or {}).get("json_schema")
+            watch = self._watch[key] = watch_of(schema, self._keywords)
+        return watch
+
+    def _cost(self, a: Mapping[str, Any]) -> float | None:
+        name = a.get("endpoint")
+        if not name or a.get("prompt_sha256") is None or a.get("latency_ms") is None:
+            return None
+        if name not in self._prices:
+            self._prices[name] = self._endpoint(name)
+        ep = self._prices[name]
+        if ep is None or not (ep.cost_input_per_1k or ep.cost_output_per_1k):
+            return None
+        return ep.cost(a.get("input_tokens") or 0, a.get("output_tokens") or 0)
+
+
+
+class QualityObserver:
+    """What a worker's write-back hands its attempt rows to, in its transaction: the
+    rollups are written there; the spans of the attempts are gathered there and emitted
+    by :meth:`committed` once the transaction has committed (a transaction run again
+    after a deadlock gathers them again, never twice)."""
+
+    def __init__(self, writer: RollupWriter, *, rollups: bool = True,
+                 tracing: Tracing | None = None) -> None:
+        self.writer = writer
+        self.rollups = rollups
+        self.tracing = tracing
+        self._pending: list[CallSpan] = []
+
+    def __call__(self, tx: Tx, written: Sequence[Written]) -> None:
+        self._pending = []
+        tasks = self.writer.tasks(tx, written)
+        if self.rollups:
+            self.writer.record(tx, written, tasks)
+        if self.tracing is not None:
+            self._pending = [
+                CallSpan(info.task_id, info.batch_id,
+                         self.writer.prompt_of(info.config_hash, a), a, f.model,
+                         f.response, str(a.get("outcome") or ""))
+                for f, a in written if (info := tasks.get(f.id)) is not None]
+
+    def committed(self) -> None:
+        """The write-back whose rows were last observed has committed."""
+        pending, self._pending = self._pending, []
+        if pending and self.tracing is not None:
+            self.tracing.emit(pending)
+
+
+def quality_observer(store: Store, settings: Settings, shard: str,
+                     tracing: Tracing | None = None) -> QualityObserver | None:
+    """A worker's observer: rollups unless ``[quality] rollups`` is off, spans when the
+    ``OTEL_*`` environment asks for them (or ``tracing`` is given); None for neither."""
+    tracing = tracing or Tracing.from_env(settings.endpoint_named)
+    if not settings.quality.rollups and tracing is None:
+        return None
+    return QualityObserver(RollupWriter(store, shard=shard, endpoint=settings.endpoint_named,
+                                        keywords=settings.quality.keywords),
+                           rollups=settings.quality.rollups, tracing=tracing)

@@ -1,0 +1,153 @@
+"""Every SQL statement of the quality rollups (table ``quality_rollup``).
+
+The arithmetic lives in :mod:`lockgate.quality` (rollups merge in Python: the latency
+sketch and the maps of counts cannot be added in SQL). Writes happen inside the
+write-back's transaction (:meth:`Store.finish` hands its attempt rows over): the rows of
+one flush are read under a row lock, merged and written back, one row per key, each
+statement taking every key of the flush at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import bindparam, select, tuple_
+
+from lockgate.store import schema
+from lockgate.store.store import Store
+from lockgate.store.tx import Tx, sql
+
+#: (resolution, bucket, prompt, model, endpoint): a rollup row's key within a shard.
+RowKey = tuple[str, int, str, str, str]
+
+_T = schema.quality_rollup
+_KEY_COLS = (_T.c.resolution, _T.c.bucket, _T.c.prompt, _T.c.model, _T.c.endpoint)
+_VALUE_COLS = tuple(c.name for c in _T.columns
+                    if c.name not in ("id", "resolution", "bucket", "prompt", "model",
+                                      "endpoint", "shard", "updated_at"))
+
+_TASKS = sql("SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN :ids", "ids")
+_CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
+_VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
+                    "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """What the quality loop files a task's attempts under."""
+
+    config_hash: str
+    task_id: str
+    batch_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRollup:
+    """One stored row: its key, shard and the columns :class:`Rollup` reads."""
+
+    resolution: str
+    bucket: int
+    prompt: str
+    model: str
+    endpoint: str
+    shard: str
+    values: dict[str, Any]
+
+
+class QualityStore:
+    """Rollup rows on one :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.dialect = store.dialect
+
+    # -- what the writer needs to know about the tasks of a flush ---------------------
+
+    @staticmethod
+    def tasks(tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
+        """The config hash, task id and batch of each task among ``ids``."""
+        wanted = sorted(set(ids))
+        out: dict[int, TaskInfo] = {}
+        for i in range(0, len(wanted), 1000):
+            out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
+                       tx.execute(_TASKS, {"ids": wanted[i:i + 1000]}))
+        return out
+
+    @staticmethod
+    def config_documents(tx: Tx, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Config documents by hash."""
+        wanted = sorted(set(hashes))
+        if not wanted:
+            return {}
+        return {str(h): orjson.loads(d) for h, d in tx.execute(_CONFIGS, {"h": wanted})}
+
+    @staticmethod
+    def version_rule(tx: Tx, name: str, version: int) -> dict[str, Any] | None:
+        """The delivery rule of a registry prompt version, or None if it is unknown."""
+        doc = tx.execute(_VERSION_RULE, {"name": name, "version": version}).scalar()
+        return None if doc is None else orjson.loads(doc)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def locked(self, tx: Tx, shard: str, keys: Sequence[RowKey]) -> dict[RowKey, dict[str, Any]]:
+        """The stored rows of ``keys`` in ``shard`` (row-locked), by key."""
+        out: dict[RowKey, dict[str, Any]] = {}
+        ordered = sorted(set(keys))
+        for i in range(0, len(ordered), 200):
+            part = ordered[i:i + 200]
+            query = select(_T).where(_T.c.shard == shard, tuple_(*_KEY_COLS).in_(part))
+            for r in tx.execute(query.with_for_update()):
+                m = r._mapping
+                out[(m["resolution"], int(m["bucket"]), m["prompt"], m["model"],
+                     m["endpoint"])] = {c: m[c] for c in _VALUE_COLS}
+        return out
+
+    def write(self, tx: Tx, shard: str, rows: Mapping[RowKey, dict[str, Any]],
+              existing: Iterable[RowKey]) -> None:
+        """Write merged rows: an UPDATE for each key in ``existing``, an INSERT for the
+        others (each one statement for all of its keys)."""
+        have = set(existing)
+        now = tx.now
+        new = [{"resolution": k[0], "bucket": k[1], "prompt": k[2], "model": k[3],
+                "endpoint": k[4], "shard": shard, "updated_at": now, **v}
+               for k, v in sorted(rows.items()) if k not in have]
+        old = [{"k_resolution": k[0], "k_bucket": k[1], "k_prompt": k[2], "k_model": k[3],
+                "k_endpoint": k[4], "k_shard": shard, "updated_at": now, **v}
+               for k, v in sorted(rows.items()) if k in have]
+        if new:
+            tx.execute(_T.insert(), new)
+        if old:
+            tx.execute(_T.update().where(
+                _T.c.resolution == bindparam("k_resolution"),
+                _T.c.bucket == bindparam("k_bucket"), _T.c.prompt == bindparam("k_prompt"),
+                _T.c.model == bindparam("k_model"), _T.c.endpoint == bindparam("k_endpoint"),
+                _T.c.shard == bindparam("k_shard")).values(
+                    {c: bindparam(c) for c in (*_VALUE_COLS, "updated_at")}), old)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def rows(self, resolution: str, *, since: int, until: int | None = None,
+             prompt: str | None = None, prompt_prefix: str | None = None
+             ) -> list[StoredRollup]:
+        """Stored rows of ``resolution`` whose bucket starts at or after ``since`` (and
+        before ``until``), of one prompt or of prompts starting with a prefix."""
+        query = select(_T).where(_T.c.resolution == resolution, _T.c.bucket >= since)
+        if until is not None:
+            query = query.where(_T.c.bucket < until)
+        if prompt is not None:
+            query = query.where(_T.c.prompt == prompt)
+        if prompt_prefix is not None:
+            query = query.where(_T.c.prompt.startswith(prompt_prefix, autoescape=True))
+        query = query.order_by(_T.c.bucket, _T.c.prompt, _T.c.model, _T.c.endpoint,
+                               _T.c.shard)
+        with self.store.read() as tx:
+            return [StoredRollup(m["resolution"], int(m["bucket"]), m["prompt"], m["model"],
+                                 m["endpoint"], m["shard"], {c: m[c] for c in _VALUE_COLS})
+                    for m in (r._mapping for r in tx.execute(query))]
+
+    def now(self) -> int:
+        """The database clock (ms)."""
+        return self.store.db_now()

@@ -1,0 +1,234 @@
+"""OpenTelemetry GenAI spans: the span tree and attributes of written attempts (in-memory
+exporter), and a real worker exporting over OTLP/HTTP to a receiver started here,
+decoded with the official protobuf package: content only when enabled, no secret ever."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.trace import SpanKind, StatusCode
+
+from engine.support import lockgate_cmd, tasks, write_jsonl
+from helpers import clean_env
+from lockgate.config import Endpoint
+from lockgate.quality.tracing import Tracing, enabled
+from lockgate.quality.writer import QualityObserver, RollupWriter
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.states import TaskStatus
+from lockgate.store import Finish, Store
+
+SECRET_KEY = "sk-very-secret-4f9a"
+SECRET_HEADER = "hdr-secret-77c1"
+BODY = orjson.dumps({"id": "r1", "model": "m-2024", "choices": [
+    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                                                      "content": '{"label": "yes"}'}}]}
+                    ).decode()
+
+
+def _written(store: Store, observer: QualityObserver) -> None:
+    """Task t0 answered after one retry; its first attempt timed out."""
+    store.submit([parse_task({"task_id": "t0", "prompt_template": "Say {x}",
+                              "input_data": {"x": 1}, "model_config": {"name": "m"},
+                              "delivery_rule": {}, "retry_policy": {}})], batch_id="b")
+    base = store.db_now()
+    for attempt, ok in ((1, False), (2, True)):
+        [t] = store.claim(1, lease_ms=60_000, worker_id="w")
+        row: dict[str, Any] = {
+            "attempt": attempt, "started_at": base + attempt * 1000, "latency_ms": 250.0,
+            "endpoint": "sim", "model": "m", "prompt_sha256": "h",
+            "prompt_snapshot": '[{"role":"user","content":"Say 1"}]'}
+        if ok:
+            row.update(outcome="succeeded", input_tokens=12, output_tokens=5,
+                       raw_output='{"label": "yes"}', parse_status="valid",
+                       completeness=1.0, request_id="req-9")
+            f = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.SUCCEEDED,
+                       result='{"label": "yes"}', attempt=row,  # type: ignore[arg-type]
+                       model="m-2024", response=BODY)
+        else:
+            row.update(outcome="retry", error_class="timeout")
+            f = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
+                       attempt=row)  # type: ignore[arg-type]
+        store.finish([f], worker_id="w", observe=observer)
+        observer.committed()
+
+
+def _observer(store: Store, exporter: InMemorySpanExporter, *,
+              capture: bool) -> QualityObserver:
+    ep = Endpoint(name="sim", base_url="http://user:pw@llm.example:8443/v1",
+                  api_key_env="SIM_KEY")
+    tracing = Tracing(SimpleSpanProcessor(exporter), endpoint={"sim": ep}.get,
+                      capture_content=capture)
+    return QualityObserver(RollupWriter(store, shard="w"), tracing=tracing)
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["no-content", "content"])
+def test_each_attempt_is_a_run_span_with_a_genai_call_span(
+        store: Store, capture: bool) -> None:
+    exporter = InMemorySpanExporter()
+    _written(store, _observer(store, exporter, capture=capture))
+    spans: list[ReadableSpan] = list(exporter.get_finished_spans())
+    runs = [s for s in spans if s.name == "lockgate.task t0"]
+    calls = [s for s in spans if s.name == "chat m"]
+    assert len(runs) == len(calls) == 2 == len(spans) // 2
+    assert len({s.context.trace_id for s in spans}) == 1  # the task's one trace
+    for run, call in zip(runs, calls, strict=True):
+        assert run.parent is None
+        assert call.parent is not None and call.parent.span_id == run.context.span_id
+        assert call.kind is SpanKind.CLIENT
+        assert call.end_time - call.start_time == 250_000_000
+    first, second = (dict(c.attributes or {}) for c in calls)
+    assert first[gen_ai.GEN_AI_OPERATION_NAME] == "chat"
+    assert first["error.type"] == "timeout"
+    assert calls[0].status.status_code is StatusCode.ERROR
+    expected = {
+        gen_ai.GEN_AI_OPERATION_NAME: "chat", gen_ai.GEN_AI_PROVIDER_NAME: "sim",
+        gen_ai.GEN_AI_REQUEST_MODEL: "m", gen_ai.GEN_AI_RESPONSE_MODEL: "m-2024",
+        gen_ai.GEN_AI_USAGE_INPUT_TOKENS: 12, gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
+        gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",), gen_ai.GEN_AI_RESPONSE_ID: "req-9",
+        "server.address": "llm.example", "server.port": 8443,
+        "lockgate.task.id": "t0", "lockgate.prompt.version": second[
+            "lockgate.prompt.version"], "lockgate.parse_status": "valid",
+        "lockgate.completeness": 1.0}
+    assert str(second["lockgate.prompt.version"]).startswith("inline:")
+    if capture:
+        expected[gen_ai.GEN_AI_INPUT_MESSAGES] = orjson.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": "Say 1"}]}]).decode()
+        expected[gen_ai.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(
+            [{"role": "assistant", "parts": [{"type": "text",
+                                              "content": '{"label": "yes"}'}]}]).decode()
+    assert second == expected
+    run_attrs = dict(runs[1].attributes or {})
+    assert run_attrs["lockgate.batch.id"] == "b" and run_attrs["lockgate.attempt"] == 2
+    assert run_attrs["lockgate.outcome"] == "succeeded"
+    text = repr([dict(s.attributes or {}) for s in spans])
+    assert "user:pw" not in text and "pw@" not in text  # the URL's credentials
+
+
+def test_traces_are_off_unless_the_environment_asks() -> None:
+    assert not enabled({})
+    assert enabled({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
+    assert enabled({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert not enabled({"OTEL_TRACES_EXPORTER": "none",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
+    assert not enabled({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"})
+
+
+# -- a real worker, a real OTLP/HTTP receiver -------------------------------------------
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[str, bytes]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        self.received.append((self.path, body))
+        out = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    received: list[tuple[str, bytes]] = []
+    handler = type("Handler", (_Receiver,), {"received": received})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = [x.string_value for x in v.array_value.values] \
+            if kind == "array_value" else getattr(v, kind)
+    return out
+
+
+@pytest.mark.parametrize("capture", ["false", "true"])
+def test_a_worker_exports_its_calls_over_otlp_http(
+        simulator: SimulatorProcess, receiver: tuple[str, list[tuple[str, bytes]]],
+        tmp_path: Path, capture: str) -> None:
+    url, received = receiver
+    n = 12
+    config = tmp_path / "lockgate.toml"
+    config.write_text(f'default_endpoint = "sim"\n[[endpoint]]\nname = "sim"\n'
+                      f'base_url = "{simulator.url}"\napi_key_env = "SIM_API_KEY"\n'
+                      f'headers = {{ "X-Secret" = "{SECRET_HEADER}" }}\n')
+    path = write_jsonl(tmp_path / "t.jsonl", tasks(n))
+    env = clean_env(SIM_API_KEY=SECRET_KEY, OTEL_SERVICE_NAME="labeller",
+                    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{url}/v1/traces",
+                    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=capture)
+    done = subprocess.run(lockgate_cmd("run", str(path), "--db",
+                                       f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                       "--config", str(config)),
+                          env=env, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert received and {p for p, _b in received} == {"/v1/traces"}
+    spans = []
+    for _path, body in received:
+        request = ExportTraceServiceRequest.FromString(body)
+        for rs in request.resource_spans:
+            service = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
+            assert service["service.name"] == "labeller"
+            for ss in rs.scope_spans:
+                spans.extend(ss.spans)
+    runs = {s.span_id: s for s in spans if s.name.startswith("lockgate.task ")}
+    calls = [s for s in spans if s.name == "chat sim-small"]
+    assert len(runs) == len(calls) == n == simulator.stats()["requests"]
+    for c in calls:
+        run = runs[c.parent_span_id]
+        assert run.trace_id == c.trace_id and not run.parent_span_id
+        a = _attrs(c)
+        assert a[gen_ai.GEN_AI_OPERATION_NAME] == "chat"
+        assert a[gen_ai.GEN_AI_REQUEST_MODEL] == "sim-small"
+        assert a[gen_ai.GEN_AI_RESPONSE_MODEL] == "sim-small"
+        assert a[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] > 0
+        assert a[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] == ["stop"]
+        assert a["server.address"] == "127.0.0.1"
+        assert a["lockgate.task.id"] == _attrs(run)["lockgate.task.id"]
+        assert (gen_ai.GEN_AI_INPUT_MESSAGES in a) is (capture == "true")
+        assert (gen_ai.GEN_AI_OUTPUT_MESSAGES in a) is (capture == "true")
+    everything = b"".join(body for _p, body in received)
+    assert SECRET_KEY.encode() not in everything
+    assert SECRET_HEADER.encode() not in everything
+
+
+def test_a_sampler_from_the_environment_keeps_whole_tasks_or_none(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    exporter = InMemorySpanExporter()
+    _written(store, _observer(store, exporter, capture=False))
+    assert exporter.get_finished_spans() == ()
