@@ -207,6 +207,10 @@ class QualitySettings(_Strict):
     keywords: tuple[str, ...] = Field(
         (), description="words whose frequency in outputs is watched, beside every enum "
                         "member of the output schema")
+    keep_minutes: Seconds = Field(2 * 86_400.0, ge=6 * 3600.0,
+                                  description="age of minute rollups `cleanup` deletes")
+    keep_hours: Seconds = Field(90 * 86_400.0, ge=14 * 86_400.0,
+                                description="age of hour rollups `cleanup` deletes")
 
 
 class Settings(_Strict):

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from lockgate.config import QualitySettings
 from lockgate.errors import SpecError
 from lockgate.quality.rollup import SPANS, Rollup, bucket_of
 from lockgate.results import utc
@@ -105,6 +106,13 @@ def quality_report(store: Store, prompt: str | None = None, *, since_s: float = 
     return [_row(by, g, groups[g]) for g in sorted(groups, key=_order)]
 
 
+def prune_rollups(store: Store, settings: QualitySettings) -> int:
+    """Delete minute rollups older than ``keep_minutes`` and hour rollups older than
+    ``keep_hours`` (day rows stay); returns how many rows went."""
+    return QualityStore(store).prune({"m": int(settings.keep_minutes * 1000),
+                                      "h": int(settings.keep_hours * 1000)})
+
+
 def _order(g: tuple[Any, ...]) -> tuple[Any, ...]:
     name, _sep, version = g[0].rpartition("@")
     return ((name, int(version)) if version.isdigit() else (g[0], 0), *g[1:])
@@ -125,4 +133,5 @@ def _row(by: str, g: tuple[Any, ...], r: Rollup) -> QualityRow:
         else {}, outputs_watched=r.watch_n)
 
 
-__all__ = ["BY", "SPANS", "By", "QualityRow", "quality_report", "resolution_for"]
+__all__ = ["BY", "SPANS", "By", "QualityRow", "prune_rollups", "quality_report",
+           "resolution_for"]

@@ -31,6 +31,7 @@ _VALUE_COLS = tuple(c.name for c in _T.columns
 
 _TASKS = sql("SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN :ids", "ids")
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
+_PRUNE = sql("DELETE FROM quality_rollup WHERE resolution = :r AND bucket < :before")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
 
@@ -126,6 +127,16 @@ class QualityStore:
                 _T.c.model == bindparam("k_model"), _T.c.endpoint == bindparam("k_endpoint"),
                 _T.c.shard == bindparam("k_shard")).values(
                     {c: bindparam(c) for c in (*_VALUE_COLS, "updated_at")}), old)
+
+    def prune(self, keep_ms: dict[str, int]) -> int:
+        """Delete rows of each resolution whose span began more than ``keep_ms`` of it
+        ago (database clock); returns how many."""
+        def work(tx: Tx) -> int:
+            n = 0
+            for res, keep in sorted(keep_ms.items()):
+                n += tx.execute(_PRUNE, {"r": res, "before": tx.now - keep}).rowcount
+            return n
+        return self.store.transaction(work)
 
     # -- reading ---------------------------------------------------------------------
 
