@@ -29,7 +29,7 @@ _VALUE_COLS = tuple(c.name for c in _T.columns
                     if c.name not in ("id", "resolution", "bucket", "prompt", "model",
                                       "endpoint", "shard", "updated_at"))
 
-_TASKS = sql("SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN :ids", "ids")
+_TASKS_SQL = "SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN ({})"
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 _PRUNE = sql("DELETE FROM quality_rollup WHERE resolution = :r AND bucket < :before")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
@@ -67,14 +67,22 @@ class QualityStore:
 
     # -- what the writer needs to know about the tasks of a flush ---------------------
 
-    @staticmethod
-    def tasks(tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
-        """The config hash, task id and batch of each task among ``ids``."""
+    def tasks(self, tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
+        """The config hash, task id and batch of each task among ``ids``.
+
+        On the write-back's path: the statement goes to the driver as text (no
+        compilation of an expanding IN per flush), its id list padded to a power of two
+        so a connection caches at most a handful of statement texts."""
         wanted = sorted(set(ids))
         out: dict[int, TaskInfo] = {}
-        for i in range(0, len(wanted), 1000):
+        for i in range(0, len(wanted), 512):
+            part = wanted[i:i + 512]
+            size = 1 << (len(part) - 1).bit_length()
+            params = tuple(part) + (part[-1],) * (size - len(part))
+            mark = "?" if tx.conn.dialect.paramstyle == "qmark" else "%s"
+            marks = ", ".join([mark] * size)
             out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
-                       tx.execute(_TASKS, {"ids": wanted[i:i + 1000]}))
+                       tx.conn.exec_driver_sql(_TASKS_SQL.format(marks), params))
         return out
 
     @staticmethod
