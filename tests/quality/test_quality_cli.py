@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from helpers import rows
@@ -102,3 +103,22 @@ def test_cleanup_prunes_minute_and_hour_rollups_past_their_age(store: Store,
     assert "1 minute or hour rollup row(s)" in result.stderr
     assert sorted(k for k in kept() if k[0] == "m") == [("m", 1)]  # the recent minute
     assert sum(n for r, n in kept() if r == "h") == 2  # hours stay 90 days
+
+
+def test_release_gate_evaluations_are_not_production_quality(store: Store) -> None:
+    store.submit([parse_task({
+        "task_id": f"t{i}", "prompt_template": "Say {x}", "input_data": {"x": i},
+        "model_config": {"name": "m"}, "delivery_rule": {}, "retry_policy": {}})
+        for i in range(2)], batch_id="b")
+    with store.engine.begin() as conn:  # t1 stands for an item of a gate evaluation
+        conn.execute(text("UPDATE task SET batch_id = 'gate:7:1' WHERE task_id = 't1'"))
+    writer = RollupWriter(store, shard="w")
+    now = store.db_now()
+    store.finish([Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
+                         attempt={"attempt": 1, "outcome": "failed", "started_at": now,
+                                  "error_class": "invalid_request"})
+                  for t in store.claim(2, lease_ms=60_000, worker_id="w")],
+                 worker_id="w", observe=writer.record)
+    assert rows(store, "SELECT resolution, tasks FROM quality_rollup ORDER BY resolution") \
+        == [{"resolution": "d", "tasks": 1}, {"resolution": "h", "tasks": 1},
+            {"resolution": "m", "tasks": 1}]

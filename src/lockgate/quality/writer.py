@@ -17,7 +17,7 @@ import orjson
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
 from lockgate.quality.tracing import CallSpan, Tracing
-from lockgate.spec import canonical_json, registry_reference
+from lockgate.spec import RESERVED_ID_PREFIX, canonical_json, registry_reference
 from lockgate.states import TaskStatus
 from lockgate.store.quality import QualityStore, RowKey, TaskInfo
 from lockgate.store.store import Store
@@ -77,7 +77,9 @@ class RollupWriter:
         seen: dict[tuple[Any, ...], tuple[Key, Watch]] = {}
         for f, a in written:
             info = tasks.get(f.id)
-            if info is None:  # the task is gone (cleaned up): nothing to file it under
+            if info is None or info.batch_id.startswith(RESERVED_ID_PREFIX):
+                # Gone (cleaned up), or a release-gate evaluation: its figures are the
+                # gate's run metrics, not production's.
                 continue
             h = info.config_hash
             version = a.get("prompt_version")
