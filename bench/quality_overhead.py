@@ -7,6 +7,7 @@ the whole ``lockgate run`` process (and its children).
 
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --backends sqlite,postgresql
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --sample 0.01
+    python bench/quality_overhead.py --tasks 20000 --pairs 5 --no-otel
 
 Target (issue: the quality loop): on/off throughput ratio >= 0.95.
 """
@@ -97,6 +98,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--backends", default="sqlite")
+    ap.add_argument("--no-otel", action="store_true",
+                    help="rollups alone on (no OTLP export) against off")
     ap.add_argument("--sample", type=float, help="trace this share of the tasks "
                     "(OTEL_TRACES_SAMPLER=traceidratio) [every task]")
     ap.add_argument("--json", type=Path)
@@ -104,9 +107,10 @@ def main() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    otlp = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    otlp = None if args.no_otel else f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
     out: dict[str, Any] = {"machine": _flow_common.machine(), "tasks": args.tasks,
-                           "pairs": args.pairs, "sample": args.sample, "backends": {}}
+                           "pairs": args.pairs, "sample": args.sample,
+                           "otel": not args.no_otel, "backends": {}}
     with SimulatorProcess() as sim, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         tasks = tmp / "tasks.jsonl"

@@ -210,6 +210,23 @@ class QualitySettings(_Strict):
     keywords: tuple[str, ...] = Field(
         (), description="words whose frequency in outputs is watched, beside every enum "
                         "member of the output schema")
+    keep_minutes: Seconds = Field(2 * 86_400.0, ge=6 * 3600.0,
+                                  description="age of minute rollups `cleanup` deletes")
+    keep_hours: Seconds = Field(90 * 86_400.0, ge=14 * 86_400.0,
+                                description="age of hour rollups `cleanup` deletes")
+    # the anomaly rules (docs/quality.md, `lockgate quality --check`)
+    window: Seconds = Field(86_400.0, ge=600.0, le=7 * 86_400.0,
+                            description="the window a rule compares with its baseline")
+    completeness_drop: float = Field(0.15, gt=0, lt=1, description="relative drop that fires")
+    drift_drop: float = Field(0.5, gt=0, lt=1, description="relative drop of a watched share")
+    invalid_json_share: float = Field(0.03, gt=0, lt=1,
+                                      description="invalid_json share of each minute")
+    pollution_minutes: int = Field(5, ge=1, le=60, description="consecutive minutes")
+    latency_rise: float = Field(1.0, gt=0, description="relative rise of latency p50")
+    tokens_band: float = Field(0.10, ge=0, lt=1,
+                               description="input tokens per call that count as unchanged")
+    min_calls: int = Field(100, ge=1, description="calls a window needs on each side")
+    min_calls_minute: int = Field(20, ge=1, description="calls each polluted minute needs")
 
 
 class Settings(_Strict):

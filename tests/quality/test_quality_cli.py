@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
+from helpers import rows
 from lockgate.cli import app
 from lockgate.config import Endpoint
 from lockgate.quality.writer import RollupWriter
@@ -73,3 +75,50 @@ def test_quality_prints_one_row_per_version(store: Store, db_url: str,
     # (1+1+1+0+1+0.5)/6; each call costs 100 x 1/1k + 10 x 2/1k = 0.12, six per 4 tasks;
     # watched over the 5 delivered outputs; p50/p95 within the sketch's 2%.
     assert [line.rstrip() for line in result.stdout.splitlines()] == EXPECTED.splitlines()
+
+
+def test_cleanup_prunes_minute_and_hour_rollups_past_their_age(store: Store,
+                                                               db_url: str) -> None:
+    store.submit([parse_task({
+        "task_id": f"t{i}", "prompt_template": "Say {x}", "input_data": {"x": i},
+        "model_config": {"name": "m"}, "delivery_rule": {}, "retry_policy": {}})
+        for i in range(2)], batch_id="b")
+    writer = RollupWriter(store, shard="w")
+    now = store.db_now()
+    claimed = sorted(store.claim(2, lease_ms=60_000, worker_id="w"), key=lambda t: t.id)
+    store.finish([Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
+                         attempt={"attempt": 1, "outcome": "failed", "started_at": at,
+                                  "error_class": "invalid_request"})
+                  for t, at in zip(claimed, (now - 3 * 86_400_000, now), strict=True)],
+                 worker_id="w", observe=writer.record)
+
+    def kept() -> list[tuple[str, int]]:
+        return sorted((r["resolution"], int(r["tasks"])) for r in rows(
+            store, "SELECT resolution, tasks FROM quality_rollup"))
+
+    assert kept() == [("d", 1), ("d", 1), ("h", 1), ("h", 1), ("m", 1), ("m", 1)] or \
+        kept() == [("d", 2), ("h", 1), ("h", 1), ("m", 1), ("m", 1)]
+    result = CliRunner().invoke(app, ["cleanup", "--db", db_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "1 minute or hour rollup row(s)" in result.stderr
+    assert sorted(k for k in kept() if k[0] == "m") == [("m", 1)]  # the recent minute
+    assert sum(n for r, n in kept() if r == "h") == 2  # hours stay 90 days
+
+
+def test_release_gate_evaluations_are_not_production_quality(store: Store) -> None:
+    store.submit([parse_task({
+        "task_id": f"t{i}", "prompt_template": "Say {x}", "input_data": {"x": i},
+        "model_config": {"name": "m"}, "delivery_rule": {}, "retry_policy": {}})
+        for i in range(2)], batch_id="b")
+    with store.engine.begin() as conn:  # t1 stands for an item of a gate evaluation
+        conn.execute(text("UPDATE task SET batch_id = 'gate:7:1' WHERE task_id = 't1'"))
+    writer = RollupWriter(store, shard="w")
+    now = store.db_now()
+    store.finish([Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.FAILED,
+                         attempt={"attempt": 1, "outcome": "failed", "started_at": now,
+                                  "error_class": "invalid_request"})
+                  for t in store.claim(2, lease_ms=60_000, worker_id="w")],
+                 worker_id="w", observe=writer.record)
+    assert rows(store, "SELECT resolution, tasks FROM quality_rollup ORDER BY resolution") \
+        == [{"resolution": "d", "tasks": 1}, {"resolution": "h", "tasks": 1},
+            {"resolution": "m", "tasks": 1}]

@@ -7,9 +7,20 @@ from typing import Annotated
 
 import typer
 
-from lockgate.cli._common import DbOpt, JsonOpt, app, command, opened, out, print_json, table
+from lockgate.cli._common import (
+    ConfigOpt,
+    DbOpt,
+    JsonOpt,
+    app,
+    command,
+    opened,
+    out,
+    print_json,
+    table,
+)
 from lockgate.quality import QualityRow
-from lockgate.quality.report import BY
+from lockgate.quality.report import BY, check_rules
+from lockgate.quality.rules import Finding
 
 
 def _pct(v: float | None) -> str:
@@ -37,11 +48,19 @@ def quality(prompt: Annotated[str | None, typer.Argument(
                 "--since", help="how far back, e.g. 30m, 24h, 7d")] = "24h",
             by: Annotated[str, typer.Option(
                 "--by", help=f"one row per: {', '.join(BY)}")] = "version",
-            as_json: JsonOpt = False, db: DbOpt = None) -> None:
+            check: Annotated[bool, typer.Option(
+                "--check", help="evaluate the four anomaly rules now instead ([quality] "
+                                "window and thresholds)")] = False,
+            as_json: JsonOpt = False, db: DbOpt = None, config: ConfigOpt = None) -> None:
     """Quality per prompt version: tasks, calls, field completeness (before fallbacks),
     schema conformance, invalid JSON, errors, latency p50/p95/p99, tokens per call,
     cost per task (retries and discarded calls included) and watched values."""
-    with opened(db) as lg:
+    if check:
+        with opened(db, config) as lg:
+            findings = check_rules(lg.store, lg.settings.quality, prompt)
+        _print_findings(findings, as_json)
+        return
+    with opened(db, config) as lg:
         rows = lg.quality(prompt, since=since, by=by)
     if as_json:
         print_json(rows)
@@ -68,4 +87,27 @@ def quality(prompt: Annotated[str | None, typer.Argument(
     if not rows:
         out.print(f"no attempts recorded in the last {since}", markup=False)
         return
+    out.print(t)
+
+
+def _fig(rule: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f} ms" if rule == "performance_degradation" else f"{v * 100:.2f}%"
+
+
+def _print_findings(findings: list[Finding], as_json: bool) -> None:
+    if as_json:
+        print_json([{k: getattr(f, k) for k in f.__dataclass_fields__} for f in findings])
+        return
+    if not findings:
+        out.print("no prompt has the calls a rule needs", markup=False)
+        return
+    t = table("anomaly rules", ["rule", "prompt", "model", "value", "baseline", "threshold",
+                                "calls", "state"],
+              right=("value", "baseline", "threshold", "calls"))
+    for f in findings:
+        rule = f.rule if f.subject is None else f"{f.rule} ({f.subject})"
+        t.add_row(rule, f.prompt, f.model, _fig(f.rule, f.value), _fig(f.rule, f.baseline),
+                  _fig(f.rule, f.threshold), f"{f.calls:,}", "FIRING" if f.fired else "ok")
     out.print(t)

@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from lockgate.config import QualitySettings
 from lockgate.errors import SpecError
 from lockgate.quality.rollup import SPANS, Rollup, bucket_of
+from lockgate.quality.rules import WEEK_MS, Finding, evaluate
 from lockgate.results import utc
 from lockgate.store.quality import QualityStore
 from lockgate.store.store import Store
@@ -88,12 +90,7 @@ def quality_report(store: Store, prompt: str | None = None, *, since_s: float = 
     now = qstore.now() if now_ms is None else now_ms
     res = resolution_for(since_s, by)
     since = bucket_of(now - int(since_s * 1000), res)
-    exact = prefix = None
-    if prompt is not None:
-        if "@" in prompt or prompt.startswith("inline:"):
-            exact = prompt
-        else:
-            prefix = f"{prompt}@"
+    exact, prefix = _filter(prompt)
     groups: dict[tuple[Any, ...], Rollup] = {}
     for r in qstore.rows(res, since=since, prompt=exact, prompt_prefix=prefix):
         g = _group(by, r.prompt, r.model, r.bucket)
@@ -103,6 +100,66 @@ def quality_report(store: Store, prompt: str | None = None, *, since_s: float = 
         else:
             groups[g] = one
     return [_row(by, g, groups[g]) for g in sorted(groups, key=_order)]
+
+
+def prune_rollups(store: Store, settings: QualitySettings) -> int:
+    """Delete minute rollups older than ``keep_minutes`` and hour rollups older than
+    ``keep_hours`` (day rows stay); returns how many rows went."""
+    return QualityStore(store).prune({"m": int(settings.keep_minutes * 1000),
+                                      "h": int(settings.keep_hours * 1000)})
+
+
+def _filter(prompt: str | None) -> tuple[str | None, str | None]:
+    """(exact prompt, prompt prefix) a PROMPT argument selects."""
+    if prompt is None:
+        return None, None
+    if "@" in prompt or prompt.startswith("inline:"):
+        return prompt, None
+    return None, f"{prompt}@"
+
+
+def _merged(qstore: QualityStore, res: str, since: int, until: int,
+            prompt: str | None) -> dict[tuple[str, str], Rollup]:
+    exact, prefix = _filter(prompt)
+    out: dict[tuple[str, str], Rollup] = {}
+    for r in qstore.rows(res, since=since, until=until, prompt=exact, prompt_prefix=prefix):
+        one = Rollup.from_row(r.values)
+        key = (r.prompt, r.model)
+        out[key] = out[key].merge(one) if key in out else one
+    return out
+
+
+def check_rules(store: Store, settings: QualitySettings, prompt: str | None = None, *,
+                now_ms: int | None = None) -> list[Finding]:
+    """The anomaly rules' findings now, per prompt version and model (docs/quality.md):
+    the window ends with the span holding now (minute rows for windows up to 6 h, else
+    hour rows), its baseline is the same window a week earlier if that has the calls,
+    else the window before; format pollution reads the last whole minutes."""
+    qstore = QualityStore(store)
+    now = qstore.now() if now_ms is None else now_ms
+    res = resolution_for(settings.window, "version")
+    until = bucket_of(now, res) + SPANS[res]
+    since = until - int(settings.window * 1000)
+    current = _merged(qstore, res, since, until, prompt)
+    week = _merged(qstore, res, since - WEEK_MS, until - WEEK_MS, prompt)
+    trailing = _merged(qstore, res, 2 * since - until, since, prompt)
+    minute = bucket_of(now, "m")
+    first = minute - settings.pollution_minutes * SPANS["m"]
+    exact, prefix = _filter(prompt)
+    per_minute: dict[tuple[str, str], dict[int, Rollup]] = {}
+    for r in qstore.rows("m", since=first, until=minute, prompt=exact, prompt_prefix=prefix):
+        slot = per_minute.setdefault((r.prompt, r.model), {})
+        one = Rollup.from_row(r.values)
+        slot[r.bucket] = slot[r.bucket].merge(one) if r.bucket in slot else one
+    findings: list[Finding] = []
+    for key in sorted(current.keys() | per_minute.keys()):
+        week_r = week.get(key)
+        base = week_r if week_r is not None and week_r.calls >= settings.min_calls \
+            else trailing.get(key)
+        slots = per_minute.get(key, {})
+        minutes = [slots.get(b, Rollup()) for b in range(first, minute, SPANS["m"])]
+        findings += evaluate(key, current.get(key, Rollup()), base, minutes, settings)
+    return findings
 
 
 def _order(g: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -125,4 +182,5 @@ def _row(by: str, g: tuple[Any, ...], r: Rollup) -> QualityRow:
         else {}, outputs_watched=r.watch_n)
 
 
-__all__ = ["BY", "SPANS", "By", "QualityRow", "quality_report", "resolution_for"]
+__all__ = ["BY", "SPANS", "By", "QualityRow", "check_rules", "prune_rollups",
+           "quality_report", "resolution_for"]

@@ -48,6 +48,7 @@ TERMINAL = frozenset({"succeeded", "failed", "dead"})
 SPANS: dict[str, int] = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 _USABLE = frozenset(str(s) for s in USABLE)
+_ABSENT = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,12 @@ class Watch:
     def found(self, output: Any) -> Iterator[str]:
         """The names of the watched values ``output`` holds (each at most once)."""
         for path, member, name in self.members:
-            if any(v == member and type(v) is type(member) for v in _at(output, path)):
+            if len(path) == 1 and path[0] != "[]":  # a top-level field: no walk
+                if isinstance(output, dict):
+                    v = output.get(path[0], _ABSENT)
+                    if v == member and type(v) is type(member):
+                        yield name
+            elif any(v == member and type(v) is type(member) for v in _at(output, path)):
                 yield name
         if self.keywords:
             text = "\n".join(_texts(output)).casefold()

@@ -17,7 +17,7 @@ import orjson
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
 from lockgate.quality.tracing import CallSpan, Tracing
-from lockgate.spec import canonical_json, registry_reference
+from lockgate.spec import RESERVED_ID_PREFIX, canonical_json, registry_reference
 from lockgate.states import TaskStatus
 from lockgate.store.quality import QualityStore, RowKey, TaskInfo
 from lockgate.store.store import Store
@@ -72,28 +72,41 @@ class RollupWriter:
             return
         if tasks is None:
             tasks = self.tasks(tx, written)
-        deltas: dict[RowKey, Rollup] = {}
+        minutes: dict[RowKey, Rollup] = {}
+        #: per (config, version, model, endpoint) of this flush: its key and watch
+        seen: dict[tuple[Any, ...], tuple[Key, Watch]] = {}
         for f, a in written:
             info = tasks.get(f.id)
-            if info is None:  # the task is gone (cleaned up): nothing to file it under
+            if info is None or info.batch_id.startswith(RESERVED_ID_PREFIX):
+                # Gone (cleaned up), or a release-gate evaluation: its figures are the
+                # gate's run metrics, not production's.
                 continue
             h = info.config_hash
             version = a.get("prompt_version")
-            key = Key(*(str(v or "")[:n] for v, n in zip(
-                (self.prompt_of(h, a), a.get("model"), a.get("endpoint")),
-                _KEY_LIMITS, strict=True)))
-            watch = self._watch_for(tx, h, version)
+            raw = (h, version, a.get("model"), a.get("endpoint"))
+            known = seen.get(raw)
+            if known is None:
+                known = seen[raw] = (Key(*(str(v or "")[:n] for v, n in zip(
+                    (self.prompt_of(h, a), raw[2], raw[3]), _KEY_LIMITS, strict=True))),
+                    self._watch_for(tx, h, version))
+            key, watch = known
             output = None
             if watch and f.status == TaskStatus.SUCCEEDED and f.result is not None:
                 output = orjson.loads(f.result)
             started = int(a.get("started_at") or tx.now)
-            cost = self._cost(a)
+            rk = ("m", started - started % 60_000, key.prompt, key.model, key.endpoint)
+            d = minutes.get(rk)
+            if d is None:
+                d = minutes[rk] = Rollup()
+            d.observe(a, output=output, watch=watch, cost=self._cost(a))
+        # Each attempt is observed once, into its minute; the minutes of the flush
+        # merge into their hours and days.
+        deltas = dict(minutes)
+        for (_m, bucket, prompt, model, endpoint), d in minutes.items():
             for res in SPANS:
-                rk = (res, bucket_of(started, res), key.prompt, key.model, key.endpoint)
-                d = deltas.get(rk)
-                if d is None:
-                    d = deltas[rk] = Rollup()
-                d.observe(a, output=output, watch=watch, cost=cost)
+                if res != "m":
+                    rk = (res, bucket_of(bucket, res), prompt, model, endpoint)
+                    deltas[rk] = deltas[rk].merge(d) if rk in deltas else Rollup().merge(d)
         if not deltas:
             return
         stored = self.qstore.locked(tx, self.shard, list(deltas))

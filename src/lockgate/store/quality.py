@@ -29,8 +29,9 @@ _VALUE_COLS = tuple(c.name for c in _T.columns
                     if c.name not in ("id", "resolution", "bucket", "prompt", "model",
                                       "endpoint", "shard", "updated_at"))
 
-_TASKS = sql("SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN :ids", "ids")
+_TASKS_SQL = "SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN ({})"
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
+_PRUNE = sql("DELETE FROM quality_rollup WHERE resolution = :r AND bucket < :before")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
 
@@ -66,14 +67,22 @@ class QualityStore:
 
     # -- what the writer needs to know about the tasks of a flush ---------------------
 
-    @staticmethod
-    def tasks(tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
-        """The config hash, task id and batch of each task among ``ids``."""
+    def tasks(self, tx: Tx, ids: Iterable[int]) -> dict[int, TaskInfo]:
+        """The config hash, task id and batch of each task among ``ids``.
+
+        On the write-back's path: the statement goes to the driver as text (no
+        compilation of an expanding IN per flush), its id list padded to a power of two
+        so a connection caches at most a handful of statement texts."""
         wanted = sorted(set(ids))
         out: dict[int, TaskInfo] = {}
-        for i in range(0, len(wanted), 1000):
+        for i in range(0, len(wanted), 512):
+            part = wanted[i:i + 512]
+            size = 1 << (len(part) - 1).bit_length()
+            params = tuple(part) + (part[-1],) * (size - len(part))
+            mark = "?" if tx.conn.dialect.paramstyle == "qmark" else "%s"
+            marks = ", ".join([mark] * size)
             out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
-                       tx.execute(_TASKS, {"ids": wanted[i:i + 1000]}))
+                       tx.conn.exec_driver_sql(_TASKS_SQL.format(marks), params))
         return out
 
     @staticmethod
@@ -126,6 +135,16 @@ class QualityStore:
                 _T.c.model == bindparam("k_model"), _T.c.endpoint == bindparam("k_endpoint"),
                 _T.c.shard == bindparam("k_shard")).values(
                     {c: bindparam(c) for c in (*_VALUE_COLS, "updated_at")}), old)
+
+    def prune(self, keep_ms: dict[str, int]) -> int:
+        """Delete rows of each resolution whose span began more than ``keep_ms`` of it
+        ago (database clock); returns how many."""
+        def work(tx: Tx) -> int:
+            n = 0
+            for res, keep in sorted(keep_ms.items()):
+                n += tx.execute(_PRUNE, {"r": res, "before": tx.now - keep}).rowcount
+            return n
+        return self.store.transaction(work)
 
     # -- reading ---------------------------------------------------------------------
 

@@ -1,0 +1,111 @@
+"""The four anomaly rules (SPEC F2), evaluated on rollups: pure comparisons of a window
+against its baseline, per prompt version and model.
+
+* completeness collapse: field completeness (before fallbacks) down more than
+  ``completeness_drop`` (relative) over ``window`` against the baseline;
+* semantic drift: a watched value's share down more than ``drift_drop`` (relative);
+* format pollution: ``invalid_json`` above ``invalid_json_share`` of the parsed outputs in
+  each of the last ``pollution_minutes`` whole minutes;
+* performance degradation: latency p50 up more than ``latency_rise`` while input tokens
+  per call stay within ``tokens_band``.
+
+The baseline is the same window a week earlier when it holds at least ``min_calls``
+calls, else the window just before. A comparison needs ``min_calls`` calls on both sides
+(a minute of pollution needs ``min_calls_minute``): no rule fires on three calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lockgate.config import QualitySettings
+from lockgate.quality.rollup import Rollup
+
+RULES = ("completeness_collapse", "semantic_drift", "format_pollution",
+         "performance_degradation")
+WEEK_MS = 7 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One rule's verdict on one prompt version and model. ``value`` and ``baseline``
+    are the compared figures (a share, or ms), ``threshold`` the bound ``value`` was held
+    against; ``subject`` names the watched value of a drift."""
+
+    rule: str
+    prompt: str
+    model: str
+    fired: bool
+    value: float
+    baseline: float | None
+    threshold: float
+    calls: int
+    subject: str | None = None
+
+
+def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,
+                          key: tuple[str, str]) -> Finding | None:
+    if min(now.completeness_n, base.completeness_n) < s.min_calls:
+        return None
+    value, before = now.completeness, base.completeness
+    assert value is not None and before is not None
+    bound = before * (1 - s.completeness_drop)
+    return Finding("completeness_collapse", *key, value < bound, value, before, bound,
+                   now.calls)
+
+
+def semantic_drift(now: Rollup, base: Rollup, s: QualitySettings,
+                   key: tuple[str, str]) -> list[Finding]:
+    if min(now.watch_n, base.watch_n) < s.min_calls:
+        return []
+    out = []
+    for name in sorted(base.watched):
+        before = base.watched[name] / base.watch_n
+        value = now.watched.get(name, 0) / now.watch_n
+        bound = before * (1 - s.drift_drop)
+        out.append(Finding("semantic_drift", *key, value < bound, value, before, bound,
+                           now.calls, name))
+    return out
+
+
+def format_pollution(minutes: Sequence[Rollup], s: QualitySettings,
+                     key: tuple[str, str]) -> Finding | None:
+    """``minutes``: the last whole minutes, oldest first (empty ones included)."""
+    if len(minutes) < s.pollution_minutes:
+        return None
+    last = minutes[-s.pollution_minutes:]
+    shares = [m.parse_mix.get("invalid_json", 0) / m.parsed if m.parsed else 0.0
+              for m in last]
+    enough = all(m.parsed >= s.min_calls_minute for m in last)
+    return Finding("format_pollution", *key,
+                   enough and all(x > s.invalid_json_share for x in shares),
+                   min(shares), None, s.invalid_json_share, sum(m.calls for m in last))
+
+
+def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,
+                            key: tuple[str, str]) -> Finding | None:
+    if min(now.calls, base.calls) < s.min_calls:
+        return None
+    value, before = now.quantile(0.5), base.quantile(0.5)
+    if value is None or before is None or before <= 0:
+        return None
+    tokens_now, tokens_before = now.input_tokens / now.calls, base.input_tokens / base.calls
+    same_input = tokens_before > 0 and abs(tokens_now / tokens_before - 1) <= s.tokens_band
+    bound = before * (1 + s.latency_rise)
+    return Finding("performance_degradation", *key, same_input and value > bound, value,
+                   before, bound, now.calls)
+
+
+def evaluate(key: tuple[str, str], now: Rollup, base: Rollup | None,
+             minutes: Sequence[Rollup], s: QualitySettings) -> list[Finding]:
+    """Every rule's finding for one prompt version and model (rules without enough
+    calls give none)."""
+    found: list[Finding | None] = [format_pollution(minutes, s, key)]
+    drift: Iterable[Finding] = ()
+    if base is not None:
+        found += [completeness_collapse(now, base, s, key),
+                  performance_degradation(now, base, s, key)]
+        drift = semantic_drift(now, base, s, key)
+    return [f for f in (*found, *drift) if f is not None]
+

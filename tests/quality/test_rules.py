@@ -1,0 +1,119 @@
+"""The four anomaly rules on rollups: each fires on its degradation, stays quiet on
+healthy figures and on too few calls; ``lockgate quality --check`` on a real database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from typer.testing import CliRunner
+
+from lockgate.cli import app
+from lockgate.config import QualitySettings
+from lockgate.quality.rollup import Rollup, watch_of
+from lockgate.quality.rules import evaluate
+from lockgate.quality.writer import RollupWriter
+from lockgate.spec import parse_task
+from lockgate.states import TaskStatus
+from lockgate.store import Finish, Store
+
+S = QualitySettings()
+KEY = ("p@1", "m")
+WATCH = watch_of({"properties": {"label": {"enum": ["yes", "no"]}}})
+
+
+def _call(*, latency: float = 100.0, tokens: int = 50, completeness: float = 1.0,
+          status: str = "valid", label: str | None = "yes") -> dict[str, Any]:
+    return {"outcome": "succeeded", "prompt_sha256": "h", "latency_ms": latency,
+            "input_tokens": tokens, "parse_status": status, "completeness": completeness,
+            "_label": label}
+
+
+def _rollup(calls: list[dict[str, Any]]) -> Rollup:
+    r = Rollup()
+    for c in calls:
+        label = c.get("_label")
+        r.observe(c, output={"label": label} if label else None, watch=WATCH)
+    return r
+
+
+def _fired(findings: list[Any]) -> set[str]:
+    return {f.rule + (f":{f.subject}" if f.subject else "") for f in findings if f.fired}
+
+
+HEALTHY = [_call(label="yes" if i % 2 else "no") for i in range(200)]
+
+
+def test_healthy_figures_fire_nothing() -> None:
+    found = evaluate(KEY, _rollup(HEALTHY), _rollup(HEALTHY), [_rollup(HEALTHY[:30])] * 5, S)
+    assert {f.rule for f in found} == {"completeness_collapse", "semantic_drift",
+                                       "format_pollution", "performance_degradation"}
+    assert _fired(found) == set()
+
+
+def test_completeness_down_more_than_15_percent_fires() -> None:
+    now = _rollup([{**c, "completeness": 0.8} for c in HEALTHY])
+    assert "completeness_collapse" in _fired(evaluate(KEY, now, _rollup(HEALTHY), [], S))
+    close = _rollup([{**c, "completeness": 0.86} for c in HEALTHY])
+    assert "completeness_collapse" not in _fired(evaluate(KEY, close, _rollup(HEALTHY), [], S))
+
+
+def test_a_watched_share_halved_is_drift() -> None:
+    now = _rollup([_call(label="yes" if i % 5 == 0 else "no") for i in range(200)])
+    assert _fired(evaluate(KEY, now, _rollup(HEALTHY), [], S)) == {
+        "semantic_drift:label=yes"}
+
+
+def test_invalid_json_above_3_percent_for_5_minutes_fires() -> None:
+    bad = _rollup([_call(status="invalid_json" if i < 2 else "valid") for i in range(40)])
+    good = _rollup([_call() for _ in range(40)])
+    assert _fired(evaluate(KEY, Rollup(), None, [bad] * 5, S)) == {"format_pollution"}
+    assert _fired(evaluate(KEY, Rollup(), None, [bad] * 4 + [good], S)) == set()
+    few = _rollup([_call(status="invalid_json")] * 3)
+    assert _fired(evaluate(KEY, Rollup(), None, [few] * 5, S)) == set()
+
+
+def test_latency_doubled_at_the_same_input_fires_but_not_with_longer_inputs() -> None:
+    slow = _rollup([{**c, "latency_ms": 250.0} for c in HEALTHY])
+    assert _fired(evaluate(KEY, slow, _rollup(HEALTHY), [], S)) == {
+        "performance_degradation"}
+    longer = _rollup([{**c, "latency_ms": 250.0, "input_tokens": 100} for c in HEALTHY])
+    assert _fired(evaluate(KEY, longer, _rollup(HEALTHY), [], S)) == set()
+
+
+def test_no_rule_fires_on_three_calls() -> None:
+    three = _rollup([_call(latency=900.0, completeness=0.0, label="no")] * 3)
+    assert evaluate(KEY, three, _rollup(HEALTHY), [], S) == []
+    assert evaluate(KEY, _rollup(HEALTHY), three, [], S) == []
+
+
+def test_check_reads_the_rollups_of_the_window_and_its_baseline(store: Store,
+                                                                 db_url: str) -> None:
+    n = 150
+    store.submit([parse_task({
+        "task_id": f"t{i}", "prompt_template": "@registry:p@1", "input_data": {"x": i},
+        "retry_policy": {}}) for i in range(2 * n)], batch_id="b")
+    writer = RollupWriter(store, shard="w")
+    now = store.db_now()
+    claimed = sorted(store.claim(2 * n, lease_ms=60_000, worker_id="w"), key=lambda t: t.id)
+    rows = []
+    for i, t in enumerate(claimed):
+        recent = i >= n  # the first half ran 30 h ago: the window before (no week data)
+        rows.append(Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.SUCCEEDED,
+                           result='{"label": "yes"}', attempt={
+                               "attempt": 1, "outcome": "succeeded", "latency_ms": 100.0,
+                               "started_at": now - (60_000 if recent else 30 * 3_600_000),
+                               "endpoint": "e", "model": "m", "prompt_sha256": "h",
+                               "prompt_version": "p@1", "input_tokens": 50,
+                               "parse_status": "valid",
+                               "completeness": 0.5 if recent else 1.0}))
+    store.finish(rows, worker_id="w", observe=writer.record)
+    result = CliRunner().invoke(app, ["quality", "--check", "--json", "--db", db_url],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    found = {f["rule"]: f for f in orjson.loads(result.stdout)}
+    assert found["completeness_collapse"]["fired"] is True
+    assert found["completeness_collapse"]["value"] == 0.5
+    assert found["completeness_collapse"]["baseline"] == 1.0
+    assert found["performance_degradation"]["fired"] is False
+    assert found["format_pollution"]["fired"] is False
