@@ -27,14 +27,16 @@ class Scale:
     #: Database restart: tasks of a run, and the outages (seconds down) it goes through.
     restart_tasks: int
     outages: tuple[float, ...]
+    #: Partition: at least this long cut off (and always past the lease).
+    cut_s: float
     #: Fuzz: hypothesis examples per property.
     fuzz_cases: int
 
 
 SHORT = Scale("short", kill_tasks=1500, kills=3, restart_tasks=1000, outages=(1.0,),
-              fuzz_cases=150)
+              cut_s=0.0, fuzz_cases=150)
 LONG = Scale("long", kill_tasks=20_000, kills=20, restart_tasks=10_000, outages=(1.0, 30.0),
-             fuzz_cases=2500)
+             cut_s=60.0, fuzz_cases=2500)
 
 
 @pytest.fixture(scope="session")

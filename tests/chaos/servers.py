@@ -148,6 +148,8 @@ class PrivatePostgres(PrivateServer):
         shutil.chown(root, "postgres", "postgres")
         _run(["runuser", "-u", "postgres", "--", str(self.bin / "initdb"), "-D",
               str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"])
+        with (self.data / "pg_hba.conf").open("a") as hba:  # clients on the server's links
+            hba.write("host all all samenet trust\n")
         self.url = f"postgresql://postgres@{host}:{self.port}/postgres"
 
     def _pg_ctl(self, *args: str) -> None:

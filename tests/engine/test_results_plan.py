@@ -10,13 +10,16 @@ is one scan of ``task``; ``bench/export_throughput.py`` times it at a million ro
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 
 from lockgate.spec import parse_task
 from lockgate.store import Store
+from lockgate.store import engine as engine_module
 
 from .support import tasks
 
@@ -70,3 +73,32 @@ def test_results_stream_in_submission_order(store: Store, n: int) -> None:
     store.submit([parse_task(t) for t in reversed(lines)], batch_id="order")
     got = [r.task_id for r in store.results("order")]
     assert got == [t["task_id"] for t in reversed(lines)]
+
+
+def test_a_slow_reader_of_results_is_not_cut_off(db_url: str, backend: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Server sessions end a transaction left idle past engine.IDLE_IN_TRANSACTION_S (a
+    # frozen worker must not keep its row locks). A stream of results is a read that a
+    # user's loop may hold open for as long as it likes between rows: it must not be cut
+    # off, and the connection it gives back must be as it was.
+    if backend == "sqlite":
+        pytest.skip("SQLite has no server session to end")
+    monkeypatch.setattr(engine_module, "IDLE_IN_TRANSACTION_S", 1)
+    store = Store(db_url)
+    try:
+        store.submit([parse_task(t) for t in tasks(20)], batch_id="b")
+        rows = store.results("b")
+        first = next(rows)
+        time.sleep(2.5)  # the user's own work, longer than the bound
+        rest = list(rows)
+        assert [first.task_id] + [r.task_id for r in rest] == [
+            t["task_id"] for t in tasks(20)]
+        # the bound still holds for every other transaction on the pooled connections
+        with store.engine.connect() as c:
+            c.execute(text("SELECT COUNT(*) FROM task"))
+            time.sleep(2.5)
+            with pytest.raises(DBAPIError):
+                c.execute(text("SELECT COUNT(*) FROM task"))
+                c.commit()
+    finally:
+        store.close()

@@ -337,5 +337,7 @@ class FlowControl:
             await self._db(self.rows.report, self.worker_id, pool=self.lanes.pool,
                            concurrency_limit=int(limit), latency_ms=latency,
                            failure_rate=failure, detail=self.detail())
+        except StoreError as exc:  # the database's condition, said in one line
+            log.warning("flow report failed; will retry: %s", exc)
         except Exception:
             log.exception("flow report failed; will retry")

@@ -20,6 +20,7 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from lockgate.config import FlowSettings
+from lockgate.errors import StoreError
 from lockgate.flow.bucket import Ask
 from lockgate.flow.leasing import DbCall, LeaseRequest, LeaseResult
 from lockgate.flow.priority import Demand, FairShare, urgency, weight
@@ -140,6 +141,8 @@ class Lanes:
         try:
             self._failure_rates = await self._db(
                 self.rows.failure_rates, since_ms=int(self.cfg.failure_window_s * 1000))
+        except StoreError as exc:
+            log.warning("failure-rate query failed; keeping the last figures: %s", exc)
         except Exception:
             log.exception("failure-rate query failed; keeping the last figures")
 
@@ -147,6 +150,9 @@ class Lanes:
         """Find the lanes, weigh them, and recompute the pace of window batches."""
         try:
             lanes, now_ms = await self._db(self.rows.lanes, self.pool)
+        except StoreError as exc:
+            log.warning("lane discovery failed; keeping the last list: %s", exc)
+            return
         except Exception:
             log.exception("lane discovery failed; keeping the last list")
             return
@@ -166,6 +172,8 @@ class Lanes:
                     await self._db(self.rows.pace, lane.batch_id, opens_at=w.start_ms,
                                    every_ms=int(self.cfg.pace_every_s * 1000),
                                    rate=pace_of(w))
+                except StoreError as exc:
+                    log.warning("pacing window %s failed: %s", lane.batch_id, exc)
                 except Exception:
                     log.exception("pacing window %s failed", lane.batch_id)
                 ls.wanted = True

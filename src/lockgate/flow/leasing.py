@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from lockgate.config import FlowSettings
+from lockgate.errors import StoreError
 from lockgate.flow.bucket import Ask, Bucket, Grant, Limits, effective, lease
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import TokenModels
@@ -207,8 +208,11 @@ class Budget:
         self.last_lease = time.monotonic()
         try:
             results = await self._db(lease_buckets, self.rows, sent)
-        except Exception:
-            log.exception("budget lease failed; will retry")
+        except Exception as exc:
+            if isinstance(exc, StoreError):  # the database's condition, in one line
+                log.warning("budget lease failed; will retry: %s", exc)
+            else:
+                log.exception("budget lease failed; will retry")
             for r in sent:
                 kept = self.states.get(r.name)
                 if kept is not None:

@@ -219,6 +219,13 @@ class Dialect:
         its rows as the columns' values, in order."""
         return select(*columns), _as_is
 
+    def long_read(self, conn: Connection) -> AbstractContextManager[None]:
+        """Around a read its caller may leave idle between rows for as long as it likes
+        (a stream of results the user's loop consumes): lifts, for that read alone, the
+        bound a server puts on an idle transaction (see ``engine.IDLE_IN_TRANSACTION_S``).
+        A read holds no row lock, which is what the bound protects."""
+        return nullcontext()
+
     def writer_lock(self) -> AbstractContextManager[Any]:
         """What a process's threads hold around each write transaction (none here)."""
         return nullcontext()
@@ -408,6 +415,12 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint"
 
+    @contextmanager
+    def long_read(self, conn: Connection) -> Iterator[None]:
+        # LOCAL: ends with this read's transaction; the session keeps its bound.
+        conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
+        yield
+
     def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
               worker_id: str) -> list[ClaimedTask]:
         sql = self._claim_update_sql(
@@ -495,6 +508,28 @@ class MySQLDialect(Dialect):
     name = "mysql"
     # Sessions run with time_zone '+00:00' (set on connect), so this is exact UTC.
     now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+    @contextmanager
+    def long_read(self, conn: Connection) -> Iterator[None]:
+        # Session settings (MySQL has no transaction-local ones): the server waits on a
+        # reader that has not fetched (net_write_timeout) and, on MariaDB, on a
+        # transaction left idle (idle_transaction_timeout); both as they were afterwards,
+        # or the connection is dropped rather than pooled with the bounds lifted.
+        names = ["net_write_timeout"]
+        if getattr(conn.dialect, "is_mariadb", False):
+            names.append("idle_transaction_timeout")
+        saved = conn.exec_driver_sql(
+            "SELECT " + ", ".join(f"@@session.{n}" for n in names)).one()
+        conn.exec_driver_sql("SET SESSION " + ", ".join(
+            f"{n} = {31_536_000 if n == 'net_write_timeout' else 0}" for n in names))
+        try:
+            yield
+        finally:
+            try:
+                conn.exec_driver_sql("SET SESSION " + ", ".join(
+                    f"{n} = {int(v)}" for n, v in zip(names, saved, strict=True)))
+            except DBAPIError:
+                conn.invalidate()
 
     def select_stream(self, columns: Sequence[ColumnElement[Any]]
                       ) -> tuple[Select[Any], Callable[[Row[Any]], Sequence[Any]]]:

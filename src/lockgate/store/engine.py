@@ -17,6 +17,13 @@ from lockgate.redact import redact_url
 DEFAULT_URL = "sqlite:///lockgate.db"
 #: How long a SQLite statement waits for a lock held by another connection.
 BUSY_TIMEOUT_MS = 60_000
+#: A session that leaves a transaction open and idle this long is ended by the server
+#: (PostgreSQL's idle_in_transaction_session_timeout, MariaDB's idle_transaction_timeout).
+#: lockgate never waits on anything but the database inside a transaction; a client cut
+#: off from the network, or frozen, in the middle of one would otherwise keep its row
+#: locks (tasks no other worker can claim) until the server's TCP keepalive notices,
+#: two hours by default.
+IDLE_IN_TRANSACTION_S = 60
 
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -83,7 +90,18 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
         _sqlite_setup(engine)
     elif backend in ("mysql", "mariadb"):
         _mysql_setup(engine)
+    else:
+        _postgres_setup(engine)
     return engine
+
+
+def _postgres_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET idle_in_transaction_session_timeout = "
+                        f"{int(IDLE_IN_TRANSACTION_S * 1000)}")
+        dbapi_conn.commit()
 
 
 def _sqlite_setup(engine: Engine) -> None:
@@ -159,4 +177,7 @@ def _mysql_setup(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("SET time_zone = '+00:00'")
         cur.execute("SET SESSION innodb_lock_wait_timeout = 30")
+        if "mariadb" in str(dbapi_conn.get_server_info()).lower():  # not in MySQL
+            cur.execute(f"SET SESSION idle_transaction_timeout = "
+                        f"{max(1, int(IDLE_IN_TRANSACTION_S))}")
         cur.close()

@@ -9,10 +9,14 @@ becomes :class:`~lockgate.errors.DatabaseUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from lockgate.errors import DatabaseUnavailable, LockgateError, StoreError
@@ -83,6 +87,28 @@ def cause(exc: BaseException) -> str:
     return text.splitlines()[0].strip().rstrip(".")
 
 
+def sqlite_hint(message: str, url: str | None) -> str:
+    """What to do about a SQLite file that cannot be written or has no room ("" when
+    the message is about something else)."""
+    text = message.lower()
+    if "full" in text:
+        return (". Free space on the disk that holds the file and its -wal file: nothing "
+                "written so far is lost, and the same command run again (a worker, by "
+                "itself) goes on")
+    if "readonly" not in text and "unable to open" not in text:
+        return ""
+    path = Path(make_url(url).database or "") if url else None
+    if path is not None and path.parent.is_dir():
+        with contextlib.suppress(OSError):
+            if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
+                return (f". The file system holding {path} is mounted read-only; SQLite "
+                        "writes the file and its -wal and -shm files beside it, even to "
+                        "read: remount it read-write")
+    return (". SQLite writes the database file and its -wal and -shm files beside it, "
+            "even to read: make the file and its folder writable (permissions, a "
+            "read-only mount, chattr +i)")
+
+
 def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
     """The lockgate error for one SQLAlchemy/driver exception."""
     where = f" {redact_url(url)}" if url else ""
@@ -91,7 +117,8 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             return DatabaseUnavailable(
                 f"cannot reach the database{where}: {cause(exc)}. Is the server running, "
                 "and is the URL (--db or LOCKGATE_DATABASE_URL) right?")
-        return StoreError(f"the database{where} refused the operation: {cause(exc)}",
+        hint = sqlite_hint(cause(exc), url) if isinstance(exc.orig, sqlite3.Error) else ""
+        return StoreError(f"the database{where} refused the operation: {cause(exc)}{hint}",
                           transient=is_transient(exc))
     return StoreError(f"database error{where}: {cause(exc)}")
 
@@ -108,5 +135,6 @@ def map_db_errors(url: str | None = None) -> Iterator[None]:
         raise translate(exc, url) from exc
     except sqlite3.Error as exc:  # the hot path's raw cursors, outside SQLAlchemy
         raise StoreError(f"the database{' ' + redact_url(url) if url else ''} refused the "
-                         f"operation: {cause(exc)}", transient=any(
+                         f"operation: {cause(exc)}{sqlite_hint(cause(exc), url)}",
+                         transient=any(
                              s in str(exc).lower() for s in _SQLITE_PASSING)) from exc

@@ -159,7 +159,7 @@ class TaskViews:
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
         from_row = TaskResult.from_row
-        with self.read() as tx:
+        with self.read() as tx, self.dialect.long_read(tx.conn):
             for rows in tx.stream(q, rows=5000).partitions():
                 for row in rows:
                     yield from_row(values(row))
