@@ -169,7 +169,7 @@ BAD_IDS = ["range", "missing", "unknown", "placeholder", "negative", "stop-on", 
            "deep", "reserved-model", "reserved-stream", "misspelt", "gate-task-id",
            "gate-batch-id", "huge"]
 
-for _missing in ("delivery_rule", "retry_policy"):  # SPEC T1: all six are required
+for _missing in ("delivery_rule", "retry_policy"):  # all six meta-fields are required
     BAD_LINES.append(({k: v for k, v in task("t-no-" + _missing).items() if k != _missing},
                       _missing, "is required"))
     BAD_IDS.append(f"missing-{_missing}")

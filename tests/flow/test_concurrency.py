@@ -1,4 +1,4 @@
-"""Adaptive concurrency: SPEC S4's rule, the per-token gradient policy, and when the
+"""Adaptive concurrency: the rule of docs/flow.md, the per-token gradient policy, and when the
 controller decides."""
 
 from __future__ import annotations

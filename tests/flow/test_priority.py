@@ -1,4 +1,4 @@
-"""SLA weights (SPEC S2) and the weighted fair share of claims, measured in tokens."""
+"""SLA weights and the weighted fair share of claims, measured in tokens."""
 
 from __future__ import annotations
 

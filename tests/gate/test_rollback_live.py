@@ -1,5 +1,5 @@
 """A rollback while workers run: tasks that name the prompt by reference and are claimed
-more than 5 seconds after the rollback run the restored version (SPEC F4), as their
+more than 5 seconds after the rollback run the restored version, as their
 attempt traces show; no worker restarts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The four anomaly rules (SPEC F2), evaluated on rollups: pure comparisons of a window
+"""The four anomaly rules, evaluated on rollups: pure comparisons of a window
 against its baseline, per prompt version and model.
 
 * completeness collapse: field completeness (before fallbacks) down more than
