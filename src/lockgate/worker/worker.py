@@ -468,8 +468,8 @@ class Worker:
         self._ended += 1
         if self._ended >= self._wake_after:
             self._slot_free.set()
-        if len(self._buffer) >= self.ws.flush_rows:
-            self._flush_wake.set()
+        if len(self._buffer) == 1 or len(self._buffer) >= self.ws.flush_rows:
+            self._flush_wake.set()  # the first row to write (the loop sleeps till then)
 
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
         if isinstance(entry, Fixed):  # no coroutine for the common case
@@ -559,10 +559,10 @@ class Worker:
                         self._stopping.is_set() and not self._running and not self._ready
                         and self._claim_finished.is_set()):
                     return
+                # Nothing to write: sleep until a row arrives or the worker stops (no
+                # timed wake-ups while idle).
                 self._flush_wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._flush_wake.wait(),
-                                           timeout=self.ws.flush_interval_s)
+                await self._flush_wake.wait()
                 continue
             if len(self._buffer) < self.ws.flush_rows and not self._stopping.is_set():
                 await asyncio.sleep(self.ws.flush_interval_s)  # let a batch gather
@@ -623,6 +623,7 @@ class Worker:
                 error_message="released: worker shut down before calling",
                 release_attempt=True))
             self.stats.released += 1
+        self._flush_wake.set()
         if self._running and not self._hard_stop:
             # Wait for the calls, the grace period or a second stop request (hard).
             calls = asyncio.ensure_future(asyncio.wait(list(self._running.values())))
