@@ -1,0 +1,182 @@
+"""A worker's state and the helpers every part of it uses: database calls on the
+worker's own threads (retried while the database is away), the database clock,
+providers by endpoint. :class:`Worker` is this state with its parts mixed in: the
+calls (:mod:`lockgate.worker.calls`) and the write-behind and lease upkeep
+(:mod:`lockgate.worker.upkeep`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from cachetools import LRUCache
+
+from lockgate.config import Endpoint, Settings, WorkerSettings
+from lockgate.errors import StoreError
+from lockgate.flow.control import FlowControl
+from lockgate.providers.base import Provider
+from lockgate.providers.openai import OpenAICompatible
+from lockgate.quality import quality_observer
+from lockgate.registry.resolver import Entry, PromptResolver
+from lockgate.store import ClaimedTask, Finish, Store
+from lockgate.store.flow import FlowStore
+from lockgate.worker.writeback import WriteBack
+
+log = logging.getLogger("lockgate.worker")
+T = TypeVar("T")
+
+#: Configs, routes and sampling parameters kept per process. Each can be rebuilt from
+#: the database, so the bound only caps memory: in the OpenAI batch format every task
+#: has a config of its own.
+CACHE_SIZE = 4096
+
+
+@dataclass
+class WorkerStats:
+    """Counters a worker keeps and reports in its heartbeat row."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead: int = 0
+    retried: int = 0
+    discarded: int = 0
+    released: int = 0
+    claims: int = 0
+    flushes: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed + self.dead
+
+
+class SideService(Protocol):
+    """Something a worker runs beside its loops and stops with it (e.g. the release
+    gate's roles). ``run`` returns soon after ``stopping`` is set; an exception from it
+    stops the worker. In burst mode the worker keeps going while a service is ``busy``."""
+
+    name: str
+
+    async def run(self, stopping: asyncio.Event, worker_id: str) -> None: ...
+
+    async def busy(self) -> bool: ...
+
+
+class WorkerCore:
+    """One worker process's state (see :class:`lockgate.worker.Worker`)."""
+
+
+    def __init__(self, store: Store, settings: Settings | None = None, *,
+                 burst: bool = False, worker_id: str | None = None,
+                 providers: dict[str, Provider] | None = None,
+                 on_progress: Callable[[WorkerStats], None] | None = None,
+                 services: Sequence[SideService] = (),
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.settings = settings or Settings()
+        self.ws: WorkerSettings = self.settings.worker
+        self.burst = burst
+        self.id = worker_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.stats = WorkerStats()
+        self._providers: dict[str, Provider] = dict(providers or {})
+        self._on_progress = on_progress
+        self._configs: LRUCache[str, Entry] = LRUCache(CACHE_SIZE)
+        self._routes: LRUCache[str, tuple[Endpoint, Provider, dict[str, Any]]] = \
+            LRUCache(CACHE_SIZE)
+        self._fb_params: LRUCache[tuple[str, str], dict[str, Any]] = LRUCache(CACHE_SIZE)
+        self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
+        self._services = list(services)
+        #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
+        #: re-claimed by this same worker while its first call still runs.
+        self._held: dict[tuple[int, str], ClaimedTask] = {}
+        self._running: dict[tuple[int, str], asyncio.Task[None]] = {}
+        #: Claimed, held and not started yet: each starts the moment a call ends, so
+        #: the calls in flight stay at ``concurrency`` while the next claim is made.
+        self._ready: collections.deque[tuple[ClaimedTask, Entry]] = collections.deque()
+        self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
+            self.ws.claim_batch, self.ws.concurrency // 4)
+        self._buffer: list[Finish] = []
+        self._flush_wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._ended = 0  # calls ended since the claim loop went to sleep
+        self._wake_after = 1  # ... and how many it waits for
+        #: Set when the last held task's result is written back (burst mode's end).
+        self._held_empty = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._claim_finished = asyncio.Event()
+        self._hard = asyncio.Event()
+        self._hard_stop = False
+        self._rng = random.Random(secrets.randbits(64))
+        self._db_threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
+        #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
+        #: has acted on it (a supervisor that is also a worker forwards it on).
+        self.on_signal: Callable[[int], None] | None = None
+        self._lease_ms = int(self.ws.lease_s * 1000)
+        #: The database clock minus this machine's, in ms (measured at registration and
+        #: at every heartbeat): attempt times are stored on the database clock, which
+        #: retention and failure rates compare them with.
+        self._clock_offset_ms = 0
+        self._wall = wall_clock
+        self._writeback = WriteBack(store, self.id, db=self._db, observe=quality_observer(
+            store, self.settings, self.id))
+        #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
+        self.flow = FlowControl(FlowStore(store), self.settings, self.id, db=self._db,
+                                provider=self._provider)
+
+    # -- helpers ------------------------------------------------------------------
+
+    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db_threads, lambda: fn(*args, **kwargs))
+
+    async def _db_retry(self, what: str, fn: Callable[..., T], *args: Any,
+                        **kwargs: Any) -> T:
+        """``fn`` on a database thread, tried again with back-off for as long as the
+        database fails (unreachable, restarting, locked), until a hard stop. A worker
+        never exits on a database error: it waits for the database."""
+        failures = 0
+        while True:
+            try:
+                return await self._db(fn, *args, **kwargs)
+            except StoreError as exc:
+                failures += 1
+                if self._hard.is_set():
+                    raise
+                delay = min(5.0, 0.05 * 2 ** failures)
+                (log.warning if failures <= 3 or failures % 10 == 0 else log.debug)(
+                    "%s failed (%d in a row), retrying in %.1fs: %s", what, failures,
+                    delay, exc)
+                await self._sleep_hard(delay)
+
+    async def _sleep_hard(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until a hard stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hard.wait(), timeout=seconds)
+
+    def _now_ms(self) -> int:
+        """Now on the database clock, in ms (this machine's clock plus the offset)."""
+        return int(self._wall() * 1000) + self._clock_offset_ms
+
+    def _set_clock(self, db_now_ms: int, asked_at: float, answered_at: float) -> None:
+        self._clock_offset_ms = db_now_ms - int((asked_at + answered_at) * 500)
+
+    def _provider(self, ep: Endpoint) -> Provider:
+        p = self._providers.get(ep.name)
+        if p is None:
+            p = OpenAICompatible(ep.name, ep.base_url, api_key=ep.api_key(),
+                                 max_connections=min(ep.max_concurrency, self.ws.concurrency),
+                                 send_idempotency_key=ep.send_idempotency_key,
+                                 headers=ep.headers, http_client=self.ws.http_client)
+            self._providers[ep.name] = p
+        return p
