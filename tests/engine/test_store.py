@@ -15,7 +15,8 @@ from sqlalchemy.exc import DBAPIError
 
 from lockgate.errors import NotFound, StateConflict, StoreError
 from lockgate.spec import parse_task
-from lockgate.store import ClaimedTask, Finish, Store, dialects
+from lockgate.store import ClaimedTask, Finish, Store
+from lockgate.store.dialects import base as dialect_base
 from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
 from lockgate.store.failures import is_conflict, is_transient
 
@@ -673,7 +674,7 @@ def test_a_migration_lock_held_too_long_is_one_clear_error(
     holds the start up (not a bare ``TimeoutError``)."""
     if backend != "mariadb":
         pytest.skip("only MySQL/MariaDB's migration lock gives up after a bound")
-    monkeypatch.setattr(dialects, "MIGRATION_LOCK_WAIT_S", 1)
+    monkeypatch.setattr(dialect_base, "MIGRATION_LOCK_WAIT_S", 1)
     holder = Store(fresh_db_url, pool_size=1)
     s = Store(fresh_db_url, pool_size=1)
     try:

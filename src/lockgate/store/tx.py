@@ -5,7 +5,7 @@
 :meth:`Tx.execute`, which binds ``:now`` to the database clock in milliseconds, read
 once per transaction (the first time a statement or the code asks for it): the rows a
 transaction writes share one time, and no store repeats the clock's SQL. The claim and
-write-back statements of the hot path (``dialects.py``) are single statements and use
+write-back statements of the hot path (``store/dialects/``) are single statements and use
 the clock expression inline.
 """
 

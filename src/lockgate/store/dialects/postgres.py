@@ -1,0 +1,115 @@
+"""PostgreSQL: one-statement claims with FOR UPDATE SKIP LOCKED, COPY for submits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Table, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql import Insert
+
+from lockgate.store.dialects.base import (
+    _ATTEMPT_KINDS,
+    _CLAIM_COLS,
+    _FINISH_COLS,
+    _FINISH_FENCE,
+    _FINISH_KINDS,
+    _FINISH_SET,
+    _PG_TYPES,
+    _SUBMIT_COLS,
+    _SUBMIT_INTO,
+    _SUBMIT_KINDS,
+    Dialect,
+    NewTaskValues,
+    _claimed,
+    _driver_cursor,
+    _finish_values,
+    _json_batches,
+)
+from lockgate.store.types import ClaimedTask, Finish
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL >= 13: one-statement claims with ``FOR UPDATE SKIP LOCKED``."""
+
+    name = "postgresql"
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint"
+
+    @contextmanager
+    def long_read(self, conn: Connection) -> Iterator[None]:
+        # LOCAL: ends with this read's transaction; the session keeps its bound.
+        conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
+        yield
+
+    def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
+              worker_id: str) -> list[ClaimedTask]:
+        sql = self._claim_update_sql(
+            f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
+            f" ORDER BY visible_at LIMIT :lim FOR UPDATE SKIP LOCKED)"
+        ) + f" RETURNING {_CLAIM_COLS}"
+        rows = conn.execute(text(sql), {"tok": token, "worker": worker_id,
+                                        "lease_ms": lease_ms, "lim": limit}).all()
+        return _claimed(rows)
+
+    #: Rows per JSON parameter are bounded only to bound the memory of one statement.
+    _JSON_BYTES = 32 << 20
+
+    def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        values = ", ".join(f"(e->>{i})::{_PG_TYPES[k]} AS {c}" for i, (c, k) in
+                           enumerate(zip(_FINISH_COLS, _FINISH_KINDS, strict=True)))
+        sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} "
+               f"FROM (SELECT {values} FROM json_array_elements(%s::json) AS e) AS v "
+               f"WHERE {_FINISH_FENCE}")
+        changed = 0
+        with _driver_cursor(conn) as cur:
+            for batch in _json_batches([_finish_values(f) for f in rows], self._JSON_BYTES):
+                cur.execute(sql, (batch.decode(),))
+                changed += cur.rowcount
+        return changed
+
+    def insert_attempts(self, conn: Connection, attempts: Sequence[dict[str, Any]]) -> None:
+        names = sorted(set().union(*attempts))
+        cols = ", ".join(names)
+        types = ", ".join(f"{c} {_PG_TYPES[_ATTEMPT_KINDS[c]]}" for c in names)
+        sql = (f"INSERT INTO task_attempt ({cols}) SELECT {cols} "
+               f"FROM json_to_recordset(%s::json) AS x({types})")
+        with _driver_cursor(conn) as cur:
+            for batch in _json_batches(attempts, self._JSON_BYTES):
+                cur.execute(sql, (batch.decode(),))
+
+    def insert_ignore(self, table: Table) -> Insert:
+        return postgresql.insert(table).on_conflict_do_nothing()
+
+    submit_chunk_rows = 20_000
+    #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
+    #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
+    _STAGE = ("CREATE TEMP TABLE IF NOT EXISTS lockgate_submit ("
+              + ", ".join(f"{c} {_PG_TYPES[k]}" for c, k in zip(_SUBMIT_COLS, _SUBMIT_KINDS,
+                                                               strict=True))
+              + ") ON COMMIT DELETE ROWS")
+
+    def insert_tasks(self, conn: Connection, rows: Sequence[NewTaskValues], *,
+                     now: int) -> int:
+        cols = ", ".join(_SUBMIT_COLS)
+        with _driver_cursor(conn) as cur:
+            cur.execute("SET LOCAL client_min_messages = warning")  # no "already exists"
+            cur.execute(self._STAGE)
+            with cur.copy(f"COPY lockgate_submit ({cols}) FROM STDIN") as copy:
+                for r in rows:
+                    copy.write_row(r)
+            cur.execute(_SUBMIT_INTO.format(ignore="") + f" SELECT {cols}, 'PENDING', "
+                        f"{int(now)}, {int(now)} FROM lockgate_submit "
+                        "ON CONFLICT (task_id) DO NOTHING")
+            return int(cur.rowcount)
+
+    def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
+                   lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
+        sub = self._lane_select("id", " FOR UPDATE SKIP LOCKED")
+        sql = self._claim_update_sql(f"id IN ({sub})") + f" RETURNING {_CLAIM_COLS}"
+        return _claimed(conn.execute(text(sql), self._lane_params(
+            pool, batch_id, limit, lease_ms, token, worker_id)).all())
+
+    _migration_lock = ("SELECT 1 FROM (SELECT pg_advisory_lock(7193001)) AS held",
+                       "SELECT pg_advisory_unlock(7193001)")
