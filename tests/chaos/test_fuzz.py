@@ -240,3 +240,12 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
     path.write_bytes(b"[worker]\nconcurrency = 4\n\x80lease_s = 60\n")
     with pytest.raises(ConfigError, match=r"line 3: not UTF-8 text \(byte 0x80\)"):
         load_settings(path)
+
+
+def test_an_unknown_field_with_a_line_break_in_its_name_stays_one_line() -> None:
+    """Found by the fuzz: a key "\\n" split the error message over two lines."""
+    spec = task("t-1")
+    spec["a\nb\x00"] = 1
+    with pytest.raises(SpecError) as caught:
+        lockgate.connect("sqlite:///:memory:").submit([spec])
+    assert caught.value.field == "a\\nb\\x00" and "\n" not in str(caught.value)
