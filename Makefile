@@ -38,7 +38,7 @@ test: $(STAMP) databases
 # The chaos and fuzz suite at full size (tests/chaos, docs/reliability.md): kill -9 of
 # workers, database restarts and outages on private servers, a network partition, a full
 # or read-only disk, 10,000 fuzz cases. Needs root (private servers, tmpfs, ip netns);
-# about 15 minutes. `make test` runs the same scenarios small (under two minutes).
+# about 20 minutes on a busy 2-CPU machine. `make test` runs the same scenarios small.
 chaos: $(STAMP) databases
 	$(BIN)/python -m pytest tests/chaos --chaos=long -s -q
 
