@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast databases lint bench clean
+.PHONY: install demo test test-fast chaos databases lint bench clean help
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ test: $(STAMP) databases
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
 
+# The chaos and fuzz suite at full size (tests/chaos, docs/reliability.md): kill -9 of
+# workers, database restarts and outages on private servers, a network partition, a full
+# or read-only disk, 10,000 fuzz cases. Needs root (private servers, tmpfs, ip netns);
+# about 20 minutes on a busy 2-CPU machine. `make test` runs the same scenarios small.
+chaos: $(STAMP) databases
+	$(BIN)/python -m pytest tests/chaos --chaos=long -s -q
+
 test-fast: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest $(FAST_TESTS)
@@ -52,3 +59,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache lockgate.db*
+
+help:
+	@echo "make install    create .venv and install lockgate with its test tools"
+	@echo "make demo       run the demo job on SQLite against the simulator"
+	@echo "make test       lint, types, layers and the whole suite (chaos suite short)"
+	@echo "make test-fast  the tests that need no database server (under a minute)"
+	@echo "make chaos      the chaos and fuzz suite at full size (root; docs/reliability.md)"
+	@echo "make lint       ruff, mypy, import-linter"
+	@echo "make bench      the engine throughput benchmark"

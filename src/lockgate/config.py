@@ -330,8 +330,13 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
         p = Path(chosen)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
+        raw = p.read_bytes()
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            line = raw[:exc.start].count(b"\n") + 1
+            raise ConfigError(f"{p}: line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}); "
+                              "save the file as UTF-8") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: {exc}") from None
     overrides = {k: v for k, v in worker_overrides.items() if v is not None}

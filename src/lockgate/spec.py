@@ -332,6 +332,8 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
             out += f"[{part}]"
         else:
             name = "model_config" if (i == 0 and part == "model") else str(part)
+            if not name.isprintable():  # a key like "\n" must not break the one line
+                name = name.encode("unicode_escape", "backslashreplace").decode("ascii")
             out += ("." if out else "") + name
     return out
 

@@ -33,8 +33,8 @@ class Scale:
     fuzz_cases: int
 
 
-SHORT = Scale("short", kill_tasks=1500, kills=3, restart_tasks=1000, outages=(1.0,),
-              cut_s=0.0, fuzz_cases=150)
+SHORT = Scale("short", kill_tasks=1000, kills=3, restart_tasks=1000, outages=(1.0,),
+              cut_s=0.0, fuzz_cases=100)
 LONG = Scale("long", kill_tasks=20_000, kills=20, restart_tasks=10_000, outages=(1.0, 30.0),
              cut_s=60.0, fuzz_cases=2500)
 

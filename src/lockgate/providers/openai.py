@@ -6,6 +6,7 @@ Rust thread, less of the event loop's CPU per call)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
@@ -36,6 +37,16 @@ def _rate_limit(headers: Mapping[str, str]) -> dict[str, str]:
 #: The largest response body kept as returned (for exports); beyond it only the parsed
 #: answer is kept.
 MAX_BODY = 1 << 20
+
+
+def _lenient_json(raw: bytes) -> Any:
+    """A body orjson refuses, read by the standard library, which takes what some
+    providers write and orjson does not: a lone surrogate escape (``\\ud800``) in a
+    model's answer, NaN. None if that fails too."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _kept_body(raw: bytes) -> str | None:
@@ -150,15 +161,17 @@ class OpenAICompatible:
         else:
             status, resp_headers, raw = await self._post_aiohttp(
                 orjson.dumps(body), headers, request.timeout_s)
+        strict = True
         try:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
-            data = None
+            data, strict = _lenient_json(raw), False
         if status != 200:
             raise classify_response(status, data if data is not None else raw[:300].decode(
                 "utf-8", "replace"), resp_headers, raw)
         answer = self._completion(data, status, resp_headers, request.model)
-        answer.body = _kept_body(raw)
+        # A body only the lenient reader takes is not kept: exports read it back strictly.
+        answer.body = _kept_body(raw) if strict else None
         return answer
 
     async def _post_aiohttp(self, body: bytes, headers: Mapping[str, str],

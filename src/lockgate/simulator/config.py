@@ -92,6 +92,8 @@ class SimulatorConfig(BaseModel):
     require_api_key: bool = False
 
     seed: int | None = None
+    #: Answer ``[hostile:KIND]`` in an input with that hostile content (simulator.hostile).
+    hostile: bool = False
 
     @model_validator(mode="before")
     @classmethod

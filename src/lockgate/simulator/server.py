@@ -30,6 +30,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from lockgate.simulator.config import FAULT_RATES, SimulatorConfig
+from lockgate.simulator.hostile import SURROGATE_ESCAPED, SURROGATE_MARK, hostile_content
 from lockgate.simulator.http import DROP, Handler, Reply, Request
 from lockgate.simulator.ratelimit import RateLimiter
 from lockgate.simulator.responder import (
@@ -235,6 +236,7 @@ class Simulator:
             content = truncate(content)
         elif outcome == "chatty":
             content = chatty(content, answer.is_json)
+        content = hostile_content(text, content) if cfg.hostile else content
         if content is not answer.content:
             completion_tokens = estimate_tokens(content)
         return self._success(model, content, finish, prompt_tokens, completion_tokens,
@@ -318,6 +320,8 @@ class Simulator:
             "system_fingerprint": "fp_lockgate_sim",
         }
         body = orjson.dumps(doc)
+        if SURROGATE_MARK in content:
+            body = body.replace(SURROGATE_ESCAPED, b"\\ud800")
         if outcome == "broken_body":
             body = body[: len(body) // 2]
         stats = self.stats
