@@ -117,11 +117,11 @@ class Feedback:
         if ec is None:
             # A success: read the headers fully only when something is exhausted, and
             # every 32nd answer to learn the limits (parsing costs more than the rest
-            # of the accounting together).
+            # of the accounting together); every answer while no limit is known.
             st.health.answers += 1
             if not headers or (headers.get("x-ratelimit-remaining-requests") != "0"
                                and headers.get("x-ratelimit-remaining-tokens") != "0"
-                               and st.health.answers % 32):
+                               and st.health.answers % 32 and st.limited):
                 return
         sig = read_signals(headers, out.retry_after_ms)
         led = st.ledger
@@ -129,6 +129,11 @@ class Feedback:
             led.learned_rpm = float(sig.limit_requests)
         if sig.limit_tokens is not None and sig.limit_tokens != led.sent_tpm:
             led.learned_tpm = float(sig.limit_tokens)
+        if not st.limited and (led.learned_rpm or led.learned_tpm):
+            # The first limit this endpoint names: from now on calls wait for budget
+            # (the next lease, at once), the calls sent before are charged to it.
+            st.learned(led.learned_rpm, led.learned_tpm, now)
+            self._wake()
         if ec is ErrorClass.QUOTA_EXHAUSTED:
             self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
         elif ec is ErrorClass.RATE_LIMITED:
@@ -146,6 +151,8 @@ class Feedback:
             if st.paused_until <= now:
                 log.info("worker %s: endpoint %s paused for %d ms (%s)", self.worker_id,
                          st.name, ms, reason)
+                if st.limited:
+                    st.ledger.give_up()
             st.paused_until = until
             st.pause_reason = reason
         st.ledger.publish_pause(ms, reason)
