@@ -211,7 +211,9 @@ class FlowControl:
 
     def _backlog_target(self) -> float:
         rate = sum(st.health.rate for st in self.states.values())
-        return max(float(self.cfg.min_backlog), rate * self.cfg.backlog_s)
+        # At least the two grant gaps the budget is asked for ahead (a loaded machine).
+        ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
+        return max(float(self.cfg.min_backlog), rate * ahead)
 
     def claim_room(self, free: int) -> int:
         """How many tasks to claim now, given ``free`` places in the worker: only about

@@ -87,12 +87,16 @@ def lease_step(row: BucketRow, req: LeaseRequest) -> tuple[BucketUpdate | None, 
     before = Bucket(s.req_allowance, s.tok_allowance, s.refilled_at, s.paused_until,
                     s.rate_factor, s.cut_at)
     ask = req.ask
-    after, grant = lease(before, limits, row.now, ask)
+    # The database's now was read before the row lock was granted: a worker that
+    # waited for it must not compute at a time before the last grant's (its schedule
+    # would then start early and overlap the grants made in between).
+    now = max(row.now, s.refilled_at)
+    after, grant = lease(before, limits, now, ask)
     reason = s.pause_reason
     if ask.pause_ms > 0 and after.paused_until > before.paused_until:
         reason = req.pause_reason or "provider"
     result = LeaseResult(row.name, grant, limits.requests, limits.tokens, row.window_ms,
-                         reason if grant.paused_ms else None, after.factor, row.now)
+                         reason if grant.paused_ms else None, after.factor, now)
     changed = (after.paused_until != before.paused_until or after.cut_at != before.cut_at
                or grant.requests or grant.tokens or ask.give_requests or ask.give_tokens
                or ask.debt_tokens or ask.debt_requests or req.learned_rpm is not None
@@ -113,6 +117,10 @@ def lease_buckets(rows: BucketRows, requests: Sequence[LeaseRequest]
     done = rows.update_buckets(list(by_name), lambda row: lease_step(row, by_name[row.name]))
     return {name: res if written else replace(res, grant=Grant(0, 0.0, res.grant.paused_ms))
             for name, (res, written) in done.items()}
+
+
+#: The longest time between grants that grants ahead cover (two of them: 1 s).
+MAX_GAP_S = 0.5
 
 
 class Pacing(Protocol):
@@ -143,14 +151,26 @@ class Budget:
         self.leases = 0
         self.last_lease = 0.0  # when (monotonic)
         self._period = cfg.lease_interval_s  # the real time between leases, smoothed
+        #: The real time between two grants arriving, smoothed (a loaded machine or a
+        #: slow database makes it longer than ``lease_interval_s``), and the last one.
+        self._gap = cfg.lease_interval_s
+        self._applied = 0.0
         #: The database clock minus this process's monotonic clock (ms), at least:
         #: grants scheduled on the database's time are mapped with it, so that those of
         #: two workers do not overlap by their leases' different round trips.
         self._offset: float | None = None
 
+    @property
+    def horizon(self) -> float:
+        """Seconds between two grants as this worker really gets them (at least
+        ``lease_interval_s``, at most :data:`MAX_GAP_S`): it asks for, holds and is
+        granted ahead two of them, so that no refill is lost while it waits for the
+        next grant and its calls never wait for one."""
+        return min(MAX_GAP_S, max(self.cfg.lease_interval_s, self._gap, self._period))
+
     def _request(self, name: str, ask: Ask, **kw: Any) -> LeaseRequest:
-        return LeaseRequest(name, ask, self.cfg.headroom, self.cfg.burst, self.cfg.min_cap_ms,
-                            **kw)
+        return LeaseRequest(name, ask, self.cfg.headroom, self.cfg.burst,
+                            max(self.cfg.min_cap_ms, 2000.0 * self.horizon), **kw)
 
     def _ask(self, st: EndpointState, interval: float) -> Ask:
         """What to ask of ``st``'s bucket: calls waiting, or (below the limit) one
@@ -188,7 +208,7 @@ class Budget:
         # Prefetch for the real period between leases (a loaded machine ticks slower).
         self._period += 0.3 * (dt - self._period)
         interval = max(self.cfg.lease_interval_s, self._period)
-        reqs = [self._request(st.name, self._ask(st, interval),
+        reqs = [self._request(st.name, self._ask(st, 2 * self.horizon),
                               period_ms=st.ep.limit_enforced_s * 1000.0,
                               pause_reason=st.ledger.pause_reason,
                               learned_rpm=st.ledger.learned_rpm,
@@ -249,6 +269,9 @@ class Budget:
     def _apply(self, results: dict[str, LeaseResult], sent: dict[str, LeaseRequest],
                before: float) -> None:
         mono = time.monotonic()
+        if self._applied:
+            self._gap += 0.3 * (mono - self._applied - self._gap)
+        self._applied = mono
         at = self._clock(results, before, mono)  # when the grants were computed
         starved = False
         for name, res in results.items():
