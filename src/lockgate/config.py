@@ -170,6 +170,9 @@ class FlowSettings(_Strict):
     breaker_open_s: Seconds = Field(5.0, gt=0)
     breaker_max_open_s: Seconds = Field(60.0, gt=0)
     breaker_probes: int = Field(3, ge=1)
+    endpoint_down_max_s: Seconds = Field(
+        3600.0, gt=0, description="connection errors stop sparing a task's attempts once "
+                                  "its endpoint has been failing this long")
     fair_share: bool = Field(True, description="share claims among batches by weight")
     lanes_refresh_s: Seconds = Field(1.0, gt=0, description="batch (lane) discovery period")
     failure_window_s: Seconds = Field(3600.0, gt=0, description="failure rate look-back")

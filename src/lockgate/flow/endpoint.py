@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.config import Endpoint, FlowSettings
-from lockgate.flow.breaker import Breaker
+from lockgate.flow.breaker import Breaker, BreakerState
 from lockgate.flow.bucket import Grant, usable
 from lockgate.flow.concurrency import Adaptive, make_policy
 
@@ -114,6 +114,10 @@ class Health:
     latency_ewma: float | None = None
     failure_ewma: float = 0.0
     last_error: str | None = None
+    #: When the endpoint last answered (any HTTP answer: it is reachable), and when
+    #: its current run of failures began (None: its last call did not fail).
+    last_answer: float | None = None
+    failing_since: float | None = None
 
     def tick(self, dt: float) -> None:
         """Fold the calls dispatched in the last ``dt`` seconds into the rate."""
@@ -222,6 +226,11 @@ class EndpointState:
             "pause_reason": self.pause_reason if self.paused(now) else None,
             "calls": h.calls, "failures": h.failures, "throttled": h.throttled,
             "rerouted": h.rerouted, "rate_per_s": round(h.rate, 1),
+            "failing_s": None if h.failing_since is None else
+            round(now - h.failing_since, 1),
+            "last_error": h.last_error if h.failing_since is not None else None,
+            "retry_in_s": round(max(0.0, self.breaker.open_until - now), 1)
+            if self.breaker.state is BreakerState.OPEN else None,
             "rate_factor": round(self.factor, 3),
         }
 
