@@ -220,7 +220,7 @@ class Admission:
                 if st.in_flight < st.adaptive.slots and st.has_budget(w.tokens):
                     # Budget held but scheduled: let the call go when it is usable
                     # (a few ms at a time, not one timer per call).
-                    self._timer(st, max(PACE_TICK_S, st.usable_in(now)))
+                    self._timer(st, max(PACE_TICK_S, st.usable_in(now)), wake=False)
                 break
             if not st.breaker.available(now):
                 self._timer(st, max(0.05, st.breaker.open_until - now))
@@ -236,14 +236,17 @@ class Admission:
             if not w.fut.done():
                 w.fut.set_result(False)
 
-    def _timer(self, st: EndpointState, delay: float) -> None:
+    def _timer(self, st: EndpointState, delay: float, *, wake: bool = True) -> None:
+        """Dispatch again after ``delay``; with ``wake``, also ask for a grant then if
+        calls still wait (after a pause; not while scheduled budget is being spent, which
+        would ask the database every few ms)."""
         if st.timer is not None and not st.timer.cancelled():
             return
 
         def fire() -> None:
             st.timer = None
             self.dispatch(st)
-            if st.waiters and st.limited:
+            if wake and st.waiters and st.limited:
                 self._wake()
 
         st.timer = asyncio.get_running_loop().call_later(max(0.0, delay), fire)
