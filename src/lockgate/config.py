@@ -76,6 +76,10 @@ class Endpoint(_Strict):
     tpm: int | None = Field(None, ge=1, description="tokens per limit window, all workers")
     limit_window_s: Seconds = Field(60.0, gt=0, le=86_400,
                                     description="the provider's window")
+    limit_enforced_s: Seconds = Field(
+        1.0, gt=0, le=86_400,
+        description="the shortest period the provider may enforce its limits over, "
+                    "scaled (OpenAI: 1 s); the bucket paces at it")
     tpm_counts_max_tokens: bool = Field(
         False, description="the provider charges max_tokens (not the answer) at admission")
     min_concurrency: int = Field(1, ge=1)
@@ -147,9 +151,11 @@ class FlowSettings(_Strict):
     """Flow control (``[flow]``): shared budgets, pauses, adaptive concurrency, circuit
     breakers, fair share and windows. docs/flow.md explains each knob."""
 
-    lease_interval_s: Seconds = Field(0.1, gt=0, le=5, description="budget lease period")
+    lease_interval_s: Seconds = Field(0.1, gt=0, le=5,
+                                      description="period of budget grants (shared buckets)")
     headroom: float = Field(0.02, ge=0, lt=1, description="share of a limit left unused")
-    burst: float = Field(0.01, gt=0, lt=1, description="bucket size, share of a window")
+    burst: float = Field(0.01, gt=0, lt=1,
+                         description="bucket size, share of a limit's enforcement period")
     backlog_s: Seconds = Field(0.5, gt=0, description="calls claimed ahead of budget")
     min_backlog: int = Field(16, ge=1)
     adjust_interval_s: Seconds = Field(1.0, gt=0, description="concurrency decision period")
@@ -167,6 +173,9 @@ class FlowSettings(_Strict):
     breaker_open_s: Seconds = Field(5.0, gt=0)
     breaker_max_open_s: Seconds = Field(60.0, gt=0)
     breaker_probes: int = Field(3, ge=1)
+    endpoint_down_max_s: Seconds = Field(
+        3600.0, gt=0, description="connection errors stop sparing a task's attempts once "
+                                  "its endpoint has been failing this long")
     fair_share: bool = Field(True, description="share claims among batches by weight")
     lanes_refresh_s: Seconds = Field(1.0, gt=0, description="batch (lane) discovery period")
     failure_window_s: Seconds = Field(3600.0, gt=0, description="failure rate look-back")

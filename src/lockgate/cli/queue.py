@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -39,10 +41,13 @@ from lockgate.cli._common import (
     when,
 )
 from lockgate.cli.report import summary_table
+from lockgate.config import Endpoint, Settings
 from lockgate.errors import LockgateError
 from lockgate.files import WRITERS, Format
 from lockgate.flow.status import report as flow_report
+from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
+from lockgate.providers import reach
 from lockgate.quality.report import prune_rollups
 from lockgate.redact import redact_url
 from lockgate.results import Status
@@ -157,6 +162,47 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
                       "start and are paced to finish inside it", markup=False)
 
 
+def _served(settings: Settings, pool: str | None) -> list[Endpoint]:
+    """The endpoints a worker of ``pool`` (None: every pool) may call, fallbacks too."""
+    eps = list(settings.endpoints())
+    if pool is None:
+        return eps
+    names = {e.name for e in eps if e.pool == pool}
+    todo = list(names)
+    while todo:
+        ep = settings.endpoint_named(todo.pop())
+        if ep is not None and ep.fallback and ep.fallback not in names:
+            names.add(ep.fallback)
+            todo.append(ep.fallback)
+    return [e for e in eps if e.name in names]
+
+
+def _check_endpoints(settings: Settings, pool: str | None, *, refuse: bool) -> None:
+    """Say which endpoints cannot be reached (docs/flow.md, "When an endpoint is
+    down"); with ``refuse``, stop when none can."""
+    eps = _served(settings, pool)
+    if not eps:
+        return
+    bad = reach.check(eps)
+    if refuse and len(bad) == len(eps):
+        what = "; ".join(u.describe() for u in bad)
+        raise LockgateError(
+            f"{'every endpoint is' if len(bad) > 1 else 'the only endpoint is'} "
+            f"unreachable, so no task could run: {what}. Start the provider (the "
+            "simulator: lockgate simulate) or fix base_url in the config file (--config), "
+            "then run again; nothing was submitted")
+    for u in bad:
+        console.print(f"WARNING: {u.describe()}; its tasks wait until it answers",
+                      markup=False)
+
+
+class _ConsoleLog(logging.Handler):
+    """Log records printed through the console, above the progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        console.print(f"{record.levelname}: {record.getMessage()}", markup=False)
+
+
 @command(app)
 def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = None,
            claim_batch: ClaimOpt = None, lease: LeaseOpt = None, grace: GraceOpt = None,
@@ -180,6 +226,7 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                       if processes > 1 else
                       f"worker on {redact_url(lg.store.url)}: concurrency "
                       f"{ws.concurrency}, lease {ws.lease_s:g}s", markup=False)
+        _check_endpoints(lg.settings, pool, refuse=False)
         stats = lg.run_worker(burst=burst, gate=gate, processes=processes,
                               log_level=log_level, **overrides)
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
@@ -193,21 +240,45 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
     total = sum(counts.values())
     done0 = total - counts.get("PENDING", 0)
     t0 = time.perf_counter()
+    issues: list[str] = []  # endpoints in trouble, as the workers report them
+    last = [done0]
     with _progress(auto_refresh=processes == 1) as prog:
         bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
 
         def show(done: int) -> None:
+            last[0] = done
             elapsed = time.perf_counter() - t0
             rate = (done - done0) / elapsed if elapsed > 0 else 0.0
-            prog.update(bar, completed=done, rate=f"{rate:,.0f} tasks/s",
-                        refresh=processes > 1)
+            prog.update(bar, completed=done, rate=" | ".join(
+                [f"{rate:,.0f} tasks/s", *issues]), refresh=processes > 1)
+
+        def look() -> None:
+            issues[:] = trouble({"endpoints": w.endpoints} for w in lg.status().workers)
 
         def poll() -> None:  # most workers are other processes: read the database
             c = lg.store.batch_counts(batch_id)
+            look()
             show(sum(c.values()) - c.get("PENDING", 0))
 
-        lg.run_worker(burst=True, processes=processes, tick=poll,
-                      on_progress=lambda stats: show(done0 + stats.finished), **overrides)
+        stop = threading.Event()
+
+        def watch() -> None:  # one process: its calls may all be waiting (no progress)
+            while not stop.wait(1.0):
+                with contextlib.suppress(Exception):
+                    look()
+                    show(last[0])
+
+        watcher = threading.Thread(target=watch, daemon=True, name="lockgate-progress")
+        if processes == 1:
+            watcher.start()
+        try:
+            lg.run_worker(burst=True, processes=processes, tick=poll,
+                          on_progress=lambda stats: show(done0 + stats.finished),
+                          **overrides)
+        finally:
+            stop.set()
+            if watcher.is_alive():
+                watcher.join()
         if processes > 1:
             poll()
     return time.perf_counter() - t0
@@ -220,7 +291,11 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         concurrency: ConcOpt = None, claim_batch: ClaimOpt = None, lease: LeaseOpt = None,
         processes: ProcOpt = 1) -> None:
     """Submit FILE and work until every task is finished (one machine), with progress."""
+    handler = _ConsoleLog(logging.WARNING)
+    logging.getLogger("lockgate").addHandler(handler)
+    logging.getLogger("lockgate").setLevel(logging.WARNING)
     with opened(db, config, create=True) as lg:
+        _check_endpoints(lg.settings, None, refuse=True)
         batch_id = _submit(lg, file, fmt, batch, skip_invalid, rejects)
         elapsed = run_batch(lg, batch_id, processes,
                             **_overrides(concurrency, claim_batch, lease))

@@ -90,6 +90,10 @@ class Ticket:
     cold: Cold | None = None
 
 
+#: Shortest wait for scheduled budget (calls that become usable within it go together).
+PACE_TICK_S = 0.004
+
+
 class Admission:
     """The per-endpoint queues of one worker (see the module docstring).
 
@@ -170,17 +174,17 @@ class Admission:
         budget and takes a slot. Returns whether it is a probe."""
         probe = st.breaker.state is not BreakerState.CLOSED
         st.breaker.allow(now)
-        st.spend(tokens)
+        st.spend(tokens, now)
         st.adaptive.note_in_flight(st.in_flight)
         return probe
 
     @staticmethod
-    def _room(st: EndpointState, tokens: float) -> bool:
-        return st.in_flight < st.adaptive.slots and st.has_budget(tokens)
+    def _room(st: EndpointState, tokens: float, now: float) -> bool:
+        return st.in_flight < st.adaptive.slots and st.has_budget(tokens, now)
 
     def _free(self, st: EndpointState, tokens: float, now: float) -> bool:
         """Whether a call may pass at once (no call queued before it)."""
-        return (not st.waiters and not st.paused(now) and self._room(st, tokens)
+        return (not st.waiters and not st.paused(now) and self._room(st, tokens, now)
                 and st.breaker.available(now))
 
     def undo(self, st: EndpointState, tokens: float) -> None:
@@ -212,7 +216,11 @@ class Admission:
             if w.fut.done():  # its task was cancelled
                 self._drop(st, q.popleft())
                 continue
-            if not self._room(st, w.tokens):
+            if not self._room(st, w.tokens, now):
+                if st.in_flight < st.adaptive.slots and st.has_budget(w.tokens):
+                    # Budget held but scheduled: let the call go when it is usable
+                    # (a few ms at a time, not one timer per call).
+                    self._timer(st, max(PACE_TICK_S, st.usable_in(now)), wake=False)
                 break
             if not st.breaker.available(now):
                 self._timer(st, max(0.05, st.breaker.open_until - now))
@@ -228,14 +236,17 @@ class Admission:
             if not w.fut.done():
                 w.fut.set_result(False)
 
-    def _timer(self, st: EndpointState, delay: float) -> None:
+    def _timer(self, st: EndpointState, delay: float, *, wake: bool = True) -> None:
+        """Dispatch again after ``delay``; with ``wake``, also ask for a grant then if
+        calls still wait (after a pause; not while scheduled budget is being spent, which
+        would ask the database every few ms)."""
         if st.timer is not None and not st.timer.cancelled():
             return
 
         def fire() -> None:
             st.timer = None
             self.dispatch(st)
-            if st.waiters and st.limited:
+            if wake and st.waiters and st.limited:
                 self._wake()
 
         st.timer = asyncio.get_running_loop().call_later(max(0.0, delay), fire)

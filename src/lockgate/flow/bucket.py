@@ -5,16 +5,23 @@ every machine leases small chunks from it. This module is the arithmetic only: t
 store reads the row and the database clock, calls :func:`lease`, and writes the result
 back under the row's version.
 
-Why a bucket can promise "never over the limit" to a provider that counts in a sliding
-window of ``W`` ms: a bucket that refills at rate ``r`` and holds at most ``cap`` grants
-at most ``cap + r * T`` in any period ``T``. The cap is ``max(L * burst, r * min_cap_ms)``
-(``min_cap_ms`` is two lease intervals, so refills between leases are never lost), and
-the rate is what remains of ``L * (1 - headroom)`` once the cap is set aside, so the
-grants inside any window stay below ``L * (1 - headroom)`` for any window length. The
-headroom is left for what the bucket cannot see: budget workers hold between the grant
-and the call, calls sent late and bunched, refunds of estimates that were too dear.
-Allowance may go negative: a request larger than the cap (or a settlement that charges
-more than was reserved) is paid back by later refills, so the long-run rate holds.
+Providers publish a limit ``L`` per window ``W`` (a minute) but may enforce it over a
+shorter period ``P`` (OpenAI: 60,000 per minute may be enforced as 1,000 in any second),
+so a provider's limit is paced at ``P``: its share per period is ``L_P = L * P / W``.
+A bucket that refills at rate ``r`` and holds at most ``cap`` releases at most
+``cap + r * T`` in any period ``T``. The cap is a small share of ``L_P`` (``burst``),
+and the rate is what remains of ``L_P * (1 - headroom)`` once the cap is set aside, so
+the budget released inside any period of ``P`` or more stays below
+``L_P * (1 - headroom)`` per ``P``. A lease may grant ahead of the allowance by up to
+``ahead_ms`` of refill (the allowance goes negative): those grants are *scheduled*,
+they become usable when the allowance would have reached them, and the worker
+spends them no earlier (:class:`Grant` says when). So a worker that leases every
+100 ms always holds the next 100 ms of budget, none of it is lost between leases, and
+nothing bunches at lease time. The headroom is left for what the bucket cannot see:
+calls sent late and bunched by a starved process, refunds of estimates that were too
+dear. Allowance may go negative for tokens too: a request larger than the cap (or a
+settlement that charges more than was reserved) is paid back by later refills, so the
+long-run rate holds.
 """
 
 from __future__ import annotations
@@ -36,43 +43,79 @@ class Limits:
     headroom: float = 0.02
     burst: float = 0.01
     min_cap_ms: float = 0.0
-    #: The limit is a provider's, counted in a sliding window: the cap is set aside
-    #: inside the window. False for a pace (a window batch's target rate), which is
-    #: met on average and has no window to overrun.
+    #: The limit is a provider's, counted in a sliding window: it is paced at
+    #: ``period_ms`` with the cap set aside inside it, and grants run ahead of the
+    #: allowance by ``min_cap_ms`` (scheduled). False for a pace (a window batch's
+    #: target rate), which is met on average and has no window to overrun.
     sliding: bool = True
+    #: The shortest period the provider may enforce the limit over, scaled (0: the
+    #: window). A limit of few units per window is paced over a longer period
+    #: (:data:`MIN_UNITS` per period at least).
+    period_ms: float = 0.0
 
     @property
     def limited(self) -> bool:
         return self.requests is not None or self.tokens is not None
 
+    def period(self, limit: float) -> float:
+        """The period (ms) a provider's ``limit`` is paced at: ``period_ms``, but long
+        enough to hold :data:`MIN_UNITS` of the limit, and at most the window."""
+        w = float(self.window_ms)
+        if not self.sliding or self.period_ms <= 0:
+            return w
+        return min(w, max(self.period_ms, w * MIN_UNITS / max(limit, 1e-9)))
+
     def rate(self, limit: float | None) -> float:
-        """Refill per ms for a limit (0 for unlimited): what is left of the window's
-        ``limit * (1 - headroom)`` once the cap is set aside, so ``cap + rate * W``
+        """Refill per ms for a limit (0 for unlimited): what is left of the period's
+        share ``L_P * (1 - headroom)`` once the cap is set aside, so ``cap + rate * P``
         never exceeds it and the headroom stays free for what the bucket cannot see."""
         if limit is None:
             return 0.0
         budget = limit * (1.0 - self.headroom)
         if not self.sliding:
             return budget / self.window_ms
-        # cap = max(1, limit * burst, rate * min_cap_ms): the smaller of the two rates
-        # below satisfies cap + rate * W <= budget whichever term the cap takes.
-        r = min(budget / (self.window_ms + self.min_cap_ms),
-                (budget - max(1.0, limit * self.burst)) / self.window_ms)
-        # A limit of about one call per window leaves nothing after the cap: pace at
+        p = self.period(limit)
+        share = budget * p / self.window_ms
+        r = (share - max(1.0, limit * p / self.window_ms * self.burst)) / p
+        # A limit of about one call per period leaves nothing after the cap: pace at
         # half the budget then (the bound cannot hold below one whole request).
-        return max(r, budget / self.window_ms / 2)
+        return max(r, share / p / 2)
 
     def cap(self, limit: float | None) -> float:
-        """Most a bucket can hold: a small share of the window, but at least what refills
-        in ``min_cap_ms`` (so refills between two leases are not lost) and one request."""
+        """Most a bucket can hold (idle, it fills up to this; a burst of it may go at
+        once). A provider's limit: a small share of its period (``burst``), at least
+        one request. A pace: that share of its window, at least ``min_cap_ms`` of
+        refill (so refills between two leases are not lost)."""
         if limit is None:
             return math.inf
+        if self.sliding:
+            return max(1.0, limit * self.period(limit) / self.window_ms * self.burst)
         return max(1.0, limit * self.burst, self.rate(limit) * self.min_cap_ms)
+
+    def ahead(self, limit: float | None) -> float:
+        """How far below zero a grant may take the allowance: ``min_cap_ms`` of refill
+        for a provider's limit (granted ahead, scheduled), nothing for a pace."""
+        if limit is None or not self.sliding:
+            return 0.0
+        return self.rate(limit) * self.min_cap_ms
+
+    @property
+    def recover_per_ms(self) -> float:
+        """How fast a rate cut by 429s climbs back: :data:`RECOVER` of the limit per
+        period the limit is paced at, that period taken between 1 s and 10 s."""
+        limit = self.requests if self.requests is not None else self.tokens
+        p = 10_000.0 if limit is None else min(10_000.0, max(1000.0, self.period(limit)))
+        return RECOVER / p
 
     def per_second(self) -> tuple[float | None, float | None]:
         """The refill rate as (requests/s, tokens/s), the most a lease can sustain."""
         return (None if self.requests is None else self.rate(self.requests) * 1000,
                 None if self.tokens is None else self.rate(self.tokens) * 1000)
+
+
+#: A provider's limit is paced over a period that holds at least this many units of it
+#: (a limit of 600 per minute is paced over 10 s, not 1 s: 1% of 10 is no burst).
+MIN_UNITS = 100.0
 
 
 def effective(configured: float | None, learned: float | None) -> float | None:
@@ -124,6 +167,9 @@ class Ask:
     #: The settlement since its last lease: real usage minus estimates (negative: a
     #: refund).
     debt_tokens: float = 0.0
+    #: Calls sent before the limit was known (learned from the provider's headers),
+    #: charged to the request allowance once it is.
+    debt_requests: float = 0.0
     pause_ms: int = 0  # a pause it learned from the provider
     cut: bool = False  # a 429 for the rate: every worker's rate goes down a step
     per_call: float = 0.0  # its estimate of one waiting call's tokens
@@ -134,11 +180,14 @@ class Ask:
 
 #: A 429 for exceeding the limit lowers the rate of every worker by 10% (at most once
 #: per ``CUT_GAP_MS``, however many calls the burst hit), down to half; it climbs back
-#: by 2% of the limit per 10 s without 429s. The provider's verdict corrects what the
-#: bucket cannot see: limits counted differently, delays that bunch calls up on the way.
+#: by 2% of the limit per period the limit is paced at (at least 1 s, at most 10 s:
+#: per 10 s for a per-minute limit, per second for one enforced per second) without
+#: 429s. The provider's verdict corrects what the bucket cannot see: limits counted
+#: differently, delays that bunch calls up on the way.
 CUT = 0.9
 MIN_FACTOR = 0.5
-RECOVER_PER_MS = 0.02 / 10_000
+RECOVER = 0.02
+RECOVER_PER_MS = RECOVER / 10_000  # the slowest recovery
 CUT_GAP_MS = 2000
 
 
@@ -149,6 +198,21 @@ class Grant:
     requests: int
     tokens: float
     paused_ms: int
+    #: When the grant becomes usable: the allowance it was taken from (``*_from``)
+    #: and the refill per ms (``*_rate``; 0: all of it at once). The worker may spend
+    #: ``clamp(from + rate * t, 0, granted)`` of it ``t`` ms after the lease
+    #: (:func:`usable`).
+    req_from: float = math.inf
+    req_rate: float = 0.0
+    tok_from: float = math.inf
+    tok_rate: float = 0.0
+
+
+def usable(granted: float, start: float, rate: float, t_ms: float) -> float:
+    """How much of a grant may be spent ``t_ms`` after the lease (see :class:`Grant`)."""
+    if rate <= 0 or start >= granted:
+        return granted
+    return min(granted, max(0.0, start + rate * t_ms))
 
 
 def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, Grant]:
@@ -160,7 +224,7 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
     larger than the bucket's cap is never starved and the overdraft is one call at most.
     Nothing is granted during a pause.
     """
-    factor = min(1.0, bucket.factor + max(0, now - bucket.refilled_at) * RECOVER_PER_MS)
+    factor = min(1.0, bucket.factor + max(0, now - bucket.refilled_at) * limits.recover_per_ms)
     cut_at = bucket.cut_at
     if ask.cut and now - cut_at >= CUT_GAP_MS:
         factor = max(MIN_FACTOR, factor * CUT)
@@ -169,7 +233,8 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
     b = replace(bucket.refilled(limits, now), factor=factor, cut_at=cut_at)
     req, tok = b.requests, b.tokens
     if limits.requests is not None:
-        req = min(limits.cap(limits.requests), req + max(0.0, ask.give_requests))
+        req = min(limits.cap(limits.requests), req + max(0.0, ask.give_requests)) \
+            - max(0.0, ask.debt_requests)
     if limits.tokens is not None:
         # Returns and refunds refill only up to the cap (else they would make a burst);
         # charges are always taken, the allowance may go negative.
@@ -180,10 +245,12 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
         paused_until = max(paused_until, now + ask.pause_ms)
     n = 0
     tokens = 0.0
+    req_from, tok_from = req, tok
     if now >= paused_until:
         if ask.requests > 0:
             n = ask.requests if limits.requests is None else \
-                min(ask.requests, max(0, math.floor(req + 1e-9)))
+                min(ask.requests,
+                    max(0, math.floor(req + limits.ahead(limits.requests) + 1e-9)))
         if ask.tokens > 0:
             want = ask.tokens
             if (limits.requests is not None and n < ask.requests and ask.per_call > 0):
@@ -195,14 +262,20 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
                                      - ask.held_tokens))
             if limits.tokens is None:
                 tokens = want
-            elif tok > 0 and want > 0:
-                tokens = min(want, max(tok, min(ask.largest, want)))
+            else:
+                avail = tok + limits.ahead(limits.tokens)
+                if avail > 0 and want > 0:
+                    tokens = min(want, max(avail, min(ask.largest, want)))
         if limits.requests is not None:
             req -= n
         if limits.tokens is not None:
             tok -= tokens
     out = replace(b, requests=req, tokens=tok, paused_until=paused_until)
-    return out, Grant(n, tokens, max(0, paused_until - now))
+    return out, Grant(n, tokens, max(0, paused_until - now),
+                      req_from if limits.requests is not None else math.inf,
+                      limits.rate(limits.requests) if limits.sliding else 0.0,
+                      tok_from if limits.tokens is not None else math.inf,
+                      limits.rate(limits.tokens) if limits.sliding else 0.0)
 
 
 def scaled(limits: Limits, factor: float) -> Limits:

@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 from lockgate.config import Endpoint, FlowSettings, Settings
 from lockgate.errors import ErrorClass, StoreError
 from lockgate.flow.admission import Admission, Ticket
+from lockgate.flow.breaker import BreakerState
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import TokenModels
 from lockgate.flow.feedback import THROTTLED, Feedback
@@ -48,6 +49,9 @@ from lockgate.store.types import ClaimedTask
 log = logging.getLogger("lockgate.flow")
 
 T = TypeVar("T")
+
+#: Shortest wait of a task whose call met an endpoint that is down.
+DOWN_RETRY_S = 1.0
 
 
 class FlowRows(BucketRows, LaneRows, Protocol):
@@ -205,13 +209,22 @@ class FlowControl:
             ec = rec.outcome.error_class if rec.outcome is not None else None
             if self.reroutes(primary, ec):  # refused before any work: the fallback takes it
                 return res, Passage(ticket.routed_from, "rerouted")
+            if ec is ErrorClass.CONNECTION_ERROR:
+                now = time.monotonic()
+                if self.feedback.down(st, now):  # not the task's fault: it waits
+                    wait = st.breaker.open_until - now \
+                        if st.breaker.state is BreakerState.OPEN else 0.0
+                    return res, Passage(ticket.routed_from, "unreachable",
+                                        int(1000 * max(DOWN_RETRY_S, wait)))
             return res, Passage(ticket.routed_from)
 
     # -- claims ----------------------------------------------------------------------
 
     def _backlog_target(self) -> float:
         rate = sum(st.health.rate for st in self.states.values())
-        return max(float(self.cfg.min_backlog), rate * self.cfg.backlog_s)
+        # At least the two grant gaps the budget is asked for ahead (a loaded machine).
+        ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
+        return max(float(self.cfg.min_backlog), rate * ahead)
 
     def claim_room(self, free: int) -> int:
         """How many tasks to claim now, given ``free`` places in the worker: only about

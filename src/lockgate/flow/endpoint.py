@@ -9,13 +9,18 @@ and pause. Nothing here waits or does I/O.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.config import Endpoint, FlowSettings
-from lockgate.flow.breaker import Breaker
+from lockgate.flow.breaker import Breaker, BreakerState
+from lockgate.flow.bucket import Grant, usable
 from lockgate.flow.concurrency import Adaptive, make_policy
+
+#: Send times kept while no limit is known.
+RECENT_KEPT = 16_384
 
 
 @dataclass(slots=True)
@@ -36,10 +41,15 @@ class Ledger:
 
     req: float = 0.0  # granted, unspent (negative: spent beyond the grant)
     tok: float = 0.0
+    #: Grants not usable yet in full (granted ahead, see :class:`~lockgate.flow.bucket.
+    #: Grant`): ``[monotonic time of the lease, granted, from, rate per ms]``.
+    sched_req: list[list[float]] = field(default_factory=list)
+    sched_tok: list[list[float]] = field(default_factory=list)
     #: To return: unspent budget, and reservations of calls the provider refused.
     give_req: float = 0.0
     give_tok: float = 0.0
     debt_tok: float = 0.0  # tokens used minus tokens reserved, since the last lease
+    debt_req: float = 0.0  # calls sent before the limit was learned
     cut: bool = False  # a 429 for the rate: the shared rate goes down a step
     pause_ms: int = 0  # the longest pause learned since the last lease, and why
     pause_reason: str | None = None
@@ -48,6 +58,35 @@ class Ledger:
     #: The limits last reported to the row (the same header again is no news).
     sent_rpm: float | None = None
     sent_tpm: float | None = None
+
+    def granted(self, g: Grant, now: float) -> None:
+        """Add a lease's grant; what is granted ahead is scheduled."""
+        self.req += g.requests
+        self.tok += g.tokens
+        if g.requests and g.req_rate > 0 and g.req_from < g.requests:
+            self.sched_req.append([now, float(g.requests), g.req_from, g.req_rate])
+        if g.tokens and g.tok_rate > 0 and g.tok_from < g.tokens:
+            self.sched_tok.append([now, g.tokens, g.tok_from, g.tok_rate])
+
+    def give_up(self) -> None:
+        """A pause began: the budget held goes back to the bucket (the provider's time
+        it was scheduled for passes unused; spent after the pause it would be a
+        burst)."""
+        if self.req > 0:
+            self.give_req += self.req
+            self.req = 0.0
+        if self.tok > 0:
+            self.give_tok += self.tok
+            self.tok = 0.0
+        self.sched_req.clear()
+        self.sched_tok.clear()
+
+    def clear(self) -> None:
+        """Everything held is given back."""
+        self.req = self.tok = self.debt_tok = self.give_req = self.give_tok = 0.0
+        self.debt_req = 0.0
+        self.sched_req.clear()
+        self.sched_tok.clear()
 
     def refund(self, tokens: float) -> None:
         """A call's reservation goes back to the shared bucket (it was never counted)."""
@@ -75,6 +114,10 @@ class Health:
     latency_ewma: float | None = None
     failure_ewma: float = 0.0
     last_error: str | None = None
+    #: When the endpoint last answered (any HTTP answer: it is reachable), and when
+    #: its current run of failures began (None: its last call did not fail).
+    last_answer: float | None = None
+    failing_since: float | None = None
 
     def tick(self, dt: float) -> None:
         """Fold the calls dispatched in the last ``dt`` seconds into the rate."""
@@ -86,14 +129,17 @@ class EndpointState:
     """One endpoint in one worker (see the module docstring)."""
 
     __slots__ = ("adaptive", "breaker", "ep", "factor", "health", "in_flight", "ledger",
-                 "limited", "name", "pause_reason", "paused_until", "timer", "tok_limited",
-                 "waiters", "waiting_tokens")
+                 "limited", "name", "pause_reason", "paused_until", "recent", "req_limited",
+                 "timer", "tok_limited", "waiters", "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
         self.ep = ep
         self.name = ep.name
         self.limited = ep.limited
+        self.req_limited = ep.rpm is not None
         self.tok_limited = ep.tpm is not None
+        #: Send times while no limit is known (charged to the bucket once one is).
+        self.recent: deque[float] = deque(maxlen=RECENT_KEPT)
         self.waiters: deque[Waiter] = deque()
         self.waiting_tokens = 0.0
         self.in_flight = 0
@@ -118,19 +164,49 @@ class EndpointState:
     def paused(self, now: float) -> bool:
         return now < self.paused_until
 
-    def has_budget(self, tokens: float) -> bool:
-        """Whether the budget held covers one more call of ``tokens``."""
+    def learned(self, rpm: float | None, tpm: float | None, now: float) -> None:
+        """The shared row names limits (configured, or learned from the provider's
+        headers): an endpoint without a configured limit becomes limited, and the calls
+        it sent in the last enforcement period are charged to the bucket."""
+        if rpm is not None and not self.req_limited:
+            self.req_limited = True
+            since = now - self.ep.limit_enforced_s
+            self.ledger.debt_req += sum(1 for t in self.recent if t > since)
+        if tpm is not None and not self.tok_limited:
+            self.tok_limited = True
+        if (self.req_limited or self.tok_limited) and not self.limited:
+            self.limited = True
+            self.recent.clear()
+
+    def has_budget(self, tokens: float, now: float | None = None) -> bool:
+        """Whether the budget held covers one more call of ``tokens`` (at ``now``: the
+        budget usable then; without, all that is held, scheduled or not)."""
         if not self.limited:
             return True
-        if self.ep.rpm is not None and self.ledger.req < 1.0 - 1e-9:
+        led = self.ledger
+        req = led.req
+        tok = led.tok
+        if now is not None:
+            if led.sched_req:
+                req -= _pending(led.sched_req, now)
+            if led.sched_tok:
+                tok -= _pending(led.sched_tok, now)
+        if self.req_limited and req < 1.0 - 1e-9:
             return False
-        return not (self.tok_limited and self.ledger.tok <= 0.0 and tokens > 0)
+        return not (self.tok_limited and tok <= 0.0 and tokens > 0)
 
-    def spend(self, tokens: float) -> None:
+    def usable_in(self, now: float) -> float:
+        """Seconds until scheduled budget frees one more call (0: none scheduled)."""
+        led = self.ledger
+        return max(_next_ms(led.sched_req, now), _next_ms(led.sched_tok, now)) / 1000.0
+
+    def spend(self, tokens: float, now: float = 0.0) -> None:
         """One call goes: it spends budget and takes a slot."""
         if self.limited:
             self.ledger.req -= 1.0
             self.ledger.tok -= tokens
+        else:
+            self.recent.append(now)
         self.in_flight += 1
         self.health.dispatched += 1
 
@@ -150,6 +226,37 @@ class EndpointState:
             "pause_reason": self.pause_reason if self.paused(now) else None,
             "calls": h.calls, "failures": h.failures, "throttled": h.throttled,
             "rerouted": h.rerouted, "rate_per_s": round(h.rate, 1),
+            "failing_s": None if h.failing_since is None else
+            round(now - h.failing_since, 1),
+            "last_error": h.last_error if h.failing_since is not None else None,
+            "retry_in_s": round(max(0.0, self.breaker.open_until - now), 1)
+            if self.breaker.state is BreakerState.OPEN else None,
             "rate_factor": round(self.factor, 3),
         }
 
+
+
+def _pending(sched: list[list[float]], now: float) -> float:
+    """What the scheduled grants do not allow spending yet at ``now`` (monotonic);
+    grants usable in full are dropped."""
+    out = 0.0
+    done = 0
+    for t0, granted, start, rate in sched:
+        left = granted - usable(granted, start, rate, (now - t0) * 1000.0)
+        if left > 1e-9:
+            out += left
+        else:
+            done += 1
+    if done:
+        sched[:] = [e for e in sched
+                    if e[1] - usable(e[1], e[2], e[3], (now - e[0]) * 1000.0) > 1e-9]
+    return out
+
+
+def _next_ms(sched: list[list[float]], now: float) -> float:
+    """Ms until the first scheduled grant frees one more unit."""
+    if not sched:
+        return 0.0
+    t0, _granted, start, rate = sched[0]
+    at = start + rate * (now - t0) * 1000.0
+    return max(0.0, (math.floor(max(at, 0.0)) + 1.0 - at) / rate)

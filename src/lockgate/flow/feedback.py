@@ -16,10 +16,12 @@ from collections.abc import Callable
 from lockgate.config import FlowSettings
 from lockgate.errors import ErrorClass
 from lockgate.flow.admission import Admission, Ticket
+from lockgate.flow.breaker import BreakerState
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import charged_tokens
 from lockgate.providers.base import CallOutcome, Completion
 from lockgate.providers.headers import read_signals
+from lockgate.redact import redact_url
 
 log = logging.getLogger("lockgate.flow")
 
@@ -84,17 +86,57 @@ class Feedback:
             h.latency_ewma = lat if h.latency_ewma is None else \
                 h.latency_ewma + 0.05 * (lat - h.latency_ewma)
         h.failure_ewma += 0.02 * ((1.0 if (failed or throttled) else 0.0) - h.failure_ewma)
+        if failed:
+            h.last_error = _describe(out)
+            if h.failing_since is None:
+                h.failing_since = now
+        else:  # an answer, whatever it says: the endpoint is reachable
+            h.last_answer = now
+            h.failing_since = None
         if throttled:
             st.breaker.unjudged(t.probe)
             if st.limited:  # the provider did not count it: the reservation goes back
                 st.ledger.refund(t.tokens)
         else:
+            was = st.breaker.state
             st.breaker.record(now, failed=failed, probe=t.probe)
+            if st.breaker.state is not was:
+                self._breaker_changed(st, was, now)
             if completion is not None:
                 self._settle(t, completion)
         self.admission.cold.done(t.cold, t.model)
         self._learn(st, out, now)
         self.admission.dispatch(st)
+
+    def _breaker_changed(self, st: EndpointState, was: BreakerState, now: float) -> None:
+        """Say so when an endpoint's breaker opens (WARNING: its calls stop) and when it
+        closes again (INFO)."""
+        h = st.health
+        b = st.breaker
+        url = redact_url(st.ep.base_url)
+        if b.state is BreakerState.OPEN:
+            down = now - h.failing_since if h.failing_since is not None else 0.0
+            if was is BreakerState.CLOSED:
+                log.warning("endpoint '%s' (%s) is failing: %s; its calls wait %.3g s, "
+                            "then try again", st.name, url, h.last_error or "errors",
+                            b.open_until - now)
+            else:
+                log.warning("endpoint '%s' (%s) still failing after %.0f s: %s; next try in "
+                            "%.3g s", st.name, url, down, h.last_error or "errors",
+                            b.open_until - now)
+        elif b.state is BreakerState.CLOSED and was is not BreakerState.CLOSED:
+            log.info("endpoint '%s' (%s) answers again; its calls resume", st.name, url)
+
+    def down(self, st: EndpointState, now: float) -> bool:
+        """Whether ``st`` counts as down for a connection error just recorded: it has
+        answered nothing for a breaker window (or its breaker is open), and it has not
+        been failing for longer than ``endpoint_down_max_s``. Its tasks then wait
+        without spending an attempt (docs/flow.md, "When an endpoint is down")."""
+        h = st.health
+        if h.failing_since is None or now - h.failing_since >= self.cfg.endpoint_down_max_s:
+            return False
+        silent = h.last_answer is None or now - h.last_answer >= self.cfg.breaker_window_s
+        return silent or st.breaker.state is not BreakerState.CLOSED
 
     def _settle(self, t: Ticket, completion: Completion) -> None:
         """Teach the token estimate, and carry real minus reserved tokens to the next
@@ -117,11 +159,11 @@ class Feedback:
         if ec is None:
             # A success: read the headers fully only when something is exhausted, and
             # every 32nd answer to learn the limits (parsing costs more than the rest
-            # of the accounting together).
+            # of the accounting together); every answer while no limit is known.
             st.health.answers += 1
             if not headers or (headers.get("x-ratelimit-remaining-requests") != "0"
                                and headers.get("x-ratelimit-remaining-tokens") != "0"
-                               and st.health.answers % 32):
+                               and st.health.answers % 32 and st.limited):
                 return
         sig = read_signals(headers, out.retry_after_ms)
         led = st.ledger
@@ -129,6 +171,11 @@ class Feedback:
             led.learned_rpm = float(sig.limit_requests)
         if sig.limit_tokens is not None and sig.limit_tokens != led.sent_tpm:
             led.learned_tpm = float(sig.limit_tokens)
+        if not st.limited and (led.learned_rpm or led.learned_tpm):
+            # The first limit this endpoint names: from now on calls wait for budget
+            # (the next lease, at once), the calls sent before are charged to it.
+            st.learned(led.learned_rpm, led.learned_tpm, now)
+            self._wake()
         if ec is ErrorClass.QUOTA_EXHAUSTED:
             self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
         elif ec is ErrorClass.RATE_LIMITED:
@@ -146,7 +193,21 @@ class Feedback:
             if st.paused_until <= now:
                 log.info("worker %s: endpoint %s paused for %d ms (%s)", self.worker_id,
                          st.name, ms, reason)
+                if st.limited:
+                    st.ledger.give_up()
             st.paused_until = until
             st.pause_reason = reason
         st.ledger.publish_pause(ms, reason)
         self._wake()  # publish at once: other workers learn it on their next lease
+
+
+def _describe(out: CallOutcome) -> str:
+    """One line for an endpoint failure: its class and message."""
+    exc = out.error
+    if exc is None:
+        return "failed"
+    msg = " ".join(str(exc).split())[:200]
+    ec = str(exc.error_class)
+    if not msg:
+        return ec
+    return msg if msg.startswith(ec) else f"{ec}: {msg}"

@@ -129,3 +129,40 @@ def report(store: Store, settings: Settings,
     eps = endpoints(fs.buckets(), workers, settings, fs.usage())
     return {"endpoints": eps,
             "windows": windows(fs.windows(), eps, settings, settings.flow.headroom)}
+
+
+def trouble(workers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The endpoints in trouble as the live workers report them, one phrase each (the
+    progress line of ``lockgate run``): a breaker open or probing, a run of failures of
+    ``TROUBLE_AFTER_S`` or more, a pause of as long."""
+    seen: dict[str, list[Mapping[str, Any]]] = {}
+    for w in workers:
+        for name, d in (w.get("endpoints") or {}).items():
+            seen.setdefault(name, []).append(d)
+    out = []
+    for name, ds in sorted(seen.items()):
+        breaker = max((d.get("breaker", "closed") for d in ds),
+                      key=lambda s: _BREAKER_ORDER.get(s, 0), default="closed")
+        failing = max((d["failing_s"] for d in ds if d.get("failing_s") is not None),
+                      default=None)
+        errors = [d["last_error"] for d in ds if d.get("last_error")]
+        why = f" ({errors[0].split(':', 1)[0]})" if errors else ""
+        retry = min((d["retry_in_s"] for d in ds if d.get("retry_in_s") is not None),
+                    default=None)
+        paused = max((d.get("paused_ms") or 0 for d in ds), default=0) / 1000
+        since = f" for {failing:.0f} s" if failing is not None else ""
+        if breaker == "open":
+            nxt = f", next try in {retry:.0f} s" if retry is not None else ""
+            out.append(f"endpoint {name} down{since}{why}{nxt}")
+        elif breaker == "half_open":
+            out.append(f"endpoint {name} down{since}{why}, trying it again")
+        elif failing is not None and failing >= TROUBLE_AFTER_S:
+            out.append(f"endpoint {name} failing{since}{why}")
+        elif paused >= TROUBLE_AFTER_S:
+            reason = next((d["pause_reason"] for d in ds if d.get("pause_reason")), "paused")
+            out.append(f"endpoint {name} paused ({reason}) for {paused:.0f} s more")
+    return out
+
+
+#: A run of failures (or a pause) this long shows on the progress line.
+TROUBLE_AFTER_S = 5.0

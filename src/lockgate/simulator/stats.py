@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 NO_KEY = "no_key"
@@ -71,10 +71,21 @@ class Stats:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.limited_by: Counter[str] = Counter()  # 429s of the limiter: requests/tokens
+        #: Arrival times (monotonic) in the last second, and the most seen in one: how
+        #: evenly a client paces, whether or not a limit is set.
+        self._arrivals: deque[float] = deque()
+        self.peak_1s = 0
 
     def begin(self, api_key: str, model: str, idempotency_key: str | None) -> None:
         """Count an incoming chat-completion request."""
         self.requests += 1
+        now = time.monotonic()
+        arrivals = self._arrivals
+        arrivals.append(now)
+        while arrivals[0] <= now - 1.0:
+            arrivals.popleft()
+        if len(arrivals) > self.peak_1s:
+            self.peak_1s = len(arrivals)
         self.by_key[api_key] += 1
         self.by_model[model] += 1
         if idempotency_key is None:
@@ -114,6 +125,7 @@ class Stats:
         doc: dict[str, Any] = {
             "uptime_s": round(time.time() - self.started, 3),
             "requests": self.requests,
+            "peak_requests_1s": self.peak_1s,
             "in_flight": self.in_flight,
             "hanging": self.hanging,
             "by_status": dict(self.by_status),

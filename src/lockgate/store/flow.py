@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from lockgate.errors import SpecError
 from lockgate.store import schema
 from lockgate.store.store import Store
-from lockgate.store.tx import Tx, in_list
+from lockgate.store.tx import Tx, sql
 from lockgate.store.types import ClaimedTask
 
 #: Most batches per pool a lane scan reports (the rest wait for a later scan).
@@ -33,6 +33,64 @@ R = TypeVar("R")
 _ROW_COLS = ("name, kind, rpm, tpm, window_ms, learned_rpm, learned_tpm, req_allowance, "
              "tok_allowance, refilled_at, paused_until, pause_reason, version, rate_factor, "
              "cut_at")
+
+# -- the statements (``{lock}``: the dialect's row lock, filled in once per store) ----
+_RECENT_TOP = sql("SELECT MAX(id) FROM task_attempt")
+_BUCKET_LIMITS = sql("SELECT name, rpm, tpm, window_ms FROM rate_limit WHERE name IN :n",
+                     "n")
+_SET_LIMITS = sql("UPDATE rate_limit SET rpm = :rpm, tpm = :tpm, window_ms = :w, "
+                  "updated_at = :now, version = version + 1 WHERE name = :name")
+_LOCK_BUCKETS = (f"SELECT {_ROW_COLS}, :now FROM rate_limit WHERE name IN :n "
+                 "ORDER BY name{lock}")
+_WRITE_BUCKET = sql(
+    "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
+    "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
+    "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
+    "granted_requests = granted_requests + :gr, "
+    "granted_tokens = granted_tokens + :gt, updated_at = :now, "
+    "version = version + 1 WHERE name = :name AND version = :v")
+_PAUSE = sql("UPDATE rate_limit SET paused_until = :now + :ms, pause_reason = :why, "
+             "updated_at = :now, version = version + 1 "
+             "WHERE name = :name AND paused_until < :now + :ms")
+_PAUSE_LEFT = sql("SELECT paused_until - :now FROM rate_limit WHERE name = :name")
+_BUCKETS = sql("SELECT * FROM rate_limit ORDER BY kind, name")
+_LOCK_PACE = "SELECT paced_at, rpm FROM rate_limit WHERE name = :n{lock}"
+_PACED = sql("UPDATE rate_limit SET paced_at = :now, version = version + 1 WHERE name = :n")
+_PENDING_OF_BATCH = sql(
+    "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'")
+_SET_PACE = sql("UPDATE rate_limit SET rpm = :r, version = version + 1 WHERE name = :n")
+_FIRST_POOL = sql("SELECT pool FROM task ORDER BY pool LIMIT 1")
+_NEXT_POOL = sql("SELECT pool FROM task WHERE pool > :p ORDER BY pool LIMIT 1")
+_NEXT_LANE = sql("SELECT batch_id FROM task WHERE pool = :p AND status = 'PENDING' "
+                 "AND batch_id > :b ORDER BY batch_id LIMIT 1")
+_LANE_BATCHES = sql(
+    "SELECT id, base_weight, deadline_at, window_start, window_end, target_per_s "
+    "FROM batch WHERE id IN :ids", "ids")
+_FAILURES = sql(
+    "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
+    "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
+    "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
+    ":now - :since AND a.outcome <> 'discarded' "
+    "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash")
+_USAGE = sql("SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
+             "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
+             "GROUP BY endpoint")
+_REPORT = sql("UPDATE worker SET pool = :pool, concurrency_limit = :c, latency_ms = :lat, "
+              "failure_rate = :f, flow = :flow WHERE id = :id")
+_WINDOW_BATCHES = sql(
+    "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "
+    "FROM batch WHERE window_end IS NOT NULL AND window_end >= :since "
+    "ORDER BY window_start")
+_BATCH_COUNTS = sql("SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status")
+_RECENT_DONE = sql("SELECT COUNT(*) FROM task WHERE batch_id = :b AND status <> 'PENDING' "
+                   "AND finished_at >= :t")
+_TOKENS_PER_TASK = sql(
+    "SELECT AVG(x.tok) FROM (SELECT a.input_tokens + a.output_tokens AS tok "
+    "FROM task_attempt a JOIN task t ON t.id = a.task_pk WHERE t.batch_id = :b "
+    "AND a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 200) x")
+_BATCH_POOLS = sql("SELECT DISTINCT pool FROM task WHERE batch_id = :b")
+#: The fields given (checked against a fixed set) are the only dynamic part.
+_SET_BATCH = "UPDATE batch SET {sets} WHERE id = :id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +150,7 @@ BucketStep = Callable[[BucketRow], tuple[BucketUpdate | None, R]]
 def _recent_floor(tx: Tx) -> int | None:
     """The attempt id below which attempts are not "recent" (None: there are none):
     the newest :data:`RECENT_ATTEMPTS`, found through the primary key."""
-    top = tx.execute(text("SELECT MAX(id) FROM task_attempt")).scalar()
+    top = tx.execute(_RECENT_TOP).scalar()
     return None if top is None else int(top) - RECENT_ATTEMPTS
 
 
@@ -128,7 +186,9 @@ class FlowStore:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._lock = store.dialect.lock_for_update()
+        lock = store.dialect.lock_for_update()
+        self._lock_buckets = sql(_LOCK_BUCKETS.format(lock=lock), "n")
+        self._lock_pace = sql(_LOCK_PACE.format(lock=lock))
 
 
     # -- buckets --------------------------------------------------------------------
@@ -148,9 +208,7 @@ class FlowStore:
         def work(tx: Tx) -> None:
             now = tx.now
             names = [s.name for s in specs]
-            have = {r[0]: r for r in tx.execute(text(
-                "SELECT name, rpm, tpm, window_ms FROM rate_limit WHERE name IN :n"
-            ).bindparams(in_list("n")), {"n": names})}
+            have = {r[0]: r for r in tx.execute(_BUCKET_LIMITS, {"n": names})}
             for s in specs:
                 row = have.get(s.name)
                 if row is None:
@@ -160,11 +218,8 @@ class FlowStore:
                         "tok_allowance": 0.0, "refilled_at": now - s.window_ms,
                         "paused_until": 0, "updated_at": now, "version": 0}])
                 elif (row[1], row[2], row[3]) != (s.rpm, s.tpm, s.window_ms):
-                    tx.execute(text(
-                        "UPDATE rate_limit SET rpm = :rpm, tpm = :tpm, window_ms = :w, "
-                        "updated_at = :now, version = version + 1 WHERE name = :name"),
-                        {"rpm": s.rpm, "tpm": s.tpm, "w": s.window_ms, "now": now,
-                         "name": s.name})
+                    tx.execute(_SET_LIMITS, {"rpm": s.rpm, "tpm": s.tpm, "w": s.window_ms,
+                                             "now": now, "name": s.name})
 
         self.store.transaction(work)
 
@@ -179,10 +234,7 @@ class FlowStore:
             return {}
 
         def work(tx: Tx) -> dict[str, tuple[R, bool]]:
-            rows = tx.execute(text(
-                f"SELECT {_ROW_COLS}, :now FROM rate_limit WHERE name IN :n "
-                f"ORDER BY name{self._lock}").bindparams(in_list("n")),
-                {"n": names}).all()
+            rows = tx.execute(self._lock_buckets, {"n": names}).all()
             out: dict[str, tuple[R, bool]] = {}
             for r in rows:
                 row, version = _bucket_row(r)
@@ -196,30 +248,19 @@ class FlowStore:
     @staticmethod
     def _write(tx: Tx, row: BucketRow, u: BucketUpdate, version: int) -> bool:
         st = u.state
-        return tx.execute(text(
-            "UPDATE rate_limit SET req_allowance = :ra, tok_allowance = :ta, "
-            "refilled_at = :at, paused_until = :pu, pause_reason = :why, "
-            "learned_rpm = :lr, learned_tpm = :lt, rate_factor = :f, cut_at = :cut, "
-            "granted_requests = granted_requests + :gr, "
-            "granted_tokens = granted_tokens + :gt, updated_at = :now, "
-            "version = version + 1 WHERE name = :name AND version = :v"),
-            {"ra": st.req_allowance, "ta": st.tok_allowance, "at": st.refilled_at,
-             "pu": st.paused_until, "why": st.pause_reason, "lr": st.learned_rpm,
-             "lt": st.learned_tpm, "f": st.rate_factor, "cut": st.cut_at,
-             "gr": u.granted_requests, "gt": u.granted_tokens, "now": row.now,
-             "name": row.name, "v": version}).rowcount == 1
+        return tx.execute(_WRITE_BUCKET, {
+            "ra": st.req_allowance, "ta": st.tok_allowance, "at": st.refilled_at,
+            "pu": st.paused_until, "why": st.pause_reason, "lr": st.learned_rpm,
+            "lt": st.learned_tpm, "f": st.rate_factor, "cut": st.cut_at,
+            "gr": u.granted_requests, "gt": u.granted_tokens, "now": row.now,
+            "name": row.name, "v": version}).rowcount == 1
 
     def pause(self, name: str, ms: int, reason: str) -> int:
         """Pause a bucket for ``ms`` from the database's now (never shortening a pause);
         returns the pause still in force, in ms."""
         def work(tx: Tx) -> int:
-            tx.execute(text(
-                "UPDATE rate_limit SET paused_until = :now + :ms, pause_reason = :why, "
-                "updated_at = :now, version = version + 1 "
-                "WHERE name = :name AND paused_until < :now + :ms"),
-                {"ms": ms, "why": reason, "name": name})
-            row = tx.execute(text("SELECT paused_until - :now FROM rate_limit "
-                                    "WHERE name = :name"), {"name": name}).first()
+            tx.execute(_PAUSE, {"ms": ms, "why": reason, "name": name})
+            row = tx.execute(_PAUSE_LEFT, {"name": name}).first()
             return max(0, int(row[0])) if row else 0
         return self.store.transaction(work)
 
@@ -227,8 +268,7 @@ class FlowStore:
         """Every bucket row with the database's now (for status)."""
         with self.store.read() as tx:
             now = tx.now
-            rows = tx.rows(text(
-                "SELECT * FROM rate_limit ORDER BY kind, name"))
+            rows = tx.rows(_BUCKETS)
         for r in rows:
             r["now"] = now
         return rows
@@ -245,8 +285,7 @@ class FlowStore:
 
         def claim_turn(tx: Tx) -> int | None:
             now = tx.now
-            row = tx.execute(text(f"SELECT paced_at, rpm FROM rate_limit WHERE name = :n"
-                                    f"{self._lock}"), {"n": name}).first()
+            row = tx.execute(self._lock_pace, {"n": name}).first()
             if row is None:
                 tx.execute(self.store.dialect.insert_ignore(schema.rate_limit), [{
                     "name": name, "kind": "window", "rpm": 0.0, "tpm": None,
@@ -258,21 +297,16 @@ class FlowStore:
             opening = rpm == 0 and now >= opens_at  # the window just opened: at once
             if paced_at is not None and now - paced_at < every_ms and not opening:
                 return None
-            tx.execute(text("UPDATE rate_limit SET paced_at = :now, version = version + 1 "
-                              "WHERE name = :n"), {"now": now, "n": name})
+            tx.execute(_PACED, {"now": now, "n": name})
             return now
 
         now = self.store.transaction(claim_turn)
         if now is None:
             return False
         with self.store.read() as tx:
-            remaining = int(tx.execute(text(
-                "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status = 'PENDING'"),
-                {"b": batch_id}).scalar_one())
+            remaining = int(tx.execute(_PENDING_OF_BATCH, {"b": batch_id}).scalar_one())
         per_s = rate(remaining, now)
-        self.store.transaction(lambda tx: tx.execute(text(
-            "UPDATE rate_limit SET rpm = :r, version = version + 1 WHERE name = :n"),
-            {"r": per_s, "n": name}))
+        self.store.transaction(lambda tx: tx.execute(_SET_PACE, {"r": per_s, "n": name}))
         return True
 
     # -- lanes ----------------------------------------------------------------------
@@ -281,11 +315,10 @@ class FlowStore:
     def _pools(tx: Tx) -> list[str]:
         """Every pool that has tasks (a skip scan over ``ix_task_lane``)."""
         out: list[str] = []
-        row = tx.execute(text("SELECT pool FROM task ORDER BY pool LIMIT 1")).first()
+        row = tx.execute(_FIRST_POOL).first()
         while row is not None and len(out) < 1000:
             out.append(row[0])
-            row = tx.execute(text("SELECT pool FROM task WHERE pool > :p "
-                                    "ORDER BY pool LIMIT 1"), {"p": row[0]}).first()
+            row = tx.execute(_NEXT_POOL, {"p": row[0]}).first()
         return out
 
     def lanes(self, pool: str | None = None) -> tuple[list[Lane], int]:
@@ -296,25 +329,21 @@ class FlowStore:
         the cost does not depend on how many tasks are pending or finished.
         """
         found: list[tuple[str, str]] = []
-        q = text("SELECT batch_id FROM task WHERE pool = :p AND status = 'PENDING' "
-                 "AND batch_id > :b ORDER BY batch_id LIMIT 1")
         with self.store.read() as tx:
             now = tx.now
             pools = [pool] if pool is not None else self._pools(tx)
             for pool in pools:
                 after = ""
                 for _ in range(MAX_LANES):
-                    row = tx.execute(q, {"p": pool, "b": after}).first()
+                    row = tx.execute(_NEXT_LANE, {"p": pool, "b": after}).first()
                     if row is None:
                         break
                     found.append((pool, row[0]))
                     after = row[0]
             if not found:
                 return [], now
-            meta = {r[0]: r for r in tx.execute(text(
-                "SELECT id, base_weight, deadline_at, window_start, window_end, target_per_s "
-                "FROM batch WHERE id IN :ids").bindparams(in_list("ids")),
-                {"ids": sorted({b for _p, b in found})})}
+            ids = sorted({b for _p, b in found})
+            meta = {r[0]: r for r in tx.execute(_LANE_BATCHES, {"ids": ids})}
         lanes = []
         for pool, b in found:
             m = meta.get(b)
@@ -323,14 +352,14 @@ class FlowStore:
                               m[4] if m else None, m[5] if m else None))
         return lanes, now
 
-    def _recent(self, sql: str, **params: Any) -> Sequence[Any]:
-        """Rows of ``sql`` over the recent attempts (``:low`` bound to the floor below
-        which attempts are not recent); none when there are no attempts at all."""
+    def _recent(self, statement: TextClause, **params: Any) -> Sequence[Any]:
+        """Rows of ``statement`` over the recent attempts (``:low`` bound to the floor
+        below which attempts are not recent); none when there are no attempts at all."""
         with self.store.read() as tx:
             low = _recent_floor(tx)
             if low is None:
                 return []
-            return tx.execute(text(sql), {"low": low, **params}).all()
+            return tx.execute(statement, {"low": low, **params}).all()
 
     def failure_rates(self, *, since_ms: int) -> dict[str, float]:
         """Failure rate per batch, from the recent attempts of its task types.
@@ -341,13 +370,7 @@ class FlowStore:
         primary key, so the query stays cheap however long the history). A batch gets
         the rates of its task types, weighted by its attempts of each.
         """
-        rows = self._recent(
-            "SELECT t.batch_id, t.config_hash, COUNT(*), SUM(CASE WHEN a.outcome IN "
-            "('retry', 'failed', 'dead') THEN 1 ELSE 0 END) FROM task_attempt a "
-            "JOIN task t ON t.id = a.task_pk WHERE a.id > :low AND a.started_at >= "
-            ":now - :since AND a.outcome <> 'discarded' "
-            "AND a.outcome <> 'released' GROUP BY t.batch_id, t.config_hash",
-            since=since_ms)
+        rows = self._recent(_FAILURES, since=since_ms)
         per_cfg: dict[str, list[int]] = {}
         for _b, cfg, n, bad in rows:
             acc = per_cfg.setdefault(cfg, [0, 0])
@@ -364,10 +387,7 @@ class FlowStore:
     def usage(self) -> dict[str, tuple[int, float, float]]:
         """Per endpoint over its newest answered calls (at most :data:`RECENT_ATTEMPTS`
         overall): (calls, mean input tokens, mean output tokens)."""
-        rows = self._recent(
-            "SELECT endpoint, COUNT(*), AVG(input_tokens), AVG(output_tokens) "
-            "FROM task_attempt WHERE id > :low AND input_tokens IS NOT NULL "
-            "GROUP BY endpoint")
+        rows = self._recent(_USAGE)
         return {r[0]: (int(r[1]), float(r[2] or 0), float(r[3] or 0))
                 for r in rows if r[0] is not None}
 
@@ -393,37 +413,24 @@ class FlowStore:
                latency_ms: float | None, failure_rate: float | None,
                detail: Mapping[str, Any]) -> None:
         """Write the worker's adaptive limits and recent health to its row."""
-        self.store.transaction(lambda tx: tx.execute(text(
-            "UPDATE worker SET pool = :pool, concurrency_limit = :c, latency_ms = :lat, "
-            "failure_rate = :f, flow = :flow WHERE id = :id"),
-            {"pool": pool, "c": concurrency_limit, "lat": latency_ms, "f": failure_rate,
-             "flow": orjson.dumps(detail).decode(), "id": worker_id}))
+        self.store.transaction(lambda tx: tx.execute(_REPORT, {
+            "pool": pool, "c": concurrency_limit, "lat": latency_ms, "f": failure_rate,
+            "flow": orjson.dumps(detail).decode(), "id": worker_id}))
 
     def windows(self) -> list[dict[str, Any]]:
         """Window batches with PENDING tasks or a window not yet over, with their counts,
         recent rate and mean tokens per task (for projections)."""
         with self.store.read() as tx:
             now = tx.now
-            batches = tx.rows(text(
-                "SELECT id, window_start, window_end, target_per_s, base_weight, deadline_at "
-                "FROM batch WHERE window_end IS NOT NULL AND window_end >= :since "
-                "ORDER BY window_start"), {"since": now - 86_400_000})
+            batches = tx.rows(_WINDOW_BATCHES, {"since": now - 86_400_000})
             for b in batches:
-                counts = {s: int(n) for s, n in tx.execute(text(
-                    "SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status"),
-                    {"b": b["id"]})}
+                counts = {s: int(n) for s, n in tx.execute(_BATCH_COUNTS, {"b": b["id"]})}
                 b["counts"] = counts
-                b["recent_done"] = int(tx.execute(text(
-                    "SELECT COUNT(*) FROM task WHERE batch_id = :b AND status <> 'PENDING' "
-                    "AND finished_at >= :t"), {"b": b["id"], "t": now - 30_000}).scalar_one())
-                tok = tx.execute(text(
-                    "SELECT AVG(x.tok) FROM (SELECT a.input_tokens + a.output_tokens AS tok "
-                    "FROM task_attempt a JOIN task t ON t.id = a.task_pk WHERE t.batch_id = :b "
-                    "AND a.outcome = 'succeeded' ORDER BY a.id DESC LIMIT 200) x"),
-                    {"b": b["id"]}).scalar()
+                b["recent_done"] = int(tx.execute(
+                    _RECENT_DONE, {"b": b["id"], "t": now - 30_000}).scalar_one())
+                tok = tx.execute(_TOKENS_PER_TASK, {"b": b["id"]}).scalar()
                 b["tokens_per_task"] = float(tok) if tok is not None else None
-                pools = [r[0] for r in tx.execute(text(
-                    "SELECT DISTINCT pool FROM task WHERE batch_id = :b"), {"b": b["id"]})]
+                pools = [r[0] for r in tx.execute(_BATCH_POOLS, {"b": b["id"]})]
                 b["pools"] = pools
                 b["now"] = now
         return [b for b in batches if b["counts"].get("PENDING", 0) or b["window_end"] >= now]
@@ -438,5 +445,5 @@ class FlowStore:
             return
         sets = ", ".join(f"{k} = :{k}" for k in sorted(fields))
         self.store.transaction(lambda tx: tx.execute(
-            text(f"UPDATE batch SET {sets} WHERE id = :id"), {**fields, "id": batch_id}))
+            text(_SET_BATCH.format(sets=sets)), {**fields, "id": batch_id}))
 

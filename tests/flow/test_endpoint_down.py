@@ -1,0 +1,219 @@
+"""When the provider is down: the check at start, the warnings, the progress line, and
+tasks that wait for the endpoint instead of spending their attempts (docs/flow.md,
+"When an endpoint is down"). The real commands and the real simulator, stopped and
+started again on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from helpers import clean_env
+from lockgate.flow.status import trouble
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+from lockgate.worker import Worker
+
+from .support import rows, run_workers, settings, status_counts, tasks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def simulator_on(port: int, **config: Any) -> SimulatorProcess:
+    return SimulatorProcess(config, extra_args=("--port", str(port))).start()
+
+
+def lockgate_cmd(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "lockgate.cli", *(str(a) for a in args)]
+
+
+def write_tasks(path: Path, n: int, **kw: Any) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in tasks(n, **kw)))
+    return path
+
+
+def config(path: Path, port: int, flow: str = "") -> Path:
+    path.write_text(f'[[endpoint]]\nname = "sim"\nbase_url = "http://key:s3cret@127.0.0.1:{port}'
+                    f'/v1"\n\n[flow]\nbreaker_open_s = 1\nreport_s = 0.5\n{flow}')
+    return path
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_run_refuses_when_its_only_endpoint_is_unreachable(db_url: str,
+                                                           tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    res = subprocess.run(
+        lockgate_cmd("run", write_tasks(tmp_path / "t.jsonl", 3), "--db", db_url,
+                     "--config", config(tmp_path / "lockgate.toml", port)),
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=clean_env())
+    assert res.returncode == 2, res.stderr
+    assert one_line(res.stderr) == (
+        f"error: the only endpoint is unreachable, so no task could run: endpoint 'sim' "
+        f"(http://key:***@127.0.0.1:{port}/v1) is unreachable: connection refused (nothing "
+        "listens on that port). Start the provider (the simulator: lockgate simulate) or fix "
+        "base_url in the config file (--config), then run again; nothing was submitted")
+    assert "s3cret" not in res.stderr
+    store = Store(db_url)
+    try:
+        assert status_counts(store) == {}  # nothing submitted
+    finally:
+        store.close()
+
+
+def test_a_worker_warns_and_its_tasks_wait_for_the_endpoint_without_spending_attempts(
+        db_url: str, tmp_path: Path) -> None:
+    """``lockgate worker`` with nothing listening: it says so at start and when the
+    breaker opens, and the tasks (one retry allowed) neither fail nor spend attempts."""
+    port = free_port()
+    store = Store(db_url)
+    try:
+        store.submit([parse_task(t) for t in tasks(3, retry={"max_retries": 1})],
+                     batch_id="b")
+        proc = subprocess.Popen(
+            lockgate_cmd("worker", "--db", db_url, "--config",
+                         config(tmp_path / "lockgate.toml", port), "--burst"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=clean_env())
+        lines: list[str] = []
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "still failing" in line:  # the breaker opened, then a probe failed
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        said = "".join(lines) + err
+        url = f"http://key:***@127.0.0.1:{port}/v1"
+        assert (f"WARNING: endpoint 'sim' ({url}) is unreachable: connection refused "
+                "(nothing listens on that port); its tasks wait until it answers") in said
+        assert re.search(
+            rf"WARNING lockgate\.flow: endpoint 'sim' \({re.escape(url)}\) is failing: "
+            r"connection_error: .*; its calls wait 1 s, then try again", said), said
+        assert re.search(rf"endpoint 'sim' \({re.escape(url)}\) still failing after \d+ s: "
+                         r"connection_error: .*; next try in \d+ s", said), said
+        assert "s3cret" not in said + out
+        assert status_counts(store) == {"PENDING": 3}
+        assert {r["attempts"] for r in rows(store, "SELECT attempts FROM task")} == {0}
+        outcomes = {r["outcome"] for r in rows(store, "SELECT outcome FROM task_attempt")}
+        assert outcomes == {"unreachable"}, outcomes
+    finally:
+        store.close()
+
+
+def test_tasks_do_not_die_while_the_endpoint_is_down_and_succeed_once_it_is_back(
+        stores: Callable[[], Store]) -> None:
+    """Tasks allowed one retry, the provider down for several breaker periods: before,
+    they went DEAD after two connection errors each."""
+    port = free_port()
+    store = stores()
+    store.submit([parse_task(t) for t in tasks(20, retry={"max_retries": 1,
+                                                           "base_delay_ms": 50})],
+                 batch_id="b")
+    cfg = settings([{"name": "sim", "base_url": f"http://127.0.0.1:{port}/v1"}],
+                   flow={"breaker_open_s": 0.3, "breaker_max_open_s": 1.0},
+                   concurrency=8)
+    worker = Worker(stores(), cfg, burst=True)
+    sims: list[SimulatorProcess] = []
+    seen: dict[str, Any] = {}
+
+    async def tick(elapsed: float) -> None:
+        if not sims and elapsed > 4.0:  # down for 4 s: calls failed, the breaker opened
+            seen["down"] = await asyncio.to_thread(status_counts, store)
+            sims.append(await asyncio.to_thread(simulator_on, port))
+
+    try:
+        asyncio.run(run_workers([worker], timeout=120, tick=tick))
+    finally:
+        for s in sims:
+            s.stop()
+    assert seen["down"] == {"PENDING": 20}, seen
+    assert status_counts(store) == {"SUCCEEDED": 20}
+    # Only the call that succeeded spent an attempt.
+    assert {r["attempts"] for r in rows(store, "SELECT attempts FROM task")} == {1}
+    failed = rows(store, "SELECT COUNT(*) AS n FROM task_attempt WHERE outcome = "
+                         "'unreachable'")
+    assert failed[0]["n"] >= 1  # they did meet the endpoint down
+
+
+def test_run_says_when_the_simulator_stops_mid_run_and_finishes_when_it_is_back(
+        db_url: str, tmp_path: Path) -> None:
+    """``lockgate run`` (a terminal): the simulator stops after some tasks; the run
+    warns, its progress line names the endpoint down, and it finishes once the
+    simulator is back, with nothing dead."""
+    port = free_port()
+    sim = simulator_on(port, latency={"kind": "fixed", "mean_ms": 20})
+    store = Store(db_url)
+    proc = subprocess.Popen(
+        lockgate_cmd("run", write_tasks(tmp_path / "t.jsonl", 400), "--db", db_url,
+                     "--config", config(tmp_path / "lockgate.toml", port),
+                     "--concurrency", "4"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(TTY_COMPATIBLE="1", TTY_INTERACTIVE="1", COLUMNS="200"))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and \
+                status_counts(store).get("SUCCEEDED", 0) < 40:
+            time.sleep(0.1)
+        sim.stop()
+        time.sleep(6)  # calls fail, the breaker opens, the workers report it
+        sim = simulator_on(port, latency={"kind": "fixed", "mean_ms": 20})
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sim.stop()
+    try:
+        assert proc.returncode == 0, err
+        said = one_line(err)
+        url = f"http://key:***@127.0.0.1:{port}/v1"
+        assert f"WARNING: endpoint 'sim' ({url}) is failing: connection_error" in said, said
+        assert re.search(r"tasks/s \| endpoint sim down for \d+ s \(connection_error\)", said), \
+            said
+        assert status_counts(store) == {"SUCCEEDED": 400}
+        assert "s3cret" not in err + out
+    finally:
+        store.close()
+
+
+def test_the_progress_line_names_endpoints_in_trouble() -> None:
+    workers = [
+        {"endpoints": {"hosted": {"breaker": "open", "failing_s": 12.4, "retry_in_s": 3.6,
+                                  "last_error": "connection_error: refused"},
+                       "local": {"breaker": "closed", "failing_s": None}}},
+        {"endpoints": {"hosted": {"breaker": "half_open", "failing_s": 11.0},
+                       "local": {"breaker": "closed", "failing_s": 6.0,
+                                 "last_error": "server_error: HTTP 503"}}},
+        {"endpoints": {"spare": {"breaker": "closed", "paused_ms": 9000,
+                                 "pause_reason": "quota"}}},
+    ]
+    assert trouble(workers) == [
+        "endpoint hosted down for 12 s (connection_error), next try in 4 s",
+        "endpoint local failing for 6 s (server_error)",
+        "endpoint spare paused (quota) for 9 s more",
+    ]
+    assert trouble([{"endpoints": {"ok": {"breaker": "closed", "failing_s": 1.0}}}]) == []
+
+
+def test_no_terminal_environment_leaks_into_the_other_tests() -> None:
+    assert "TTY_INTERACTIVE" not in os.environ
