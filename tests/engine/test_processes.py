@@ -14,9 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from lockgate.app import Lockgate, WorkerPlan
-from lockgate.errors import ConfigError
+from lockgate.cli import app
+from lockgate.cli.queue import MAX_PROCESSES, processes_from
+from lockgate.errors import ConfigError, LockgateError
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import Store
@@ -190,3 +193,36 @@ def test_a_supervisor_whose_own_worker_cannot_start_says_why_and_stops_its_child
     err = " ".join(res.stderr.split())
     assert "$LOCKGATE_TEST_UNSET_KEY" in err and "not set" in err, err
     assert "exited abnormally" not in err, err
+
+
+def test_processes_auto_is_one_per_core_this_process_may_use() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert processes_from("auto") == processes_from(" AUTO ") == min(cores, MAX_PROCESSES)
+    assert processes_from("3") == 3
+    for bad in ("0", "257", "-1", "two", "1.5", ""):
+        with pytest.raises(LockgateError, match=r"^--processes takes a whole number from 1 "
+                                                 r"to 256, or auto \(one per core\)"):
+            processes_from(bad)
+
+
+def test_worker_processes_auto_from_the_command_line(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    n = 100
+    store.submit([parse_task(t) for t in tasks(n)], batch_id="b")
+    proc = workers.start(burst=True, concurrency=4, log_level="INFO",
+                         extra=["--processes", "auto"])
+    assert proc.wait(120) == 0, proc.log()
+    cores = len(os.sched_getaffinity(0))
+    expected = (f"{cores} worker process(es) on" if cores > 1 else "worker on")
+    assert expected in proc.log(), proc.log()
+    assert status_counts(store) == {"SUCCEEDED": n}
+    assert len(rows(store, "SELECT pid FROM worker")) == cores
+
+
+def test_a_wrong_processes_value_is_one_line_and_exit_code_2(db_url: str) -> None:
+    result = CliRunner().invoke(app, ["worker", "--db", db_url, "--burst",
+                                      "--processes", "many"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "error: --processes takes a whole number from 1 to 256, or auto (one per core), "
+        "not 'many'"), result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -75,9 +76,25 @@ GraceOpt = Annotated[str | None, typer.Option(
     "--grace", metavar="DURATION",
     help=f"time to finish calls in flight after SIGTERM/Ctrl-C [30s]; "
                     f"{DURATION_HELP}")]
-ProcOpt = Annotated[int, typer.Option(
-    "--processes", "-p", min=1, max=256, metavar="N",
-    help="worker processes on this machine (each uses about one core)")]
+ProcOpt = Annotated[str, typer.Option(
+    "--processes", "-p", metavar="N|auto",
+    help="worker processes on this machine, each using about one core: a number from 1 "
+         "to 256, or auto for one per core this process may run on [1]")]
+MAX_PROCESSES = 256
+
+
+def processes_from(value: str) -> int:
+    """``--processes``: a whole number from 1 to 256, or ``auto`` (one per core this
+    process may run on, as the scheduler's affinity mask says)."""
+    text = value.strip().lower()
+    if text == "auto":
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        return max(1, min(MAX_PROCESSES, cores))
+    if text.isdigit() and 1 <= int(text) <= MAX_PROCESSES:
+        return int(text)
+    raise LockgateError(f"--processes takes a whole number from 1 to {MAX_PROCESSES}, or "
+                        f"auto (one per core), not {value!r}")
 
 INPUT_FORMATS = ("tasks", "openai-batch")
 
@@ -212,22 +229,23 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                "--gate/--no-gate", help="also run the release gate's roles")] = True,
            pool: Annotated[str | None, typer.Option(
                help="serve only this pool (endpoint.pool) [all pools]")] = None,
-           processes: ProcOpt = 1,
+           processes: ProcOpt = "1",
            log_level: Annotated[str, typer.Option(
                help="logging level: DEBUG, INFO, WARNING, ERROR")] = "WARNING") -> None:
     """Work tasks until SIGTERM/Ctrl-C. Run any number, on any number of machines."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = _overrides(concurrency, claim_batch, lease, grace, pool)
+    procs = processes_from(processes)
     with opened(db, config, create=True) as lg:
         ws = lg.settings.worker.model_copy(update=overrides)
-        console.print(f"{processes} worker process(es) on {redact_url(lg.store.url)}: "
+        console.print(f"{procs} worker process(es) on {redact_url(lg.store.url)}: "
                       f"concurrency {ws.concurrency} each, lease {ws.lease_s:g}s"
-                      if processes > 1 else
+                      if procs > 1 else
                       f"worker on {redact_url(lg.store.url)}: concurrency "
                       f"{ws.concurrency}, lease {ws.lease_s:g}s", markup=False)
         _check_endpoints(lg.settings, pool, refuse=False)
-        stats = lg.run_worker(burst=burst, gate=gate, processes=processes,
+        stats = lg.run_worker(burst=burst, gate=gate, processes=procs,
                               log_level=log_level, **overrides)
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
                   f"{stats.dead:,} dead, {stats.retried:,} retried, "
@@ -289,15 +307,16 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         fmt: InputFormatOpt = "tasks", batch: BatchNameOpt = None,
         skip_invalid: SkipOpt = False, rejects: RejectsOpt = None,
         concurrency: ConcOpt = None, claim_batch: ClaimOpt = None, lease: LeaseOpt = None,
-        processes: ProcOpt = 1) -> None:
+        processes: ProcOpt = "1") -> None:
     """Submit FILE and work until every task is finished (one machine), with progress."""
+    procs = processes_from(processes)
     handler = _ConsoleLog(logging.WARNING)
     logging.getLogger("lockgate").addHandler(handler)
     logging.getLogger("lockgate").setLevel(logging.WARNING)
     with opened(db, config, create=True) as lg:
         _check_endpoints(lg.settings, None, refuse=True)
         batch_id = _submit(lg, file, fmt, batch, skip_invalid, rejects)
-        elapsed = run_batch(lg, batch_id, processes,
+        elapsed = run_batch(lg, batch_id, procs,
                             **_overrides(concurrency, claim_batch, lease))
         out.print(summary_table(lg.store.summary(batch_id, elapsed)))
 
