@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from engine.support import WorkerPool
-from lockgate.simulator.testing import SimulatorProcess
+from engine.conftest import workers  # noqa: F401 (the engine tests' worker subprocesses)
 
 from .servers import PrivateServer, private_server
 
@@ -45,16 +43,6 @@ def scale(request: pytest.FixtureRequest) -> Scale:
     return LONG if request.config.getoption("--chaos") == "long" else SHORT
 
 
-@pytest.fixture
-def workers(db_url: str, simulator: SimulatorProcess, tmp_path: Path) -> Iterator[WorkerPool]:
-    """``lockgate worker`` subprocesses on the test's database and the simulator."""
-    log_dir = tmp_path / "workers"
-    log_dir.mkdir()
-    pool = WorkerPool(db_url, simulator.url, log_dir)
-    try:
-        yield pool
-    finally:
-        pool.close()
 
 
 @pytest.fixture(scope="module", params=("postgresql", "mariadb"))
