@@ -30,13 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _databases import fresh_url
 from lockgate import Lockgate
 from lockgate.files import WRITERS
 
-PG = "postgresql://postgres@127.0.0.1:5432/"
-MARIADB = "mysql://root@127.0.0.1:3306/"
 DB_NAME = "lockgate_bench_export"
 NOW_MS = 1_796_000_000_000
 
@@ -94,25 +92,6 @@ def _as_text(family: str, expr: str) -> str:
             "sqlite": f"cast({expr} AS text)"}[family]
 
 
-def fresh_url(family: str, tmp: Path) -> str | None:
-    """A new, empty database of this family (None when its server does not answer)."""
-    if family == "sqlite":
-        return f"sqlite:///{tmp / 'export.db'}"
-    admin = PG + "test" if family == "postgresql" else MARIADB + "test"
-    try:
-        eng = sa.create_engine(admin.replace("mysql://", "mysql+pymysql://")
-                               .replace("postgresql://", "postgresql+psycopg://"),
-                               isolation_level="AUTOCOMMIT")
-        with eng.connect() as c:
-            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-            c.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
-        eng.dispose()
-    except sa.exc.OperationalError as e:
-        print(f"{family}: skipped, the server does not answer ({e.orig})", file=sys.stderr)
-        return None
-    return (PG if family == "postgresql" else MARIADB) + DB_NAME
-
-
 def load(lg: Lockgate, family: str, n: int) -> float:
     t0 = time.perf_counter()
     with lg.store.engine.begin() as c:
@@ -137,7 +116,7 @@ def timed(label: str, n: int, fn: Any) -> dict[str, Any]:
 
 
 def run_family(family: str, n: int, tmp: Path) -> list[dict[str, Any]]:
-    url = fresh_url(family, tmp)
+    url = fresh_url(family, tmp, DB_NAME)
     if url is None:
         return []
     lg = Lockgate(url)

@@ -39,11 +39,10 @@ import orjson
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _databases import fresh_url
 from lockgate import Lockgate
 from workload import task_line
 
-PG = "postgresql://postgres@127.0.0.1:5432/"
-MARIADB = "mysql://root@127.0.0.1:3306/"
 DB_NAME = "lockgate_bench_submit"
 BATCH = "bench"
 
@@ -52,28 +51,6 @@ def write_file(path: Path, n: int) -> None:
     with path.open("wb") as fh:
         for i in range(n):
             fh.write(orjson.dumps(task_line(i, BATCH)) + b"\n")
-
-
-def fresh_url(family: str, tmp: Path) -> str | None:
-    """A new, empty database of this family (None when its server does not answer)."""
-    if family == "sqlite":
-        db = tmp / "submit.db"
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(db) + suffix).unlink(missing_ok=True)
-        return f"sqlite:///{db}"
-    admin = PG + "test" if family == "postgresql" else MARIADB + "test"
-    try:
-        eng = sa.create_engine(admin.replace("mysql://", "mysql+pymysql://")
-                               .replace("postgresql://", "postgresql+psycopg://"),
-                               isolation_level="AUTOCOMMIT")
-        with eng.connect() as c:
-            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-            c.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
-        eng.dispose()
-    except sa.exc.OperationalError as e:
-        print(f"{family}: skipped, the server does not answer ({e.orig})", file=sys.stderr)
-        return None
-    return (PG if family == "postgresql" else MARIADB) + DB_NAME
 
 
 def watch_first(lg: Lockgate, t0: list[float], done: threading.Event,
@@ -96,7 +73,7 @@ def watch_first(lg: Lockgate, t0: list[float], done: threading.Event,
 
 
 def run_one(family: str, n: int, path: Path, tmp: Path) -> dict[str, Any] | None:
-    url = fresh_url(family, tmp)
+    url = fresh_url(family, tmp, DB_NAME)
     if url is None:
         return None
     lg = Lockgate(url)  # migrated here, so the command times the submit alone
