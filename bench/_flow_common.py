@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
+from _databases import fresh_url
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import Store
 
-PG_ADMIN = os.environ.get("LOCKGATE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-MY_ADMIN = os.environ.get("LOCKGATE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test")
 DB_NAME = "lockgate_flow_bench"
 PY = sys.executable
 
@@ -80,25 +79,12 @@ def run_dir(keep: Path | None, label: str) -> Iterator[Path]:
 
 def fresh_db(backend: str, tmp: Path, name: str = DB_NAME) -> str:
     """An empty, migrated database for one measurement (server databases: ``name``)."""
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp / f'{name}-{time.monotonic_ns()}.db'}"
-    elif backend == "postgresql":
-        eng = create_engine(PG_ADMIN.replace("postgresql://", "postgresql+psycopg://"),
-                            isolation_level="AUTOCOMMIT")
-        with eng.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            c.execute(text(f"CREATE DATABASE {name}"))
-        eng.dispose()
-        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    elif backend == "mariadb":
-        eng = create_engine(MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
-        with eng.begin() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-            c.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
-        eng.dispose()
-        url = MY_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    else:
+    if backend not in ("sqlite", "postgresql", "mariadb"):
         raise SystemExit(f"unknown backend {backend}")
+    url = fresh_url(backend, tmp, f"{name}_{time.monotonic_ns()}" if backend == "sqlite"
+                    else name)
+    if url is None:
+        raise SystemExit(f"{backend}: the server does not answer")
     s = Store(url)
     s.migrate()
     s.close()

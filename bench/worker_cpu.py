@@ -36,7 +36,7 @@ from sqlalchemy import create_engine, text
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _flow_common import PG_ADMIN  # noqa: E402
+from _databases import PG_ADMIN  # noqa: E402
 from engine_throughput import fresh_db, submit  # noqa: E402
 from lockgate.simulator.testing import SimulatorProcess  # noqa: E402
 

@@ -59,6 +59,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(HERE)]
 from _common import BASE_DELAY_S, CAP_S, MAX_RETRIES, POLL_S, verify  # noqa: E402
 
+import _databases  # noqa: E402
 import _flow_common  # noqa: E402
 from lockgate.app import Lockgate  # noqa: E402
 from lockgate.simulator.responder import Responder, respond  # noqa: E402
@@ -167,13 +168,13 @@ def run_naive(sim: SimulatorProcess, a: argparse.Namespace, tmp: Path,
 
 def _drop_db(backend: str) -> None:
     if backend == "postgresql":
-        admin = _flow_common.PG_ADMIN.replace("postgresql://", "postgresql+psycopg://")
+        admin = _databases.PG_ADMIN.replace("postgresql://", "postgresql+psycopg://")
         eng = create_engine(admin, isolation_level="AUTOCOMMIT")
         with eng.connect() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)"))
         eng.dispose()
     elif backend == "mariadb":
-        eng = create_engine(_flow_common.MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
+        eng = create_engine(_databases.MY_ADMIN.replace("mysql://", "mysql+pymysql://"))
         with eng.begin() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {DB_NAME}"))
         eng.dispose()
@@ -340,7 +341,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261203, help="the simulator's seed")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="give up on a run after this many seconds")
-    ap.add_argument("--pg", default=_flow_common.PG_ADMIN)
+    ap.add_argument("--pg", default=_databases.PG_ADMIN)
     ap.add_argument("--redis", default="redis://127.0.0.1:6379")
     ap.add_argument("--redis-db-arq", type=int, default=11)
     ap.add_argument("--redis-db-celery", type=int, default=12)
