@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from lockgate.simulator.config import SimulatorConfig, load_config
+from lockgate.simulator.config import SimulatorConfig, config_error, load_config
 from lockgate.simulator.runner import serve
 
 #: flag name -> (config key, type, help)
@@ -67,7 +67,9 @@ def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.Argumen
                    help="404 for models not in the config's list")
     p.add_argument("--require-api-key", action="store_true", default=None,
                    help="401 without 'Authorization: Bearer KEY'")
-    p.add_argument("--seed", type=int, help="seed of fault and latency draws")
+    p.add_argument("--seed", type=int, help="seed of fault, latency and degradation draws")
+    p.add_argument("--degrade", metavar="JSON",
+                   help='degradation switches per model, e.g. \'{"sim-x": {"drop_fields": 0.3}}\'')
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits")
     p.add_argument("--log-level", default="WARNING", help="log level (stderr)")
@@ -82,6 +84,11 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         if not isinstance(doc, dict):
             raise ValueError("--config-json must be a JSON object")
         overrides.update(doc)
+    if args.degrade:
+        degrade = orjson.loads(args.degrade)
+        if not isinstance(degrade, dict):
+            raise ValueError("--degrade must be a JSON object of model -> switches")
+        overrides["degrade"] = degrade
     latency: dict[str, Any] = {}
     if args.latency is not None:
         latency["kind"] = args.latency
@@ -113,7 +120,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m lockgate.simu
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
-    except (ValidationError, ValueError, OSError) as exc:
+    except ValidationError as exc:
+        parser.error(f"invalid configuration: {config_error(exc)}")
+    except (ValueError, OSError) as exc:
         parser.error(f"invalid configuration: {exc}")
     try:
         serve(config, args.host, args.port,

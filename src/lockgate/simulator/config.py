@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 #: Names under which fault rates are drawn, in the order the draw checks them.
 FAULT_RATES: tuple[str, ...] = (
@@ -47,6 +47,51 @@ class LatencyConfig(BaseModel):
     def mu(self) -> float:
         """Location parameter of the underlying normal so that E[X] equals ``mean_ms``."""
         return math.log(self.mean_ms) - self.sigma * self.sigma / 2.0 if self.mean_ms else 0.0
+
+
+#: The ``degrade`` key that applies to every model without an entry of its own.
+ALL_MODELS = "*"
+
+
+class DriftConfig(BaseModel):
+    """Label drift: answers that would hold ``value`` hold another value instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: str = Field(min_length=1, description="the enum value whose frequency falls")
+    rate: float = Field(ge=0.0, le=1.0, description="share of those answers changed")
+    field: str | None = Field(None, description="only this field (default: every enum field)")
+    to: str | None = Field(None, description="the value given instead (default: another "
+                                             "allowed value, hash-chosen)")
+
+
+class Degradation(BaseModel):
+    """Deterministic degradation of one model's answers (``degrade`` in the config).
+
+    Every share is drawn per request from a hash of the seed, the switch, the model and
+    the request's messages, so the same request is degraded the same way on every run
+    (and on every retry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drop_fields: float = Field(0.0, ge=0.0, le=1.0,
+                               description="share of JSON answers that lack fields")
+    dropped: tuple[str, ...] = Field(
+        (), description="the fields such an answer lacks (default: all but the first)")
+    drop_as: Literal["omit", "null", "blank"] = Field(
+        "omit", description="how a dropped field looks: absent, null, or an empty string")
+    drift: DriftConfig | None = None
+    latency_factor: float = Field(1.0, ge=1.0, le=1000.0,
+                                  description="multiplies the latency of every answer")
+    latency_add_ms: float = Field(0.0, ge=0.0, le=3_600_000.0,
+                                  description="added to the latency of every answer")
+    broken_json: float = Field(0.0, ge=0.0, le=1.0,
+                               description="share of answers whose content is garbage "
+                                           "that no JSON repair recovers")
+
+    @property
+    def slows(self) -> bool:
+        return self.latency_factor != 1.0 or self.latency_add_ms > 0.0
 
 
 class SimulatorConfig(BaseModel):
@@ -91,6 +136,9 @@ class SimulatorConfig(BaseModel):
     strict_models: bool = False
     require_api_key: bool = False
 
+    #: Degradation switches per model name (``"*"``: every model without its own entry).
+    degrade: dict[str, Degradation] = Field(default_factory=dict)
+
     seed: int | None = None
     #: Answer ``[hostile:KIND]`` in an input with that hostile content (simulator.hostile).
     hostile: bool = False
@@ -120,6 +168,13 @@ class SimulatorConfig(BaseModel):
         """The accuracy noise that applies to a model (per-model override first)."""
         return self.model_noise.get(model, self.accuracy_noise)
 
+    def degradation(self, model: str) -> Degradation | None:
+        """The degradation that applies to a model (its own entry, else ``"*"``)."""
+        degrade = self.degrade
+        if not degrade:
+            return None
+        return degrade.get(model) or degrade.get(ALL_MODELS)
+
     def patched(self, patch: Mapping[str, Any]) -> SimulatorConfig:
         """A new config with ``patch`` applied; nested ``latency`` keys merge, not replace."""
         data = self.model_dump(mode="json")
@@ -133,6 +188,16 @@ class SimulatorConfig(BaseModel):
     def to_json(self) -> bytes:
         """The config as JSON bytes (what ``--config`` files and ``/_sim/config`` speak)."""
         return orjson.dumps(self.model_dump(mode="json"))
+
+
+def config_error(exc: ValidationError) -> str:
+    """A config's validation errors on one line, each naming its field by path
+    (``degrade.sim-x.drop_fields: Input should be less than or equal to 1``)."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
+    return "; ".join(parts)
 
 
 def load_config(

@@ -29,11 +29,14 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from lockgate.simulator.config import FAULT_RATES, SimulatorConfig
+from lockgate.simulator.config import FAULT_RATES, Degradation, SimulatorConfig, config_error
+from lockgate.simulator.degrade import Draws, broken_json, degraded_answer, latency_ms
 from lockgate.simulator.hostile import SURROGATE_ESCAPED, SURROGATE_MARK, hostile_content
 from lockgate.simulator.http import DROP, Handler, Reply, Request
+from lockgate.simulator.prompt import PromptSpec
 from lockgate.simulator.ratelimit import RateLimiter
 from lockgate.simulator.responder import (
+    Answer,
     Responder,
     chatty,
     cut_to_tokens,
@@ -124,14 +127,19 @@ class Simulator:
             out.update(headers)
         return Reply(status, _error_body(message, type_, code, param), out)
 
-    async def _sleep_latency(self) -> None:
+    async def _sleep_latency(self, deg: Degradation | None = None) -> None:
         lat = self.config.latency
         if lat.mean_ms <= 0:
-            return
-        if lat.kind == "fixed" or lat.sigma == 0:
-            await asyncio.sleep(lat.mean_ms / 1000.0)
+            ms = 0.0
+        elif lat.kind == "fixed" or lat.sigma == 0:
+            ms = lat.mean_ms
         else:
-            await asyncio.sleep(self._latency_rng.lognormvariate(lat.mu, lat.sigma) / 1000.0)
+            ms = self._latency_rng.lognormvariate(lat.mu, lat.sigma)
+        if deg is not None and deg.slows:
+            ms = latency_ms(ms, deg)
+            self.stats.degraded["slow"] += 1
+        if ms > 0:
+            await asyncio.sleep(ms / 1000.0)
 
     def _draw(self) -> str:
         if not self._faults:
@@ -198,7 +206,8 @@ class Simulator:
                 "invalid_request_error", "context_length_exceeded", "messages")
         fmt = body.get("response_format")
         json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
-        answer = respond(spec, text, prompt_tokens, cfg.noise_for(model), json_mode)
+        deg, draws = self._degradation(model, messages)
+        answer = self._answer(spec, text, prompt_tokens, model, json_mode, deg, draws)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             max_tokens = None
@@ -218,7 +227,7 @@ class Simulator:
                                       rate_headers, injected=True)
         if outcome == "timeout":
             return await self._hang()
-        await self._sleep_latency()
+        await self._sleep_latency(deg)
         if outcome == "error_500":
             return self._error(500, outcome, "The server had an error while processing your "
                                "request. Sorry about that!", "server_error",
@@ -232,10 +241,9 @@ class Simulator:
         if max_tokens is not None and completion_tokens > max_tokens:
             content = cut_to_tokens(content, completion_tokens, max_tokens)
             finish = "length"
-        if outcome == "malformed":
-            content = truncate(content)
-        elif outcome == "chatty":
-            content = chatty(content, answer.is_json)
+        if self._broken(deg, draws, outcome):
+            outcome = "broken_json"
+        content = self._faulty(outcome, content, answer.is_json, draws)
         content = hostile_content(text, content) if cfg.hostile else content
         if content is not answer.content:
             completion_tokens = estimate_tokens(content)
@@ -243,6 +251,46 @@ class Simulator:
                              outcome, idem, rate_headers,
                              usable=outcome in _USABLE and (finish == "stop" or
                                                            not answer.is_json))
+
+    def _degradation(self, model: str, messages: list[dict[str, Any]]
+                     ) -> tuple[Degradation | None, Draws | None]:
+        """The degradation switches of the model, and the request's stable draws."""
+        deg = self.config.degradation(model)
+        if deg is None:
+            return None, None
+        return deg, Draws(self.config.seed, model, messages)
+
+    def _answer(self, spec: PromptSpec, text: str, prompt_tokens: int, model: str,
+                json_mode: bool, deg: Degradation | None, draws: Draws | None) -> Answer:
+        """The model's answer, with the content switches of its degradation applied."""
+        noise = self.config.noise_for(model)
+        if (deg is None or draws is None or not spec.wants_json
+                or (deg.drop_fields <= 0 and deg.drift is None)):
+            return respond(spec, text, prompt_tokens, noise, json_mode)
+        answer, hit = degraded_answer(spec, text, prompt_tokens, noise, deg, draws)
+        for switch in hit:
+            self.stats.degraded[switch] += 1
+        return answer
+
+    @staticmethod
+    def _faulty(outcome: str, content: str, is_json: bool, draws: Draws | None) -> str:
+        """The content an outcome that changes it gives (the content itself otherwise)."""
+        if outcome == "malformed":
+            return truncate(content)
+        if outcome == "chatty":
+            return chatty(content, is_json)
+        if outcome == "broken_json" and draws is not None:
+            return broken_json(draws)
+        return content
+
+    def _broken(self, deg: Degradation | None, draws: Draws | None, outcome: str) -> bool:
+        """Whether this (otherwise usable) answer is replaced by broken JSON (counted when
+        it is)."""
+        if (deg is None or draws is None or deg.broken_json <= 0 or outcome not in _USABLE
+                or draws.u("broken_json") >= deg.broken_json):
+            return False
+        self.stats.degraded["broken_json"] += 1
+        return True
 
     def _check_request(self, body: Any, api_key: str,
                        model: str) -> list[dict[str, Any]] | Reply:
@@ -367,8 +415,8 @@ class Simulator:
         try:
             new = self.configure(patch)
         except ValidationError as exc:
-            return Reply(400, _error_body(str(exc), "invalid_request_error", "invalid_config",
-                                          None))
+            return Reply(400, _error_body(config_error(exc), "invalid_request_error",
+                                          "invalid_config", None))
         log.info("config updated: %s", sorted(patch))
         return Reply(200, new.to_json())
 

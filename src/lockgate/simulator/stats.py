@@ -70,6 +70,8 @@ class Stats:
         self.successes = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        #: Answers each degradation switch changed (drop_fields, drift, slow, broken_json).
+        self.degraded: Counter[str] = Counter()
         self.limited_by: Counter[str] = Counter()  # 429s of the limiter: requests/tokens
         #: Arrival times (monotonic) in the last second, and the most seen in one: how
         #: evenly a client paces, whether or not a limit is set.
@@ -131,6 +133,7 @@ class Stats:
             "by_status": dict(self.by_status),
             "by_outcome": dict(self.by_outcome),
             "limited_by": dict(self.limited_by),
+            "degraded": dict(self.degraded),
             "by_key": dict(by_key),
             "by_model": dict(self.by_model),
             "idempotency_keys": len(self.key_counts),
