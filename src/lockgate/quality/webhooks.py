@@ -47,12 +47,14 @@ def verify(key: bytes, body: bytes, header: str | None) -> bool:
 class Sender:
     """Posts due deliveries of the outbox (any number of senders may run)."""
 
-    def __init__(self, store: Store, settings: QualitySettings, *, batch: int = 20) -> None:
+    def __init__(self, store: Store, settings: QualitySettings, *, batch: int = 20,
+                 margin_ms: int = CLAIM_MARGIN_MS) -> None:
         self.astore = AlertStore(store)
         self.q = settings
         self.batch = batch
+        #: how long a claim lasts: the longest webhook timeout plus ``margin_ms``
         self.lease_ms = int(max((w.timeout_s for w in settings.webhook), default=10.0)
-                            * 1000) + CLAIM_MARGIN_MS
+                            * 1000) + margin_ms
         #: (webhook name, key) read once: a missing secret stops the worker at start
         self.keys: dict[str, bytes | None] = {w.target: w.key() for w in settings.webhook}
 
