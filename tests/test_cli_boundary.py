@@ -28,6 +28,7 @@ ARGS: dict[str, list[str]] = {
     "bind": ["p", "d", "-t", "accuracy>=0.9"],
     "gate status": ["1"], "gate list": [], "gate cancel": ["1"],
     "quality": ["p", "--since", "1h"],
+    "alerts list": [], "alerts show": ["1"], "alerts ack": ["1"],
 }
 #: Commands that open no database.
 NO_DATABASE = {"simulate"}

@@ -40,10 +40,14 @@ _EXPORTS = {
     "WorkerStats": "lockgate.worker",
     "SubmitReport": "lockgate.store",
     "QualityRow": "lockgate.quality",
+    "Alert": "lockgate.quality.alerts",
+    "AlertSample": "lockgate.quality.alerts",
 }
 _MODULES = ("config", "files")
 
 __all__ = [
+    "Alert",
+    "AlertSample",
     "AsyncLockgate",
     "Attempt",
     "BatchSummary",
@@ -92,6 +96,7 @@ if TYPE_CHECKING:
         TemplateError,
     )
     from lockgate.quality import QualityRow
+    from lockgate.quality.alerts import Alert, AlertSample
     from lockgate.results import (
         Attempt,
         BatchSummary,

@@ -35,12 +35,15 @@ from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
 from lockgate.quality import QualityRow, quality_report
-from lockgate.registry.api import Datasets, Prompts
+from lockgate.quality.alerts import Alert, ack_alert, get_alert, list_alerts
+from lockgate.quality.service import AlertService
+from lockgate.registry.api import Datasets, Prompts, default_actor
 from lockgate.results import BatchSummary, Status, TaskResult, TaskView
 from lockgate.spec import TaskSpec
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
+from lockgate.worker.core import SideService
 from lockgate.worker.loop import run_async
 from lockgate.worker.processes import run_processes
 
@@ -167,10 +170,12 @@ class Lockgate:
             settings = settings.model_copy(update={
                 "worker": settings.worker.model_copy(update=overrides)})
         g = settings.gate
-        services = [GateService(self.store, lease_s=g.lease_s or settings.worker.lease_s,
-                                poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page,
-                                pool_of=settings.pool_of_document)
-                    ] if gate and g.enabled else []
+        services: list[SideService] = [GateService(
+            self.store, lease_s=g.lease_s or settings.worker.lease_s, poll_s=g.poll_s,
+            idle_max_s=g.idle_max_s, page=g.page, pool_of=settings.pool_of_document)
+        ] if gate and g.enabled else []
+        if settings.quality.alerts:
+            services.append(AlertService(self.store, settings))
         return Worker(self.store, settings, burst=burst, services=services,
                       on_progress=on_progress)
 
@@ -235,6 +240,23 @@ class Lockgate:
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
         return quality_report(self.store, prompt, since_s=parse_duration(
             since, field="since", allow_zero=False), by=by)
+
+    def alerts(self, *, everything: bool = False) -> list[Alert]:
+        """Open quality alerts, oldest first; with ``everything`` resolved ones too,
+        newest first (docs/quality.md)."""
+        return list_alerts(self.store, everything=everything)
+
+    def alert(self, alert_id: int) -> Alert:
+        """One alert with its failing samples and webhook deliveries; :class:`NotFound`
+        if there is none of that id."""
+        return get_alert(self.store, alert_id)
+
+    def ack_alert(self, alert_id: int, *, actor: str | None = None,
+                  reason: str | None = None) -> Alert:
+        """Acknowledge an alert (who and why are kept; a second ack changes nothing). An
+        acknowledged alert is still updated and resolves as before."""
+        return ack_alert(self.store, alert_id, actor=actor or default_actor(),
+                         reason=reason)
 
 
 @dataclass(frozen=True)

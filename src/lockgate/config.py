@@ -212,6 +212,49 @@ class RuntimeSettings(_Strict):
                         "delivery_rule.pydantic_model may name: workers import them")
 
 
+class Webhook(_Strict):
+    """Where alert events are posted (``[[quality.webhook]]``, docs/quality.md): a JSON
+    body signed with HMAC-SHA256 of ``secret`` (or of the environment variable
+    ``secret_env`` names), retried with back-off on 5xx, 408, 429 and connection errors."""
+
+    name: str | None = Field(None, min_length=1, max_length=100,
+                             description="its name in the outbox [the URL's host]")
+    url: str = Field(min_length=1, pattern=r"^https?://")
+    secret: str | None = Field(None, min_length=1, description="HMAC key of the signature")
+    secret_env: str | None = Field(None, min_length=1,
+                                   description="environment variable holding the key")
+    timeout_s: Seconds = Field(10.0, gt=0, le=300, description="one delivery's timeout")
+    max_attempts: int = Field(12, ge=1, le=100, description="attempts before FAILED")
+    backoff_s: Seconds = Field(2.0, gt=0, le=3600,
+                               description="first retry's delay, doubled each time")
+    backoff_max_s: Seconds = Field(3600.0, gt=0, description="longest delay of a retry")
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> Webhook:
+        if self.secret is not None and self.secret_env is not None:
+            raise ValueError("give either secret or secret_env, not both")
+        return self
+
+    @property
+    def target(self) -> str:
+        """The name deliveries are filed under (never holds credentials of the URL)."""
+        if self.name:
+            return self.name
+        rest = self.url.split("://", 1)[1]
+        return rest.split("/", 1)[0].rpartition("@")[2][:100]
+
+    def key(self) -> bytes | None:
+        """The signing key: ``secret``, or the variable ``secret_env`` names."""
+        if self.secret_env is not None:
+            value = os.environ.get(self.secret_env)
+            if not value:
+                raise ConfigError(
+                    f"webhook '{self.target}' reads its secret from ${self.secret_env}, "
+                    f"which is not set; export {self.secret_env}=... before starting")
+            return value.encode()
+        return None if self.secret is None else self.secret.encode()
+
+
 class QualitySettings(_Strict):
     """The quality loop (``[quality]``, docs/quality.md)."""
 
@@ -236,6 +279,34 @@ class QualitySettings(_Strict):
                                description="input tokens per call that count as unchanged")
     min_calls: int = Field(100, ge=1, description="calls a window needs on each side")
     min_calls_minute: int = Field(20, ge=1, description="calls each polluted minute needs")
+    # alerts (docs/quality.md): one evaluator in all workers, an alert per incident
+    alerts: bool = Field(True, description="workers evaluate the rules and keep alerts")
+    evaluate_every: Seconds = Field(30.0, ge=1.0, le=3600.0,
+                                    description="period of the evaluator")
+    evaluator_lease_s: Seconds = Field(
+        60.0, ge=2.0, le=3600.0,
+        description="the evaluator role's lease; another worker takes over after it")
+    cooldown: Seconds = Field(1800.0, ge=0, le=7 * 86_400.0,
+                              description="after a resolve, the same alert stays closed")
+    update_every: Seconds = Field(900.0, ge=0,
+                                  description="least time between two update events of "
+                                              "an alert (0: none)")
+    samples: int = Field(100, ge=0, le=100, description="failing samples kept per alert")
+    webhook: tuple[Webhook, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> QualitySettings:
+        names = [w.target for w in self.webhook]
+        if len(set(names)) != len(names):
+            raise ValueError("two webhooks have the same name: give each a distinct name")
+        if self.evaluator_lease_s <= self.evaluate_every:
+            raise ValueError(f"evaluator_lease_s ({self.evaluator_lease_s:g} s) must be "
+                             f"longer than evaluate_every ({self.evaluate_every:g} s)")
+        return self
+
+    def webhook_named(self, target: str) -> Webhook | None:
+        """The configured webhook of that name."""
+        return next((w for w in self.webhook if w.target == target), None)
 
 
 class Settings(_Strict):

@@ -114,6 +114,20 @@ class RollupWriter:
                   for k, d in deltas.items()}
         self.qstore.write(tx, self.shard, merged, stored.keys())
 
+    def key_of(self, tx: Tx, config_hash: str, version: str | None) -> str:
+        """The prompt key of an attempt of a task with this config and prompt version."""
+        self._learn(tx, {config_hash})
+        if config_hash not in self._configs:
+            return str(version or "")
+        return self.prompt_of(config_hash, {"prompt_version": version})
+
+    def watch(self, tx: Tx, config_hash: str, version: str | None) -> Watch:
+        """What is watched in the outputs of a task with this config and prompt version."""
+        self._learn(tx, {config_hash})
+        if config_hash not in self._configs:
+            return Watch()
+        return self._watch_for(tx, config_hash, version)
+
     def _learn(self, tx: Tx, hashes: set[str]) -> None:
         missing = hashes - self._configs.keys()
         if not missing:
