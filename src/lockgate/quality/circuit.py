@@ -127,7 +127,8 @@ def should_close(minutes: Mapping[int, Minute], now: int, since: int,
     """Whether an open circuit has been open ``probation`` and its probes of the last
     ``probation`` (whole minutes after it opened) are back at or over the threshold."""
     probation_ms = int(circuit.probation * 1000)
-    first = max(since - since % MINUTE + MINUTE, now - probation_ms)
+    start = now - probation_ms
+    first = max(since - since % MINUTE + MINUTE, start - start % MINUTE)
     calls, s, k = 0, 0.0, 0
     for b, m in minutes.items():
         if b >= first:
