@@ -6,6 +6,7 @@ row and its history consistent."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 import sys
@@ -265,7 +266,8 @@ def test_a_process_killed_mid_switch_leaves_one_consistent_state(
                                 env=clean_env())
         try:
             assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-            wait_for(lambda: len(_events(store)) >= before + 5 + 7 * round_,
+            wanted = before + 5 + 7 * round_
+            wait_for(lambda: len(_events(store)) >= wanted,  # noqa: B023 (used at once)
                      "the process to switch the circuit", timeout=60)
             time.sleep(0.01 * round_)  # land the kill at other points of the loop
             kill_settled(proc, store)
@@ -280,7 +282,7 @@ def test_a_process_killed_mid_switch_leaves_one_consistent_state(
         assert [e["version"] for e in events] == list(range(1, len(events) + 1))
         assert row["version"] == len(events)
         assert row["state"] == events[-1]["to_state"]
-        assert all(a["to_state"] == b["from_state"] for a, b in zip(events, events[1:]))
+        assert all(a["to_state"] == b["from_state"] for a, b in itertools.pairwise(events))
         assert row["manual"] == (row["state"] == "OPEN")
     # and the circuit still moves afterwards
     q = QualitySettings(circuit=(CircuitSettings(prompt="labels", fallback="review"),))

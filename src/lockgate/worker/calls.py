@@ -223,11 +223,14 @@ class Calls(WorkerCore):
         """The task run under a circuit's fallback version: a registry task keeps its own
         overrides (as on its primary path); an inline one takes the version's template,
         model config and delivery rule, with its own retry policy."""
+        # The resolver caches merged configs by (this key, version number): the key names
+        # the fallback's prompt, whose numbers are not the primary's.
+        key = f"{t.config_hash}>{version}"
         if isinstance(entry, RegistryRef):
-            return RegistryRef(parse_ref(version), entry.document, entry.config_hash)
+            return RegistryRef(parse_ref(version), entry.document, key)
         doc = {"prompt_template": f"@registry:{version}",
                "retry_policy": config.retry_policy.model_dump(mode="json")}
-        return RegistryRef(parse_ref(version), doc, f"{t.config_hash}>circuit")
+        return RegistryRef(parse_ref(version), doc, key)
 
     def _hold_for_review(self, t: ClaimedTask, config: TaskConfig, prompt_key: str | None,
                          started: int, reason: str) -> Finish:
