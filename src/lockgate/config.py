@@ -304,6 +304,9 @@ class QualitySettings(_Strict):
 
     @model_validator(mode="after")
     def _unique_circuits(self) -> QualitySettings:
+        if self.circuit and not self.rollups:
+            raise ValueError("completeness circuits read the rollups: set rollups = true "
+                             "or remove the [[quality.circuit]] tables")
         seen: set[str] = set()
         for c in self.circuit:
             if c.prompt in seen:
@@ -347,8 +350,9 @@ class Settings(_Strict):
                     raise ValueError(f"fallbacks of endpoint '{e.name}' form a loop")
                 seen.add(nxt.name)
                 cur = nxt
+        known = {e.name for e in self.endpoints()}
         for c in self.quality.circuit:
-            if c.fallback_endpoint is not None and c.fallback_endpoint not in names:
+            if c.fallback_endpoint is not None and c.fallback_endpoint not in known:
                 raise ValueError(f"circuit '{c.prompt}' falls back to endpoint "
                                  f"'{c.fallback_endpoint}', which is not defined")
         return self

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from helpers import clean_env, kill_settled, rows, wait_for
 from lockgate.cli import app
-from lockgate.config import CircuitSettings, QualitySettings
+from lockgate.config import CircuitSettings, QualitySettings, load_settings
 from lockgate.errors import ConfigError, StateConflict
 from lockgate.quality.circuit import CircuitEvaluator, circuit_views, probes, set_circuit
 from lockgate.quality.writer import RollupWriter
@@ -225,6 +225,26 @@ def test_open_and_close_by_hand(store: Store, tmp_path: Path) -> None:
     assert _circuit(store)["version"] == 4
 
 
+@pytest.mark.parametrize(("toml", "message"), [
+    ('prompt = "a"', "needs exactly one of fallback_prompt, fallback_endpoint or "
+                     'fallback = "review" (got none)'),
+    ('prompt = "a"\nfallback = "review"\nfallback_endpoint = "x"',
+     "(got fallback_endpoint, fallback)"),
+    ('prompt = "a"\nfallback_prompt = "b"', "fallback_prompt must be a pinned registry "
+                                             "version, name@N (got 'b')"),
+    ('prompt = "a"\nfallback_endpoint = "zz"', "falls back to endpoint 'zz', which is not "
+                                                "defined"),
+    ('prompt = "a"\nfallback = "review"\nwindow = "10s"', "circuit.0.window"),
+])
+def test_a_wrong_circuit_is_one_line_naming_it(tmp_path: Path, toml: str,
+                                               message: str) -> None:
+    path = tmp_path / "lockgate.toml"
+    path.write_text(f"[[quality.circuit]]\n{toml}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_probing_is_a_stable_share_of_task_ids() -> None:
     c = CircuitSettings(prompt="labels", fallback="review", probe_share=0.05)
     chosen = [i for i in range(20_000) if probes(f"t-{i}", c)]
@@ -236,7 +256,7 @@ def test_probing_is_a_stable_share_of_task_ids() -> None:
 
 _SWITCHER = textwrap.dedent("""
     import sys
-    from lockgate.config import CircuitSettings, QualitySettings
+    from lockgate.config import CircuitSettings, QualitySettings, load_settings
     from lockgate.errors import StateConflict
     from lockgate.quality.circuit import CircuitEvaluator, set_circuit
     from lockgate.store import Store
