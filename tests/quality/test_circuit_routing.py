@@ -200,3 +200,64 @@ def test_no_task_is_lost_or_delivered_twice_while_a_circuit_switches(
         for t in sorted(review)[:5]:
             lg.resolve(t, {"label": "no"})
         assert lg.status().review == len(review) - min(5, len(review))
+
+
+@pytest.mark.slow
+def test_a_tripped_circuit_probes_recovers_and_closes_during_a_run(
+        db_url: str, simulator: SimulatorProcess) -> None:
+    """``labels@canary`` points at a degraded version, then back at a good one: the
+    circuit opens, its probes see the recovery, and after its probation it closes."""
+    settings = _settings({"prompt": "labels", "fallback_prompt": "labels-safe@1",
+                          "probe_share": 0.25})
+    circuit = settings.quality.circuit[0]
+    with Lockgate(db_url, settings=settings) as lg:
+        lg.prompts.create("labels", GOOD, model_config=MODEL, delivery_rule=RULE)
+        lg.prompts.create("labels-safe", GOOD, model_config=MODEL, delivery_rule=RULE)
+        lg.datasets.add("d", [{"id": "1", "input": {"text": "a"}, "expected": "no"}])
+        lg.gate.bind("labels", "d", thresholds=["accuracy>=0"])
+        assert lg.prompts.propose("labels", BAD).version == 2  # evaluated by no one here
+        lg.prompts.label("labels", "canary", 2)
+
+        def wave(prefix: str, n: int) -> None:
+            lg.submit([{**t, "prompt_template": "@registry:labels@canary"}
+                       for t in _registry_tasks(n, prefix)], batch_id=prefix)
+
+        wave("a", 60)
+        bg = BackgroundWorker(lg.store)
+        bg.worker = lg.worker(gate=False)
+        stop = threading.Event()
+        waves: list[str] = []
+
+        def feed() -> None:  # traffic while the circuit is open: a quarter are probes
+            while not stop.wait(0.5):
+                waves.append(f"p{len(waves)}")
+                wave(waves[-1], 8)
+
+        with bg:
+            wait_for(lambda: lg.circuits()[0].state == "OPEN", "the circuit to open",
+                     timeout=150, interval=0.2)
+            lg.prompts.label("labels", "canary", 1)  # the primary path is good again
+            feeder = threading.Thread(target=feed)
+            feeder.start()
+            try:
+                wait_for(lambda: lg.circuits()[0].state == "CLOSED", "the circuit to close",
+                         timeout=240, interval=0.5)
+            finally:
+                stop.set()
+                feeder.join()
+            wave("z", 20)
+            wait_for(lambda: not any(c.get("PENDING") for c in lg.status().batches.values()),
+                     "every task to finish", timeout=60)
+            stats = bg.stop()
+        events = rows(lg.store, "SELECT * FROM quality_circuit_event ORDER BY version")
+        assert [(e["from_state"], e["to_state"], e["actor"]) for e in events] == \
+            [("CLOSED", "OPEN", bg.worker.id), ("OPEN", "CLOSED", bg.worker.id)]
+        assert "probes back at 100.0%" in events[1]["reason"]
+        delivered = _delivered(lg)
+        assert all(len(v) == 1 for v in delivered.values())
+        assert len(delivered) == 60 + 8 * len(waves) + 20 == stats.succeeded
+        paths = {a["prompt_version"] for t, [a] in delivered.items() if t.startswith("p")
+                 and probes(t, circuit)}
+        assert "labels@1" in paths  # the probes ran the primary path
+        assert {a["prompt_version"] for t, [a] in delivered.items() if t.startswith("z-")} \
+            == {"labels@1"}  # closed: everything on the primary again
