@@ -121,6 +121,10 @@ def test_review_from_the_command_line(db_url: str, simulator: SimulatorProcess,
     assert result.exit_code == 0, result.output
     assert "REVIEW" in result.stdout and "held for review: 3 task(s)" in result.output
     assert "completeness circuits" in result.stdout
+    st = orjson.loads(lockgate("status", "--json", "--db", db_url, "--config", cfg).stdout)
+    assert st["batches"]["b"] == {"REVIEW": 3}
+    assert [(c["prompt"], c["state"], c["fallback_kind"]) for c in st["circuits"]] == \
+        [(KEY, "OPEN", "review")]
 
     out = tmp_path / "review.jsonl"
     result = lockgate("export", "--review", "--batch", "b", "-o", out, "--db", db_url)
