@@ -254,22 +254,25 @@ def test_probing_is_a_stable_share_of_task_ids() -> None:
                    for i in range(1000))
 
 
+#: A process that moves the circuit as fast as it can: the evaluator opens it (the
+#: current minute is bad), an operator holds it open, then closes it, and again.
 _SWITCHER = textwrap.dedent("""
     import sys
-    from lockgate.config import CircuitSettings, QualitySettings, load_settings
+    from lockgate.config import CircuitSettings, QualitySettings
     from lockgate.errors import StateConflict
     from lockgate.quality.circuit import CircuitEvaluator, set_circuit
     from lockgate.store import Store
 
     store = Store(sys.argv[1])
-    q = QualitySettings(circuit=(CircuitSettings(prompt="labels", fallback="review"),))
-    ev = CircuitEvaluator(store, q, actor="killed")
+    q = QualitySettings(circuit=(CircuitSettings(
+        prompt="labels", fallback="review", window="1m", min_calls=10, threshold=0.9),))
+    ev = CircuitEvaluator(store, q, actor="evaluator")
     print("ready", flush=True)
     while True:
         ev.tick()
         for state in ("OPEN", "CLOSED"):
             try:
-                set_circuit(store, q, "labels", state, actor="killed")
+                set_circuit(store, q, "labels", state, actor="operator")
             except StateConflict:
                 pass
 """)
@@ -279,6 +282,10 @@ _SWITCHER = textwrap.dedent("""
 def test_a_process_killed_mid_switch_leaves_one_consistent_state(
         store: Store, tmp_path: Path) -> None:
     url = store.engine.url.render_as_string(hide_password=False)
+    pk = _task_pk(store)
+    cur = _minute_with_room(store)
+    for k in range(5):  # this minute and the next ones are bad
+        _land(store, pk, cur + k * MINUTE, 20, 0.2)
     for round_ in range(3):
         before = len(_events(store))
         proc = subprocess.Popen([sys.executable, "-c", _SWITCHER, url],
@@ -303,7 +310,8 @@ def test_a_process_killed_mid_switch_leaves_one_consistent_state(
         assert row["version"] == len(events)
         assert row["state"] == events[-1]["to_state"]
         assert all(a["to_state"] == b["from_state"] for a, b in itertools.pairwise(events))
-        assert row["manual"] == (row["state"] == "OPEN")
+        assert not row["manual"] or row["state"] == "OPEN"
+        assert {e["actor"] for e in events} == {"evaluator", "operator"}
     # and the circuit still moves afterwards
     q = QualitySettings(circuit=(CircuitSettings(prompt="labels", fallback="review"),))
     state = _circuit(store)["state"]

@@ -56,10 +56,11 @@ def _prompts(lg: Lockgate) -> None:
     lg.prompts.create("labels-safe", GOOD, model_config=MODEL, delivery_rule=RULE)
 
 
-def _registry_tasks(n: int, prefix: str) -> list[dict[str, Any]]:
+def _registry_tasks(n: int, prefix: str, retries: int = 3) -> list[dict[str, Any]]:
     return [{"task_id": f"{prefix}-{i:04d}", "prompt_template": "@registry:labels",
              "input_data": {"text": f"order {i}: where is it"},
-             "retry_policy": {"max_retries": 3, "base_delay_ms": 50}} for i in range(n)]
+             "retry_policy": {"max_retries": retries, "base_delay_ms": 20}}
+            for i in range(n)]
 
 
 def _delivered(lg: Lockgate) -> dict[str, list[dict[str, Any]]]:
@@ -78,12 +79,20 @@ def test_an_open_circuit_routes_to_a_fallback_version(
         db_url: str, simulator: SimulatorProcess) -> None:
     circuit = CircuitSettings(prompt="labels", fallback_prompt="labels-safe@1",
                               probe_share=0.2)
+    simulator.configure(rate_500=0.3, seed=5)  # retries: each keeps its task's path
     with Lockgate(db_url, settings=_settings({"prompt": "labels",
                                               "fallback_prompt": "labels-safe@1"})) as lg:
         _prompts(lg)
-        lg.submit(_registry_tasks(40, "r"), batch_id="r")
+        lg.submit(_registry_tasks(40, "r", retries=20), batch_id="r")
         lg.open_circuit("labels", actor="ops")
         lg.run_worker(burst=True)
+        paths: dict[str, set[str]] = {}
+        for a in rows(lg.store, "SELECT t.task_id, a.prompt_version FROM task_attempt a "
+                                "JOIN task t ON t.id = a.task_pk"):
+            paths.setdefault(a["task_id"], set()).add(a["prompt_version"])
+        assert all(len(p) == 1 for p in paths.values())
+        assert rows(lg.store, "SELECT COUNT(*) AS n FROM task_attempt WHERE outcome = "
+                              "'retry'")[0]["n"] > 0
         delivered = _delivered(lg)
         assert len(delivered) == 40 and all(len(v) == 1 for v in delivered.values())
         probed = {t for t in delivered if probes(t, circuit)}
