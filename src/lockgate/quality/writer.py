@@ -7,7 +7,6 @@ plus an insert for a new minute.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ import orjson
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
 from lockgate.quality.tracing import CallSpan, Tracing
-from lockgate.spec import RESERVED_ID_PREFIX, canonical_json, registry_reference
+from lockgate.spec import RESERVED_ID_PREFIX, registry_reference, template_key
 from lockgate.states import TaskStatus
 from lockgate.store.quality import QualityStore, RowKey, TaskInfo
 from lockgate.store.store import Store
@@ -30,12 +29,6 @@ log = logging.getLogger("lockgate.quality")
 Written = tuple[Finish, Mapping[str, Any]]
 
 _KEY_LIMITS = (191, 200, 100)  # prompt, model, endpoint columns
-
-
-def template_key(template: Any) -> str:
-    """The rollup key of an inline template: ``inline:`` and 12 hex digits of the hash of
-    its canonical JSON (the same template has the same key in every task)."""
-    return "inline:" + hashlib.sha256(canonical_json(template)).hexdigest()[:12]
 
 
 class RollupWriter:

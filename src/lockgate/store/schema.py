@@ -502,3 +502,33 @@ alert_delivery = Table(
     UniqueConstraint("delivery_id", name="uq_alert_delivery_id"),
     Index("ix_alert_delivery_due", "status", "next_at"),
 )
+
+# 0008: the completeness circuits (docs/quality.md). One row per configured prompt path,
+# moved only by compare-and-swap on (state, version); every move is one event row,
+# written in the same transaction (UNIQUE(prompt, version): a move is recorded once).
+quality_circuit = Table(
+    "quality_circuit", metadata,
+    Column("prompt", String(KEY), primary_key=True),
+    Column("state", String(12), nullable=False),
+    Column("since", BigInteger, nullable=False),
+    Column("reason", Text),
+    Column("figures", Text),
+    Column("manual", Integer, nullable=False, server_default="0"),
+    Column("version", Integer, nullable=False, server_default="0"),
+    Column("changed_by", String(64)),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+quality_circuit_event = Table(
+    "quality_circuit_event", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt", String(KEY), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("from_state", String(12), nullable=False),
+    Column("to_state", String(12), nullable=False),
+    Column("at", BigInteger, nullable=False),
+    Column("actor", String(64), nullable=False),
+    Column("reason", Text),
+    Column("figures", Text),
+    UniqueConstraint("prompt", "version", name="uq_quality_circuit_event"),
+)
