@@ -77,13 +77,16 @@ def _dense_store(counts: Sequence[float], offset: int) -> DenseStore:
 
     Its decoder adds the bins one by one, re-centring its list as it grows: quadratic in
     the number of bins, about a millisecond for a sketch of a few hundred latencies, and
-    a report or a check decodes thousands. Same bins, offset, key range and count."""
+    a report or a check decodes thousands. Same bins, offset and count; the key range
+    spans the non-empty bins only (the decoder's spans the zero padding too), so a merge,
+    which walks the range bin by bin, walks no empty ones."""
     store = DenseStore()
-    if counts:
+    used = [i for i, c in enumerate(counts) if c]
+    if used:
         store.bins = list(counts)
         store.offset = offset
-        store.min_key = offset
-        store.max_key = offset + len(counts) - 1
+        store.min_key = offset + used[0]
+        store.max_key = offset + used[-1]
         store.count = math.fsum(counts)
     return store
 
