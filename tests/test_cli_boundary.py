@@ -20,6 +20,8 @@ ARGS: dict[str, list[str]] = {
     "init": [], "status": [], "export": ["b"], "cleanup": [],
     "submit": ["{tasks}"], "run": ["{tasks}"], "worker": ["--burst"],
     "tasks show": ["t1"], "tasks retry": ["t1"], "tasks cancel": ["t1"],
+    "tasks resolve": ["t1", "--result", '{"label": "yes"}'],
+    "circuit list": [], "circuit open": ["p"], "circuit close": ["p"],
     "prompt create": ["p", "-f", "{prompt}", "--model-config", '{"name": "m"}'],
     "prompt propose": ["p", "-f", "{prompt}"], "prompt show": ["p"],
     "prompt history": ["p"], "prompt diff": ["p", "1"], "prompt rollback": ["p"],
@@ -28,6 +30,7 @@ ARGS: dict[str, list[str]] = {
     "bind": ["p", "d", "-t", "accuracy>=0.9"],
     "gate status": ["1"], "gate list": [], "gate cancel": ["1"],
     "quality": ["p", "--since", "1h"],
+    "alerts list": [], "alerts show": ["1"], "alerts ack": ["1"],
 }
 #: Commands that open no database.
 NO_DATABASE = {"simulate"}

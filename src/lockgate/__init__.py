@@ -30,6 +30,8 @@ _EXPORTS = {
     "Attempt": "lockgate.results",
     "Response": "lockgate.results",
     "BatchSummary": "lockgate.results",
+    "CircuitView": "lockgate.results",
+    "ReviewItem": "lockgate.results",
     "Status": "lockgate.results",
     "TaskError": "lockgate.results",
     "TaskResult": "lockgate.results",
@@ -40,13 +42,18 @@ _EXPORTS = {
     "WorkerStats": "lockgate.worker",
     "SubmitReport": "lockgate.store",
     "QualityRow": "lockgate.quality",
+    "Alert": "lockgate.quality.alerts",
+    "AlertSample": "lockgate.quality.alerts",
 }
 _MODULES = ("config", "files")
 
 __all__ = [
+    "Alert",
+    "AlertSample",
     "AsyncLockgate",
     "Attempt",
     "BatchSummary",
+    "CircuitView",
     "ConfigError",
     "DatabaseUnavailable",
     "ErrorClass",
@@ -55,6 +62,7 @@ __all__ = [
     "NotFound",
     "QualityRow",
     "Response",
+    "ReviewItem",
     "SpecError",
     "StateConflict",
     "Status",
@@ -92,10 +100,13 @@ if TYPE_CHECKING:
         TemplateError,
     )
     from lockgate.quality import QualityRow
+    from lockgate.quality.alerts import Alert, AlertSample
     from lockgate.results import (
         Attempt,
         BatchSummary,
+        CircuitView,
         Response,
+        ReviewItem,
         Status,
         TaskError,
         TaskResult,

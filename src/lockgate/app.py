@@ -13,6 +13,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import difflib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -20,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from lockgate import runtime
 from lockgate.config import Settings, load_settings
 from lockgate.durations import parse_duration
-from lockgate.errors import NotFound, SpecError
+from lockgate.errors import LockgateError, NotFound, SpecError, StateConflict
 from lockgate.files import (
     Checks,
     Format,
@@ -35,12 +40,32 @@ from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
 from lockgate.gate.service import GateService
 from lockgate.quality import QualityRow, quality_report
-from lockgate.registry.api import Datasets, Prompts
-from lockgate.results import BatchSummary, Status, TaskResult, TaskView
-from lockgate.spec import TaskSpec
+from lockgate.quality.alerts import Alert, ack_alert, get_alert, list_alerts
+from lockgate.quality.circuit import (
+    CircuitService,
+    actor_of,
+    circuit_views,
+    set_circuit,
+)
+from lockgate.quality.service import AlertService
+from lockgate.registry.api import Datasets, Prompts, default_actor
+from lockgate.registry.resolver import merge
+from lockgate.results import (
+    BatchSummary,
+    CircuitView,
+    ReviewItem,
+    Status,
+    TaskError,
+    TaskResult,
+    TaskView,
+    utc,
+)
+from lockgate.spec import TaskConfig, TaskSpec, load_config, registry_reference
+from lockgate.states import CircuitState, TaskStatus
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.worker import Worker, WorkerStats
+from lockgate.worker.core import SideService
 from lockgate.worker.loop import run_async
 from lockgate.worker.processes import run_processes
 
@@ -167,10 +192,14 @@ class Lockgate:
             settings = settings.model_copy(update={
                 "worker": settings.worker.model_copy(update=overrides)})
         g = settings.gate
-        services = [GateService(self.store, lease_s=g.lease_s or settings.worker.lease_s,
-                                poll_s=g.poll_s, idle_max_s=g.idle_max_s, page=g.page,
-                                pool_of=settings.pool_of_document)
-                    ] if gate and g.enabled else []
+        services: list[SideService] = [GateService(
+            self.store, lease_s=g.lease_s or settings.worker.lease_s, poll_s=g.poll_s,
+            idle_max_s=g.idle_max_s, page=g.page, pool_of=settings.pool_of_document)
+        ] if gate and g.enabled else []
+        if settings.quality.alerts:
+            services.append(AlertService(self.store, settings))
+        if settings.quality.circuit:  # every worker evaluates; a move is a compare-and-swap
+            services.append(CircuitService(self.store, settings.quality))
         return Worker(self.store, settings, burst=burst, services=services,
                       on_progress=on_progress)
 
@@ -192,9 +221,102 @@ class Lockgate:
                                      **overrides).run())
 
     def status(self) -> Status:
-        """Counts per batch and state, leases in flight, live workers, incomplete
-        batches."""
-        return self.store.status()
+        """Counts per batch and state (REVIEW included), leases in flight, live workers,
+        incomplete batches, and the completeness circuits configured."""
+        st = self.store.status()
+        if not self.settings.quality.circuit:
+            return st
+        return dataclasses.replace(st, circuits=self.circuits())
+
+    # -- the completeness circuits and human review (docs/quality.md) -----------------
+
+    def circuits(self) -> list[CircuitView]:
+        """Every configured completeness circuit with its state now."""
+        return circuit_views(self.store, self.settings.quality)
+
+    def open_circuit(self, prompt: str, *, actor: str | None = None,
+                     reason: str | None = None) -> CircuitView:
+        """Open a circuit by hand: its new tasks go to its fallback (probes aside) until
+        it is closed by hand. :class:`StateConflict` when it is already held open."""
+        return set_circuit(self.store, self.settings.quality, prompt, CircuitState.OPEN,
+                           actor=actor, reason=reason)
+
+    def close_circuit(self, prompt: str, *, actor: str | None = None,
+                      reason: str | None = None) -> CircuitView:
+        """Close a circuit by hand; it opens again only on minutes from then on."""
+        return set_circuit(self.store, self.settings.quality, prompt, CircuitState.CLOSED,
+                           actor=actor, reason=reason)
+
+    def review(self, batch_id: str | None = None) -> Iterator[ReviewItem]:
+        """Every task held for a person (REVIEW), of one batch or all, in submission
+        order: its input, the rendered prompt, why it is held, the last call's output or
+        error, and the output schema a resolution must meet."""
+        rows = self.store.review_rows(batch_id)  # NotFound for an unknown batch, now
+        configs: dict[tuple[str, str | None], TaskConfig | None] = {}
+
+        def items() -> Iterator[ReviewItem]:
+            for r in rows:
+                held, last = r["held"], r["last"]
+                version = held["prompt_version"] if held else None
+                key = (r["config_hash"], version)
+                if key not in configs:
+                    configs[key] = self._review_config(r["config_hash"], version)
+                config = configs[key]
+                data = orjson.loads(r["input_data"])
+                messages: Any = None
+                if held and held["prompt_snapshot"]:
+                    messages = orjson.loads(held["prompt_snapshot"])
+                elif config is not None:
+                    with contextlib.suppress(LockgateError):
+                        messages = runtime.render(config, data).messages
+                error = None
+                if last and (last["error_class"] or last["error_message"]):
+                    error = TaskError(last["error_class"], last["error_message"])
+                yield ReviewItem(
+                    task_id=r["task_id"], batch_id=r["batch_id"], input=data,
+                    prompt=version, messages=messages,
+                    reason=(held["error_message"] if held else None) or r["error_message"],
+                    held_at=utc(held["started_at"]) if held else utc(r["updated_at"]),
+                    attempts=int(r["attempts"]),
+                    last_output=last["raw_output"] if last else None,
+                    last_parse_status=last["parse_status"] if last else None,
+                    last_error=error,
+                    output_schema=config.delivery_rule.json_schema if config else None)
+        return items()
+
+    def _review_config(self, config_hash: str, version: str | None) -> TaskConfig | None:
+        """The config a task held for review would have run under (its registry version
+        as held), None when it cannot be had any more."""
+        doc = self.store.configs([config_hash]).get(config_hash)
+        if doc is None:
+            return None
+        try:
+            ref = registry_reference(doc.get("prompt_template"))
+            if ref is None:
+                return load_config(doc)
+            return merge(doc, self.prompts.resolve(version or ref))
+        except (LockgateError, ValueError):
+            return None
+
+    def resolve(self, task_id: str, result: Any, *, actor: str | None = None,
+                reason: str | None = None) -> None:
+        """Complete a task held for review: REVIEW -> SUCCEEDED with ``result`` (a JSON
+        value), checked against the task's delivery rule first (:class:`SpecError`
+        naming the field); :class:`StateConflict` when the task is not in REVIEW. The
+        resolution (who, why, the result) is kept in the task's trace."""
+        view = self.store.task(task_id)  # NotFound, with the fix
+        if view.status != TaskStatus.REVIEW:
+            raise StateConflict(f"cannot resolve task '{task_id}': it is {view.status}, "
+                                "and resolve needs REVIEW (`lockgate export --review` "
+                                "lists those)")
+        held = [a for a in view.attempt_log if a.outcome == "review"]
+        version = held[-1].prompt_version if held else None
+        config = self._review_config(view.config_hash, version)
+        if config is not None:
+            runtime.check_result(config.delivery_rule, result,
+                                 model_modules=self.settings.runtime.model_modules)
+        self.store.resolve(task_id, orjson.dumps(result).decode(),
+                           actor=actor_of(actor), reason=reason)
 
     def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
         """Every task of a batch (all batches if None) with its result or error,
@@ -224,7 +346,7 @@ class Lockgate:
         return self.store.retry_batch(batch_id, statuses=statuses, error_class=error_class)
 
     def cancel(self, task_id: str) -> None:
-        """Cancel a PENDING task."""
+        """Cancel a PENDING task, or one held for review (REVIEW)."""
         self.store.cancel(task_id)
 
     def quality(self, prompt: str | None = None, *, since: str | float = "24h",
@@ -235,6 +357,23 @@ class Lockgate:
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
         return quality_report(self.store, prompt, since_s=parse_duration(
             since, field="since", allow_zero=False), by=by)
+
+    def alerts(self, *, everything: bool = False) -> list[Alert]:
+        """Open quality alerts, oldest first; with ``everything`` resolved ones too,
+        newest first (docs/quality.md)."""
+        return list_alerts(self.store, everything=everything)
+
+    def alert(self, alert_id: int) -> Alert:
+        """One alert with its failing samples and webhook deliveries; :class:`NotFound`
+        if there is none of that id."""
+        return get_alert(self.store, alert_id)
+
+    def ack_alert(self, alert_id: int, *, actor: str | None = None,
+                  reason: str | None = None) -> Alert:
+        """Acknowledge an alert (who and why are kept; a second ack changes nothing). An
+        acknowledged alert is still updated and resolves as before."""
+        return ack_alert(self.store, alert_id, actor=actor or default_actor(),
+                         reason=reason)
 
 
 @dataclass(frozen=True)
@@ -292,6 +431,28 @@ class AsyncLockgate:
 
     async def cancel(self, task_id: str) -> None:
         await asyncio.to_thread(self.sync.cancel, task_id)
+
+    async def review(self, batch_id: str | None = None) -> list[ReviewItem]:
+        """Every task held for review, as a list (read in a thread)."""
+        return await asyncio.to_thread(lambda: list(self.sync.review(batch_id)))
+
+    async def resolve(self, task_id: str, result: Any, *, actor: str | None = None,
+                      reason: str | None = None) -> None:
+        await asyncio.to_thread(lambda: self.sync.resolve(task_id, result, actor=actor,
+                                                          reason=reason))
+
+    async def circuits(self) -> list[CircuitView]:
+        return await asyncio.to_thread(self.sync.circuits)
+
+    async def open_circuit(self, prompt: str, *, actor: str | None = None,
+                           reason: str | None = None) -> CircuitView:
+        return await asyncio.to_thread(lambda: self.sync.open_circuit(
+            prompt, actor=actor, reason=reason))
+
+    async def close_circuit(self, prompt: str, *, actor: str | None = None,
+                            reason: str | None = None) -> CircuitView:
+        return await asyncio.to_thread(lambda: self.sync.close_circuit(
+            prompt, actor=actor, reason=reason))
 
     async def quality(self, prompt: str | None = None, *, since: str | float = "24h",
                       by: str = "version") -> list[QualityRow]:

@@ -212,6 +212,105 @@ class RuntimeSettings(_Strict):
                         "delivery_rule.pydantic_model may name: workers import them")
 
 
+class Webhook(_Strict):
+    """Where alert events are posted (``[[quality.webhook]]``, docs/quality.md): a JSON
+    body signed with HMAC-SHA256 of ``secret`` (or of the environment variable
+    ``secret_env`` names), retried with back-off on 5xx, 408, 429 and connection errors."""
+
+    name: str | None = Field(None, min_length=1, max_length=100,
+                             description="its name in the outbox [the URL's host]")
+    url: str = Field(min_length=1, pattern=r"^https?://")
+    secret: str | None = Field(None, min_length=1, description="HMAC key of the signature")
+    secret_env: str | None = Field(None, min_length=1,
+                                   description="environment variable holding the key")
+    timeout_s: Seconds = Field(10.0, gt=0, le=300, description="one delivery's timeout")
+    max_attempts: int = Field(12, ge=1, le=100, description="attempts before FAILED")
+    backoff_s: Seconds = Field(2.0, gt=0, le=3600,
+                               description="first retry's delay, doubled each time")
+    backoff_max_s: Seconds = Field(3600.0, gt=0, description="longest delay of a retry")
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> Webhook:
+        if self.secret is not None and self.secret_env is not None:
+            raise ValueError("give either secret or secret_env, not both")
+        return self
+
+    @property
+    def target(self) -> str:
+        """The name deliveries are filed under (never holds credentials of the URL)."""
+        if self.name:
+            return self.name
+        rest = self.url.split("://", 1)[1]
+        return rest.split("/", 1)[0].rpartition("@")[2][:100]
+
+    def key(self) -> bytes | None:
+        """The signing key: ``secret``, or the variable ``secret_env`` names."""
+        if self.secret_env is not None:
+            value = os.environ.get(self.secret_env)
+            if not value:
+                raise ConfigError(
+                    f"webhook '{self.target}' reads its secret from ${self.secret_env}, "
+                    f"which is not set; export {self.secret_env}=... before starting")
+            return value.encode()
+        return None if self.secret is None else self.secret.encode()
+class CircuitSettings(_Strict):
+    """One completeness circuit (``[[quality.circuit]]``, docs/quality.md): when the
+    field completeness of ``prompt`` stays under ``threshold`` in every minute of
+    ``window`` (each with ``min_calls`` calls), its new tasks go to exactly one fallback,
+    a share ``probe_share`` still probing the primary; ``probation`` after the probes
+    are back over the threshold, the circuit closes."""
+
+    prompt: str = Field(min_length=1, max_length=191,
+                        description="a registry name (every version), name@N or inline:<hex>")
+    threshold: float = Field(0.98, gt=0, le=1, description="completeness a minute needs")
+    window: Seconds = Field(300.0, ge=60.0, le=6 * 3600.0,
+                            description="minutes under the threshold that open it")
+    min_calls: int = Field(20, ge=1, description="calls a minute needs to count")
+    probation: Seconds = Field(600.0, ge=60.0, le=7 * 86_400.0,
+                               description="time of good probes that closes it")
+    probe_share: float = Field(0.05, ge=0, le=1,
+                               description="share of tasks still sent to the primary")
+    fallback_prompt: str | None = Field(None, description="a pinned version, name@N")
+    fallback_endpoint: str | None = Field(None, description="an endpoint's name")
+    fallback: Literal["review"] | None = Field(
+        None, description="'review': hold the tasks for a person (REVIEW)")
+
+    @model_validator(mode="after")
+    def _one_fallback(self) -> CircuitSettings:
+        given = [k for k in ("fallback_prompt", "fallback_endpoint", "fallback")
+                 if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"circuit '{self.prompt}' needs exactly one of fallback_prompt, "
+                             f"fallback_endpoint or fallback = \"review\" (got "
+                             f"{', '.join(given) or 'none'})")
+        fp = self.fallback_prompt
+        if fp is not None:
+            name, sep, number = fp.rpartition("@")
+            if not sep or not name or not number.isdigit():
+                raise ValueError(f"circuit '{self.prompt}': fallback_prompt must be a pinned "
+                                 f"registry version, name@N (got '{fp}')")
+            if fp == self.prompt:
+                raise ValueError(f"circuit '{self.prompt}' cannot fall back to itself")
+        return self
+
+    @property
+    def window_minutes(self) -> int:
+        """The whole minutes of the window (at least one)."""
+        return max(1, int(self.window // 60))
+
+    @property
+    def fallback_kind(self) -> str:
+        """``prompt``, ``endpoint`` or ``review``."""
+        if self.fallback_prompt is not None:
+            return "prompt"
+        return "endpoint" if self.fallback_endpoint is not None else "review"
+
+    @property
+    def fallback_target(self) -> str:
+        """What the fallback names (a version, an endpoint, or ``review``)."""
+        return self.fallback_prompt or self.fallback_endpoint or "review"
+
+
 class QualitySettings(_Strict):
     """The quality loop (``[quality]``, docs/quality.md)."""
 
@@ -236,6 +335,60 @@ class QualitySettings(_Strict):
                                description="input tokens per call that count as unchanged")
     min_calls: int = Field(100, ge=1, description="calls a window needs on each side")
     min_calls_minute: int = Field(20, ge=1, description="calls each polluted minute needs")
+    # alerts (docs/quality.md): one evaluator in all workers, an alert per incident
+    alerts: bool = Field(True, description="workers evaluate the rules and keep alerts")
+    evaluate_every: Seconds = Field(30.0, ge=1.0, le=3600.0,
+                                    description="period of the evaluator")
+    evaluator_lease_s: Seconds = Field(
+        60.0, ge=2.0, le=3600.0,
+        description="the evaluator role's lease; another worker takes over after it")
+    cooldown: Seconds = Field(1800.0, ge=0, le=7 * 86_400.0,
+                              description="after a resolve, the same alert stays closed")
+    update_every: Seconds = Field(900.0, ge=0,
+                                  description="least time between two update events of "
+                                              "an alert (0: none)")
+    samples: int = Field(100, ge=0, le=100, description="failing samples kept per alert")
+    webhook: tuple[Webhook, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> QualitySettings:
+        names = [w.target for w in self.webhook]
+        if len(set(names)) != len(names):
+            raise ValueError("two webhooks have the same name: give each a distinct name")
+        if self.evaluator_lease_s <= self.evaluate_every:
+            raise ValueError(f"evaluator_lease_s ({self.evaluator_lease_s:g} s) must be "
+                             f"longer than evaluate_every ({self.evaluate_every:g} s)")
+        return self
+
+    def webhook_named(self, target: str) -> Webhook | None:
+        """The configured webhook of that name."""
+        return next((w for w in self.webhook if w.target == target), None)
+    # the completeness circuits (docs/quality.md)
+    circuit: tuple[CircuitSettings, ...] = ()
+    circuit_every_s: Seconds = Field(10.0, gt=0, le=600,
+                                     description="how often a worker evaluates the circuits")
+    circuit_refresh_s: Seconds = Field(2.0, gt=0, le=30,
+                                       description="how long a worker trusts the circuit "
+                                                   "states it read")
+
+    @model_validator(mode="after")
+    def _unique_circuits(self) -> QualitySettings:
+        if self.circuit and not self.rollups:
+            raise ValueError("completeness circuits read the rollups: set rollups = true "
+                             "or remove the [[quality.circuit]] tables")
+        seen: set[str] = set()
+        for c in self.circuit:
+            if c.prompt in seen:
+                raise ValueError(f"two circuits name the prompt '{c.prompt}'")
+            seen.add(c.prompt)
+        return self
+
+    def circuit_of(self, prompt: str) -> CircuitSettings | None:
+        """The circuit configured for exactly this prompt path, if any."""
+        for c in self.circuit:
+            if c.prompt == prompt:
+                return c
+        return None
 
 
 class Settings(_Strict):
@@ -266,6 +419,11 @@ class Settings(_Strict):
                     raise ValueError(f"fallbacks of endpoint '{e.name}' form a loop")
                 seen.add(nxt.name)
                 cur = nxt
+        known = {e.name for e in self.endpoints()}
+        for c in self.quality.circuit:
+            if c.fallback_endpoint is not None and c.fallback_endpoint not in known:
+                raise ValueError(f"circuit '{c.prompt}' falls back to endpoint "
+                                 f"'{c.fallback_endpoint}', which is not defined")
         return self
 
     def endpoint_named(self, name: str) -> Endpoint | None:

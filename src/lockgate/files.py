@@ -21,7 +21,7 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from lockgate.errors import LockgateError, SpecError
-from lockgate.results import TaskResult, iso
+from lockgate.results import ReviewItem, TaskResult, iso
 from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import (
     MAX_INPUT_BYTES,
@@ -430,3 +430,56 @@ def export_text(rows: Iterable[TaskResult], fmt: str) -> str:
     buf = io.StringIO()
     WRITERS[fmt](rows, buf)
     return buf.getvalue()
+
+
+# -- tasks held for review (``lockgate export --review``) --------------------------------
+
+def _json(value: Any) -> str:
+    return "" if value is None else orjson.dumps(value).decode()
+
+
+def write_review_jsonl(rows: Iterable[ReviewItem], out: TextIO) -> int:
+    """One JSON object per task held for review (``ReviewItem.to_dict()``)."""
+    n = 0
+    for row in rows:
+        out.write(orjson.dumps(row.to_dict()).decode() + "\n")
+        n += 1
+    return n
+
+
+REVIEW_CSV_COLUMNS = ["task_id", "batch_id", "prompt", "held_at", "reason", "input",
+                      "messages", "last_output", "last_parse_status", "last_error_class",
+                      "last_error_message", "output_schema"]
+
+
+def write_review_csv(rows: Iterable[ReviewItem], out: TextIO) -> int:
+    """CSV for a spreadsheet: JSON columns for the input, the prompt and the schema."""
+    w = csv.writer(out)
+    w.writerow(REVIEW_CSV_COLUMNS)
+    n = 0
+    for row in rows:
+        err = row.last_error
+        w.writerow([row.task_id, row.batch_id, row.prompt or "", iso(row.held_at) or "",
+                    row.reason or "", _json(row.input), _json(row.messages),
+                    row.last_output or "", row.last_parse_status or "",
+                    (err.error_class or "") if err else "", (err.message or "") if err else "",
+                    _json(row.output_schema)])
+        n += 1
+    return n
+
+
+def write_review_openai_batch(rows: Iterable[ReviewItem], out: TextIO) -> int:
+    """The OpenAI Batch API *input* format (``custom_id``, ``method``, ``url``, ``body``
+    with the rendered messages): the held prompts, to be answered elsewhere."""
+    n = 0
+    for row in rows:
+        out.write(orjson.dumps({"custom_id": row.task_id, "method": "POST",
+                                "url": "/v1/chat/completions",
+                                "body": {"messages": row.messages}}).decode() + "\n")
+        n += 1
+    return n
+
+
+REVIEW_WRITERS: dict[str, Callable[[Iterable[ReviewItem], TextIO], int]] = {
+    "jsonl": write_review_jsonl, "csv": write_review_csv,
+    "openai-batch": write_review_openai_batch}

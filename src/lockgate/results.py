@@ -317,6 +317,61 @@ class Status(_Row):
     workers: list[WorkerInfo]
     #: Batches whose submit has not finished writing (run it again to complete them).
     incomplete_batches: list[str]
+    #: The completeness circuits configured (docs/quality.md), each a :class:`CircuitView`.
+    circuits: list[CircuitView] = field(default_factory=list)
+
+    @property
+    def review(self) -> int:
+        """Tasks held for a person (REVIEW), all batches."""
+        return sum(c.get("REVIEW", 0) for c in self.batches.values())
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitView(_Row):
+    """A completeness circuit: its configuration and its state now."""
+
+    prompt: str
+    state: str
+    #: When it last moved (database clock), None for a circuit that never did.
+    since: datetime | None
+    reason: str | None
+    #: Held by an operator (``lockgate circuit open``): the evaluator leaves it alone.
+    manual: bool
+    changed_by: str | None
+    #: ``prompt``, ``endpoint`` or ``review``, and what it names.
+    fallback_kind: str
+    fallback: str
+    threshold: float
+    window_s: float
+    min_calls: int
+    probation_s: float
+    probe_share: float
+    #: The figures the last move was decided on (minutes, completeness, calls).
+    figures: dict[str, Any] | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewItem(_Row):
+    """A task held for a person (REVIEW): what ``lockgate export --review`` writes."""
+
+    task_id: str
+    batch_id: str
+    input: Any
+    #: The prompt version (``name@N``) or inline key the task was held under.
+    prompt: str | None
+    #: The rendered prompt (chat messages) a call would have sent.
+    messages: Any
+    #: Why it is held (the circuit and its figures).
+    reason: str | None
+    held_at: datetime | None
+    attempts: int
+    #: The last call's raw output, parse status and error, when an earlier attempt made one.
+    last_output: str | None
+    last_parse_status: str | None
+    last_error: TaskError | None
+    #: The output schema a resolution is checked against (JSON Schema), if any.
+    output_schema: Any
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -349,9 +404,10 @@ class BatchSummary(_Row):
 
     @property
     def throughput(self) -> float | None:
-        done = self.tasks - self.states.get("PENDING", 0)
+        done = self.tasks - self.states.get("PENDING", 0) - self.states.get("REVIEW", 0)
         return done / self.elapsed_s if self.elapsed_s else None
 
 
-__all__ = ["Attempt", "BatchSummary", "Response", "Status", "TaskError", "TaskResult",
-           "TaskView", "Usage", "WorkerInfo", "iso", "percentile", "plain", "utc"]
+__all__ = ["Attempt", "BatchSummary", "CircuitView", "Response", "ReviewItem", "Status",
+           "TaskError", "TaskResult", "TaskView", "Usage", "WorkerInfo", "iso", "percentile",
+           "plain", "utc"]

@@ -304,6 +304,13 @@ def canonical_json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
 
 
+def template_key(template: Any) -> str:
+    """The prompt key of an inline template (quality rollups, completeness circuits):
+    ``inline:`` and 12 hex digits of the hash of its canonical JSON (the same template
+    has the same key in every task)."""
+    return "inline:" + hashlib.sha256(canonical_json(template)).hexdigest()[:12]
+
+
 def config_hash(document: dict[str, Any]) -> str:
     """SHA-256 of a config document's canonical JSON."""
     return hashlib.sha256(canonical_json(document)).hexdigest()

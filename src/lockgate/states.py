@@ -13,9 +13,12 @@ from enum import StrEnum
 
 
 class TaskStatus(StrEnum):
-    """Task states. PENDING covers visible, leased and backing-off rows (``visible_at``)."""
+    """Task states. PENDING covers visible, leased and backing-off rows (``visible_at``);
+    REVIEW is a task held for a person (the completeness circuit's ``review`` fallback):
+    not finished, never claimed, ended by ``lockgate tasks resolve`` or a cancel."""
 
     PENDING = "PENDING"
+    REVIEW = "REVIEW"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     DEAD = "DEAD"
@@ -25,6 +28,24 @@ class TaskStatus(StrEnum):
 TERMINAL: frozenset[str] = frozenset({
     TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.DEAD, TaskStatus.CANCELLED,
 })
+#: States of a task that is not finished: its batch is not done while it has one.
+UNFINISHED: frozenset[str] = frozenset({TaskStatus.PENDING, TaskStatus.REVIEW})
+#: Every arrow of a task (docs/architecture.md, "State machine of a task").
+TASK_ARROWS: frozenset[tuple[str, str]] = frozenset({
+    (TaskStatus.PENDING, TaskStatus.SUCCEEDED), (TaskStatus.PENDING, TaskStatus.FAILED),
+    (TaskStatus.PENDING, TaskStatus.DEAD), (TaskStatus.PENDING, TaskStatus.CANCELLED),
+    (TaskStatus.PENDING, TaskStatus.REVIEW),
+    (TaskStatus.REVIEW, TaskStatus.SUCCEEDED), (TaskStatus.REVIEW, TaskStatus.CANCELLED),
+    (TaskStatus.FAILED, TaskStatus.PENDING), (TaskStatus.DEAD, TaskStatus.PENDING),
+    (TaskStatus.CANCELLED, TaskStatus.PENDING),
+})
+
+
+class CircuitState(StrEnum):
+    """States of a completeness circuit (``quality_circuit``, docs/quality.md)."""
+
+    CLOSED = "CLOSED"
+    OPEN = "OPEN"
 
 
 class UpdateStatus(StrEnum):
@@ -83,5 +104,6 @@ TERMINAL_UPDATES = frozenset(set(UpdateStatus) - set(ACTIVE_UPDATES))
 TERMINAL_RUNS = frozenset(set(RunStatus) - set(ACTIVE_RUNS))
 
 
-__all__ = ["ACTIVE_RUNS", "ACTIVE_UPDATES", "ARROWS", "TERMINAL", "TERMINAL_RUNS",
-           "TERMINAL_UPDATES", "RunStatus", "TaskStatus", "UpdateStatus", "Verdict"]
+__all__ = ["ACTIVE_RUNS", "ACTIVE_UPDATES", "ARROWS", "TASK_ARROWS", "TERMINAL",
+           "TERMINAL_RUNS", "TERMINAL_UPDATES", "UNFINISHED", "CircuitState", "RunStatus",
+           "TaskStatus", "UpdateStatus", "Verdict"]

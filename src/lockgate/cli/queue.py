@@ -41,10 +41,11 @@ from lockgate.cli._common import (
     table,
     when,
 )
+from lockgate.cli.circuit import circuit_table
 from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
 from lockgate.errors import LockgateError
-from lockgate.files import WRITERS, Format
+from lockgate.files import REVIEW_WRITERS, WRITERS, Format
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
@@ -256,7 +257,7 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
     """Work until the queue is drained, with a progress bar for ``batch_id``."""
     counts = lg.store.batch_counts(batch_id)
     total = sum(counts.values())
-    done0 = total - counts.get("PENDING", 0)
+    done0 = total - counts.get("PENDING", 0) - counts.get("REVIEW", 0)
     t0 = time.perf_counter()
     issues: list[str] = []  # endpoints in trouble, as the workers report them
     last = [done0]
@@ -276,7 +277,7 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
         def poll() -> None:  # most workers are other processes: read the database
             c = lg.store.batch_counts(batch_id)
             look()
-            show(sum(c.values()) - c.get("PENDING", 0))
+            show(sum(c.values()) - c.get("PENDING", 0) - c.get("REVIEW", 0))
 
         stop = threading.Event()
 
@@ -336,7 +337,7 @@ def status(db: DbOpt = None, as_json: JsonOpt = False, config: ConfigOpt = None)
 
 
 def _print_status(st: Status) -> None:
-    states = ["PENDING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
+    states = ["PENDING", "REVIEW", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
     t = table("tasks", ["batch", *states], right=tuple(states))
     for b, counts in sorted(st.batches.items()):
         t.add_row(b + (" (incomplete)" if b in st.incomplete_batches else ""),
@@ -356,6 +357,11 @@ def _print_status(st: Status) -> None:
         w.add_row(r.id, r.status, f"{r.in_flight}/{r.concurrency}", f"{r.succeeded:,}",
                   f"{r.failed:,}", f"{r.discarded:,}", f"{r.heartbeat_age_s:.1f}s ago")
     out.print(w)
+    if st.circuits:
+        out.print(circuit_table(st.circuits))
+    if st.review:
+        console.print(f"held for review: {st.review:,} task(s); `lockgate export --review` "
+                      "lists them, `lockgate tasks resolve` completes one", markup=False)
 
 
 def _print_flow(flow: dict[str, Any]) -> None:
@@ -409,25 +415,43 @@ def _num(v: float | None) -> str:
 
 
 @command(app)
-def export(batch: str, db: DbOpt = None,
+def export(batch: Annotated[str | None, typer.Argument(
+               help="the batch (with --review: optional, else every batch)")] = None,
+           db: DbOpt = None,
            fmt: Annotated[str, typer.Option(
                "--format", metavar="FORMAT", help="the output: jsonl, csv or openai-batch")]
            = "jsonl",
            output: Annotated[Path | None, typer.Option(
-               "--out", "-o", metavar="FILE", help="file [stdout]")] = None) -> None:
-    """Write every task of BATCH: its result, or the precise error."""
-    if fmt not in WRITERS:
-        raise LockgateError(f"--format must be one of {', '.join(sorted(WRITERS))}, "
+               "--out", "-o", metavar="FILE", help="file [stdout]")] = None,
+           review: Annotated[bool, typer.Option(
+               "--review", help="the tasks held for a person (REVIEW) instead: input, "
+                                "rendered prompt, why, the last output or error")] = False,
+           batch_opt: Annotated[str | None, typer.Option(
+               "--batch", metavar="BATCH", help="the batch (same as the argument)")] = None,
+           config: ConfigOpt = None) -> None:
+    """Write every task of BATCH: its result, or the precise error. With --review, the
+    tasks held for review, to be resolved with `lockgate tasks resolve`."""
+    writers: dict[str, Any] = REVIEW_WRITERS if review else WRITERS
+    if fmt not in writers:
+        raise LockgateError(f"--format must be one of {', '.join(sorted(writers))}, "
                             f"not {fmt!r}")
-    with opened(db) as lg:
-        rows = lg.results(batch)  # NotFound for a batch never submitted, before any output
+    if batch is not None and batch_opt is not None and batch != batch_opt:
+        raise LockgateError("give the batch once: as the argument or as --batch")
+    batch = batch or batch_opt
+    if batch is None and not review:
+        raise LockgateError("give the BATCH to export (`lockgate status` lists them), "
+                            "or --review for the tasks held for review")
+    with opened(db, config) as lg:
+        # NotFound for a batch never submitted, before any output
+        rows: Any = lg.review(batch) if review else lg.results(batch)
         fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
         try:
-            n = WRITERS[fmt](rows, fh)
+            n = writers[fmt](rows, fh)
         finally:
             if output:
                 fh.close()
-    console.print(f"exported {n:,} task(s)", markup=False)
+    console.print(f"exported {n:,} task(s)" + (" held for review" if review else ""),
+                  markup=False)
 
 
 @command(app)

@@ -16,7 +16,7 @@ def summary_table(s: BatchSummary, extra: dict[str, str] | None = None) -> Table
     t = Table(title=f"batch {s.batch_id or '(all)'}", show_header=False)
     t.add_column("what", style="bold", overflow="fold")
     t.add_column("value", justify="right", overflow="fold")
-    for state in ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED", "PENDING"):
+    for state in ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED", "PENDING", "REVIEW"):
         if s.states.get(state) or state == "SUCCEEDED":
             t.add_row(f"tasks {state}", f"{s.states.get(state, 0):,}")
     t.add_row("tasks total", f"{s.tasks:,}")

@@ -1,16 +1,31 @@
-"""``lockgate tasks show|retry|cancel``: one task, or a batch's failed tasks at once."""
+"""``lockgate tasks show|retry|cancel|resolve``: one task, or a batch's failed tasks at
+once; ``resolve`` completes a task held for review with a person's result."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
+import orjson
 import typer
 
-from lockgate.cli._common import DbOpt, app, command, console, opened, opened_for_change, print_json
-from lockgate.errors import LockgateError
+from lockgate.cli._common import (
+    ActorOpt,
+    ConfigOpt,
+    DbOpt,
+    ReasonOpt,
+    app,
+    command,
+    console,
+    opened,
+    opened_for_change,
+    print_json,
+)
+from lockgate.errors import LockgateError, SpecError
 
 tasks_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                        help="Inspect a task; run failed tasks again; cancel tasks.")
+                        help="Inspect a task; run failed tasks again; cancel tasks; "
+                             "resolve tasks held for review.")
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -55,7 +70,40 @@ def retry(task_id: Annotated[str | None, typer.Argument(
 
 @command(tasks_app, "cancel")
 def cancel(task_id: str, db: DbOpt = None) -> None:
-    """Cancel a PENDING task (a worker holding it will have its write-back fenced)."""
+    """Cancel a PENDING task (a worker holding it will have its write-back fenced), or
+    one held for review (REVIEW)."""
     with opened_for_change(db) as lg:
         lg.cancel(task_id)
     console.print(f"task {task_id} is CANCELLED", markup=False)
+
+
+def _result_arg(value: str) -> Any:
+    """``--result``: JSON text, or ``@FILE`` holding it."""
+    text = value
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"cannot read {path}: {exc.strerror or exc}; give JSON text or "
+                            "@FILE of an existing file", field="result") from None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise SpecError(f"not JSON ({exc}); a text result is a JSON string, e.g. "
+                        "'\"yes\"'", field="result") from None
+
+
+@command(tasks_app, "resolve")
+def resolve(task_id: str,
+            result: Annotated[str, typer.Option(
+                "--result", metavar="JSON|@FILE",
+                help="the task's result: JSON text, or @FILE holding it; checked against "
+                     "the task's output schema")],
+            db: DbOpt = None, config: ConfigOpt = None, actor: ActorOpt = None,
+            reason: ReasonOpt = None) -> None:
+    """Complete a task held for review (REVIEW -> SUCCEEDED) with a person's result."""
+    value = _result_arg(result)
+    with opened_for_change(db, config) as lg:
+        lg.resolve(task_id, value, actor=actor, reason=reason)
+    console.print(f"task {task_id} is SUCCEEDED (resolved)", markup=False)

@@ -7,7 +7,6 @@ plus an insert for a new minute.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ import orjson
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
 from lockgate.quality.tracing import CallSpan, Tracing
-from lockgate.spec import RESERVED_ID_PREFIX, canonical_json, registry_reference
+from lockgate.spec import RESERVED_ID_PREFIX, registry_reference, template_key
 from lockgate.states import TaskStatus
 from lockgate.store.quality import QualityStore, RowKey, TaskInfo
 from lockgate.store.store import Store
@@ -30,12 +29,6 @@ log = logging.getLogger("lockgate.quality")
 Written = tuple[Finish, Mapping[str, Any]]
 
 _KEY_LIMITS = (191, 200, 100)  # prompt, model, endpoint columns
-
-
-def template_key(template: Any) -> str:
-    """The rollup key of an inline template: ``inline:`` and 12 hex digits of the hash of
-    its canonical JSON (the same template has the same key in every task)."""
-    return "inline:" + hashlib.sha256(canonical_json(template)).hexdigest()[:12]
 
 
 class RollupWriter:
@@ -113,6 +106,20 @@ class RollupWriter:
         merged = {k: (Rollup.from_row(stored[k]).merge(d) if k in stored else d).to_row()
                   for k, d in deltas.items()}
         self.qstore.write(tx, self.shard, merged, stored.keys())
+
+    def key_of(self, tx: Tx, config_hash: str, version: str | None) -> str:
+        """The prompt key of an attempt of a task with this config and prompt version."""
+        self._learn(tx, {config_hash})
+        if config_hash not in self._configs:
+            return str(version or "")
+        return self.prompt_of(config_hash, {"prompt_version": version})
+
+    def watch(self, tx: Tx, config_hash: str, version: str | None) -> Watch:
+        """What is watched in the outputs of a task with this config and prompt version."""
+        self._learn(tx, {config_hash})
+        if config_hash not in self._configs:
+            return Watch()
+        return self._watch_for(tx, config_hash, version)
 
     def _learn(self, tx: Tx, hashes: set[str]) -> None:
         missing = hashes - self._configs.keys()

@@ -27,7 +27,7 @@ from cachetools import LRUCache
 
 from lockgate.errors import NotFound
 from lockgate.registry.refs import PromptRef, parse_ref
-from lockgate.spec import TaskConfig, load_config, registry_reference
+from lockgate.spec import TaskConfig, load_config, registry_reference, template_key
 from lockgate.store import Store
 from lockgate.store.registry import RegistryStore, VersionRow
 
@@ -47,6 +47,13 @@ class Fixed:
 
     config: TaskConfig
     version: str | None = None
+    #: The quality key of an inline template (``inline:<hex>``), when no version.
+    inline_key: str | None = None
+
+    @property
+    def prompt_key(self) -> str | None:
+        """What the quality rollups and completeness circuits file it under."""
+        return self.version or self.inline_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +89,10 @@ def load(config_hash: str, document: dict[str, Any]) -> Entry:
     ref = registry_reference(document.get("prompt_template"))
     if ref is None:
         pinned = document.get("prompt_version")
-        return Fixed(load_config(document), pinned if isinstance(pinned, str) else None)
+        if isinstance(pinned, str):
+            return Fixed(load_config(document), pinned)
+        return Fixed(load_config(document), None,
+                     template_key(document.get("prompt_template")))
     return RegistryRef(parse_ref(ref), document, config_hash)
 
 

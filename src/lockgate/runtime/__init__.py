@@ -17,7 +17,7 @@ from lockgate.runtime.normalize import normalize_text, normalize_value
 from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output
 from lockgate.runtime.render import Rendered, render
 from lockgate.runtime.sampling import sampling_params
-from lockgate.runtime.schema import check_delivery_rule, model_allowed
+from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
 from lockgate.runtime.template import (
     INPUT_CLOSE,
     INPUT_OPEN,
@@ -36,6 +36,7 @@ __all__ = [
     "Rendered",
     "build_template",
     "check_delivery_rule",
+    "check_result",
     "check_template",
     "count_tokens",
     "default_estimator",

@@ -290,3 +290,33 @@ def check_delivery_rule(rule: DeliveryRule, *, model_modules: Collection[str] = 
             "its module under [runtime] model_modules in lockgate.toml (workers import it)",
             field="delivery_rule.pydantic_model")
     output_plan(rule)
+
+
+def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[str] = ()) -> None:
+    """Refuse a result given by a person (``lockgate tasks resolve``) that the task's
+    delivery rule would not deliver: the wrong format, a required key missing, or a value
+    its output schema (JSON Schema, or the pydantic model's) refuses. One
+    :class:`SpecError` naming the first field at fault (``result.label``)."""
+    if rule.format == "text":
+        if not isinstance(value, str):
+            raise SpecError("this task delivers text: give a JSON string", field="result")
+        return
+    if rule.pydantic_model and not model_allowed(rule.pydantic_model, model_modules):
+        raise SpecError(f"the task's output model {rule.pydantic_model!r} is not in a module "
+                        "listed under [runtime] model_modules, so it cannot be checked here",
+                        field="delivery_rule.pydantic_model")
+    plan = output_plan(rule)
+    if plan.expect == "object" and not isinstance(value, dict):
+        raise SpecError("must be a JSON object", field="result")
+    if plan.expect == "array" and not isinstance(value, list):
+        raise SpecError("must be a JSON array", field="result")
+    if isinstance(value, dict):
+        for k in plan.required:
+            if k not in value:
+                raise SpecError(f"required key '{k}' is missing", field=f"result.{k}")
+    if plan.errors is not None:
+        errs = plan.errors(value)
+        if errs:
+            path, message = errs[0]
+            where = ".".join(["result", *(str(p) for p in path)])
+            raise SpecError(message, field=where)

@@ -123,6 +123,9 @@ task_attempt = Table(
     Column("routed_from", String(100)),  # 0003: the primary, when a fallback answered
     Column("request_id", String(128)),  # 0005: the provider's x-request-id
     Index("ix_task_attempt_task", "task_pk", "attempt"),
+    # 0007: the alert samples' bounded reads (a prompt version's recent attempts)
+    Index("ix_task_attempt_version", "prompt_version", "started_at",
+          mysql_length={"prompt_version": KEY}, mariadb_length={"prompt_version": KEY}),
 )
 
 worker = Table(
@@ -401,4 +404,131 @@ quality_rollup = Table(
     UniqueConstraint("resolution", "bucket", "prompt", "model", "endpoint", "shard",
                      name="uq_quality_rollup"),
     Index("ix_quality_rollup_prompt", "resolution", "prompt", "bucket"),
+)
+
+# -- quality alerts (migration 0007) --------------------------------------------------------
+
+#: A role only one process may hold at a time (``name`` e.g. ``quality_evaluator``): the
+#: holder's worker id and a fencing ``token``, valid until ``lease_until`` (database
+#: clock). Claimed and renewed with conditional UPDATEs; a write of the role checks its
+#: token in the same transaction.
+role_lease = Table(
+    "role_lease", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64)),
+    Column("token", String(32)),
+    Column("lease_until", BigInteger, nullable=False, server_default="0"),
+    Column("acquired_at", BigInteger),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+#: One incident of an anomaly rule on a prompt version and model (and the watched value
+#: of a drift). ``alert_key`` is the sha256 of (rule, prompt, model, subject);
+#: ``open_key`` holds it while the alert is OPEN and is NULL once RESOLVED: its unique
+#: constraint lets at most one alert per key be open, whoever writes.
+quality_alert = Table(
+    "quality_alert", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("alert_key", String(64), nullable=False),
+    Column("open_key", String(64)),
+    Column("rule", String(32), nullable=False),
+    Column("prompt", String(KEY), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("subject", String(KEY)),
+    Column("status", String(12), nullable=False),
+    Column("window_s", Double, nullable=False),
+    Column("value", Double, nullable=False),
+    Column("baseline", Double),
+    Column("threshold", Double, nullable=False),
+    Column("calls", BigInteger, nullable=False, server_default="0"),
+    Column("tasks", BigInteger, nullable=False, server_default="0"),
+    Column("batches", Integer, nullable=False, server_default="0"),
+    Column("batches_exact", Integer, nullable=False, server_default="1"),
+    Column("onset_at", BigInteger, nullable=False),
+    Column("opened_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("notified_at", BigInteger, nullable=False),
+    Column("resolved_at", BigInteger),
+    Column("acked_at", BigInteger),
+    Column("acked_by", String(200)),
+    Column("ack_reason", Text),
+    Column("version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("open_key", name="uq_quality_alert_open"),
+    Index("ix_quality_alert_key", "alert_key", "resolved_at"),
+    Index("ix_quality_alert_status", "status", "id"),
+)
+
+#: Failing attempts of an alert (at most 100), copied with their rendered prompt and raw
+#: output (secrets masked), so they outlive the attempt rows.
+quality_alert_sample = Table(
+    "quality_alert_sample", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("alert_id", BigInteger, nullable=False),
+    Column("attempt_id", BigInteger, nullable=False),
+    Column("task_id", String(KEY), nullable=False),
+    Column("batch_id", String(KEY), nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("latency_ms", Float),
+    Column("endpoint", String(100)),
+    Column("parse_status", String(24)),
+    Column("completeness", Float),
+    Column("error_class", String(32)),
+    Column("error_message", Text),
+    Column("prompt_snapshot", LongText),
+    Column("raw_output", LongText),
+    Column("created_at", BigInteger, nullable=False),
+    UniqueConstraint("alert_id", "attempt_id", name="uq_quality_alert_sample"),
+)
+
+#: The webhook outbox: one row per event and webhook (``target`` its name), written in
+#: the transaction of the alert change it announces. ``delivery_id`` is the idempotency
+#: id every (re-)delivery carries; a sender claims a row by setting ``lease_token`` and
+#: moving ``next_at`` past its timeout (status PENDING, DELIVERED or FAILED).
+alert_delivery = Table(
+    "alert_delivery", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("delivery_id", String(32), nullable=False),
+    Column("alert_id", BigInteger, nullable=False),
+    Column("event", String(12), nullable=False),
+    Column("target", String(100), nullable=False),
+    Column("body", LongText, nullable=False),
+    Column("status", String(12), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", BigInteger, nullable=False),
+    Column("lease_token", String(32)),
+    Column("last_error", Text),
+    Column("created_at", BigInteger, nullable=False),
+    Column("delivered_at", BigInteger),
+    UniqueConstraint("delivery_id", name="uq_alert_delivery_id"),
+    Index("ix_alert_delivery_due", "status", "next_at"),
+)
+
+# 0008: the completeness circuits (docs/quality.md). One row per configured prompt path,
+# moved only by compare-and-swap on (state, version); every move is one event row,
+# written in the same transaction (UNIQUE(prompt, version): a move is recorded once).
+quality_circuit = Table(
+    "quality_circuit", metadata,
+    Column("prompt", String(KEY), primary_key=True),
+    Column("state", String(12), nullable=False),
+    Column("since", BigInteger, nullable=False),
+    Column("reason", Text),
+    Column("figures", Text),
+    Column("manual", Integer, nullable=False, server_default="0"),
+    Column("version", Integer, nullable=False, server_default="0"),
+    Column("changed_by", String(64)),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+quality_circuit_event = Table(
+    "quality_circuit_event", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt", String(KEY), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("from_state", String(12), nullable=False),
+    Column("to_state", String(12), nullable=False),
+    Column("at", BigInteger, nullable=False),
+    Column("actor", String(64), nullable=False),
+    Column("reason", Text),
+    Column("figures", Text),
+    UniqueConstraint("prompt", "version", name="uq_quality_circuit_event"),
 )

@@ -36,10 +36,18 @@ _BATCH_EXISTS = sql("SELECT id FROM batch WHERE id = :b")
 _CANCEL = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
               "version = version + 1, error_class = NULL, "
               "error_message = 'cancelled by operator' "
-              "WHERE task_id = :tid AND status = 'PENDING'")
+              "WHERE task_id = :tid AND status IN ('PENDING', 'REVIEW')")
+#: REVIEW -> SUCCEEDED with a person's result (``lockgate tasks resolve``).
+_RESOLVE = sql("UPDATE task SET status = 'SUCCEEDED', result = :result, "
+               "parse_status = 'resolved', error_class = NULL, error_message = NULL, "
+               "finished_at = :now, updated_at = :now, version = version + 1 "
+               "WHERE task_id = :tid AND status = 'REVIEW'")
+_TASK_KEY = sql("SELECT id, attempts FROM task WHERE task_id = :tid")
 _CONFIG = sql("SELECT document FROM task_config WHERE hash = :h")
 _COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task GROUP BY batch_id, status")
-_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c")
+#: The trace of a task held for review stays: the export hands its prompt to a person.
+_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c AND task_pk NOT IN "
+                       "(SELECT id FROM task WHERE status = 'REVIEW')")
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
                        "'CANCELLED') AND finished_at < :c")
 _INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
@@ -104,8 +112,24 @@ class TaskViews:
         return TaskView.from_rows(task, config, attempts)
 
     def cancel(self, task_id: str) -> None:
-        """PENDING -> CANCELLED. A worker holding it will find its write-back fenced."""
-        self._transition(task_id, _CANCEL, "PENDING", "cancel")
+        """PENDING or REVIEW -> CANCELLED. A worker holding it will find its write-back
+        fenced."""
+        self._transition(task_id, _CANCEL, "PENDING or REVIEW", "cancel")
+
+    def resolve(self, task_id: str, result: str, *, actor: str,
+                reason: str | None = None) -> None:
+        """REVIEW -> SUCCEEDED with ``result`` (JSON text, already validated), one
+        conditional UPDATE; the resolution is kept in the task's trace as an attempt row
+        with outcome ``resolved`` (who: ``worker_id``, why: ``error_message``, the
+        result: ``raw_output``)."""
+        def work(tx: Tx) -> None:
+            self._apply(tx, task_id, _RESOLVE, {"result": result}, "REVIEW", "resolve")
+            pk, attempts = tx.execute(_TASK_KEY, {"tid": task_id}).one()
+            tx.execute(schema.task_attempt.insert(), [{
+                "task_pk": int(pk), "attempt": int(attempts), "worker_id": actor[:64],
+                "lease_token": "", "outcome": "resolved", "started_at": tx.now,
+                "raw_output": result, "error_message": reason}])
+        self.transaction(work)
 
     def retry(self, task_id: str) -> None:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
@@ -132,15 +156,58 @@ class TaskViews:
 
     def _transition(self, task_id: str, statement: TextClause, needs: str,
                     verb: str) -> None:
-        def work(tx: Tx) -> None:
-            if tx.execute(statement, {"tid": task_id}).rowcount == 1:
-                return
-            st = tx.execute(_STATUS_OF, {"tid": task_id}).scalar()
-            if st is None:
-                raise NotFound(f"no task '{task_id}'")
-            raise StateConflict(f"cannot {verb} task '{task_id}': it is {st}, "
-                                f"and {verb} needs {needs}")
-        self.transaction(work)
+        self.transaction(lambda tx: self._apply(tx, task_id, statement, {}, needs, verb))
+
+    @staticmethod
+    def _apply(tx: Tx, task_id: str, statement: TextClause, params: dict[str, Any],
+               needs: str, verb: str) -> None:
+        """One conditional UPDATE naming the state it leaves; its row count checked."""
+        if tx.execute(statement, {"tid": task_id, **params}).rowcount == 1:
+            return
+        st = tx.execute(_STATUS_OF, {"tid": task_id}).scalar()
+        if st is None:
+            raise NotFound(f"no task '{task_id}'; check the id with `lockgate status`")
+        raise StateConflict(f"cannot {verb} task '{task_id}': it is {st}, "
+                            f"and {verb} needs {needs}")
+
+    def review_rows(self, batch_id: str | None = None, *,
+                    page: int = 500) -> Iterator[dict[str, Any]]:
+        """Every task in REVIEW (of one batch, or all), in id order, as a dict: the task
+        row's ``id``, ``task_id``, ``batch_id``, ``input_data``, ``config_hash``,
+        ``attempts``, ``created_at``, ``updated_at``, with ``held`` (the attempt row
+        that held it for review: its prompt version and rendered prompt) and ``last``
+        (the last attempt that called the model: its raw output or error), each None
+        when there is none. Read in pages (keyset on id)."""
+        if batch_id is not None and not self.batch_exists(batch_id):
+            raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
+        t, a = schema.task, schema.task_attempt
+        cols = [t.c.id, t.c.task_id, t.c.batch_id, t.c.input_data, t.c.config_hash,
+                t.c.attempts, t.c.created_at, t.c.updated_at, t.c.error_message]
+        after = 0
+        while True:
+            q = select(*cols).where(t.c.status == "REVIEW", t.c.id > after)
+            if batch_id is not None:
+                q = q.where(t.c.batch_id == batch_id)
+            with self.read() as tx:
+                tasks = tx.rows(q.order_by(t.c.id).limit(page))
+                if not tasks:
+                    return
+                attempts = tx.rows(select(
+                    a.c.task_pk, a.c.outcome, a.c.prompt_version, a.c.prompt_snapshot,
+                    a.c.raw_output, a.c.error_class, a.c.error_message, a.c.endpoint,
+                    a.c.model, a.c.started_at, a.c.parse_status).where(
+                    a.c.task_pk.in_([r["id"] for r in tasks])).order_by(a.c.id))
+            held: dict[int, dict[str, Any]] = {}
+            last: dict[int, dict[str, Any]] = {}
+            for r in attempts:
+                pk = int(r["task_pk"])
+                if r["outcome"] == "review":
+                    held[pk] = r
+                elif r["raw_output"] is not None or r["error_class"] is not None:
+                    last[pk] = r
+            for r in tasks:
+                yield {**r, "held": held.get(int(r["id"])), "last": last.get(int(r["id"]))}
+            after = int(tasks[-1]["id"])
 
     def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
         """Stream every task of a batch (or all) in id order, with the usage of the call

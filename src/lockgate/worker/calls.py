@@ -17,7 +17,8 @@ from lockgate import runtime
 from lockgate.config import Endpoint
 from lockgate.errors import ConfigError, ErrorClass, LockgateError
 from lockgate.providers.base import Provider
-from lockgate.registry.resolver import Entry, Fixed, load
+from lockgate.registry.refs import parse_ref
+from lockgate.registry.resolver import Entry, Fixed, RegistryRef, load
 from lockgate.spec import TaskConfig
 from lockgate.states import TaskStatus
 from lockgate.store import ClaimedTask, Finish
@@ -105,6 +106,7 @@ class Calls(WorkerCore):
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
         if isinstance(entry, Fixed):  # no coroutine for the common case
             config, prompt_version = entry.config, entry.version
+            prompt_key = entry.prompt_key
         else:
             try:
                 config, prompt_version = await self._prompts.resolve(
@@ -112,6 +114,15 @@ class Calls(WorkerCore):
             except LockgateError as exc:  # a registry reference that names nothing
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
                                  f"prompt registry: {exc}", str(exc))
+            prompt_key = prompt_version
+        fallback_endpoint = None
+        if self._circuits.circuits:  # decided here, once per attempt: a call under way
+            # finishes on the path it started on
+            taken = await self._detour(t, entry, config, prompt_version, prompt_key, started)
+            if isinstance(taken, Finish):
+                return taken
+            if taken is not None:
+                config, prompt_version, fallback_endpoint = taken
         model_path = config.delivery_rule.pydantic_model
         if model_path and not runtime.model_allowed(model_path,
                                                     self.settings.runtime.model_modules):
@@ -137,6 +148,14 @@ class Calls(WorkerCore):
                                  f"configuration: {exc}", str(exc))
             self._routes[route_key] = route
         endpoint, _provider, params = route
+        circuit_from = None
+        if fallback_endpoint is not None and fallback_endpoint != endpoint.name:
+            fb = self.settings.endpoint_named(fallback_endpoint)
+            if fb is not None:
+                circuit_from = endpoint.name
+                endpoint = fb
+                route_key = f"{route_key}>{fb.name}"
+                params = self._fallback_params(route_key, config, fb)
         input_data = orjson.loads(t.input_data)
         key = idempotency_key(t.task_id, t.lease_token, t.attempt)
 
@@ -161,7 +180,7 @@ class Calls(WorkerCore):
         trace = attempt_trace(t.attempt, started, res, d.outcome,
                               store_snapshot=self.ws.store_snapshots,
                               prompt_version=prompt_version)
-        trace["routed_from"] = passage.routed_from
+        trace["routed_from"] = passage.routed_from or circuit_from
         return Finish(
             id=t.id, lease_token=t.lease_token, status=d.status, result=d.result,
             parse_status=str(parsed.status) if parsed else None,
@@ -172,6 +191,63 @@ class Calls(WorkerCore):
             output_tokens=c.completion_tokens if c else None,
             latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
             request_id=res.request_id, response=res.response_body)
+
+    async def _detour(self, t: ClaimedTask, entry: Entry, config: TaskConfig,
+                      version: str | None, prompt_key: str | None, started: int
+                      ) -> Finish | tuple[TaskConfig, str | None, str | None] | None:
+        """Where an open completeness circuit sends this attempt: None for its primary
+        path; a write-back (held for review, or a fallback version that names nothing);
+        else the config and version to run and the endpoint to call instead."""
+        detour = await self._circuits.detour(
+            prompt_key, t.task_id, t.batch_id,
+            functools.partial(self._db_retry, "reading the completeness circuits"))
+        if detour is None:
+            return None
+        c = detour.circuit
+        if c.fallback_kind == "review":
+            return self._hold_for_review(t, config, prompt_key, started, detour.reason)
+        if c.fallback_prompt is None:
+            return config, version, c.fallback_endpoint
+        try:
+            config, version = await self._prompts.resolve(
+                self._fallback_entry(t, entry, config, c.fallback_prompt),
+                functools.partial(self._db_retry, "reading the prompt registry"))
+        except LockgateError as exc:
+            msg = f"completeness circuit '{c.prompt}': fallback_prompt: {exc}"
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
+                             msg, msg)
+        return config, version, None
+
+    def _fallback_entry(self, t: ClaimedTask, entry: Entry, config: TaskConfig,
+                        version: str) -> RegistryRef:
+        """The task run under a circuit's fallback version: a registry task keeps its own
+        overrides (as on its primary path); an inline one takes the version's template,
+        model config and delivery rule, with its own retry policy."""
+        # The resolver caches merged configs by (this key, version number): the key names
+        # the fallback's prompt, whose numbers are not the primary's.
+        key = f"{t.config_hash}>{version}"
+        if isinstance(entry, RegistryRef):
+            return RegistryRef(parse_ref(version), entry.document, key)
+        doc = {"prompt_template": f"@registry:{version}",
+               "retry_policy": config.retry_policy.model_dump(mode="json")}
+        return RegistryRef(parse_ref(version), doc, key)
+
+    def _hold_for_review(self, t: ClaimedTask, config: TaskConfig, prompt_key: str | None,
+                         started: int, reason: str) -> Finish:
+        """PENDING -> REVIEW without a call: the attempt row keeps the prompt a call would
+        have sent (what the person resolving it reads, ``lockgate export --review``)."""
+        snapshot = sha = None
+        try:
+            rendered = runtime.render(config, orjson.loads(t.input_data))
+            snapshot, sha = rendered.snapshot, rendered.sha256
+        except LockgateError as exc:  # the person sees why it could not be rendered
+            reason = f"{reason}; the prompt does not render: {exc}"
+        return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.REVIEW,
+                      error_message=reason[:2000],
+                      attempt={"attempt": t.attempt, "outcome": "review",
+                               "started_at": started, "prompt_version": prompt_key,
+                               "prompt_snapshot": snapshot, "prompt_sha256": sha,
+                               "error_message": reason[:2000]})
 
     def _fallback_params(self, route_key: str, config: TaskConfig,
                          ep: Endpoint) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from lockgate.flow.control import FlowControl
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.quality import quality_observer
+from lockgate.quality.circuit import CircuitRouter
 from lockgate.registry.resolver import Entry, PromptResolver
 from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.store.flow import FlowStore
@@ -53,6 +54,8 @@ class WorkerStats:
     retried: int = 0
     discarded: int = 0
     released: int = 0
+    #: Tasks held for review by an open completeness circuit (not finished).
+    review: int = 0
     claims: int = 0
     flushes: int = 0
 
@@ -96,6 +99,8 @@ class WorkerCore:
             LRUCache(CACHE_SIZE)
         self._fb_params: LRUCache[tuple[str, str], dict[str, Any]] = LRUCache(CACHE_SIZE)
         self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
+        #: The completeness circuits' states, read every few seconds (docs/quality.md).
+        self._circuits = CircuitRouter(store, self.settings.quality)
         self._services = list(services)
         #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
         #: re-claimed by this same worker while its first call still runs.

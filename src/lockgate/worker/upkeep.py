@@ -74,6 +74,8 @@ class Upkeep(WorkerCore):
                     self.stats.retried += 1
             elif status == TaskStatus.DEAD:
                 self.stats.dead += 1
+            elif status == TaskStatus.REVIEW:
+                self.stats.review += 1
             else:
                 self.stats.failed += 1
         if not settled:

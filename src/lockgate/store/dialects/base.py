@@ -44,7 +44,7 @@ _FINISH_SET = """
     {t}attempts = t.attempts - v.release_attempt,
     {t}lease_token = CASE WHEN v.status = 'PENDING' THEN NULL ELSE t.lease_token END,
     {t}leased_by = CASE WHEN v.status = 'PENDING' THEN NULL ELSE t.leased_by END,
-    {t}finished_at = CASE WHEN v.status = 'PENDING' THEN NULL ELSE {now} END,
+    {t}finished_at = CASE WHEN v.status IN ('PENDING', 'REVIEW') THEN NULL ELSE {now} END,
     {t}version = t.version + 1,
     {t}updated_at = {now},
     {t}model = v.model,

@@ -1,0 +1,430 @@
+"""Quality alerts: the evaluator that turns the anomaly rules' findings into alerts, and
+what reads them.
+
+One evaluator runs at a time across every worker process and machine: it holds the
+``quality_evaluator`` role lease (:class:`~lockgate.store.alerts.AlertStore`) and every
+transaction it writes renews that lease first, so an evaluator whose lease was taken
+over writes nothing. An alert opens once per incident (rule, prompt version, model and,
+for a drift, the watched value; a unique key allows one OPEN alert per incident), is
+updated while the rule fires, resolves when it stops firing, and the same incident
+cannot open again before ``[quality] cooldown`` has passed. Each change that is
+announced writes its webhook deliveries (the outbox) in the same transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from lockgate.config import Settings
+from lockgate.quality.report import check_rules, resolution_for
+from lockgate.quality.rollup import SPANS, bucket_of
+from lockgate.quality.rules import Finding
+from lockgate.quality.writer import RollupWriter
+from lockgate.redact import MASK
+from lockgate.results import utc
+from lockgate.store.alerts import AlertStore, LeaseLost
+from lockgate.store.quality import QualityStore
+from lockgate.store.store import Store
+from lockgate.store.tx import Tx
+
+log = logging.getLogger("lockgate.quality")
+
+ROLE = "quality_evaluator"
+#: Attempts a rule picks its samples from (newest first, one index range).
+CANDIDATES = 2000
+#: Attempts the batches touched since onset are counted over (newest first).
+TOUCHED = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSample:
+    """A failing attempt kept with an alert: its rendered prompt and raw output (any
+    secret masked)."""
+
+    attempt_id: int
+    task_id: str
+    batch_id: str
+    started_at: datetime | None
+    latency_ms: float | None
+    endpoint: str | None
+    parse_status: str | None
+    completeness: float | None
+    error_class: str | None
+    error_message: str | None
+    prompt: str | None
+    raw_output: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One incident of an anomaly rule on a prompt version and model (and watched value).
+
+    ``value``, ``baseline`` and ``threshold`` are the rule's figures (shares as
+    fractions, latency in ms); ``calls`` the calls of the rule's window; ``tasks`` and
+    ``batches`` the volume touched since ``onset`` (``batches_exact`` False when the
+    count stopped at its bound: "at least")."""
+
+    id: int
+    rule: str
+    prompt: str
+    model: str
+    subject: str | None
+    status: str
+    window_s: float
+    value: float
+    baseline: float | None
+    threshold: float
+    calls: int
+    tasks: int
+    batches: int
+    batches_exact: bool
+    onset: datetime | None
+    opened_at: datetime | None
+    updated_at: datetime | None
+    resolved_at: datetime | None
+    acked_at: datetime | None
+    acked_by: str | None
+    ack_reason: str | None
+    samples: tuple[AlertSample, ...] = ()
+    deliveries: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def acked(self) -> bool:
+        return self.acked_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def alert_of(row: Mapping[str, Any], samples: Iterable[Mapping[str, Any]] = (),
+             deliveries: Iterable[Mapping[str, Any]] = ()) -> Alert:
+    """The :class:`Alert` of a stored row."""
+    return Alert(
+        id=int(row["id"]), rule=row["rule"], prompt=row["prompt"], model=row["model"],
+        subject=row["subject"], status=row["status"], window_s=float(row["window_s"]),
+        value=float(row["value"]),
+        baseline=None if row["baseline"] is None else float(row["baseline"]),
+        threshold=float(row["threshold"]), calls=int(row["calls"]), tasks=int(row["tasks"]),
+        batches=int(row["batches"]), batches_exact=bool(row["batches_exact"]),
+        onset=utc(row["onset_at"]), opened_at=utc(row["opened_at"]),
+        updated_at=utc(row["updated_at"]), resolved_at=utc(row["resolved_at"]),
+        acked_at=utc(row["acked_at"]), acked_by=row["acked_by"],
+        ack_reason=row["ack_reason"],
+        samples=tuple(AlertSample(
+            attempt_id=int(s["attempt_id"]), task_id=s["task_id"], batch_id=s["batch_id"],
+            started_at=utc(s["started_at"]), latency_ms=s["latency_ms"],
+            endpoint=s["endpoint"], parse_status=s["parse_status"],
+            completeness=s["completeness"], error_class=s["error_class"],
+            error_message=s["error_message"], prompt=s["prompt_snapshot"],
+            raw_output=s["raw_output"]) for s in samples),
+        deliveries=tuple(dict(d) for d in deliveries))
+
+
+def alert_key(rule: str, prompt: str, model: str, subject: str | None) -> str:
+    """The incident key of an alert (sha256 hex of its rule, prompt, model, subject)."""
+    return hashlib.sha256(orjson.dumps([rule, prompt, model, subject or ""])).hexdigest()
+
+
+def _key_of(f: Finding) -> str:
+    return alert_key(f.rule, f.prompt, f.model, f.subject)
+
+
+# -- secrets never stored ---------------------------------------------------------------
+
+_URL_AUTH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*):[^\s/@]+@")
+_BEARER = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}")
+
+
+def known_secrets(settings: Settings) -> tuple[str, ...]:
+    """The secrets the configuration names and the environment holds: endpoint API keys
+    and webhook secrets."""
+    found: list[str] = []
+    for ep in settings.endpoints():
+        if ep.api_key_env and os.environ.get(ep.api_key_env):
+            found.append(os.environ[ep.api_key_env])
+    for w in settings.quality.webhook:
+        if w.secret:
+            found.append(w.secret)
+        elif w.secret_env and os.environ.get(w.secret_env):
+            found.append(os.environ[w.secret_env])
+    return tuple(sorted({s for s in found if len(s) >= 4}, key=len, reverse=True))
+
+
+def scrub(text: str | None, known: Sequence[str]) -> str | None:
+    """``text`` with known secrets, URL passwords and bearer tokens masked."""
+    if text is None:
+        return None
+    for s in known:
+        text = text.replace(s, MASK)
+    text = _URL_AUTH.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
+
+
+# -- the evaluator ----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An announced change: ``open``, ``update`` or ``resolve`` of an alert."""
+
+    event: str
+    alert: Alert
+    deliveries: tuple[str, ...]
+
+
+class Evaluator:
+    """The evaluator role of one process (sync; the worker runs :meth:`tick` in a
+    thread)."""
+
+    def __init__(self, store: Store, settings: Settings, *, worker_id: str,
+                 token: str | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.q = settings.quality
+        self.astore = AlertStore(store)
+        self.worker_id = worker_id
+        self.token = token or secrets.token_hex(16)
+        self.lease_ms = int(self.q.evaluator_lease_s * 1000)
+        self.holding = False
+        self.targets = tuple(w.target for w in self.q.webhook)
+        self._secrets = known_secrets(settings)
+        self._writer = RollupWriter(store, shard="evaluator", keywords=self.q.keywords)
+
+    # -- the role ---------------------------------------------------------------------
+
+    def claim(self) -> bool:
+        """Take or renew the role; whether this process holds it now."""
+        was = self.holding
+        self.holding = self.astore.claim_role(ROLE, self.worker_id, self.token,
+                                              self.lease_ms)
+        if self.holding and not was:
+            log.info("quality evaluator: %s holds the role", self.worker_id)
+        return self.holding
+
+    def release(self) -> None:
+        """Give the role up (a stopping worker hands it over at once)."""
+        if self.holding:
+            self.astore.release_role(ROLE, self.token)
+            self.holding = False
+
+    def tick(self) -> list[Event]:
+        """Evaluate the rules and bring the alerts in line, if this process holds the
+        role (else nothing); the events announced."""
+        if not self.claim():
+            return []
+        findings = check_rules(self.store, self.q)
+        try:
+            events = self.store.transaction(lambda tx: self.apply(tx, findings))
+        except LeaseLost:
+            self.holding = False
+            log.warning("quality evaluator: %s lost the role before writing; nothing "
+                        "written", self.worker_id)
+            return []
+        for e in events:
+            self._log(e)
+        return events
+
+    def apply(self, tx: Tx, findings: Sequence[Finding]) -> list[Event]:
+        """One fenced transaction: renew the role, then open, update and resolve."""
+        AlertStore.fence(tx, ROLE, self.token, self.lease_ms)
+        fired = {_key_of(f): f for f in findings if f.fired}
+        events: list[Event] = []
+        seen: set[str] = set()
+        for row in AlertStore.open_alerts(tx):
+            key = row["alert_key"]
+            seen.add(key)
+            f = fired.get(key)
+            if f is None:
+                if AlertStore.resolve_alert(tx, int(row["id"])):
+                    events.append(self._announce(tx, int(row["id"]), "resolve"))
+                continue
+            figures = self._figures(tx, f, int(row["onset_at"]))
+            notify = bool(self.q.update_every) and \
+                tx.now - int(row["notified_at"]) >= self.q.update_every * 1000
+            AlertStore.update_alert(tx, int(row["id"]), figures,
+                                    tx.now if notify else int(row["notified_at"]))
+            self._sample(tx, int(row["id"]), f)
+            if notify:
+                events.append(self._announce(tx, int(row["id"]), "update"))
+        for key, f in sorted(fired.items()):
+            if key in seen:
+                continue
+            last = AlertStore.last_resolved(tx, key)
+            if last is not None and tx.now < last + int(self.q.cooldown * 1000):
+                continue  # cooling down: the same incident does not open again yet
+            onset = self._onset(tx, f)
+            alert_id = AlertStore.insert_alert(tx, {
+                "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
+                "subject": f.subject, "window_s": self._window_s(f), "onset_at": onset,
+                **self._figures(tx, f, onset)})
+            self._sample(tx, alert_id, f)
+            events.append(self._announce(tx, alert_id, "open"))
+        return events
+
+    # -- figures ------------------------------------------------------------------------
+
+    def _window_s(self, f: Finding) -> float:
+        return self.q.pollution_minutes * 60.0 if f.rule == "format_pollution" \
+            else self.q.window
+
+    def _onset(self, tx: Tx, f: Finding) -> int:
+        """Since when the incident counts: the first polluted minute for format
+        pollution, else the start of the window the rule judged (a rule on a window's
+        mean cannot tell when in the window it began)."""
+        if f.rule == "format_pollution":
+            return bucket_of(tx.now, "m") - self.q.pollution_minutes * SPANS["m"]
+        res = resolution_for(self.q.window, "version")
+        return bucket_of(tx.now, res) + SPANS[res] - int(self.q.window * 1000)
+
+    def _figures(self, tx: Tx, f: Finding, onset: int) -> dict[str, Any]:
+        tasks = self._tasks_since(f, onset, tx.now)
+        batches, exact = self._batches_since(tx, f, onset)
+        return {"value": f.value, "baseline": f.baseline, "threshold": f.threshold,
+                "calls": f.calls, "tasks": tasks, "batches": batches,
+                "batches_exact": int(exact)}
+
+    def _tasks_since(self, f: Finding, onset: int, now: int) -> int:
+        """Tasks ended since onset, from the rollups (minute rows up to 6 h back, else
+        hour rows from the hour holding the onset)."""
+        res = "m" if now - onset <= 6 * 3_600_000 else "h"
+        rows = QualityStore(self.store).rows(res, since=bucket_of(onset, res),
+                                             prompt=f.prompt)
+        return sum(int(r.values["tasks"]) for r in rows if r.model == f.model)
+
+    @staticmethod
+    def _version(prompt: str) -> str | None:
+        return None if prompt.startswith("inline:") else prompt
+
+    def _batches_since(self, tx: Tx, f: Finding, onset: int) -> tuple[int, bool]:
+        rows = AlertStore.touched(tx, self._version(f.prompt), f.model, onset, TOUCHED)
+        if f.prompt.startswith("inline:"):
+            rows = [r for r in rows
+                    if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
+        return len({r["batch_id"] for r in rows}), len(rows) < TOUCHED
+
+    # -- samples ------------------------------------------------------------------------
+
+    def _sample(self, tx: Tx, alert_id: int, f: Finding) -> None:
+        """Keep up to ``[quality] samples`` failing attempts of the rule."""
+        have = AlertStore.sampled(tx, alert_id)
+        room = self.q.samples - len(have)
+        if room <= 0:
+            return
+        since = tx.now - int(self._window_s(f) * 1000) - SPANS["m"]
+        rows = AlertStore.candidates(tx, self._version(f.prompt), f.model, since,
+                                     tx.now + SPANS["m"], CANDIDATES,
+                                     with_result=f.rule == "semantic_drift")
+        if f.prompt.startswith("inline:"):
+            rows = [r for r in rows
+                    if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
+        rows = [r for r in rows if int(r["id"]) not in have and self._failing(tx, f, r)]
+        if f.rule == "performance_degradation":
+            rows.sort(key=lambda r: -float(r["latency_ms"]))
+        chosen = [int(r["id"]) for r in rows[:room]]
+        AlertStore.add_samples(tx, alert_id, (self._kept(a) for a in
+                                              AlertStore.attempts(tx, chosen)))
+
+    def _failing(self, tx: Tx, f: Finding, r: Mapping[str, Any]) -> bool:
+        """Whether an attempt shows what the rule saw."""
+        if f.rule == "format_pollution":
+            return r["parse_status"] == "invalid_json"
+        if f.rule == "completeness_collapse":
+            return r["completeness"] is not None and float(r["completeness"]) < 1.0
+        if f.rule == "performance_degradation":
+            return r["latency_ms"] is not None
+        if f.rule == "semantic_drift":
+            if r["outcome"] != "succeeded" or r["result"] is None:
+                return False
+            watch = self._writer.watch(tx, r["config_hash"], r["prompt_version"])
+            try:
+                output = orjson.loads(r["result"])
+            except orjson.JSONDecodeError:
+                return False
+            return f.subject not in set(watch.found(output))
+        return False
+
+    def _kept(self, a: Mapping[str, Any]) -> dict[str, Any]:
+        known = self._secrets
+        return {"attempt_id": int(a["id"]), "task_id": a["task_id"],
+                "batch_id": a["batch_id"], "started_at": int(a["started_at"]),
+                "latency_ms": a["latency_ms"], "endpoint": a["endpoint"],
+                "parse_status": a["parse_status"], "completeness": a["completeness"],
+                "error_class": a["error_class"],
+                "error_message": scrub(a["error_message"], known),
+                "prompt_snapshot": scrub(a["prompt_snapshot"], known),
+                "raw_output": scrub(a["raw_output"], known)}
+
+    # -- announcing -----------------------------------------------------------------------
+
+    def _announce(self, tx: Tx, alert_id: int, event: str) -> Event:
+        alert = alert_of(AlertStore.alert_row(tx, alert_id))
+        ids = AlertStore.enqueue(tx, alert_id, event, self.targets,
+                                 body_of=lambda did: event_body(event, did, alert))
+        return Event(event, alert, tuple(ids))
+
+    def _log(self, e: Event) -> None:
+        a = e.alert
+        what = f"{a.rule}{f' ({a.subject})' if a.subject else ''} on {a.prompt} / {a.model}"
+        if e.event == "open":
+            log.warning("quality alert %d OPEN: %s: %s vs baseline %s (threshold %s, %d "
+                        "calls)", a.id, what, _fig(a.rule, a.value), _fig(a.rule, a.baseline),
+                        _fig(a.rule, a.threshold), a.calls)
+        elif e.event == "resolve":
+            log.info("quality alert %d RESOLVED: %s", a.id, what)
+        else:
+            log.info("quality alert %d still open: %s: %s (%d tasks, %d batches since "
+                     "onset)", a.id, what, _fig(a.rule, a.value), a.tasks, a.batches)
+
+
+def _fig(rule: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f} ms" if rule == "performance_degradation" else f"{v * 100:.2f}%"
+
+
+def event_body(event: str, delivery_id: str, alert: Alert) -> bytes:
+    """The JSON body of a webhook delivery."""
+    doc = alert.to_dict()
+    doc.pop("samples", None)
+    doc.pop("deliveries", None)
+    return orjson.dumps({"event": event, "delivery": delivery_id, "alert": doc},
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC
+                        | orjson.OPT_UTC_Z)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def list_alerts(store: Store, *, everything: bool = False) -> list[Alert]:
+    """Open alerts, oldest first; with ``everything`` every alert, newest first."""
+    return [alert_of(r) for r in AlertStore(store).alerts(everything=everything)]
+
+
+def get_alert(store: Store, alert_id: int) -> Alert:
+    """An alert with its samples (newest first) and deliveries."""
+    row, samples, deliveries = AlertStore(store).alert(alert_id)
+    return alert_of(row, samples, deliveries)
+
+
+def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
+              reason: str | None = None) -> Alert:
+    """Acknowledge an alert (kept as it is if already acknowledged); it keeps being
+    updated and resolves as before."""
+    AlertStore(store).ack(alert_id, actor, reason)
+    return get_alert(store, alert_id)
+
+
+__all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
+           "ack_alert", "alert_key", "alert_of", "event_body", "get_alert",
+           "known_secrets", "list_alerts", "scrub"]

@@ -1,0 +1,315 @@
+"""Every SQL statement of the quality alerts: the role lease (``role_lease``), the alerts
+(``quality_alert``), their samples (``quality_alert_sample``) and the webhook outbox
+(``alert_delivery``), see store/schema.py.
+
+Every change of state is a conditional UPDATE (or an INSERT a unique key guards):
+
+* a role is claimed only when its lease has run out (or is already ours) and renewed
+  only by the token that holds it; a write of the role renews in its own transaction
+  first (:meth:`AlertStore.fence`), so a holder whose lease was taken over writes
+  nothing;
+* at most one alert per key is OPEN: ``open_key`` is unique and set only while OPEN;
+* a delivery is claimed by moving ``next_at`` past its timeout under a fresh token, and
+  only that token may mark it DELIVERED, retry it or fail it.
+
+Reads of ``task_attempt`` (samples, batches touched) are bounded: an index range of one
+prompt version and a time span, newest first, with a LIMIT.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from lockgate.errors import NotFound
+from lockgate.store import schema
+from lockgate.store.store import Store
+from lockgate.store.tx import Tx, sql
+
+OPEN = "OPEN"
+RESOLVED = "RESOLVED"
+
+# -- role lease -----------------------------------------------------------------------
+_LEASE_ROW = sql("SELECT name FROM role_lease WHERE name = :n")
+_LEASE_CLAIM = sql(
+    "UPDATE role_lease SET holder = :h, token = :t, lease_until = :now + :ms, "
+    "acquired_at = :now, updated_at = :now "
+    "WHERE name = :n AND (lease_until <= :now OR token = :t)")
+_LEASE_RENEW = sql(
+    "UPDATE role_lease SET lease_until = :now + :ms, updated_at = :now "
+    "WHERE name = :n AND token = :t AND lease_until > :now")
+_LEASE_RELEASE = sql(
+    "UPDATE role_lease SET lease_until = :now, updated_at = :now "
+    "WHERE name = :n AND token = :t")
+_LEASE_GET = sql("SELECT name, holder, token, lease_until, acquired_at FROM role_lease "
+                 "WHERE name = :n")
+
+# -- alerts -----------------------------------------------------------------------------
+_COLS = ("id, alert_key, rule, prompt, model, subject, status, window_s, value, baseline, "
+         "threshold, calls, tasks, batches, batches_exact, onset_at, opened_at, updated_at, "
+         "notified_at, resolved_at, acked_at, acked_by, ack_reason, version")
+_OPEN_ALERTS = sql(f"SELECT {_COLS} FROM quality_alert WHERE status = 'OPEN' ORDER BY id")
+_ALERTS = sql(f"SELECT {_COLS} FROM quality_alert ORDER BY id DESC LIMIT :lim")
+_ALERT = sql(f"SELECT {_COLS} FROM quality_alert WHERE id = :id")
+_LAST_RESOLVED = sql("SELECT MAX(resolved_at) FROM quality_alert "
+                     "WHERE alert_key = :k AND resolved_at IS NOT NULL")
+_UPDATE = sql(
+    "UPDATE quality_alert SET value = :value, baseline = :baseline, "
+    "threshold = :threshold, calls = :calls, tasks = :tasks, batches = :batches, "
+    "batches_exact = :batches_exact, updated_at = :now, notified_at = :notified_at, "
+    "version = version + 1 WHERE id = :id AND status = 'OPEN'")
+_RESOLVE = sql(
+    "UPDATE quality_alert SET status = 'RESOLVED', open_key = NULL, resolved_at = :now, "
+    "updated_at = :now, notified_at = :now, version = version + 1 "
+    "WHERE id = :id AND status = 'OPEN'")
+_ACK = sql(
+    "UPDATE quality_alert SET acked_at = :now, acked_by = :by, ack_reason = :reason "
+    "WHERE id = :id AND acked_at IS NULL")
+
+# -- samples ----------------------------------------------------------------------------
+_SAMPLE_COUNT = sql("SELECT COUNT(*) FROM quality_alert_sample WHERE alert_id = :id")
+_SAMPLE_IDS = sql("SELECT attempt_id FROM quality_alert_sample WHERE alert_id = :id")
+_SAMPLES = sql(
+    "SELECT attempt_id, task_id, batch_id, started_at, latency_ms, endpoint, parse_status, "
+    "completeness, error_class, error_message, prompt_snapshot, raw_output "
+    "FROM quality_alert_sample WHERE alert_id = :id ORDER BY started_at DESC, attempt_id "
+    "DESC")
+#: Recent attempts of one registry prompt version and model (or of inline prompts,
+#: version NULL), newest first: the light columns a rule picks its samples from.
+_CANDIDATES = (
+    "SELECT a.id, a.started_at, a.latency_ms, a.parse_status, a.completeness, a.outcome, "
+    "a.prompt_version, t.config_hash, {result} AS result FROM task_attempt a "
+    "JOIN task t ON t.id = a.task_pk "
+    "WHERE {version} AND a.started_at >= :since AND a.started_at < :until "
+    "AND a.model = :model ORDER BY a.started_at DESC LIMIT :lim")
+_HEAVY = sql(
+    "SELECT a.id, t.task_id, t.batch_id, a.started_at, a.latency_ms, a.endpoint, "
+    "a.parse_status, a.completeness, a.error_class, a.error_message, a.prompt_snapshot, "
+    "a.raw_output FROM task_attempt a JOIN task t ON t.id = a.task_pk WHERE a.id IN :ids",
+    "ids")
+#: Batches touched since onset: over the newest ``lim`` attempts of the version.
+_TOUCHED = (
+    "SELECT t.batch_id, t.config_hash, a.prompt_version FROM (SELECT task_pk, "
+    "prompt_version FROM task_attempt WHERE {version} AND started_at >= :since "
+    "AND model = :model ORDER BY started_at DESC LIMIT :lim) a "
+    "JOIN task t ON t.id = a.task_pk")
+
+# -- outbox -----------------------------------------------------------------------------
+_DUE = sql("SELECT id FROM alert_delivery WHERE status = 'PENDING' AND next_at <= :now "
+           "ORDER BY next_at, id LIMIT :lim")
+_CLAIM_DELIVERY = sql(
+    "UPDATE alert_delivery SET lease_token = :t, next_at = :now + :ms, "
+    "attempts = attempts + 1 WHERE id = :id AND status = 'PENDING' AND next_at <= :now")
+_DELIVERY = sql("SELECT id, delivery_id, alert_id, event, target, body, status, attempts, "
+                "next_at, last_error, created_at, delivered_at FROM alert_delivery "
+                "WHERE id = :id")
+_DELIVERED = sql(
+    "UPDATE alert_delivery SET status = 'DELIVERED', delivered_at = :now, "
+    "lease_token = NULL, last_error = NULL WHERE id = :id AND lease_token = :t")
+_RETRY = sql(
+    "UPDATE alert_delivery SET next_at = :now + :ms, lease_token = NULL, last_error = :e "
+    "WHERE id = :id AND lease_token = :t")
+_FAILED = sql(
+    "UPDATE alert_delivery SET status = 'FAILED', lease_token = NULL, last_error = :e "
+    "WHERE id = :id AND lease_token = :t")
+_DELIVERIES = sql("SELECT id, delivery_id, alert_id, event, target, status, attempts, "
+                  "next_at, last_error, created_at, delivered_at FROM alert_delivery "
+                  "WHERE alert_id = :id ORDER BY id")
+
+
+class LeaseLost(Exception):
+    """The role's lease is no longer ours: the transaction must write nothing."""
+
+
+class AlertStore:
+    """Alerts, their samples, the outbox and role leases on one :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- role lease ---------------------------------------------------------------------
+
+    def claim_role(self, name: str, holder: str, token: str, lease_ms: int) -> bool:
+        """Take (or renew) the role ``name`` for ``lease_ms`` if its lease ran out or is
+        already held under ``token``."""
+        def work(tx: Tx) -> bool:
+            if tx.execute(_LEASE_ROW, {"n": name}).first() is None:
+                # another process may make it at the same moment: that one stays
+                tx.execute(self.store.dialect.insert_ignore(schema.role_lease),
+                           [{"name": name, "lease_until": 0, "updated_at": tx.now}])
+            return tx.execute(_LEASE_CLAIM, {"n": name, "h": holder[:64], "t": token,
+                                             "ms": lease_ms}).rowcount == 1
+        return self.store.transaction(work)
+
+    @staticmethod
+    def fence(tx: Tx, name: str, token: str, lease_ms: int) -> None:
+        """Renew the role in ``tx`` (its row stays locked until ``tx`` ends), or raise
+        :class:`LeaseLost` if ``token`` no longer holds it."""
+        if tx.execute(_LEASE_RENEW, {"n": name, "t": token, "ms": lease_ms}).rowcount != 1:
+            raise LeaseLost(name)
+
+    def release_role(self, name: str, token: str) -> None:
+        """Give the role up now (the next claim takes it at once)."""
+        self.store.transaction(lambda tx: tx.execute(_LEASE_RELEASE, {"n": name, "t": token}))
+
+    def role(self, name: str) -> dict[str, Any] | None:
+        """The lease row of a role (holder, token, lease_until), or None."""
+        with self.store.read() as tx:
+            rows = tx.rows(_LEASE_GET, {"n": name})
+        return rows[0] if rows else None
+
+    # -- alerts ---------------------------------------------------------------------------
+
+    @staticmethod
+    def open_alerts(tx: Tx) -> list[dict[str, Any]]:
+        return tx.rows(_OPEN_ALERTS)
+
+    @staticmethod
+    def last_resolved(tx: Tx, key: str) -> int | None:
+        v = tx.execute(_LAST_RESOLVED, {"k": key}).scalar()
+        return None if v is None else int(v)
+
+    @staticmethod
+    def insert_alert(tx: Tx, row: dict[str, Any]) -> int:
+        """Insert an OPEN alert (``open_key`` = its key); IntegrityError if one of that
+        key is open already."""
+        values = {**row, "open_key": row["alert_key"], "status": OPEN, "opened_at": tx.now,
+                  "updated_at": tx.now, "notified_at": tx.now, "version": 0}
+        key = tx.execute(schema.quality_alert.insert().values(values)).inserted_primary_key
+        assert key is not None
+        return int(key[0])
+
+    @staticmethod
+    def update_alert(tx: Tx, alert_id: int, figures: dict[str, Any],
+                     notified_at: int) -> bool:
+        return tx.execute(_UPDATE, {"id": alert_id, "notified_at": notified_at,
+                                    **figures}).rowcount == 1
+
+    @staticmethod
+    def resolve_alert(tx: Tx, alert_id: int) -> bool:
+        return tx.execute(_RESOLVE, {"id": alert_id}).rowcount == 1
+
+    @staticmethod
+    def alert_row(tx: Tx, alert_id: int) -> dict[str, Any]:
+        return tx.one(_ALERT, {"id": alert_id}, missing=NotFound(
+            f"no alert {alert_id}; list them with `lockgate alerts list --all`"))
+
+    def alerts(self, *, everything: bool = False, limit: int = 1000) -> list[dict[str, Any]]:
+        """Open alerts (oldest first), or with ``everything`` the newest ``limit``."""
+        with self.store.read() as tx:
+            if everything:
+                return tx.rows(_ALERTS, {"lim": limit})
+            return tx.rows(_OPEN_ALERTS)
+
+    def alert(self, alert_id: int) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                            list[dict[str, Any]]]:
+        """An alert, its samples (newest first) and its deliveries."""
+        with self.store.read() as tx:
+            row = self.alert_row(tx, alert_id)
+            return row, tx.rows(_SAMPLES, {"id": alert_id}), \
+                tx.rows(_DELIVERIES, {"id": alert_id})
+
+    def ack(self, alert_id: int, by: str | None, reason: str | None) -> bool:
+        """Acknowledge an alert (once: False if it was already); it goes on being
+        updated and resolves as any other."""
+        def work(tx: Tx) -> bool:
+            self.alert_row(tx, alert_id)
+            return tx.execute(_ACK, {"id": alert_id, "by": (by or "")[:200] or None,
+                                     "reason": reason}).rowcount == 1
+        return self.store.transaction(work)
+
+    # -- samples and volume ---------------------------------------------------------------
+
+    @staticmethod
+    def sample_count(tx: Tx, alert_id: int) -> int:
+        return int(tx.execute(_SAMPLE_COUNT, {"id": alert_id}).scalar_one())
+
+    @staticmethod
+    def sampled(tx: Tx, alert_id: int) -> set[int]:
+        return {int(v) for v in tx.execute(_SAMPLE_IDS, {"id": alert_id}).scalars()}
+
+    @staticmethod
+    def candidates(tx: Tx, version: str | None, model: str, since: int, until: int,
+                   limit: int, *, with_result: bool = False) -> list[dict[str, Any]]:
+        """The newest ``limit`` attempts of a registry version (None: of inline prompts)
+        and model started in [since, until), light columns only (with the task's result
+        if asked)."""
+        cond = "a.prompt_version = :v" if version is not None else "a.prompt_version IS NULL"
+        query = sql(_CANDIDATES.format(version=cond,
+                                       result="t.result" if with_result else "NULL"))
+        return tx.rows(query, {"v": version, "since": since, "until": until,
+                               "model": model, "lim": limit})
+
+    @staticmethod
+    def attempts(tx: Tx, ids: Sequence[int]) -> list[dict[str, Any]]:
+        """Attempts by id with their task, prompt and raw output."""
+        if not ids:
+            return []
+        return tx.rows(_HEAVY, {"ids": list(ids)})
+
+    @staticmethod
+    def add_samples(tx: Tx, alert_id: int, rows: Iterable[dict[str, Any]]) -> int:
+        values = [{**r, "alert_id": alert_id, "created_at": tx.now} for r in rows]
+        if values:
+            tx.execute(schema.quality_alert_sample.insert(), values)
+        return len(values)
+
+    @staticmethod
+    def touched(tx: Tx, version: str | None, model: str, since: int,
+                limit: int) -> list[dict[str, Any]]:
+        """(batch, config hash, version) of the newest ``limit`` attempts of a version
+        (None: inline prompts) and model since ``since``."""
+        cond = "prompt_version = :v" if version is not None else "prompt_version IS NULL"
+        return tx.rows(sql(_TOUCHED.format(version=cond)),
+                       {"v": version, "since": since, "model": model, "lim": limit})
+
+    # -- outbox ---------------------------------------------------------------------------
+
+    @staticmethod
+    def enqueue(tx: Tx, alert_id: int, event: str, targets: Iterable[str],
+                body_of: Callable[[str], bytes]) -> list[str]:
+        """One PENDING delivery per target (``body_of(delivery_id)`` makes its body);
+        returns the delivery ids."""
+        rows: list[dict[str, Any]] = []
+        ids: list[str] = []
+        for target in targets:
+            did = secrets.token_hex(16)
+            data = body_of(did)
+            ids.append(did)
+            rows.append({"delivery_id": did, "alert_id": alert_id, "event": event,
+                         "target": target[:100], "body": data.decode(),
+                         "status": "PENDING", "attempts": 0, "next_at": tx.now,
+                         "created_at": tx.now})
+        if rows:
+            tx.execute(schema.alert_delivery.insert(), rows)
+        return ids
+
+    def claim_deliveries(self, token: str, lease_ms: int, limit: int) -> list[dict[str, Any]]:
+        """Claim up to ``limit`` due deliveries under ``token`` for ``lease_ms`` (a
+        sender that dies leaves them to be claimed again once that has passed)."""
+        def work(tx: Tx) -> list[dict[str, Any]]:
+            out = []
+            for (did,) in tx.execute(_DUE, {"lim": limit}).all():
+                if tx.execute(_CLAIM_DELIVERY, {"id": did, "t": token,
+                                                "ms": lease_ms}).rowcount == 1:
+                    out.append(tx.rows(_DELIVERY, {"id": did})[0])
+            return out
+        return self.store.transaction(work)
+
+    def delivered(self, row_id: int, token: str) -> bool:
+        return bool(self.store.transaction(lambda tx: tx.execute(
+            _DELIVERED, {"id": row_id, "t": token}).rowcount))
+
+    def retry_later(self, row_id: int, token: str, delay_ms: int, error: str) -> bool:
+        return bool(self.store.transaction(lambda tx: tx.execute(
+            _RETRY, {"id": row_id, "t": token, "ms": delay_ms, "e": error[:2000]}).rowcount))
+
+    def failed(self, row_id: int, token: str, error: str) -> bool:
+        return bool(self.store.transaction(lambda tx: tx.execute(
+            _FAILED, {"id": row_id, "t": token, "e": error[:2000]}).rowcount))
+
+    def pending_deliveries(self) -> int:
+        with self.store.read() as tx:
+            return int(tx.execute(
+                "SELECT COUNT(*) FROM alert_delivery WHERE status = 'PENDING'").scalar_one())

@@ -1,0 +1,212 @@
+"""Quality alerts on real databases: an incident opens one alert, which is updated while
+the rule fires, acknowledged without being frozen, resolved when the rule clears, and
+kept closed through the cool-down; samples carry the rendered prompt and raw output and
+never a secret; the role lease fences an evaluator that lost it; the CLI and API."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from helpers import rows, scalar
+from lockgate.app import Lockgate
+from lockgate.cli import app
+from lockgate.config import Endpoint, QualitySettings, Settings
+from lockgate.quality.alerts import ROLE, Evaluator, alert_key, get_alert, list_alerts
+from lockgate.quality.report import check_rules
+from lockgate.store import Store
+from lockgate.store.alerts import AlertStore, LeaseLost
+
+from .alerting import HOUR, collapse, feed, settings
+
+
+def _events(evs: list) -> list[tuple[str, str]]:
+    return [(e.event, e.alert.rule) for e in evs]
+
+
+def test_an_incident_opens_once_is_updated_then_resolves(store: Store) -> None:
+    collapse(store)
+    ev = Evaluator(store, settings(), worker_id="w1")
+    assert _events(ev.tick()) == [("open", "completeness_collapse")]
+    [a] = list_alerts(store)
+    assert (a.status, a.prompt, a.model, a.subject) == ("OPEN", "p@1", "m", None)
+    assert a.value == pytest.approx(0.5) and a.baseline == pytest.approx(1.0)
+    assert a.threshold == pytest.approx(0.85) and a.calls == 150
+    assert (a.tasks, a.batches, a.batches_exact) == (150, 1, True)
+    # still firing: the same alert, its figures follow (no event before update_every)
+    assert ev.tick() == []
+    feed(store, 50, ago_ms=30_000, completeness=0.5, batch="b2")
+    assert ev.tick() == []
+    [b] = list_alerts(store)
+    assert b.id == a.id and (b.tasks, b.batches, b.calls) == (200, 2, 200)
+    assert b.updated_at is not None and a.updated_at is not None
+    assert b.updated_at >= a.updated_at
+    # the rule clears: resolved once
+    feed(store, 600, ago_ms=20_000)
+    assert _events(ev.tick()) == [("resolve", "completeness_collapse")]
+    assert ev.tick() == []
+    assert list_alerts(store) == []
+    [c] = list_alerts(store, everything=True)
+    assert c.id == a.id and c.status == "RESOLVED" and c.resolved_at is not None
+
+
+def test_cooldown_keeps_a_resolved_incident_closed(store: Store) -> None:
+    collapse(store)
+    ev = Evaluator(store, settings(cooldown="1h"), worker_id="w1")
+    assert len(ev.tick()) == 1
+    feed(store, 600, ago_ms=20_000)
+    assert _events(ev.tick()) == [("resolve", "completeness_collapse")]
+    feed(store, 2000, ago_ms=10_000, completeness=0.2)  # fires again
+    assert [f.rule for f in check_rules(store, QualitySettings()) if f.fired] == [
+        "completeness_collapse"]
+    assert ev.tick() == []  # within the cool-down
+    assert len(list_alerts(store, everything=True)) == 1
+    ev.release()
+    quick = Evaluator(store, settings(cooldown=0), worker_id="w2")
+    assert _events(quick.tick()) == [("open", "completeness_collapse")]
+    alerts = list_alerts(store, everything=True)
+    assert [a.status for a in alerts] == ["OPEN", "RESOLVED"]
+
+
+def test_ack_is_a_flag_the_alert_keeps_updating(store: Store, db_url: str) -> None:
+    collapse(store)
+    ev = Evaluator(store, settings(), worker_id="w1")
+    [e] = ev.tick()
+    with Lockgate(db_url, migrate=False) as lg:
+        a = lg.ack_alert(e.alert.id, actor="ana", reason="looking")
+        assert a.acked and a.acked_by == "ana" and a.ack_reason == "looking"
+        again = lg.ack_alert(e.alert.id, actor="bob")
+        assert again.acked_by == "ana"  # the first ack stays
+        feed(store, 40, ago_ms=10_000, completeness=0.5)
+        ev.tick()
+        b = lg.alert(e.alert.id)
+        assert b.status == "OPEN" and b.acked and b.tasks == 190
+        feed(store, 800, ago_ms=5_000)
+        assert _events(ev.tick()) == [("resolve", "completeness_collapse")]
+        assert lg.alert(e.alert.id).status == "RESOLVED"
+
+
+def test_samples_carry_prompt_and_output_but_no_secret(store: Store,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.setenv("LG_TEST_API_KEY", "sk-test-0123456789abcdef")
+    s = Settings(endpoint=(Endpoint(name="e", base_url="http://127.0.0.1:1/v1",
+                                    api_key_env="LG_TEST_API_KEY"),),
+                 quality=settings().quality)
+    collapse(store, bad=120,
+             prompt_snapshot="Label {x}. (key sk-test-0123456789abcdef)",
+             raw_output='{"label": "yes", "note": "half"}',
+             error_message="upstream http://app:hunter2@llm.internal/v1 said no")
+    ev = Evaluator(store, s, worker_id="w1")
+    [e] = ev.tick()
+    a = get_alert(store, e.alert.id)
+    assert len(a.samples) == 100
+    for smp in a.samples:
+        assert smp.prompt is not None and smp.prompt.startswith("Label ")
+        assert smp.raw_output == '{"label": "yes", "note": "half"}'
+        assert smp.completeness == pytest.approx(0.5)
+        assert smp.batch_id == "b" and smp.task_id.startswith("t")
+    stored = orjson.dumps(rows(store, "SELECT * FROM quality_alert_sample")).decode()
+    assert "sk-test-0123456789abcdef" not in stored and "hunter2" not in stored
+    assert "(key ***)" in stored and "app:***@llm.internal" in stored
+    # the healthy baseline's attempts are never samples
+    assert {smp.attempt_id for smp in a.samples} <= {
+        r["id"] for r in rows(store, "SELECT id FROM task_attempt WHERE completeness < 1")}
+
+
+def test_drift_samples_are_outputs_without_the_watched_value(store: Store) -> None:
+    feed(store, 75, ago_ms=30 * HOUR, label="yes")
+    feed(store, 75, ago_ms=30 * HOUR, label="no")
+    feed(store, 10, ago_ms=60_000, label="yes")
+    feed(store, 140, ago_ms=60_000, label="no")
+    ev = Evaluator(store, settings(), worker_id="w1")
+    events = ev.tick()
+    drift = [e for e in events if e.alert.rule == "semantic_drift"]
+    assert [e.alert.subject for e in drift] == ["label=yes"]
+    a = get_alert(store, drift[0].alert.id)
+    assert len(a.samples) == 100
+    assert all(orjson.loads(s.raw_output or "null") == {"label": "no"} for s in a.samples)
+
+
+def test_one_open_alert_per_incident_whoever_writes(store: Store) -> None:
+    """The unique key refuses a second OPEN alert of an incident, even from a writer
+    that skipped the lease."""
+    key = alert_key("completeness_collapse", "p@1", "m", None)
+    row = {"alert_key": key, "rule": "completeness_collapse", "prompt": "p@1",
+           "model": "m", "subject": None, "window_s": 1.0, "onset_at": 0, "value": 0.5,
+           "baseline": 1.0, "threshold": 0.85, "calls": 1, "tasks": 1, "batches": 1,
+           "batches_exact": 1}
+    store.transaction(lambda tx: AlertStore.insert_alert(tx, row))
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        store.transaction(lambda tx: AlertStore.insert_alert(tx, row))
+    assert scalar(store, "SELECT COUNT(*) FROM quality_alert") == 1
+
+
+def test_an_evaluator_whose_lease_was_taken_over_writes_nothing(store: Store) -> None:
+    collapse(store)
+    s = settings(evaluator_lease_s=2.0)
+    old = Evaluator(store, s, worker_id="old")
+    assert old.claim()
+    findings = check_rules(store, s.quality)
+    time.sleep(2.2)  # the lease runs out (database clock)
+    heir = Evaluator(store, s, worker_id="heir")
+    assert heir.claim()
+    with pytest.raises(LeaseLost):
+        store.transaction(lambda tx: old.apply(tx, findings))
+    assert old.tick() == [] and not old.holding
+    assert scalar(store, "SELECT COUNT(*) FROM quality_alert") == 0
+    assert scalar(store, "SELECT COUNT(*) FROM alert_delivery") == 0
+    assert _events(heir.tick()) == [("open", "completeness_collapse")]
+    role = AlertStore(store).role(ROLE)
+    assert role is not None and role["holder"] == "heir"
+
+
+def test_a_held_role_is_not_taken(store: Store) -> None:
+    a = Evaluator(store, settings(), worker_id="a")
+    b = Evaluator(store, settings(), worker_id="b")
+    assert a.claim() and not b.claim()
+    assert a.claim()  # renewal
+    a.release()
+    assert b.claim() and not a.claim()
+
+
+def test_cli_lists_shows_and_acks(store: Store, db_url: str) -> None:
+    collapse(store)
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    run = CliRunner()
+    res = run.invoke(app, ["alerts", "list", "--json", "--db", db_url],
+                     catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    [doc] = orjson.loads(res.stdout)
+    assert doc["id"] == e.alert.id and doc["rule"] == "completeness_collapse"
+    res = run.invoke(app, ["alerts", "list", "--db", db_url], catch_exceptions=False,
+                     terminal_width=80)
+    assert res.exit_code == 0 and "completeness" in res.stdout and "OPEN" in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    res = run.invoke(app, ["alerts", "show", str(e.alert.id), "--json", "--db", db_url],
+                     catch_exceptions=False)
+    shown = orjson.loads(res.stdout)
+    assert len(shown["samples"]) == 100 and shown["samples"][0]["prompt"]
+    res = run.invoke(app, ["alerts", "show", str(e.alert.id), "--db", db_url],
+                     catch_exceptions=False, terminal_width=80)
+    assert res.exit_code == 0 and "100 failing sample(s)" in res.stdout
+    res = run.invoke(app, ["alerts", "ack", str(e.alert.id), "--actor", "ana", "--reason",
+                           "on it", "--db", db_url], catch_exceptions=False)
+    assert res.exit_code == 0 and "acked by ana" in res.stdout
+    assert get_alert(store, e.alert.id).ack_reason == "on it"
+    res = run.invoke(app, ["alerts", "show", "999", "--db", db_url])
+    assert res.exit_code == 2 and "no alert 999" in res.output
+    res = run.invoke(app, ["quality", "--check", "--json", "--db", db_url],
+                     catch_exceptions=False)
+    assert res.exit_code == 0
+    assert any(f["fired"] for f in orjson.loads(res.stdout))
+
+
+def test_alert_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="evaluate_every"):
+        QualitySettings(evaluate_every="2m", evaluator_lease_s="1m")
+    q = QualitySettings(evaluate_every="30s", cooldown="2h")
+    assert (q.evaluate_every, q.cooldown) == (30.0, 7200.0)

@@ -1,0 +1,133 @@
+"""Webhook deliveries through the outbox, to a real local HTTP receiver: signed bodies,
+5xx retried then delivered, 4xx not retried (408 and 429 are), and a sender killed
+mid-post loses nothing: the event is delivered again with the same idempotency id."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import orjson
+import pytest
+
+from helpers import clean_env, kill_settled, rows, wait_for
+from lockgate.quality.alerts import Evaluator, get_alert
+from lockgate.quality.webhooks import Sender, signature, verify
+from lockgate.store import Store
+
+from .alerting import Receiver, collapse, ids, settings
+
+SECRET = b"whsec-test-secret"
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    rec = Receiver(SECRET).start()
+    yield rec
+    rec.stop()
+
+
+def _deliveries(store: Store) -> list[dict]:
+    return rows(store, "SELECT delivery_id, event, status, attempts, last_error "
+                       "FROM alert_delivery ORDER BY id")
+
+
+def _send_until(store: Store, sender: Sender, done: str, timeout: float = 30.0) -> None:
+    def step() -> bool:
+        asyncio.run(sender.pass_once())
+        return all(d["status"] == done for d in _deliveries(store))
+    wait_for(step, f"every delivery {done}", timeout=timeout, interval=0.05)
+
+
+def test_5xx_is_retried_then_delivered_signed_with_one_id(store: Store,
+                                                          receiver: Receiver) -> None:
+    receiver.script = [500, 503]
+    s = settings(webhook=(receiver.webhook(),))
+    collapse(store)
+    [e] = Evaluator(store, s, worker_id="w1").tick()
+    assert e.event == "open" and len(e.deliveries) == 1
+    [d] = _deliveries(store)
+    assert (d["status"], d["attempts"]) == ("PENDING", 0)  # written with the alert
+    _send_until(store, Sender(store, s.quality), "DELIVERED")
+    assert len(receiver.got) == 3
+    assert all(r.signed for r in receiver.got)
+    assert ids(receiver.got) == [e.deliveries[0]] * 3
+    body = orjson.loads(receiver.got[-1].body)
+    assert body["event"] == "open" and body["delivery"] == e.deliveries[0]
+    assert body["alert"]["id"] == e.alert.id
+    assert body["alert"]["rule"] == "completeness_collapse"
+    assert receiver.got[-1].headers["X-Lockgate-Event"] == "open"
+    [d] = _deliveries(store)
+    assert (d["status"], d["attempts"], d["last_error"]) == ("DELIVERED", 3, None)
+    assert [x["status"] for x in get_alert(store, e.alert.id).deliveries] == ["DELIVERED"]
+
+
+def test_a_4xx_is_not_retried_but_429_is(store: Store, receiver: Receiver) -> None:
+    receiver.script = [429, 404]
+    s = settings(webhook=(receiver.webhook(),))
+    collapse(store)
+    Evaluator(store, s, worker_id="w1").tick()
+    _send_until(store, Sender(store, s.quality), "FAILED")
+    assert len(receiver.got) == 2
+    [d] = _deliveries(store)
+    assert (d["attempts"], d["last_error"]) == (2, "HTTP 404")
+
+
+def test_retries_stop_at_max_attempts(store: Store, receiver: Receiver) -> None:
+    receiver.script = [500] * 10
+    s = settings(webhook=(receiver.webhook(max_attempts=3),))
+    collapse(store)
+    Evaluator(store, s, worker_id="w1").tick()
+    _send_until(store, Sender(store, s.quality), "FAILED")
+    assert len(receiver.got) == 3
+    assert _deliveries(store)[0]["last_error"] == "HTTP 500"
+
+
+_SENDER = textwrap.dedent("""
+    import asyncio, sys, time
+    from lockgate.config import QualitySettings, Webhook
+    from lockgate.quality.webhooks import Sender
+    from lockgate.store import Store
+    q = QualitySettings(webhook=(Webhook(name="ops", url=sys.argv[2], secret="{secret}",
+                                         timeout_s=3),))
+    sender = Sender(Store(sys.argv[1]), q, margin_ms=0)
+    while True:
+        asyncio.run(sender.pass_once())
+        time.sleep(0.05)
+""")
+
+
+def test_a_sender_killed_mid_post_loses_nothing(store: Store, db_url: str,
+                                                receiver: Receiver) -> None:
+    receiver.hang = 5.0  # the first post gets no answer before the kill
+    s = settings(webhook=(receiver.webhook(timeout_s=1.0),))
+    collapse(store)
+    [e] = Evaluator(store, s, worker_id="w1").tick()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SENDER.replace("{secret}", SECRET.decode()), db_url,
+         receiver.url], env=clean_env())
+    try:
+        wait_for(lambda: receiver.got, "the first post", timeout=60)
+    finally:
+        kill_settled(proc, store)
+    [d] = _deliveries(store)
+    assert (d["status"], d["attempts"]) == ("PENDING", 1)  # claimed, never answered
+    sender = Sender(store, s.quality, margin_ms=0)
+    claim = rows(store, "SELECT next_at FROM alert_delivery")[0]["next_at"]
+    if claim > store.db_now():  # the dead sender's claim (3 s) still holds
+        assert asyncio.run(sender.pass_once()) == 0
+    _send_until(store, sender, "DELIVERED")
+    assert len(receiver.got) >= 2
+    assert set(ids(receiver.got)) == {e.deliveries[0]}
+    assert all(r.signed for r in receiver.got)
+
+
+def test_signature_helpers() -> None:
+    body = b'{"event":"open"}'
+    sig = signature(SECRET, body)
+    assert sig.startswith("sha256=") and len(sig) == 7 + 64
+    assert verify(SECRET, body, sig)
+    assert not verify(SECRET, body + b" ", sig) and not verify(b"other", body, sig)
+    assert not verify(SECRET, body, None)
