@@ -1,14 +1,17 @@
 """Rule evaluation and rollup upkeep against the size of the attempt table: the same
-measurements with 1M and then 10M ``task_attempt`` rows (and half as many ``task``
-rows, two attempts each), and the ratio 10M/1M.
+measurements on a database with 1M ``task_attempt`` rows and on one with 10M (and half
+as many ``task`` rows, two attempts each), and the ratio 10M/1M.
 
-Per size and backend:
+The two databases are measured in alternating rounds (1M, 10M, 1M, 10M ...), so a
+change in the load of the shared machine hits both alike; the ratio quoted is the
+median of the rounds' ratios. Per round and database:
 
 * **flush**: ``Store.finish`` of ``--flush-size`` claimed tasks with full attempt traces
   and the worker's observer (``quality_observer``: rollups on), as the worker's
-  write-back calls it; the median (and p90) of ``--flushes`` flushes;
+  write-back calls it; the median of ``--flushes`` flushes;
 * **check**: ``check_rules()`` with the default settings (a 24 h window on hour rows,
-  its baseline a week earlier, five minutes of minute rows), median of ``--checks``;
+  its baseline a week earlier, five minutes of minute rows), median of ``--checks``
+  (wall time, and the CPU time of this process);
 * **report**: ``quality_report(since 24 h, by model)``, median of ``--checks``.
 
 The rollups are those of a steady production: ``--prompts`` inline prompts x 2 models x
@@ -18,8 +21,8 @@ they stay the same at both sizes. The attempt rows are filled by the database it
 (``INSERT ... SELECT`` over ``generate_series`` or a recursive CTE), in steps of 1M,
 then ANALYZEd.
 
-    python bench/quality_scale.py --backends postgresql,sqlite
-    python bench/quality_scale.py --backends postgresql --sizes 1000000,10000000 --flushes 60
+    python bench/quality_scale.py --backends postgresql,sqlite --rounds 5
+    python bench/quality_scale.py --backends postgresql --sizes 1000000,10000000 --flushes 20
 
 Target (issue: the quality loop): rule evaluation and rollup update time flat with 1M
 and 10M attempt rows (ratio <= 1.5).
@@ -214,12 +217,13 @@ def grow(store: Store, attempts_target: int, hashes: list[str]) -> float:
 # ------------------------------------------------------------------ measuring
 
 def measure(store: Store, label: str, prompts: int, flushes: int, size: int,
-            checks: int) -> dict[str, Any]:
+            checks: int) -> dict[str, list[float]]:
+    """One round on one database: the times (ms) of each flush, check and report."""
     settings = Settings()
     batch = f"live-{label}"
     store.submit((parse_task(task_doc(i % prompts, i, batch))
                   for i in range(flushes * size)), batch_id=batch)
-    flush_ms: list[float] = []
+    out: dict[str, list[float]] = {"flush": [], "check": [], "check_cpu": [], "report": []}
     # One observer per worker shard, kept across flushes as a worker keeps its own.
     observers = [quality_observer(store, settings, shard) for shard in SHARDS]
     for k in range(flushes):
@@ -234,53 +238,71 @@ def measure(store: Store, label: str, prompts: int, flushes: int, size: int,
                 for c in got]
         t0 = time.perf_counter()
         report = store.finish(rows, worker_id=SHARDS[k % 2], observe=observer)
-        flush_ms.append((time.perf_counter() - t0) * 1000)
+        out["flush"].append((time.perf_counter() - t0) * 1000)
         observer.committed()
         assert len(report.applied) == len(rows) == size, (len(report.applied), len(rows))
     qs = QualitySettings()
-    check_ms: list[float] = []
-    report_ms: list[float] = []
-    findings = rows_seen = 0
     for _ in range(checks):
+        t0, c0 = time.perf_counter(), time.process_time()
+        check_rules(store, qs)
+        out["check"].append((time.perf_counter() - t0) * 1000)
+        out["check_cpu"].append((time.process_time() - c0) * 1000)
         t0 = time.perf_counter()
-        findings = len(check_rules(store, qs))
-        check_ms.append((time.perf_counter() - t0) * 1000)
-        t0 = time.perf_counter()
-        rows_seen = len(quality_report(store, since_s=86_400.0, by="model"))
-        report_ms.append((time.perf_counter() - t0) * 1000)
-    flush_ms.sort()
-    return {"attempt_rows": count(store, "task_attempt"), "task_rows": count(store, "task"),
-            "flush_ms_median": statistics.median(flush_ms),
-            "flush_ms_p90": flush_ms[int(0.9 * (len(flush_ms) - 1))],
-            "check_ms_median": statistics.median(check_ms),
-            "report_ms_median": statistics.median(report_ms),
-            "findings": findings, "report_rows": rows_seen}
+        quality_report(store, since_s=86_400.0, by="model")
+        out["report"].append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+FIGURES = ("flush", "check", "check_cpu", "report")
 
 
 def run(backend: str, sizes: list[int], args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    url = _flow_common.fresh_db(backend, tmp, "lockgate_quality_scale")
-    store = Store(url)
-    out: dict[str, Any] = {"sizes": {}}
+    stores: dict[int, Store] = {}
+    out: dict[str, Any] = {"sizes": {}, "rounds": []}
     try:
-        hashes = seed_configs(store, args.prompts)
-        out["rollup_rows"] = fill_rollups(store, args.prompts)
         for n in sizes:
+            url = _flow_common.fresh_db(backend, tmp, f"lockgate_quality_scale_{n}")
+            store = stores[n] = Store(url)
+            hashes = seed_configs(store, args.prompts)
+            out["rollup_rows"] = fill_rollups(store, args.prompts)
             fill_s = grow(store, n, hashes)
-            m = measure(store, str(n), args.prompts, args.flushes, args.flush_size,
-                        args.checks)
-            m["fill_s"] = round(fill_s, 1)
-            m["load_avg"] = [round(x, 2) for x in os.getloadavg()]
-            out["sizes"][str(n)] = m
-            print(f"{backend} {n:,} attempts: flush median {m['flush_ms_median']:.1f} ms "
-                  f"(p90 {m['flush_ms_p90']:.1f}), check_rules {m['check_ms_median']:.1f} "
-                  f"ms, quality_report {m['report_ms_median']:.1f} ms; load "
-                  f"{m['load_avg']}", flush=True)
-        first, last = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
-        out["ratio"] = {k: round(last[k] / first[k], 3) for k in
-                        ("flush_ms_median", "check_ms_median", "report_ms_median")}
-        print(f"{backend} ratio {sizes[-1]:,}/{sizes[0]:,}: {out['ratio']}", flush=True)
+            out["sizes"][str(n)] = {"fill_s": round(fill_s, 1),
+                                    "attempt_rows": count(store, "task_attempt"),
+                                    "task_rows": count(store, "task")}
+            print(f"{backend}: {n:,} attempt rows filled in {fill_s:.0f} s", flush=True)
+        every: dict[int, dict[str, list[float]]] = {n: {k: [] for k in FIGURES}
+                                                    for n in sizes}
+        for r in range(args.rounds):
+            medians: dict[int, dict[str, float]] = {}
+            for n in sizes:
+                m = measure(stores[n], f"{n}-{r}", args.prompts, args.flushes,
+                            args.flush_size, args.checks)
+                medians[n] = {k: statistics.median(v) for k, v in m.items()}
+                for k in FIGURES:
+                    every[n][k] += m[k]
+            ratio = {k: medians[sizes[-1]][k] / medians[sizes[0]][k] for k in FIGURES}
+            load = [round(x, 2) for x in os.getloadavg()]
+            out["rounds"].append({"medians": {str(n): v for n, v in medians.items()},
+                                  "ratio": ratio, "load_avg": load})
+            print(f"{backend} round {r + 1}: " + ", ".join(
+                f"{k} {medians[sizes[0]][k]:.1f} / {medians[sizes[-1]][k]:.1f} ms "
+                f"({ratio[k]:.2f})" for k in FIGURES) + f"; load {load}", flush=True)
+        for n in sizes:
+            e = every[n]
+            out["sizes"][str(n)].update({f"{k}_ms_median": statistics.median(e[k])
+                                         for k in FIGURES})
+            out["sizes"][str(n)]["flush_ms_p90"] = sorted(e["flush"])[
+                int(0.9 * (len(e["flush"]) - 1))]
+        ratios = [rd["ratio"] for rd in out["rounds"]]
+        out["ratio"] = {k: {"median": round(statistics.median(x[k] for x in ratios), 3),
+                            "min": round(min(x[k] for x in ratios), 3),
+                            "max": round(max(x[k] for x in ratios), 3)} for k in FIGURES}
+        print(f"{backend} ratio {sizes[-1]:,}/{sizes[0]:,} (median of rounds, min-max): "
+              + ", ".join(f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                          for k, v in out["ratio"].items()), flush=True)
     finally:
-        store.close()
+        for store in stores.values():
+            store.close()
     return out
 
 
@@ -289,9 +311,10 @@ def main() -> None:
     ap.add_argument("--backends", default="postgresql")
     ap.add_argument("--sizes", default="1000000,10000000", help="attempt rows, ascending")
     ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--flushes", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--flushes", type=int, default=20, help="per round and database")
     ap.add_argument("--flush-size", type=int, default=100)
-    ap.add_argument("--checks", type=int, default=30)
+    ap.add_argument("--checks", type=int, default=6, help="per round and database")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

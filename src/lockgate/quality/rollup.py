@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ import orjson
 from ddsketch import DDSketch
 from ddsketch.pb.ddsketch_pb2 import DDSketch as SketchMessage
 from ddsketch.pb.proto import DDSketchProto
+from ddsketch.store import DenseStore
 
 from lockgate.runtime import USABLE
 
@@ -71,13 +72,42 @@ def dump_sketch(sketch: DDSketch | None) -> str | None:
     return base64.b64encode(DDSketchProto.to_proto(sketch).SerializeToString()).decode()
 
 
+def _dense_store(counts: Sequence[float], offset: int) -> DenseStore:
+    """The store ``ddsketch``'s own decoder builds from stored bins, built at once.
+
+    Its decoder adds the bins one by one, re-centring its list as it grows: quadratic in
+    the number of bins, about a millisecond for a sketch of a few hundred latencies, and
+    a report or a check decodes thousands. Same bins, offset and count; the key range
+    spans the non-empty bins only (the decoder's spans the zero padding too), so a merge,
+    which walks the range bin by bin, walks no empty ones."""
+    store = DenseStore()
+    used = [i for i, c in enumerate(counts) if c]
+    if used:
+        store.bins = list(counts)
+        store.offset = offset
+        store.min_key = offset + used[0]
+        store.max_key = offset + used[-1]
+        store.count = math.fsum(counts)
+    return store
+
+
 def load_sketch(text: str | None) -> DDSketch | None:
     """The sketch :func:`dump_sketch` wrote (None stays None)."""
     if not text:
         return None
-    loaded = DDSketchProto.from_proto(SketchMessage.FromString(base64.b64decode(text)))
+    message = SketchMessage.FromString(base64.b64decode(text))
     sketch = _new_sketch()
-    sketch.merge(loaded)  # a DDSketch again (from_proto gives the base class)
+    mapping = message.mapping
+    if (mapping.gamma != sketch._mapping.gamma or mapping.indexOffset != 0.0
+            or mapping.interpolation != 0):  # another sketch's layout: the slow decoder
+        sketch.merge(DDSketchProto.from_proto(message))
+        return sketch
+    pos, neg = message.positiveValues, message.negativeValues
+    sketch._store = _dense_store(pos.contiguousBinCounts, pos.contiguousBinIndexOffset)
+    sketch._negative_store = _dense_store(neg.contiguousBinCounts,
+                                          neg.contiguousBinIndexOffset)
+    sketch._zero_count = message.zeroCount
+    sketch._count = sketch._store.count + sketch._negative_store.count + message.zeroCount
     return sketch
 
 
