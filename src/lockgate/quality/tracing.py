@@ -144,11 +144,15 @@ class CallSpan:
     outcome: str
 
 
+#: A span's attributes: those whose values differ from attempt to attempt (the task id,
+#: the response id, the messages), then those whose values repeat (the model, the prompt
+#: version, the token counts...: an exporter may encode them once per distinct set).
+Attrs = tuple[list[tuple[str, Any]], tuple[tuple[str, Any], ...]]
 #: One attempt's spans, built: trace id, run span id, call span id (0: no call span),
 #: start and end (ns), run name, run attributes, run error (or None), call name, call
 #: attributes, call error (or None).
-Built = tuple[int, int, int, int, int, str, list[tuple[str, Any]], str | None, str,
-              list[tuple[str, Any]], str | None]
+Built = tuple[int, int, int, int, int, str, Attrs, str | None, str, Attrs, str | None]
+_NO_ATTRS: Attrs = ([], ())
 
 
 class Tracing:
@@ -355,7 +359,7 @@ class Tracing:
                 call_name = f"chat {a.get('model') or ''}".strip()
                 call_attrs = gen_ai_attrs(c)
             else:
-                call_id, call_name, call_attrs = 0, "", []
+                call_id, call_name, call_attrs = 0, "", _NO_ATTRS
             out.append((trace_id, bits(64) or 1, call_id, start, end, name,
                         lockgate_attrs(c), run_error, call_name, call_attrs, error))
         return out
@@ -383,50 +387,53 @@ class Tracing:
         return spans
 
     @staticmethod
-    def _lockgate(c: CallSpan) -> list[tuple[str, Any]]:
+    def _lockgate(c: CallSpan) -> Attrs:
         a = c.attempt
-        attrs: list[tuple[str, Any]] = [
-            ("lockgate.task.id", c.task_id), ("lockgate.batch.id", c.batch_id),
-            ("lockgate.prompt.version", c.prompt),
-            ("lockgate.attempt", a.get("attempt") or 0), ("lockgate.outcome", c.outcome)]
-        for key, name in _RUN_OPTIONAL:
+        same: list[tuple[str, Any]] = [
+            ("lockgate.batch.id", c.batch_id), ("lockgate.prompt.version", c.prompt),
+            ("lockgate.attempt", int(a.get("attempt") or 0)),
+            ("lockgate.outcome", c.outcome)]
+        for key, name, kind in _RUN_OPTIONAL:
             value = a.get(key)
             if value is not None:
-                attrs.append((name, value))
-        return attrs
+                same.append((name, kind(value)))
+        return [("lockgate.task.id", c.task_id)], tuple(same)
 
-    def _gen_ai(self, c: CallSpan) -> list[tuple[str, Any]]:
+    def _gen_ai(self, c: CallSpan) -> Attrs:
         a = c.attempt
         endpoint = a.get("endpoint") or ""
         host, port = self._server(endpoint)
-        attrs: list[tuple[str, Any]] = [
+        unique: list[tuple[str, Any]] = [("lockgate.task.id", c.task_id)]
+        if a.get("request_id") is not None:
+            unique.append((gen_ai.GEN_AI_RESPONSE_ID, str(a["request_id"])))
+        same: list[tuple[str, Any]] = [
             (gen_ai.GEN_AI_OPERATION_NAME, "chat"),
             (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
             (gen_ai.GEN_AI_REQUEST_MODEL, a.get("model") or ""),
-            ("lockgate.task.id", c.task_id), ("lockgate.prompt.version", c.prompt)]
+            ("lockgate.prompt.version", c.prompt)]
         if c.response_model:
-            attrs.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
-        for key, name in _CALL_OPTIONAL:
+            same.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
+        for key, name, kind in _CALL_OPTIONAL:
             value = a.get(key)
             if value is not None:
-                attrs.append((name, value))
+                same.append((name, kind(value)))
         reasons = _finish_reasons(c.response_body)
         if reasons:
-            attrs.append((gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, tuple(reasons)))
+            same.append((gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, tuple(reasons)))
         if host:
-            attrs.append(("server.address", host))
+            same.append(("server.address", host))
         if port:
-            attrs.append(("server.port", port))
+            same.append(("server.port", port))
         if a.get("error_class"):
-            attrs.append(("error.type", a["error_class"]))
+            same.append(("error.type", str(a["error_class"])))
         if self.capture_content:
             if a.get("prompt_snapshot"):
-                attrs.append((gen_ai.GEN_AI_INPUT_MESSAGES, _messages(a["prompt_snapshot"])))
+                unique.append((gen_ai.GEN_AI_INPUT_MESSAGES, _messages(a["prompt_snapshot"])))
             if a.get("raw_output") is not None:
-                attrs.append((gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps([{
+                unique.append((gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps([{
                     "role": "assistant", "parts": [{"type": "text", "content":
                                                     a["raw_output"][:MAX_CONTENT]}]}]).decode()))
-        return attrs
+        return unique, tuple(same)
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         found = self._servers.get(endpoint)
@@ -441,15 +448,18 @@ class Tracing:
         return found
 
 
-_RUN_OPTIONAL = (("parse_status", "lockgate.parse_status"),
-                 ("completeness", "lockgate.completeness"),
-                 ("error_class", "lockgate.error_class"),
-                 ("routed_from", "lockgate.routed_from"))
-_CALL_OPTIONAL = (("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS),
-                  ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS),
-                  ("request_id", gen_ai.GEN_AI_RESPONSE_ID),
-                  ("parse_status", "lockgate.parse_status"),
-                  ("completeness", "lockgate.completeness"))
+# Optional attributes: the attempt row's key, the attribute, the type it is given (one
+# type per attribute, so that equal values encode alike).
+_RUN_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("parse_status", "lockgate.parse_status", str),
+    ("completeness", "lockgate.completeness", float),
+    ("error_class", "lockgate.error_class", str),
+    ("routed_from", "lockgate.routed_from", str))
+_CALL_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS, int),
+    ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, int),
+    ("parse_status", "lockgate.parse_status", str),
+    ("completeness", "lockgate.completeness", float))
 
 _UNSET = Status(StatusCode.UNSET)
 _KEEP_ALL = ParentBased(ALWAYS_ON).get_description()
@@ -459,15 +469,11 @@ def _status(error: str | None) -> Status:
     return _UNSET if error is None else Status(StatusCode.ERROR, error)
 
 
-def _sdk_attributes(attrs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The attribute values the SDK would keep (sequences as tuples, other types
-    left out)."""
-    out: dict[str, Any] = {}
-    for key, value in attrs:
-        if isinstance(value, (list, tuple)):
-            out[key] = tuple(value)
-        elif isinstance(value, (str, bool, int, float)):
-            out[key] = value
+def _sdk_attributes(attrs: Attrs) -> dict[str, Any]:
+    """The attributes as an SDK span holds them."""
+    unique, same = attrs
+    out = dict(unique)
+    out.update(same)
     return out
 
 
@@ -563,27 +569,23 @@ class _OtlpWriter:
         return b"\x0a" + _ld(resource_spans)
 
     def _span(self, tid: bytes, sid: bytes, parent: bytes | None, name: str,
-              kind: SpanKind, times: bytes, attrs: list[tuple[str, Any]],
-              error: str | None) -> bytes:
+              kind: SpanKind, times: bytes, attrs: Attrs, error: str | None) -> bytes:
         out = [_TRACE_ID, tid, _SPAN_ID, sid]
         if parent is not None:
             out += (_PARENT_ID, parent)
         out += (b"\x2a", _str(name), _KIND[kind], times)
-        cache = self._fields
-        for pair in attrs:
-            key, value = pair
-            # The values that repeat (the model, the prompt, token counts...) are encoded
-            # once. 1, 1.0 and True are equal keys of a dict: numbers carry their type.
-            ck: tuple[Any, ...] = pair if value.__class__ is str else (
-                key, value.__class__, value)
-            field = cache.get(ck)
-            if field is None:
-                field = _attribute(key, value)
-                if key not in _UNIQUE:
-                    if len(cache) >= _MAX_CACHED:
-                        cache.clear()
-                    cache[ck] = field
-            out.append(field)
+        unique, same = attrs
+        for key, value in unique:
+            out.append(_attribute(key, value))
+        # The repeating attributes (the model, the prompt, token counts...) of a span are
+        # encoded once per distinct set of values.
+        fields = self._fields.get(same)
+        if fields is None:
+            fields = b"".join(_attribute(key, value) for key, value in same)
+            if len(self._fields) >= _MAX_CACHED:
+                self._fields.clear()
+            self._fields[same] = fields
+        out.append(fields)
         if error is None:
             out.append(_NO_STATUS)
         else:  # message (2), code ERROR (3)
@@ -592,10 +594,7 @@ class _OtlpWriter:
         return b"".join(out)
 
 
-#: Attributes whose values differ from attempt to attempt: never kept encoded (the
-#: others are, at most _MAX_CACHED of them, then the cache starts again).
-_UNIQUE = frozenset(("lockgate.task.id", gen_ai.GEN_AI_RESPONSE_ID,
-                     gen_ai.GEN_AI_INPUT_MESSAGES, gen_ai.GEN_AI_OUTPUT_MESSAGES))
+#: Distinct sets of repeating attribute values kept encoded (then the cache starts again).
 _MAX_CACHED = 4096
 
 
