@@ -6,12 +6,13 @@ delivered twice while circuits switch under calls in flight."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.support import TEMPLATE, BackgroundWorker, task
-from helpers import rows, wait_for
+from engine.support import TEMPLATE, BackgroundWorker, WorkerPool, task
+from helpers import kill_settled, rows, wait_for
 from lockgate import Lockgate
 from lockgate.config import (
     CircuitSettings,
@@ -23,6 +24,7 @@ from lockgate.config import (
 from lockgate.quality.circuit import probes
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import template_key
+from lockgate.store import Store
 
 INLINE = template_key(TEMPLATE)
 #: Declares both fields the delivery rule expects: complete answers.
@@ -270,3 +272,46 @@ def test_a_tripped_circuit_probes_recovers_and_closes_during_a_run(
         assert "labels@1" in paths  # the probes ran the primary path
         assert {a["prompt_version"] for t, [a] in delivered.items() if t.startswith("z-")} \
             == {"labels@1"}  # closed: everything on the primary again
+
+
+@pytest.mark.slow
+def test_worker_processes_switching_paths_and_a_killed_one_lose_no_task(
+        db_url: str, store: Store, simulator: SimulatorProcess, tmp_path: Path) -> None:
+    """Two ``lockgate worker`` processes (each evaluating the circuit) while an operator
+    opens and closes it and one worker is killed -9 mid-run: every task ends SUCCEEDED
+    with exactly one delivered answer, or held for review with none."""
+    simulator.configure(latency={"kind": "lognormal", "mean_ms": 300.0}, seed=11)
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text(f'[quality]\ncircuit_every_s = 0.2\ncircuit_refresh_s = 0.1\n'
+                   f'[[quality.circuit]]\nprompt = "{INLINE}"\nfallback = "review"\n'
+                   "probe_share = 0.1\n")
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    pool = WorkerPool(db_url, simulator.url, log_dir)
+    settings = _settings({"prompt": INLINE, "fallback": "review", "probe_share": 0.1})
+    try:
+        procs = [pool.start(burst=False, concurrency=16, lease=3.0,
+                            extra=["--config", str(cfg)]) for _ in range(2)]
+        with Lockgate(db_url, settings=settings) as lg:
+            for w in range(6):
+                (lg.open_circuit if w % 2 == 0 else lg.close_circuit)(INLINE)
+                lg.submit([task(f"m{w}-{i:03d}", f"order {i}") for i in range(60)],
+                          batch_id=f"m{w}")
+                if w == 2:  # kill a worker while it holds leases
+                    wait_for(lambda: lg.status().leased, "leases in flight", timeout=60)
+                    kill_settled(procs[0].popen, store)
+                    pool.start(burst=False, concurrency=16, lease=3.0,
+                               extra=["--config", str(cfg)])
+                wait_for(lambda: not lg.status().batches[f"m{w}"].get(  # noqa: B023
+                    "PENDING"), f"wave {w} to leave PENDING", timeout=90, interval=0.1)
+            states = {r["task_id"]: r["status"] for r in rows(
+                lg.store, "SELECT task_id, status FROM task")}
+            delivered = _delivered(lg)
+            events = rows(lg.store, "SELECT * FROM quality_circuit_event ORDER BY version")
+    finally:
+        pool.close()
+    assert len(states) == 360 and set(states.values()) == {"SUCCEEDED", "REVIEW"}, \
+        pool.logs()
+    for t, s in states.items():
+        assert len(delivered.get(t, [])) == (1 if s == "SUCCEEDED" else 0), t
+    assert [e["version"] for e in events] == list(range(1, 7))
