@@ -5,6 +5,7 @@ delivered twice while circuits switch under calls in flight."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,21 @@ def test_an_open_circuit_routes_to_a_fallback_version(
         assert all(r.result["reason"] != "-" for r in safe)  # the fallback's answers
         assert {q.prompt: q.tasks for q in lg.quality(by="version")} == \
             {"labels-safe@1": 40 - len(probed), "labels@1": len(probed)}
+
+
+def test_a_fallback_version_that_does_not_exist_leaves_the_tasks_on_the_primary(
+        db_url: str, simulator: SimulatorProcess, caplog: pytest.LogCaptureFixture) -> None:
+    settings = _settings({"prompt": "labels", "fallback_prompt": "labels-safe@9"})
+    with Lockgate(db_url, settings=settings) as lg:
+        _prompts(lg)
+        lg.submit(_registry_tasks(20, "m"), batch_id="m")
+        lg.open_circuit("labels")
+        with caplog.at_level(logging.WARNING, logger="lockgate.worker"):
+            lg.run_worker(burst=True)
+        assert lg.status().batches["m"] == {"SUCCEEDED": 20}
+        assert {a["prompt_version"] for [a] in _delivered(lg).values()} == {"labels@1"}
+        assert "fallback_prompt cannot be run" in caplog.text
+        assert caplog.text.count("fallback_prompt cannot be run") == 1  # then remembered
 
 
 def test_an_open_circuit_on_an_inline_prompt_routes_to_another_endpoint(
