@@ -27,8 +27,10 @@ from lockgate.files import (
     Checks,
     Format,
     Intake,
+    Reading,
     check_file,
-    describe_rejects,
+    read_tasks,
+    refusal,
     valid_tasks,
 )
 from lockgate.flow.window import BatchPlan
@@ -134,26 +136,50 @@ class Lockgate:
                     batch_id: str | None = None, skip_invalid: bool = False,
                     rejects: str | Path | None = None,
                     progress: Callable[[int], None] | None = None,
-                    plan: BatchPlan | None = None) -> SubmitReport:
-        """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping)."""
+                    plan: BatchPlan | None = None, stream: bool = False) -> SubmitReport:
+        """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping).
+
+        Without ``stream`` no task of the file is claimable before the whole file was
+        checked: on PostgreSQL the file is written while it is read, in one transaction
+        committed at its end (rolled back on a bad line); elsewhere it is checked whole,
+        then written in committed chunks. With ``stream`` each chunk is committed, and
+        claimable, as soon as it is read and checked: a bad line then stops the submit,
+        the tasks before it stay submitted and the batch stays marked incomplete (fix
+        the line and submit the file again to complete it)."""
         p = Path(path)
         intake = Intake(self._checks(), self._pool_of)
+        bid = batch_id or p.stem
+        fields = plan.fields() if plan else None
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
         try:
+            if stream or self.store.dialect.submit_in_one_transaction:
+                reading = Reading()
+                rows = read_tasks(p, format, intake, reading, reject_sink=sink,
+                                  on_bad="skip" if skip_invalid else
+                                  "stop" if stream else "refuse")
+                try:
+                    report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
+                                                    progress=progress, batch_fields=fields,
+                                                    whole=not stream)
+                except SpecError as exc:
+                    if reading.stopped_at is None:
+                        raise
+                    raise SpecError(
+                        f"{exc}; the submit stopped there: the {reading.valid:,} task(s) "
+                        f"before it are submitted and batch {bid!r} is marked incomplete. "
+                        "Fix the line and submit the file again to complete the batch "
+                        "(tasks already in are skipped)") from None
+                return self._planned(report, plan)
             checked = check_file(p, format, reject_sink=sink, intake=intake)
         finally:
             if sink:
                 sink.close()
         if checked.rejected and not skip_invalid:
-            raise SpecError(
-                f"{p}: {len(checked.rejected)} bad line(s); nothing was submitted. Fix them, "
-                f"or pass --skip-invalid to submit the {checked.valid} good line(s):\n"
-                + describe_rejects(checked.rejected))
+            raise SpecError(refusal(p, checked.valid, checked.rejected))
         skip = {n for n, _ in checked.rejected}
         return self._planned(self.store.submit_rows(
-            valid_tasks(p, format, skip, intake), batch_id=batch_id or p.stem,
-            source=str(p), progress=progress,
-            batch_fields=plan.fields() if plan else None), plan)
+            valid_tasks(p, format, skip, intake), batch_id=bid,
+            source=str(p), progress=progress, batch_fields=fields), plan)
 
     def worker(self, *, burst: bool = False, gate: bool = True,
                on_progress: Callable[[WorkerStats], None] | None = None,

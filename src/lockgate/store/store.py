@@ -66,6 +66,7 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
+_BATCH_STATE = sql("SELECT complete FROM batch WHERE id = :b")
 _BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
                         "(SELECT 1 FROM task WHERE task.batch_id = :b)")
 _TASK_BATCHES = sql("SELECT task_id, batch_id FROM task WHERE task_id IN :ids", "ids")
@@ -234,7 +235,8 @@ class Store(TaskViews):
     def submit_rows(self, rows: Iterable[NewTask], *, batch_id: str,
                     source: str | None = None,
                     progress: Callable[[int], None] | None = None,
-                    batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
+                    batch_fields: Mapping[str, Any] | None = None,
+                    whole: bool = False) -> SubmitReport:
         """Insert tasks; task ids that exist already are skipped (idempotent).
 
         Tasks are written in chunks (the first small, so that workers start at once,
@@ -248,12 +250,55 @@ class Store(TaskViews):
         before the insert. ``batch_fields`` sets the batch's weight, deadline or window,
         and a window's tasks become visible at its start. A batch left without tasks
         (every task id belonged to another batch already) is not kept.
+
+        A :class:`SpecError` raised by ``rows`` (a bad line met while reading) stops the
+        submit: the tasks before it are committed, the batch stays incomplete. With
+        ``whole`` (where the dialect allows it: ``submit_in_one_transaction``) every
+        chunk is written in one transaction instead, committed after the last: no task
+        is visible before ``rows`` is exhausted, and a :class:`SpecError` from it rolls
+        every task back (the batch is left as it was before, or removed if this submit
+        made it). An interrupted submit leaves the batch marked incomplete either way.
         """
         if batch_id.startswith(RESERVED_ID_PREFIX):
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
+        if whole and not self.dialect.submit_in_one_transaction:
+            raise ValueError(f"{self.dialect.name}: a submit in one transaction is not "
+                             "supported")
+        was_complete = False
+        if whole:
+            with self.read() as tx:
+                was_complete = bool(tx.execute(_BATCH_STATE, {"b": batch_id}).scalar())
         created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
+        if whole:
+            try:
+                with map_db_errors(self.url), self.engine.connect() as conn, conn.begin():
+                    tx = Tx(conn, self.dialect.now)
+
+                    def run(fn: Callable[[Tx], T]) -> T:
+                        return fn(tx)
+
+                    report = self._write_chunks(rows, batch_id, source, fields, progress,
+                                                run, whole=True)
+                    self._close_batch(tx, batch_id, created)
+            except SpecError:
+                self.transaction(lambda tx: self._reset_batch(tx, batch_id, created,
+                                                              was_complete))
+                raise
+            return report
+        report = self._write_chunks(rows, batch_id, source, fields, progress,
+                                    self.transaction)
+        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
+        return report
+
+    def _write_chunks(self, rows: Iterable[NewTask], batch_id: str, source: str | None,
+                      fields: dict[str, Any], progress: Callable[[int], None] | None,
+                      run: Callable[[Callable[[Tx], tuple[int, dict[str, int]]]],
+                                    tuple[int, dict[str, int]]],
+                      *, whole: bool = False) -> SubmitReport:
+        """Write ``rows`` in chunks, each by ``run`` (its own transaction, or the one of
+        the whole submit), one chunk written in a thread while the next is read."""
         window_start = int(fields.get("window_start") or 0)
         seen_configs: set[str] = set()
         seen_batches = {batch_id}
@@ -284,9 +329,8 @@ class Store(TaskViews):
         def flush() -> None:
             nonlocal chunk, configs, batches, size, limit, writing, written
             collect()
-            args = (chunk, configs, batches)
-            writing = writer.submit(self.transaction, lambda tx: self._insert_chunk(
-                tx, *args, source, window_start, batch_id))
+            writing = writer.submit(run, self._chunk_job(
+                chunk, configs, batches, source, window_start, batch_id, whole=whole))
             written = len(chunk)
             chunk, configs, batches, size = [], [], [], 0
             limit = self.dialect.submit_chunk_rows
@@ -307,11 +351,15 @@ class Store(TaskViews):
                     size += len(t.input_json) + len(t.metadata_json or "") + 200
                     if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= limit:
                         flush()
+            except SpecError:
+                if not whole and chunk:
+                    flush()  # a bad line stops the submit: the lines before it are in
+                raise
+            else:
                 if chunk or configs or batches:
                     flush()
             finally:
                 collect()  # interrupted too: the chunk handed over is committed whole
-        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
         return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
@@ -324,10 +372,42 @@ class Store(TaskViews):
         return bool(created)
 
     @staticmethod
+    def _reset_batch(tx: Tx, batch_id: str, created: bool, was_complete: bool) -> None:
+        """A refused submit in one transaction wrote nothing: its batch back as it was."""
+        if created:
+            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
+        elif was_complete:
+            tx.execute(_BATCH_COMPLETE, {"b": batch_id})
+
+    @staticmethod
     def _close_batch(tx: Tx, batch_id: str, created: bool) -> None:
         tx.execute(_BATCH_COMPLETE, {"b": batch_id})
         if created:  # a batch this submit made and left empty is not kept
             tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
+
+    def _chunk_job(self, chunk: list[NewTask], configs: list[ConfigRow], batches: list[str],
+                   source: str | None, window_start: int, batch_id: str, *,
+                   whole: bool) -> Callable[[Tx], tuple[int, dict[str, int]]]:
+        """What writes one chunk in a transaction. In a whole-file transaction its
+        configs are committed at once, in their own transaction: they are
+        content-addressed and never change, and two submits meeting them in crossing
+        orders then never hold one each until their ends."""
+        if not whole:
+            return lambda tx: self._insert_chunk(tx, chunk, configs, batches, source,
+                                                 window_start, batch_id)
+
+        def job(tx: Tx) -> tuple[int, dict[str, int]]:
+            if configs:
+                self.transaction(lambda ctx: self._insert_configs(ctx, configs))
+            return self._insert_chunk(tx, chunk, [], batches, source, window_start,
+                                      batch_id)
+        return job
+
+    def _insert_configs(self, tx: Tx, configs: list[ConfigRow]) -> None:
+        # Sorted: two submits never take the same keys in opposite orders.
+        tx.execute(self.dialect.insert_ignore(schema.task_config), [
+            {"hash": c.hash, "document": c.document, "created_at": tx.now}
+            for c in sorted(configs, key=lambda c: c.hash)])
 
     def _insert_chunk(self, tx: Tx, rows: list[NewTask], configs: list[ConfigRow],
                       batches: list[str], source: str | None, window_start: int,
@@ -336,10 +416,8 @@ class Store(TaskViews):
         then its tasks. Returns (rows inserted, batches holding the ids that existed,
         when not the batch asked for)."""
         now = tx.now
-        if configs:  # sorted: two submits never take the same keys in opposite orders
-            tx.execute(self.dialect.insert_ignore(schema.task_config), [
-                {"hash": c.hash, "document": c.document, "created_at": now}
-                for c in sorted(configs, key=lambda c: c.hash)])
+        if configs:
+            self._insert_configs(tx, configs)
         if batches:
             tx.execute(self.dialect.insert_ignore(schema.batch), [
                 {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
