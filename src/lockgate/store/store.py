@@ -266,10 +266,10 @@ class Store(TaskViews):
         if whole and not self.dialect.submit_in_one_transaction:
             raise ValueError(f"{self.dialect.name}: a submit in one transaction is not "
                              "supported")
-        was_complete = False
+        before = None  # the batch's ``complete`` before this submit; None: no batch
         if whole:
             with self.read() as tx:
-                was_complete = bool(tx.execute(_BATCH_STATE, {"b": batch_id}).scalar())
+                before = tx.execute(_BATCH_STATE, {"b": batch_id}).scalar()
         created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
         if whole:
             try:
@@ -283,8 +283,7 @@ class Store(TaskViews):
                                                 run, whole=True)
                     self._close_batch(tx, batch_id, created)
             except SpecError:
-                self.transaction(lambda tx: self._reset_batch(tx, batch_id, created,
-                                                              was_complete))
+                self.transaction(lambda tx: self._reset_batch(tx, batch_id, before))
                 raise
             return report
         report = self._write_chunks(rows, batch_id, source, fields, progress,
@@ -372,11 +371,12 @@ class Store(TaskViews):
         return bool(created)
 
     @staticmethod
-    def _reset_batch(tx: Tx, batch_id: str, created: bool, was_complete: bool) -> None:
-        """A refused submit in one transaction wrote nothing: its batch back as it was."""
-        if created:
+    def _reset_batch(tx: Tx, batch_id: str, before: int | None) -> None:
+        """A refused submit in one transaction wrote nothing: its batch back as it was
+        (``before``: its ``complete`` then, None if there was no batch)."""
+        if before is None:
             tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
-        elif was_complete:
+        elif before:
             tx.execute(_BATCH_COMPLETE, {"b": batch_id})
 
     @staticmethod
