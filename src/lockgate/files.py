@@ -1,9 +1,12 @@
 """Task files in and result files out.
 
 In: task JSONL (the six meta-fields per line) and the OpenAI Batch API input format
-(``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before anything
-is submitted: with bad lines nothing is submitted unless ``skip_invalid`` is given,
-and then the rejects go to a file with their line numbers and reasons.
+(``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before any of
+its tasks is submitted (:func:`check_file`, or :func:`read_tasks` for a submit that
+writes while it reads and drops what it wrote on a bad line): with bad lines nothing is
+submitted unless ``skip_invalid`` is given, and then the rejects go to a file with their
+line numbers and reasons. A streamed submit (:func:`read_tasks` with ``stop``) stops at
+its first bad line instead.
 
 Out: JSONL, CSV and the OpenAI Batch API output format.
 """
