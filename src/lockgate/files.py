@@ -330,6 +330,8 @@ class Reading:
     rejected: list[tuple[int, SpecError]] = field(default_factory=list)
     #: The bad line a ``stop`` read stopped at.
     stopped_at: int | None = None
+    #: The batch ids the lines yielded name (None: the submit's own).
+    batches: set[str | None] = field(default_factory=set)
 
 
 def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
@@ -356,6 +358,8 @@ def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
             continue
         reading.valid += 1
         if on_bad == "skip" or not reading.rejected:
+            if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
+                reading.batches.add(row.batch_id)
             yield row
     if reading.rejected and on_bad == "refuse":
         raise SpecError(refusal(path, reading.valid, reading.rejected))

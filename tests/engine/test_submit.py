@@ -9,6 +9,7 @@ import io
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -587,3 +588,27 @@ def test_a_submit_killed_mid_file_is_completed_by_a_rerun_every_task_once(
     assert task_count(store) == n
     assert scalar(store, "SELECT COUNT(DISTINCT task_id) FROM task") == n
     assert scalar(store, "SELECT complete FROM batch WHERE id = 'big'") == 1
+
+
+def test_a_streamed_submit_stopped_by_a_bad_line_can_cancel_what_it_wrote(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--on-bad-line cancel``: the tasks the stopped submit wrote are cancelled; the
+    batch's tasks from an earlier submit are not touched."""
+    with Lockgate(db_url, migrate=False) as lg:
+        lg.submit_file(write_jsonl(tmp_path / "first.jsonl", tasks(3, prefix="e")),
+                       batch_id="b")
+        time.sleep(0.01)  # the earlier tasks are older than the streamed submit
+        _small_chunks(monkeypatch, store, lg)
+        bad = task("t-bad", model={"temperature": 9})
+        path = write_jsonl(tmp_path / "f.jsonl", [*tasks(30), bad, *tasks(5, prefix="u")])
+        result = lockgate("submit", path, "--db", db_url, "--batch", "b", "--stream",
+                          "--on-bad-line", "cancel")
+        assert result.exit_code == 2, result.output
+        err = " ".join(result.stderr.split())
+        assert "line 31" in err and "30 task(s) it had submitted" in err, err
+        assert status_counts(store) == {"PENDING": 3, "CANCELLED": 30}
+        assert all(r["task_id"].startswith("e-") for r in rows(
+            store, "SELECT task_id FROM task WHERE status = 'PENDING'"))
+        assert lg.status().incomplete_batches == ["b"]
+    refused = lockgate("submit", path, "--db", db_url, "--on-bad-line", "cancel")
+    assert refused.exit_code == 2 and "--on-bad-line goes with --stream" in refused.stderr
