@@ -11,8 +11,8 @@ worker could claim (PENDING, committed, visible). Reported per run:
 * tasks/s: tasks / wall time of the whole command (process start to exit, imports and
   the validation pass included);
 * write starts: seconds from the command's start to the batch row's appearance (when
-  the writing begins: on PostgreSQL as the file starts being read, in one transaction;
-  on SQLite and MariaDB after the checking pass over the whole file);
+  the writing begins: after the checking pass over the whole file, or at once with
+  ``--stream``);
 * first claimable: seconds from the command's start to the first claimable task (without
   ``--stream`` the whole file is checked first: a bad line refuses the file before any
   task is claimable; with ``--stream`` chunks are claimable as they are read);

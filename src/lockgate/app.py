@@ -140,10 +140,8 @@ class Lockgate:
                     on_bad_line: Literal["keep", "cancel"] = "keep") -> SubmitReport:
         """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping).
 
-        Without ``stream`` no task of the file is claimable before the whole file was
-        checked: on PostgreSQL the file is written while it is read, in one transaction
-        committed at its end (rolled back on a bad line); elsewhere it is checked whole,
-        then written in committed chunks. With ``stream`` each chunk is committed, and
+        Without ``stream`` the whole file is checked first, then written in committed
+        chunks (claimable as they are written). With ``stream`` each chunk is committed, and
         claimable, as soon as it is read and checked: a bad line then stops the submit,
         the tasks before it stay submitted and the batch stays marked incomplete (fix
         the line and submit the file again to complete it), or, with ``on_bad_line=
@@ -154,16 +152,14 @@ class Lockgate:
         fields = plan.fields() if plan else None
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
         try:
-            if stream or self.store.dialect.submit_in_one_transaction:
+            if stream:
                 reading = Reading()
-                since = self.store.db_now() if stream and on_bad_line == "cancel" else 0
+                since = self.store.db_now() if on_bad_line == "cancel" else 0
                 rows = read_tasks(p, format, intake, reading, reject_sink=sink,
-                                  on_bad="skip" if skip_invalid else
-                                  "stop" if stream else "refuse")
+                                  on_bad="skip" if skip_invalid else "stop")
                 try:
                     report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
-                                                    progress=progress, batch_fields=fields,
-                                                    whole=not stream)
+                                                    progress=progress, batch_fields=fields)
                 except SpecError as exc:
                     if reading.stopped_at is None:
                         raise

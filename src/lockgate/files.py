@@ -2,11 +2,10 @@
 
 In: task JSONL (the six meta-fields per line) and the OpenAI Batch API input format
 (``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before any of
-its tasks is submitted (:func:`check_file`, or :func:`read_tasks` for a submit that
-writes while it reads and drops what it wrote on a bad line): with bad lines nothing is
-submitted unless ``skip_invalid`` is given, and then the rejects go to a file with their
-line numbers and reasons. A streamed submit (:func:`read_tasks` with ``stop``) stops at
-its first bad line instead.
+its tasks is submitted (:func:`check_file`): with bad lines nothing is submitted unless
+``skip_invalid`` is given, and then the rejects go to a file with their line numbers and
+reasons. A streamed submit (:func:`read_tasks`) writes as it reads, and stops at its
+first bad line instead.
 
 Out: JSONL, CSV and the OpenAI Batch API output format.
 """
@@ -335,14 +334,12 @@ class Reading:
 
 
 def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
-               on_bad: Literal["refuse", "stop", "skip"],
+               on_bad: Literal["stop", "skip"],
                reject_sink: TextIO | None = None) -> Iterator[NewTask]:
     """One pass over a file: each line checked and yielded as a row as it is read, for
-    a submit that writes while it reads. A bad line is written to ``reject_sink`` and
-    then, by ``on_bad``: ``skip`` passes it over; ``stop`` raises its
-    :class:`SpecError` at once; ``refuse`` yields nothing more, checks the rest of the
-    file, and raises a :class:`SpecError` listing the bad lines at its end (the caller
-    then drops what it wrote)."""
+    a streamed submit that writes while it reads. A bad line is written to
+    ``reject_sink`` and then, by ``on_bad``: ``skip`` passes it over; ``stop`` raises
+    its :class:`SpecError` at once."""
     if not path.exists():
         raise LockgateError(f"file {path} does not exist")
     for n, raw in _lines(path):
@@ -357,12 +354,9 @@ def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
                 raise
             continue
         reading.valid += 1
-        if on_bad == "skip" or not reading.rejected:
-            if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
-                reading.batches.add(row.batch_id)
-            yield row
-    if reading.rejected and on_bad == "refuse":
-        raise SpecError(refusal(path, reading.valid, reading.rejected))
+        if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
+            reading.batches.add(row.batch_id)
+        yield row
 
 
 def refusal(path: Path, valid: int, rejected: list[tuple[int, SpecError]]) -> str:

@@ -66,7 +66,6 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
-_BATCH_STATE = sql("SELECT complete FROM batch WHERE id = :b")
 _BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
                         "(SELECT 1 FROM task WHERE task.batch_id = :b)")
 _TASK_BATCHES = sql("SELECT task_id, batch_id FROM task WHERE task_id IN :ids", "ids")
@@ -235,8 +234,7 @@ class Store(TaskViews):
     def submit_rows(self, rows: Iterable[NewTask], *, batch_id: str,
                     source: str | None = None,
                     progress: Callable[[int], None] | None = None,
-                    batch_fields: Mapping[str, Any] | None = None,
-                    whole: bool = False) -> SubmitReport:
+                    batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
         """Insert tasks; task ids that exist already are skipped (idempotent).
 
         Tasks are written in chunks (the first small, so that workers start at once,
@@ -251,53 +249,24 @@ class Store(TaskViews):
         and a window's tasks become visible at its start. A batch left without tasks
         (every task id belonged to another batch already) is not kept.
 
-        A :class:`SpecError` raised by ``rows`` (a bad line met while reading) stops the
-        submit: the tasks before it are committed, the batch stays incomplete. With
-        ``whole`` (where the dialect allows it: ``submit_in_one_transaction``) every
-        chunk is written in one transaction instead, committed after the last: no task
-        is visible before ``rows`` is exhausted, and a :class:`SpecError` from it rolls
-        every task back (the batch is left as it was before, or removed if this submit
-        made it). An interrupted submit leaves the batch marked incomplete either way.
+        A :class:`SpecError` raised by ``rows`` (a bad line met while reading, in a
+        streamed submit) stops the submit: the tasks before it are committed, the batch
+        stays incomplete.
         """
         if batch_id.startswith(RESERVED_ID_PREFIX):
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
-        if whole and not self.dialect.submit_in_one_transaction:
-            raise ValueError(f"{self.dialect.name}: a submit in one transaction is not "
-                             "supported")
-        before = None  # the batch's ``complete`` before this submit; None: no batch
-        if whole:
-            with self.read() as tx:
-                before = tx.execute(_BATCH_STATE, {"b": batch_id}).scalar()
         created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
-        if whole:
-            try:
-                with map_db_errors(self.url), self.engine.connect() as conn, conn.begin():
-                    tx = Tx(conn, self.dialect.now)
-
-                    def run(fn: Callable[[Tx], T]) -> T:
-                        return fn(tx)
-
-                    report = self._write_chunks(rows, batch_id, source, fields, progress,
-                                                run, whole=True)
-                    self._close_batch(tx, batch_id, created)
-            except SpecError:
-                self.transaction(lambda tx: self._reset_batch(tx, batch_id, before))
-                raise
-            return report
-        report = self._write_chunks(rows, batch_id, source, fields, progress,
-                                    self.transaction)
+        report = self._write_chunks(rows, batch_id, source, fields, progress)
         self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
         return report
 
     def _write_chunks(self, rows: Iterable[NewTask], batch_id: str, source: str | None,
-                      fields: dict[str, Any], progress: Callable[[int], None] | None,
-                      run: Callable[[Callable[[Tx], tuple[int, dict[str, int]]]],
-                                    tuple[int, dict[str, int]]],
-                      *, whole: bool = False) -> SubmitReport:
-        """Write ``rows`` in chunks, each by ``run`` (its own transaction, or the one of
-        the whole submit), one chunk written in a thread while the next is read."""
+                      fields: dict[str, Any],
+                      progress: Callable[[int], None] | None) -> SubmitReport:
+        """Write ``rows`` in chunks, each committed in its own transaction, one chunk
+        written in a thread while the next is read."""
         window_start = int(fields.get("window_start") or 0)
         seen_configs: set[str] = set()
         seen_batches = {batch_id}
@@ -328,8 +297,9 @@ class Store(TaskViews):
         def flush() -> None:
             nonlocal chunk, configs, batches, size, limit, writing, written
             collect()
-            writing = writer.submit(run, self._chunk_job(
-                chunk, configs, batches, source, window_start, batch_id, whole=whole))
+            args = (chunk, configs, batches)
+            writing = writer.submit(self.transaction, lambda tx: self._insert_chunk(
+                tx, *args, source, window_start, batch_id))
             written = len(chunk)
             chunk, configs, batches, size = [], [], [], 0
             limit = self.dialect.submit_chunk_rows
@@ -351,7 +321,7 @@ class Store(TaskViews):
                     if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= limit:
                         flush()
             except SpecError:
-                if not whole and chunk:
+                if chunk:
                     flush()  # a bad line stops the submit: the lines before it are in
                 raise
             else:
@@ -371,37 +341,10 @@ class Store(TaskViews):
         return bool(created)
 
     @staticmethod
-    def _reset_batch(tx: Tx, batch_id: str, before: int | None) -> None:
-        """A refused submit in one transaction wrote nothing: its batch back as it was
-        (``before``: its ``complete`` then, None if there was no batch)."""
-        if before is None:
-            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
-        elif before:
-            tx.execute(_BATCH_COMPLETE, {"b": batch_id})
-
-    @staticmethod
     def _close_batch(tx: Tx, batch_id: str, created: bool) -> None:
         tx.execute(_BATCH_COMPLETE, {"b": batch_id})
         if created:  # a batch this submit made and left empty is not kept
             tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
-
-    def _chunk_job(self, chunk: list[NewTask], configs: list[ConfigRow], batches: list[str],
-                   source: str | None, window_start: int, batch_id: str, *,
-                   whole: bool) -> Callable[[Tx], tuple[int, dict[str, int]]]:
-        """What writes one chunk in a transaction. In a whole-file transaction its
-        configs are committed at once, in their own transaction: they are
-        content-addressed and never change, and two submits meeting them in crossing
-        orders then never hold one each until their ends."""
-        if not whole:
-            return lambda tx: self._insert_chunk(tx, chunk, configs, batches, source,
-                                                 window_start, batch_id)
-
-        def job(tx: Tx) -> tuple[int, dict[str, int]]:
-            if configs:
-                self.transaction(lambda ctx: self._insert_configs(ctx, configs))
-            return self._insert_chunk(tx, chunk, [], batches, source, window_start,
-                                      batch_id)
-        return job
 
     def _insert_configs(self, tx: Tx, configs: list[ConfigRow]) -> None:
         # Sorted: two submits never take the same keys in opposite orders.

@@ -161,9 +161,6 @@ class Dialect:
 
     #: Rows a submit commits at once after its first chunk (the bulk path's sweet spot).
     submit_chunk_rows = 10_000
-    #: Whether a whole file's submit may be one transaction, written while the file is
-    #: read and checked (a long write transaction that blocks no other writer).
-    submit_in_one_transaction = False
 
     def insert_tasks(self, conn: Connection, rows: Sequence[NewTaskValues], *,
                      now: int) -> int:

@@ -84,7 +84,6 @@ class PostgresDialect(Dialect):
         return postgresql.insert(table).on_conflict_do_nothing()
 
     submit_chunk_rows = 20_000
-    submit_in_one_transaction = True
     #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
     #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
     _STAGE = ("CREATE TEMP TABLE IF NOT EXISTS lockgate_submit ("
