@@ -607,3 +607,26 @@ def test_a_streamed_submit_stopped_by_a_bad_line_can_cancel_what_it_wrote(
         assert lg.status().incomplete_batches == ["b"]
     refused = lockgate("submit", path, "--db", db_url, "--on-bad-line", "cancel")
     assert refused.exit_code == 2 and "--on-bad-line goes with --stream" in refused.stderr
+
+
+def test_inputs_ids_and_metadata_with_copy_s_special_characters_are_stored_as_given(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """PostgreSQL's COPY text format gives backslash, tab, newline and carriage return a
+    meaning: every value must come back as it was submitted, on every backend, on the
+    first submit and on one that meets existing ids."""
+    odd = "a\\b\tc\nd\re \\N \\. é😀 \\\\t"
+    lines = [task(f"id\\{i}\\N", f"{odd}{i}", metadata={"note": odd, "n": i},
+                  priority=i % 3) for i in range(5)]
+    path = write_jsonl(tmp_path / "odd.jsonl", lines[:3])
+    with Lockgate(db_url, migrate=False) as lg:
+        lg.submit_file(path, batch_id="odd\\b")
+        report = lg.submit_file(write_jsonl(path, lines), batch_id="odd\\b")
+        assert (report.inserted, report.duplicates) == (2, 3)
+        got = {r["task_id"]: r for r in rows(
+            store, "SELECT task_id, batch_id, input_data, metadata, priority FROM task")}
+    assert sorted(got) == sorted(t["task_id"] for t in lines)
+    for t in lines:
+        row = got[t["task_id"]]
+        assert orjson.loads(row["input_data"]) == t["input_data"]
+        assert orjson.loads(row["metadata"]) == t["metadata"]
+        assert (row["batch_id"], row["priority"]) == ("odd\\b", t["priority"])
