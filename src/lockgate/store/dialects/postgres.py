@@ -6,7 +6,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Insert
@@ -30,6 +29,9 @@ from lockgate.store.dialects.base import (
     _json_batches,
 )
 from lockgate.store.types import ClaimedTask, Finish
+
+#: The SQLSTATE of a duplicate key.
+_UNIQUE_VIOLATION = "23505"
 
 
 class PostgresDialect(Dialect):
@@ -104,7 +106,9 @@ class PostgresDialect(Dialect):
                 with cur.copy(f"COPY task ({cols}, status, created_at, updated_at) "
                               "FROM STDIN") as copy:
                     copy.write(data)
-            except psycopg.errors.UniqueViolation:
+            except conn.dialect.loaded_dbapi.IntegrityError as exc:
+                if getattr(exc, "sqlstate", None) != _UNIQUE_VIOLATION:
+                    raise
                 cur.execute("ROLLBACK TO SAVEPOINT lockgate_copy")
             else:
                 cur.execute("RELEASE SAVEPOINT lockgate_copy")
