@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -32,8 +32,10 @@ from lockgate.files import (
     Checks,
     Format,
     Intake,
+    Reading,
     check_file,
-    describe_rejects,
+    read_tasks,
+    refusal,
     valid_tasks,
 )
 from lockgate.flow.window import BatchPlan
@@ -159,26 +161,61 @@ class Lockgate:
                     batch_id: str | None = None, skip_invalid: bool = False,
                     rejects: str | Path | None = None,
                     progress: Callable[[int], None] | None = None,
-                    plan: BatchPlan | None = None) -> SubmitReport:
-        """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping)."""
+                    plan: BatchPlan | None = None, stream: bool = False,
+                    on_bad_line: Literal["keep", "cancel"] = "keep") -> SubmitReport:
+        """Submit a JSONL file; nothing is submitted if a line is bad (unless skipping).
+
+        Without ``stream`` the whole file is checked first, then written in committed
+        chunks (claimable as they are written). With ``stream`` each chunk is committed, and
+        claimable, as soon as it is read and checked: a bad line then stops the submit,
+        the tasks before it stay submitted and the batch stays marked incomplete (fix
+        the line and submit the file again to complete it), or, with ``on_bad_line=
+        "cancel"``, the tasks it wrote that no worker has finished are cancelled."""
         p = Path(path)
         intake = Intake(self._checks(), self._pool_of)
+        bid = batch_id or p.stem
+        fields = plan.fields() if plan else None
         sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
         try:
+            if stream:
+                reading = Reading()
+                since = self.store.db_now() if on_bad_line == "cancel" else 0
+                rows = read_tasks(p, format, intake, reading, reject_sink=sink,
+                                  on_bad="skip" if skip_invalid else "stop")
+                try:
+                    report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
+                                                    progress=progress, batch_fields=fields)
+                except SpecError as exc:
+                    if reading.stopped_at is None:
+                        raise
+                    raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
+                        reading, bid, since if on_bad_line == "cancel" else None)) from None
+                return self._planned(report, plan)
             checked = check_file(p, format, reject_sink=sink, intake=intake)
         finally:
             if sink:
                 sink.close()
         if checked.rejected and not skip_invalid:
-            raise SpecError(
-                f"{p}: {len(checked.rejected)} bad line(s); nothing was submitted. Fix them, "
-                f"or pass --skip-invalid to submit the {checked.valid} good line(s):\n"
-                + describe_rejects(checked.rejected))
+            raise SpecError(refusal(p, checked.valid, checked.rejected))
         skip = {n for n, _ in checked.rejected}
         return self._planned(self.store.submit_rows(
-            valid_tasks(p, format, skip, intake), batch_id=batch_id or p.stem,
-            source=str(p), progress=progress,
-            batch_fields=plan.fields() if plan else None), plan)
+            valid_tasks(p, format, skip, intake), batch_id=bid,
+            source=str(p), progress=progress, batch_fields=fields), plan)
+
+    def _stopped(self, reading: Reading, batch_id: str, since: int | None) -> str:
+        """What a streamed submit stopped by a bad line left, cancelling it if asked."""
+        if since is None:
+            return (f"the {reading.valid:,} task(s) before it are submitted and batch "
+                    f"{batch_id!r} is marked incomplete. Fix the line and submit the file "
+                    "again to complete the batch (tasks already in are skipped)")
+        n = self.store.cancel_submitted({b or batch_id for b in reading.batches}, since,
+                                        f"cancelled: line {reading.stopped_at} of the "
+                                        "file submitted with it is bad")
+        return (f"{n:,} task(s) it had submitted that no worker had finished were cancelled "
+                f"(of {reading.valid:,} before the line); batch {batch_id!r} is marked "
+                "incomplete. Fix the line and submit the file again: tasks already in are "
+                "skipped, the cancelled ones stay cancelled (`lockgate tasks retry --batch "
+                f"{batch_id} --status CANCELLED` runs them again)")
 
     def worker(self, *, burst: bool = False, gate: bool = True,
                on_progress: Callable[[WorkerStats], None] | None = None,

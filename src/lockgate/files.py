@@ -1,9 +1,11 @@
 """Task files in and result files out.
 
 In: task JSONL (the six meta-fields per line) and the OpenAI Batch API input format
-(``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before anything
-is submitted: with bad lines nothing is submitted unless ``skip_invalid`` is given,
-and then the rejects go to a file with their line numbers and reasons.
+(``custom_id``, ``method``, ``url``, ``body``). A file is validated whole before any of
+its tasks is submitted (:func:`check_file`): with bad lines nothing is submitted unless
+``skip_invalid`` is given, and then the rejects go to a file with their line numbers and
+reasons. A streamed submit (:func:`read_tasks`) writes as it reads, and stops at its
+first bad line instead.
 
 Out: JSONL, CSV and the OpenAI Batch API output format.
 """
@@ -14,7 +16,7 @@ import csv
 import hashlib
 import io
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -313,12 +315,61 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
         except SpecError as exc:
             rejected.append((n, exc))
             if reject_sink is not None:
-                reject_sink.write(orjson.dumps({
-                    "line": n, "field": exc.field, "error": str(exc),
-                    "raw": raw.decode("utf-8", "replace").rstrip("\n")}).decode() + "\n")
+                _write_reject(reject_sink, n, exc, raw)
         if progress and n % 1000 == 0:
             progress(n)
     return FileCheck(valid, rejected)
+
+
+@dataclass
+class Reading:
+    """What a one-pass submit met while reading its file (see :func:`read_tasks`)."""
+
+    valid: int = 0
+    rejected: list[tuple[int, SpecError]] = field(default_factory=list)
+    #: The bad line a ``stop`` read stopped at.
+    stopped_at: int | None = None
+    #: The batch ids the lines yielded name (None: the submit's own).
+    batches: set[str | None] = field(default_factory=set)
+
+
+def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
+               on_bad: Literal["stop", "skip"],
+               reject_sink: TextIO | None = None) -> Iterator[NewTask]:
+    """One pass over a file: each line checked and yielded as a row as it is read, for
+    a streamed submit that writes while it reads. A bad line is written to
+    ``reject_sink`` and then, by ``on_bad``: ``skip`` passes it over; ``stop`` raises
+    its :class:`SpecError` at once."""
+    if not path.exists():
+        raise LockgateError(f"file {path} does not exist")
+    for n, raw in _lines(path):
+        try:
+            row = intake.line(raw, n, fmt)
+        except SpecError as exc:
+            reading.rejected.append((n, exc))
+            if reject_sink is not None:
+                _write_reject(reject_sink, n, exc, raw)
+            if on_bad == "stop":
+                reading.stopped_at = n
+                raise
+            continue
+        reading.valid += 1
+        if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
+            reading.batches.add(row.batch_id)
+        yield row
+
+
+def refusal(path: Path, valid: int, rejected: list[tuple[int, SpecError]]) -> str:
+    """Why a file with bad lines was refused, and what to do."""
+    return (f"{path}: {len(rejected)} bad line(s); nothing was submitted. Fix them, or "
+            f"pass --skip-invalid to submit the {valid} good line(s):\n"
+            + describe_rejects(rejected))
+
+
+def _write_reject(sink: TextIO, n: int, exc: SpecError, raw: bytes) -> None:
+    sink.write(orjson.dumps({
+        "line": n, "field": exc.field, "error": str(exc),
+        "raw": raw.decode("utf-8", "replace").rstrip("\n")}).decode() + "\n")
 
 
 def valid_tasks(path: Path, fmt: Format, skip: set[int], intake: Intake) -> Iterator[NewTask]:

@@ -9,6 +9,7 @@ import io
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ import orjson
 import pytest
 from typer.testing import CliRunner, Result
 
-from helpers import check_openai_batch_line
+import lockgate.app as app_module
+from helpers import check_openai_batch_line, wait_for
 from lockgate.app import Lockgate
 from lockgate.cli import app
+from lockgate.errors import SpecError
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
@@ -467,3 +470,163 @@ def test_resubmitting_under_another_batch_names_where_the_tasks_are(
     assert "3 task id(s) already belong to another batch (3 in batch 'first')" in err
     assert "batch 'second' was not created" in err
     assert [r["id"] for r in rows(store, "SELECT id FROM batch")] == ["first"]
+
+
+# -- when tasks become claimable ---------------------------------------------------------
+
+def _peeking(monkeypatch: pytest.MonkeyPatch, store: Store, at: int,
+             seen: list[int]) -> None:
+    """Count, while the file is being read, the tasks another session could claim."""
+    read = app_module.read_tasks
+
+    def peek(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for i, row in enumerate(read(*args, **kwargs)):
+            if i == at:
+                seen.append(len(store.claim(100, lease_ms=1, worker_id="peek")))
+            yield row
+
+    monkeypatch.setattr(app_module, "read_tasks", peek)
+
+
+def _small_chunks(monkeypatch: pytest.MonkeyPatch, store: Store, lg: Lockgate) -> None:
+    monkeypatch.setattr("lockgate.store.store.SUBMIT_FIRST_CHUNK_ROWS", 10)
+    monkeypatch.setattr(store.dialect, "submit_chunk_rows", 10)
+    monkeypatch.setattr(lg.store.dialect, "submit_chunk_rows", 10)
+
+
+def test_a_streamed_submit_makes_tasks_claimable_as_it_reads_and_a_bad_line_stops_it(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stream``: chunks are claimable before the file is read to its end; a bad line
+    stops the submit with the tasks before it kept and the batch incomplete, and the
+    file, fixed, submitted again completes the batch, every task once."""
+    good = tasks(35)
+    bad = task("t-bad", model={"temperature": 9})
+    path = write_jsonl(tmp_path / "f.jsonl", [*good[:30], bad, *good[30:]])
+    with Lockgate(db_url, migrate=False) as lg:
+        _small_chunks(monkeypatch, store, lg)
+        seen: list[int] = []
+        _peeking(monkeypatch, store, 25, seen)
+        with pytest.raises(SpecError) as refused:
+            lg.submit_file(path, batch_id="b", stream=True)
+        assert seen and seen[0] >= 10, seen
+        message = " ".join(str(refused.value).split())
+        assert "line 31" in message and "model_config.temperature" in message
+        assert "the 30 task(s) before it are submitted" in message
+        assert "batch 'b' is marked incomplete" in message
+        assert task_count(store) == 30
+        assert lg.status().incomplete_batches == ["b"]
+        path = write_jsonl(tmp_path / "f.jsonl", good)
+        report = lg.submit_file(path, batch_id="b", stream=True)
+        assert (report.inserted, report.duplicates) == (5, 30)
+        assert lg.status().incomplete_batches == []
+    assert scalar(store, "SELECT COUNT(DISTINCT task_id) FROM task") == task_count(store) == 35
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-batch", "existing-batch"])
+def test_without_stream_a_bad_line_late_in_a_file_leaves_the_batch_as_it_was(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        existing: bool) -> None:
+    """Past several chunks' worth of good lines, a bad line still refuses the file: no
+    task of it is written, and the batch is left as it was (or not made)."""
+    with Lockgate(db_url, migrate=False) as lg:
+        if existing:
+            lg.submit_file(write_jsonl(tmp_path / "first.jsonl", tasks(3, prefix="e")),
+                           batch_id="b")
+        _small_chunks(monkeypatch, store, lg)
+        bad = task("t-bad", model={"temperature": 9})
+        path = write_jsonl(tmp_path / "f.jsonl", [*tasks(30), bad, *tasks(5, prefix="u")])
+        with pytest.raises(SpecError, match=r"1 bad line.*nothing was submitted"):
+            lg.submit_file(path, batch_id="b")
+        assert task_count(store) == (3 if existing else 0)
+        assert [r["id"] for r in rows(store, "SELECT id FROM batch")] == (
+            ["b"] if existing else [])
+        assert lg.status().incomplete_batches == []
+        report = lg.submit_file(write_jsonl(tmp_path / "f.jsonl", tasks(35)), batch_id="b")
+        assert (report.inserted, report.duplicates) == (35, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_submit_killed_mid_file_is_completed_by_a_rerun_every_task_once(
+        db_url: str, store: Store, tmp_path: Path, stream: bool) -> None:
+    """``kill -9`` of a submitting process half-way: its batch is marked incomplete in
+    ``status``; the same command run again completes it, every task exactly once."""
+    n = 60_000
+    path = write_jsonl(tmp_path / "big.jsonl", tasks(n))
+    cmd = lockgate_cmd("submit", str(path), "--batch", "big",
+                       *(["--stream"] if stream else []))
+    env = clean_env(LOCKGATE_DATABASE_URL=db_url)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    try:
+        # Whole: the batch row is committed (incomplete) when writing starts; stream:
+        # tasks are committed as they are read.
+        started = ("SELECT COUNT(*) FROM task" if stream
+                   else "SELECT COUNT(*) FROM batch WHERE id = 'big' AND complete = 0")
+        wait_for(lambda: scalar(store, started) or proc.poll() is not None,
+                 "the submit to start writing", timeout=120, interval=0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -9, "the submit finished before it could be killed"
+    assert scalar(store, "SELECT complete FROM batch WHERE id = 'big'") == 0
+    with Lockgate(db_url, migrate=False) as lg:
+        assert lg.status().incomplete_batches == ["big"]
+    before = task_count(store)
+    assert before < n
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr.decode(errors="replace")
+    m = re.search(r"([\d,]+) submitted, ([\d,]+) already present", again.stderr.decode())
+    assert m, again.stderr
+    assert int(m[1].replace(",", "")) + int(m[2].replace(",", "")) == n
+    assert int(m[2].replace(",", "")) == before
+    assert task_count(store) == n
+    assert scalar(store, "SELECT COUNT(DISTINCT task_id) FROM task") == n
+    assert scalar(store, "SELECT complete FROM batch WHERE id = 'big'") == 1
+
+
+def test_a_streamed_submit_stopped_by_a_bad_line_can_cancel_what_it_wrote(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--on-bad-line cancel``: the tasks the stopped submit wrote are cancelled; the
+    batch's tasks from an earlier submit are not touched."""
+    with Lockgate(db_url, migrate=False) as lg:
+        lg.submit_file(write_jsonl(tmp_path / "first.jsonl", tasks(3, prefix="e")),
+                       batch_id="b")
+        time.sleep(0.01)  # the earlier tasks are older than the streamed submit
+        _small_chunks(monkeypatch, store, lg)
+        bad = task("t-bad", model={"temperature": 9})
+        path = write_jsonl(tmp_path / "f.jsonl", [*tasks(30), bad, *tasks(5, prefix="u")])
+        result = lockgate("submit", path, "--db", db_url, "--batch", "b", "--stream",
+                          "--on-bad-line", "cancel")
+        assert result.exit_code == 2, result.output
+        err = " ".join(result.stderr.split())
+        assert "line 31" in err and "30 task(s) it had submitted" in err, err
+        assert status_counts(store) == {"PENDING": 3, "CANCELLED": 30}
+        assert all(r["task_id"].startswith("e-") for r in rows(
+            store, "SELECT task_id FROM task WHERE status = 'PENDING'"))
+        assert lg.status().incomplete_batches == ["b"]
+    refused = lockgate("submit", path, "--db", db_url, "--on-bad-line", "cancel")
+    assert refused.exit_code == 2 and "--on-bad-line goes with --stream" in refused.stderr
+
+
+def test_inputs_ids_and_metadata_with_copy_s_special_characters_are_stored_as_given(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """PostgreSQL's COPY text format gives backslash, tab, newline and carriage return a
+    meaning: every value must come back as it was submitted, on every backend, on the
+    first submit and on one that meets existing ids."""
+    odd = "a\\b\tc\nd\re \\N \\. é😀 \\\\t"
+    lines = [task(f"id\\{i}\\N", f"{odd}{i}", metadata={"note": odd, "n": i},
+                  priority=i % 3) for i in range(5)]
+    path = write_jsonl(tmp_path / "odd.jsonl", lines[:3])
+    with Lockgate(db_url, migrate=False) as lg:
+        lg.submit_file(path, batch_id="odd\\b")
+        report = lg.submit_file(write_jsonl(path, lines), batch_id="odd\\b")
+        assert (report.inserted, report.duplicates) == (2, 3)
+        got = {r["task_id"]: r for r in rows(
+            store, "SELECT task_id, batch_id, input_data, metadata, priority FROM task")}
+    assert sorted(got) == sorted(t["task_id"] for t in lines)
+    for t in lines:
+        row = got[t["task_id"]]
+        assert orjson.loads(row["input_data"]) == t["input_data"]
+        assert orjson.loads(row["metadata"]) == t["metadata"]
+        assert (row["batch_id"], row["priority"]) == ("odd\\b", t["priority"])

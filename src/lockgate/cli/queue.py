@@ -119,9 +119,15 @@ def _overrides(concurrency: int | None = None, claim_batch: int | None = None,
 
 
 def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
-            rejects: Path | None, plan: BatchPlan | None = None) -> str:
+            rejects: Path | None, plan: BatchPlan | None = None, stream: bool = False,
+            on_bad_line: str = "keep") -> str:
     if fmt not in INPUT_FORMATS:
         raise LockgateError(f"--input-format must be tasks or openai-batch, not {fmt!r}")
+    if on_bad_line not in ("keep", "cancel"):
+        raise LockgateError(f"--on-bad-line must be keep or cancel, not {on_bad_line!r}")
+    if on_bad_line == "cancel" and not stream:
+        raise LockgateError("--on-bad-line goes with --stream (without it a file with a "
+                            "bad line submits nothing)")
     if skip_invalid and rejects is None:
         rejects = file.with_suffix(".rejects.jsonl")
     fmt_: Format = "openai-batch" if fmt == "openai-batch" else "tasks"
@@ -129,7 +135,9 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
         bar = prog.add_task("submitting", total=None, rate="")
         report = lg.submit_file(file, format=fmt_, batch_id=batch,
                                 skip_invalid=skip_invalid, rejects=rejects,
-                                progress=lambda n: prog.advance(bar, n), plan=plan)
+                                progress=lambda n: prog.advance(bar, n), plan=plan,
+                                stream=stream,
+                                on_bad_line="cancel" if on_bad_line == "cancel" else "keep")
     console.print(f"batch {report.batch_id}: {report.inserted:,} submitted, "
                   f"{report.duplicates:,} already present (skipped)", markup=False)
     if report.elsewhere:
@@ -167,13 +175,24 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
                help="SLA base weight of the batch [1]")] = None,
            deadline: Annotated[str | None, typer.Option(
                help="a time (ISO 8601) or a duration from now (2h, +90m): urgency grows "
-                    "as it nears")] = None) -> None:
-    """Submit a task file: refused whole if a line is bad; idempotent on task_id."""
+                    "as it nears")] = None,
+           stream: Annotated[bool, typer.Option(
+               "--stream", help="make tasks claimable as they are read, before the whole "
+                                "file is checked: a bad line then stops the submit, keeps "
+                                "the tasks before it and leaves the batch incomplete (fix "
+                                "it and submit again to complete the batch)")] = False,
+           on_bad_line: Annotated[str, typer.Option(
+               "--on-bad-line", metavar="keep|cancel",
+               help="with --stream: what happens to the tasks written before a bad line: "
+                    "kept, or cancelled if no worker has finished them")] = "keep",
+           ) -> None:
+    """Submit a task file: refused whole if a line is bad (unless --stream or
+    --skip-invalid); idempotent on task_id."""
     plan = plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
                              deadline=deadline, target=target,
                              now=datetime.now().astimezone())
     with opened(db, config, create=True) as lg:
-        _submit(lg, file, fmt, batch, skip_invalid, rejects, plan)
+        _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream, on_bad_line)
     if plan is not None and plan.window is not None:
         w = plan.window
         console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "

@@ -248,12 +248,25 @@ class Store(TaskViews):
         before the insert. ``batch_fields`` sets the batch's weight, deadline or window,
         and a window's tasks become visible at its start. A batch left without tasks
         (every task id belonged to another batch already) is not kept.
+
+        A :class:`SpecError` raised by ``rows`` (a bad line met while reading, in a
+        streamed submit) stops the submit: the tasks before it are committed, the batch
+        stays incomplete.
         """
         if batch_id.startswith(RESERVED_ID_PREFIX):
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
         created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
+        report = self._write_chunks(rows, batch_id, source, fields, progress)
+        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
+        return report
+
+    def _write_chunks(self, rows: Iterable[NewTask], batch_id: str, source: str | None,
+                      fields: dict[str, Any],
+                      progress: Callable[[int], None] | None) -> SubmitReport:
+        """Write ``rows`` in chunks, each committed in its own transaction, one chunk
+        written in a thread while the next is read."""
         window_start = int(fields.get("window_start") or 0)
         seen_configs: set[str] = set()
         seen_batches = {batch_id}
@@ -307,11 +320,15 @@ class Store(TaskViews):
                     size += len(t.input_json) + len(t.metadata_json or "") + 200
                     if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= limit:
                         flush()
+            except SpecError:
+                if chunk:
+                    flush()  # a bad line stops the submit: the lines before it are in
+                raise
+            else:
                 if chunk or configs or batches:
                     flush()
             finally:
                 collect()  # interrupted too: the chunk handed over is committed whole
-        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
         return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
@@ -329,6 +346,12 @@ class Store(TaskViews):
         if created:  # a batch this submit made and left empty is not kept
             tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
 
+    def _insert_configs(self, tx: Tx, configs: list[ConfigRow]) -> None:
+        # Sorted: two submits never take the same keys in opposite orders.
+        tx.execute(self.dialect.insert_ignore(schema.task_config), [
+            {"hash": c.hash, "document": c.document, "created_at": tx.now}
+            for c in sorted(configs, key=lambda c: c.hash)])
+
     def _insert_chunk(self, tx: Tx, rows: list[NewTask], configs: list[ConfigRow],
                       batches: list[str], source: str | None, window_start: int,
                       batch_id: str) -> tuple[int, dict[str, int]]:
@@ -336,10 +359,8 @@ class Store(TaskViews):
         then its tasks. Returns (rows inserted, batches holding the ids that existed,
         when not the batch asked for)."""
         now = tx.now
-        if configs:  # sorted: two submits never take the same keys in opposite orders
-            tx.execute(self.dialect.insert_ignore(schema.task_config), [
-                {"hash": c.hash, "document": c.document, "created_at": now}
-                for c in sorted(configs, key=lambda c: c.hash)])
+        if configs:
+            self._insert_configs(tx, configs)
         if batches:
             tx.execute(self.dialect.insert_ignore(schema.batch), [
                 {"id": b, "source": source, "created_at": now} for b in sorted(batches)])

@@ -63,6 +63,8 @@ _RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
                                       "WHERE batch_id = :b AND status IN :st"), "st")
 _RETRY_BATCH_CLASS = sql(_RETRY_BATCH.text + " AND error_class = :ec", "st")
 _STATUS_OF = sql("SELECT status FROM task WHERE task_id = :tid")
+_CANCEL_SUBMITTED = sql(_CANCEL.text.replace("'cancelled by operator'", ":why").replace(
+    "WHERE task_id = :tid", "WHERE batch_id IN :b AND created_at >= :since"), "b")
 
 
 class TaskViews:
@@ -130,6 +132,16 @@ class TaskViews:
                 "lease_token": "", "outcome": "resolved", "started_at": tx.now,
                 "raw_output": result, "error_message": reason}])
         self.transaction(work)
+
+    def cancel_submitted(self, batch_ids: Iterable[str], since: int, why: str) -> int:
+        """Cancel the tasks of these batches created at or after ``since`` (database
+        clock, ms) that are still PENDING (what a stopped submit wrote and no worker
+        finished); returns how many. A worker holding one finds its write-back fenced."""
+        wanted = sorted(set(batch_ids))
+        if not wanted:
+            return 0
+        return int(self.transaction(lambda tx: tx.execute(_CANCEL_SUBMITTED, {
+            "b": wanted, "since": since, "why": why}).rowcount))
 
     def retry(self, task_id: str) -> None:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""

@@ -30,6 +30,9 @@ from lockgate.store.dialects.base import (
 )
 from lockgate.store.types import ClaimedTask, Finish
 
+#: The SQLSTATE of a duplicate key.
+_UNIQUE_VIOLATION = "23505"
+
 
 class PostgresDialect(Dialect):
     """PostgreSQL >= 13: one-statement claims with ``FOR UPDATE SKIP LOCKED``."""
@@ -88,19 +91,35 @@ class PostgresDialect(Dialect):
     _STAGE = ("CREATE TEMP TABLE IF NOT EXISTS lockgate_submit ("
               + ", ".join(f"{c} {_PG_TYPES[k]}" for c, k in zip(_SUBMIT_COLS, _SUBMIT_KINDS,
                                                                strict=True))
-              + ") ON COMMIT DELETE ROWS")
+              + ", status text, created_at bigint, updated_at bigint) ON COMMIT DELETE ROWS")
 
     def insert_tasks(self, conn: Connection, rows: Sequence[NewTaskValues], *,
                      now: int) -> int:
         cols = ", ".join(_SUBMIT_COLS)
+        data = _copy_text(rows, now)
         with _driver_cursor(conn) as cur:
+            # Straight into the table: one COPY, no staging. A task id that exists already
+            # stops it at that row (a submit run again): then the chunk goes the way that
+            # skips existing ids.
+            cur.execute("SAVEPOINT lockgate_copy")
+            try:
+                with cur.copy(f"COPY task ({cols}, status, created_at, updated_at) "
+                              "FROM STDIN") as copy:
+                    copy.write(data)
+            except conn.dialect.loaded_dbapi.IntegrityError as exc:
+                if getattr(exc, "sqlstate", None) != _UNIQUE_VIOLATION:
+                    raise
+                cur.execute("ROLLBACK TO SAVEPOINT lockgate_copy")
+            else:
+                cur.execute("RELEASE SAVEPOINT lockgate_copy")
+                return len(rows)
             cur.execute("SET LOCAL client_min_messages = warning")  # no "already exists"
             cur.execute(self._STAGE)
-            with cur.copy(f"COPY lockgate_submit ({cols}) FROM STDIN") as copy:
-                for r in rows:
-                    copy.write_row(r)
-            cur.execute(_SUBMIT_INTO.format(ignore="") + f" SELECT {cols}, 'PENDING', "
-                        f"{int(now)}, {int(now)} FROM lockgate_submit "
+            with cur.copy(f"COPY lockgate_submit ({cols}, status, created_at, updated_at) "
+                          "FROM STDIN") as copy:
+                copy.write(data)
+            cur.execute(_SUBMIT_INTO.format(ignore="") + f" SELECT {cols}, status, "
+                        "created_at, updated_at FROM lockgate_submit "
                         "ON CONFLICT (task_id) DO NOTHING")
             return int(cur.rowcount)
 
@@ -113,3 +132,23 @@ class PostgresDialect(Dialect):
 
     _migration_lock = ("SELECT 1 FROM (SELECT pg_advisory_lock(7193001)) AS held",
                        "SELECT pg_advisory_unlock(7193001)")
+
+
+def _copy_field(v: str) -> str:
+    """A text value as COPY's text format writes it."""
+    if "\\" in v:
+        v = v.replace("\\", "\\\\")
+    if "\t" in v or "\n" in v or "\r" in v:
+        v = v.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return v
+
+
+def _copy_text(rows: Sequence[NewTaskValues], now: int) -> bytes:
+    """Rows (``_SUBMIT_COLS`` in order), then status, created_at and updated_at, as the
+    data of one ``COPY ... FROM STDIN`` in the text format, built in one piece."""
+    tail = f"\tPENDING\t{int(now)}\t{int(now)}\n"
+    f, null = _copy_field, "\\N"
+    return "".join([
+        f"{f(tid)}\t{f(batch)}\t{f(cfg)}\t{f(data)}\t"
+        f"{null if meta is None else f(meta)}\t{prio:d}\t{vis:d}\t{f(pool)}{tail}"
+        for tid, batch, cfg, data, meta, prio, vis, pool in rows]).encode()
