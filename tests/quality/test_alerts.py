@@ -5,18 +5,22 @@ never a secret; the role lease fences an evaluator that lost it; the CLI and API
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import threading
 import time
 
 import orjson
 import pytest
 from typer.testing import CliRunner
 
-from helpers import rows, scalar
+from helpers import rows, scalar, wait_for
 from lockgate.app import Lockgate
 from lockgate.cli import app
-from lockgate.config import Endpoint, QualitySettings, Settings
+from lockgate.config import Endpoint, QualitySettings, Settings, Webhook
 from lockgate.quality.alerts import ROLE, Evaluator, alert_key, get_alert, list_alerts
 from lockgate.quality.report import check_rules
+from lockgate.spec import canonical_json
 from lockgate.store import Store
 from lockgate.store.alerts import AlertStore, LeaseLost
 
@@ -210,3 +214,53 @@ def test_alert_settings_are_checked() -> None:
         QualitySettings(evaluate_every="2m", evaluator_lease_s="1m")
     q = QualitySettings(evaluate_every="30s", cooldown="2h")
     assert (q.evaluate_every, q.cooldown) == (30.0, 7200.0)
+
+
+def test_an_inline_template_alerts_under_its_key_with_its_own_samples(store: Store) -> None:
+    ours, other = "Label this: {x}", "Something else: {x}"
+    feed(store, 150, ago_ms=30 * HOUR, template=ours)
+    feed(store, 150, ago_ms=60_000, completeness=0.5, template=ours, batch="mine")
+    feed(store, 150, ago_ms=30 * HOUR, template=other)
+    feed(store, 150, ago_ms=50_000, completeness=0.9, template=other, batch="theirs")
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    key = "inline:" + hashlib.sha256(canonical_json(ours)).hexdigest()[:12]
+    assert (e.alert.prompt, e.alert.tasks, e.alert.batches) == (key, 150, 1)
+    a = get_alert(store, e.alert.id)
+    assert len(a.samples) == 100 and {s.batch_id for s in a.samples} == {"mine"}
+
+
+def test_a_worker_runs_the_evaluator(store: Store, db_url: str) -> None:
+    collapse(store)
+    with Lockgate(db_url, settings=settings(), migrate=False) as lg:
+        worker = lg.worker(gate=False)
+        loop = asyncio.new_event_loop()
+        runner = threading.Thread(target=loop.run_until_complete, args=(worker.run(),))
+        runner.start()
+        try:
+            wait_for(lambda: lg.alerts(), "the worker's evaluator to open the alert",
+                     timeout=60)
+        finally:
+            loop.call_soon_threadsafe(worker.request_stop)
+            runner.join(60)
+            loop.close()
+        [a] = lg.alerts()
+        assert a.rule == "completeness_collapse" and len(lg.alert(a.id).samples) == 100
+        role = AlertStore(store).role(ROLE)
+        assert role is not None and role["holder"] == worker.id
+        assert role["lease_until"] <= store.db_now()  # a stopping worker hands it over
+
+
+def test_update_events_are_spaced_by_update_every(store: Store) -> None:
+    hook = (Webhook(name="ops", url="http://127.0.0.1:9/hook"),)
+    collapse(store)
+    ev = Evaluator(store, settings(update_every="1s", webhook=hook), worker_id="w1")
+    assert _events(ev.tick()) == [("open", "completeness_collapse")]
+    assert ev.tick() == []  # within update_every
+    time.sleep(1.1)
+    assert _events(ev.tick()) == [("update", "completeness_collapse")]
+    assert [r["event"] for r in rows(store, "SELECT event FROM alert_delivery "
+                                            "ORDER BY id")] == ["open", "update"]
+    quiet = Evaluator(store, settings(update_every=0, webhook=hook), worker_id="w1",
+                      token=ev.token)
+    time.sleep(1.1)
+    assert quiet.tick() == []
