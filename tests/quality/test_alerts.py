@@ -264,3 +264,31 @@ def test_update_events_are_spaced_by_update_every(store: Store) -> None:
                       token=ev.token)
     time.sleep(1.1)
     assert quiet.tick() == []
+
+
+def test_pollution_samples_are_invalid_json_and_its_onset_the_first_minute(
+        store: Store) -> None:
+    for m in range(1, 7):  # six minutes: the last five whole ones even if a minute turns
+        feed(store, 20, ago_ms=m * 60_000)
+        feed(store, 5, ago_ms=m * 60_000, parse_status="invalid_json",
+             raw_output="label: yes (sure!)", completeness=0.0)
+    [e] = [x for x in Evaluator(store, settings(), worker_id="w1").tick()
+           if x.alert.rule == "format_pollution"]
+    a = get_alert(store, e.alert.id)
+    assert a.value > 0.03 and a.threshold == 0.03 and a.window_s == 300.0
+    assert a.onset is not None and a.opened_at is not None
+    assert (a.opened_at - a.onset).total_seconds() <= 6 * 60
+    assert 25 <= len(a.samples) <= 30 and a.tasks in (100, 125, 150)
+    assert {(s.parse_status, s.raw_output) for s in a.samples} == {
+        ("invalid_json", "label: yes (sure!)")}
+
+
+def test_latency_samples_are_the_slowest_calls(store: Store) -> None:
+    feed(store, 150, ago_ms=30 * HOUR, latency=100.0)
+    for ms in (250.0, 300.0, 900.0):
+        feed(store, 60, ago_ms=60_000, latency=ms)
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    assert e.alert.rule == "performance_degradation"
+    a = get_alert(store, e.alert.id)
+    lat = sorted((s.latency_ms for s in a.samples), reverse=True)
+    assert len(lat) == 100 and lat[:60] == [900.0] * 60 and lat[-1] == 300.0
