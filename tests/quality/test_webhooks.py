@@ -13,6 +13,9 @@ import orjson
 import pytest
 
 from helpers import clean_env, kill_settled, rows, wait_for
+from lockgate.app import Lockgate
+from lockgate.config import QualitySettings, Settings, Webhook
+from lockgate.errors import ConfigError
 from lockgate.quality.alerts import Evaluator, get_alert
 from lockgate.quality.webhooks import Sender, signature, verify
 from lockgate.store import Store
@@ -131,3 +134,16 @@ def test_signature_helpers() -> None:
     assert verify(SECRET, body, sig)
     assert not verify(SECRET, body + b" ", sig) and not verify(b"other", body, sig)
     assert not verify(SECRET, body, None)
+
+
+def test_a_worker_without_its_webhook_secret_refuses_to_start(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LG_HOOK_SECRET", raising=False)
+    s = Settings(quality=QualitySettings(webhook=(Webhook(
+        url="https://hooks.example.com/x", secret_env="LG_HOOK_SECRET"),)))
+    with Lockgate(db_url, settings=s, migrate=False) as lg:
+        with pytest.raises(ConfigError, match=r"hooks\.example\.com.*\$LG_HOOK_SECRET"):
+            lg.worker()
+        monkeypatch.setenv("LG_HOOK_SECRET", "k")
+        lg.worker()  # builds
+        assert lg.worker(gate=False) is not None
