@@ -134,8 +134,8 @@ class Receiver:
             self.server.server_close()
 
     def webhook(self, **kw: Any) -> Webhook:
-        return Webhook(name="ops", url=self.url, secret=self.secret.decode(),
-                       backoff_s=0.05, timeout_s=kw.pop("timeout_s", 5.0), **kw)
+        return Webhook(**{"name": "ops", "url": self.url, "secret": self.secret.decode(),
+                          "backoff_s": 0.05, "timeout_s": 5.0, **kw})
 
 
 def ids(got: Sequence[Received]) -> list[str]:

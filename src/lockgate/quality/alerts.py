@@ -425,6 +425,12 @@ def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
     return get_alert(store, alert_id)
 
 
+def prune_deliveries(store: Store, older_than_ms: int) -> int:
+    """Delete webhook deliveries done (DELIVERED or FAILED) before ``older_than_ms`` ago;
+    alerts and their samples stay."""
+    return AlertStore(store).prune_deliveries(older_than_ms)
+
+
 __all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
            "ack_alert", "alert_key", "alert_of", "event_body", "get_alert",
-           "known_secrets", "list_alerts", "scrub"]
+           "known_secrets", "list_alerts", "prune_deliveries", "scrub"]
