@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 import time
 
@@ -31,10 +32,15 @@ def _events(evs: list) -> list[tuple[str, str]]:
     return [(e.event, e.alert.rule) for e in evs]
 
 
-def test_an_incident_opens_once_is_updated_then_resolves(store: Store) -> None:
+def test_an_incident_opens_once_is_updated_then_resolves(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="lockgate.quality")
     collapse(store)
     ev = Evaluator(store, settings(), worker_id="w1")
     assert _events(ev.tick()) == [("open", "completeness_collapse")]
+    [opened] = [r for r in caplog.records if "OPEN" in r.getMessage()]
+    assert opened.levelno == logging.WARNING
+    assert "completeness_collapse on p@1 / m" in opened.getMessage()
     [a] = list_alerts(store)
     assert (a.status, a.prompt, a.model, a.subject) == ("OPEN", "p@1", "m", None)
     assert a.value == pytest.approx(0.5) and a.baseline == pytest.approx(1.0)
@@ -51,6 +57,8 @@ def test_an_incident_opens_once_is_updated_then_resolves(store: Store) -> None:
     # the rule clears: resolved once
     feed(store, 600, ago_ms=20_000)
     assert _events(ev.tick()) == [("resolve", "completeness_collapse")]
+    [resolved] = [r for r in caplog.records if "RESOLVED" in r.getMessage()]
+    assert resolved.levelno == logging.INFO
     assert ev.tick() == []
     assert list_alerts(store) == []
     [c] = list_alerts(store, everything=True)
@@ -292,3 +300,10 @@ def test_latency_samples_are_the_slowest_calls(store: Store) -> None:
     a = get_alert(store, e.alert.id)
     lat = sorted((s.latency_ms for s in a.samples), reverse=True)
     assert len(lat) == 100 and lat[:60] == [900.0] * 60 and lat[-1] == 300.0
+
+
+def test_alerts_false_runs_no_evaluator(db_url: str) -> None:
+    with Lockgate(db_url, settings=settings(alerts=False), migrate=False) as lg:
+        assert [s.name for s in lg.worker()._services] == ["gate"]
+    with Lockgate(db_url, settings=settings(), migrate=False) as lg:
+        assert [s.name for s in lg.worker()._services] == ["gate", "quality"]
