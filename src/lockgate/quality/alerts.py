@@ -267,7 +267,8 @@ class Evaluator:
             onset = self._onset(tx, f)
             alert_id = AlertStore.insert_alert(tx, {
                 "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
-                "subject": f.subject, "window_s": self._window_s(f), "onset_at": onset,
+                "subject": None if f.subject is None else f.subject[:191],
+                "window_s": self._window_s(f), "onset_at": onset,
                 **self._figures(tx, f, onset)})
             self._sample(tx, alert_id, f)
             events.append(self._announce(tx, alert_id, "open"))
