@@ -495,6 +495,17 @@ class AsyncLockgate:
                       by: str = "version") -> list[QualityRow]:
         return await asyncio.to_thread(self.sync.quality, prompt, since=since, by=by)
 
+    async def alerts(self, *, everything: bool = False) -> list[Alert]:
+        return await asyncio.to_thread(lambda: self.sync.alerts(everything=everything))
+
+    async def alert(self, alert_id: int) -> Alert:
+        return await asyncio.to_thread(self.sync.alert, alert_id)
+
+    async def ack_alert(self, alert_id: int, *, actor: str | None = None,
+                        reason: str | None = None) -> Alert:
+        return await asyncio.to_thread(lambda: self.sync.ack_alert(
+            alert_id, actor=actor, reason=reason))
+
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
 

@@ -39,13 +39,16 @@ def settings(**quality: Any) -> Settings:
 def feed(store: Store, n: int, *, ago_ms: int, completeness: float = 1.0,
          label: str = "yes", latency: float = 100.0, parse_status: str = "valid",
          prompt_snapshot: str = "Label this: {x}", raw_output: str | None = None,
-         error_message: str | None = None, batch: str = "b") -> None:
+         error_message: str | None = None, batch: str = "b",
+         template: str | None = None) -> None:
     """Write ``n`` tasks' single attempts (started ``ago_ms`` before the database clock)
-    through :meth:`Store.finish` with the rollup writer in its transaction."""
+    through :meth:`Store.finish` with the rollup writer in its transaction. Tasks run
+    ``p@1`` of the registry, or the inline ``template``."""
     first = next(_ids) * 100_000
     store.submit([parse_task({
-        "task_id": f"t{first + i}", "prompt_template": f"@registry:{PROMPT}",
+        "task_id": f"t{first + i}", "prompt_template": template or f"@registry:{PROMPT}",
         "input_data": {"x": first + i}, "delivery_rule": {"schema": SCHEMA},
+        "model_config": {"name": "m"},
         "retry_policy": {}}) for i in range(n)], batch_id=batch)
     writer = RollupWriter(store, shard="w")
     now = store.db_now()
@@ -58,7 +61,8 @@ def feed(store: Store, n: int, *, ago_ms: int, completeness: float = 1.0,
                            result=result, attempt={
                                "attempt": 1, "outcome": "succeeded", "latency_ms": latency,
                                "started_at": now - ago_ms, "endpoint": "e", "model": "m",
-                               "prompt_sha256": "h", "prompt_version": PROMPT,
+                               "prompt_sha256": "h",
+                               "prompt_version": None if template else PROMPT,
                                "input_tokens": 50, "output_tokens": 5,
                                "parse_status": parse_status, "completeness": completeness,
                                "prompt_snapshot": prompt_snapshot.replace("{x}", str(t.id)),
@@ -130,8 +134,8 @@ class Receiver:
             self.server.server_close()
 
     def webhook(self, **kw: Any) -> Webhook:
-        return Webhook(name="ops", url=self.url, secret=self.secret.decode(),
-                       backoff_s=0.05, timeout_s=kw.pop("timeout_s", 5.0), **kw)
+        return Webhook(**{"name": "ops", "url": self.url, "secret": self.secret.decode(),
+                          "backoff_s": 0.05, "timeout_s": 5.0, **kw})
 
 
 def ids(got: Sequence[Received]) -> list[str]:

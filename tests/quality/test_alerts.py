@@ -5,18 +5,23 @@ never a secret; the role lease fences an evaluator that lost it; the CLI and API
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import logging
+import threading
 import time
 
 import orjson
 import pytest
 from typer.testing import CliRunner
 
-from helpers import rows, scalar
+from helpers import rows, scalar, wait_for
 from lockgate.app import Lockgate
 from lockgate.cli import app
-from lockgate.config import Endpoint, QualitySettings, Settings
+from lockgate.config import Endpoint, QualitySettings, Settings, Webhook
 from lockgate.quality.alerts import ROLE, Evaluator, alert_key, get_alert, list_alerts
 from lockgate.quality.report import check_rules
+from lockgate.spec import canonical_json
 from lockgate.store import Store
 from lockgate.store.alerts import AlertStore, LeaseLost
 
@@ -27,10 +32,15 @@ def _events(evs: list) -> list[tuple[str, str]]:
     return [(e.event, e.alert.rule) for e in evs]
 
 
-def test_an_incident_opens_once_is_updated_then_resolves(store: Store) -> None:
+def test_an_incident_opens_once_is_updated_then_resolves(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="lockgate.quality")
     collapse(store)
     ev = Evaluator(store, settings(), worker_id="w1")
     assert _events(ev.tick()) == [("open", "completeness_collapse")]
+    [opened] = [r for r in caplog.records if "OPEN" in r.getMessage()]
+    assert opened.levelno == logging.WARNING
+    assert "completeness_collapse on p@1 / m" in opened.getMessage()
     [a] = list_alerts(store)
     assert (a.status, a.prompt, a.model, a.subject) == ("OPEN", "p@1", "m", None)
     assert a.value == pytest.approx(0.5) and a.baseline == pytest.approx(1.0)
@@ -47,6 +57,8 @@ def test_an_incident_opens_once_is_updated_then_resolves(store: Store) -> None:
     # the rule clears: resolved once
     feed(store, 600, ago_ms=20_000)
     assert _events(ev.tick()) == [("resolve", "completeness_collapse")]
+    [resolved] = [r for r in caplog.records if "RESOLVED" in r.getMessage()]
+    assert resolved.levelno == logging.INFO
     assert ev.tick() == []
     assert list_alerts(store) == []
     [c] = list_alerts(store, everything=True)
@@ -210,3 +222,88 @@ def test_alert_settings_are_checked() -> None:
         QualitySettings(evaluate_every="2m", evaluator_lease_s="1m")
     q = QualitySettings(evaluate_every="30s", cooldown="2h")
     assert (q.evaluate_every, q.cooldown) == (30.0, 7200.0)
+
+
+def test_an_inline_template_alerts_under_its_key_with_its_own_samples(store: Store) -> None:
+    ours, other = "Label this: {x}", "Something else: {x}"
+    feed(store, 150, ago_ms=30 * HOUR, template=ours)
+    feed(store, 150, ago_ms=60_000, completeness=0.5, template=ours, batch="mine")
+    feed(store, 150, ago_ms=30 * HOUR, template=other)
+    feed(store, 150, ago_ms=50_000, completeness=0.9, template=other, batch="theirs")
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    key = "inline:" + hashlib.sha256(canonical_json(ours)).hexdigest()[:12]
+    assert (e.alert.prompt, e.alert.tasks, e.alert.batches) == (key, 150, 1)
+    a = get_alert(store, e.alert.id)
+    assert len(a.samples) == 100 and {s.batch_id for s in a.samples} == {"mine"}
+
+
+def test_a_worker_runs_the_evaluator(store: Store, db_url: str) -> None:
+    collapse(store)
+    with Lockgate(db_url, settings=settings(), migrate=False) as lg:
+        worker = lg.worker(gate=False)
+        loop = asyncio.new_event_loop()
+        runner = threading.Thread(target=loop.run_until_complete, args=(worker.run(),))
+        runner.start()
+        try:
+            wait_for(lambda: lg.alerts(), "the worker's evaluator to open the alert",
+                     timeout=60)
+        finally:
+            loop.call_soon_threadsafe(worker.request_stop)
+            runner.join(60)
+            loop.close()
+        [a] = lg.alerts()
+        assert a.rule == "completeness_collapse" and len(lg.alert(a.id).samples) == 100
+        role = AlertStore(store).role(ROLE)
+        assert role is not None and role["holder"] == worker.id
+        assert role["lease_until"] <= store.db_now()  # a stopping worker hands it over
+
+
+def test_update_events_are_spaced_by_update_every(store: Store) -> None:
+    hook = (Webhook(name="ops", url="http://127.0.0.1:9/hook"),)
+    collapse(store)
+    ev = Evaluator(store, settings(update_every="1s", webhook=hook), worker_id="w1")
+    assert _events(ev.tick()) == [("open", "completeness_collapse")]
+    assert ev.tick() == []  # within update_every
+    time.sleep(1.1)
+    assert _events(ev.tick()) == [("update", "completeness_collapse")]
+    assert [r["event"] for r in rows(store, "SELECT event FROM alert_delivery "
+                                            "ORDER BY id")] == ["open", "update"]
+    quiet = Evaluator(store, settings(update_every=0, webhook=hook), worker_id="w1",
+                      token=ev.token)
+    time.sleep(1.1)
+    assert quiet.tick() == []
+
+
+def test_pollution_samples_are_invalid_json_and_its_onset_the_first_minute(
+        store: Store) -> None:
+    for m in range(1, 7):  # six minutes: the last five whole ones even if a minute turns
+        feed(store, 20, ago_ms=m * 60_000)
+        feed(store, 5, ago_ms=m * 60_000, parse_status="invalid_json",
+             raw_output="label: yes (sure!)", completeness=0.0)
+    [e] = [x for x in Evaluator(store, settings(), worker_id="w1").tick()
+           if x.alert.rule == "format_pollution"]
+    a = get_alert(store, e.alert.id)
+    assert a.value > 0.03 and a.threshold == 0.03 and a.window_s == 300.0
+    assert a.onset is not None and a.opened_at is not None
+    assert (a.opened_at - a.onset).total_seconds() <= 6 * 60
+    assert 25 <= len(a.samples) <= 30 and a.tasks in (100, 125, 150)
+    assert {(s.parse_status, s.raw_output) for s in a.samples} == {
+        ("invalid_json", "label: yes (sure!)")}
+
+
+def test_latency_samples_are_the_slowest_calls(store: Store) -> None:
+    feed(store, 150, ago_ms=30 * HOUR, latency=100.0)
+    for ms in (250.0, 300.0, 900.0):
+        feed(store, 60, ago_ms=60_000, latency=ms)
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    assert e.alert.rule == "performance_degradation"
+    a = get_alert(store, e.alert.id)
+    lat = sorted((s.latency_ms for s in a.samples), reverse=True)
+    assert len(lat) == 100 and lat[:60] == [900.0] * 60 and lat[-1] == 300.0
+
+
+def test_alerts_false_runs_no_evaluator(db_url: str) -> None:
+    with Lockgate(db_url, settings=settings(alerts=False), migrate=False) as lg:
+        assert [s.name for s in lg.worker()._services] == ["gate"]
+    with Lockgate(db_url, settings=settings(), migrate=False) as lg:
+        assert [s.name for s in lg.worker()._services] == ["gate", "quality"]

@@ -11,8 +11,13 @@ import textwrap
 
 import orjson
 import pytest
+from typer.testing import CliRunner
 
 from helpers import clean_env, kill_settled, rows, wait_for
+from lockgate.app import Lockgate
+from lockgate.cli import app
+from lockgate.config import QualitySettings, Settings, Webhook
+from lockgate.errors import ConfigError
 from lockgate.quality.alerts import Evaluator, get_alert
 from lockgate.quality.webhooks import Sender, signature, verify
 from lockgate.store import Store
@@ -131,3 +136,42 @@ def test_signature_helpers() -> None:
     assert verify(SECRET, body, sig)
     assert not verify(SECRET, body + b" ", sig) and not verify(b"other", body, sig)
     assert not verify(SECRET, body, None)
+
+
+def test_a_worker_without_its_webhook_secret_refuses_to_start(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LG_HOOK_SECRET", raising=False)
+    s = Settings(quality=QualitySettings(webhook=(Webhook(
+        url="https://hooks.example.com/x", secret_env="LG_HOOK_SECRET"),)))
+    with Lockgate(db_url, settings=s, migrate=False) as lg:
+        with pytest.raises(ConfigError, match=r"hooks\.example\.com.*\$LG_HOOK_SECRET"):
+            lg.worker()
+        monkeypatch.setenv("LG_HOOK_SECRET", "k")
+        lg.worker()  # builds
+        assert lg.worker(gate=False) is not None
+
+
+def test_cleanup_deletes_deliveries_done_and_keeps_pending_ones(store: Store, db_url: str,
+                                                                receiver: Receiver) -> None:
+    receiver.script = [404]
+    s = settings(webhook=(receiver.webhook(), receiver.webhook(name="second")))
+    collapse(store)
+    first = Evaluator(store, s, worker_id="w1")
+    first.tick()
+    sender = Sender(store, s.quality)
+    rows_before = _deliveries(store)
+    assert len(rows_before) == 2
+    asyncio.run(sender.pass_once())  # one FAILED (404), one DELIVERED
+    store.transaction(lambda tx: tx.execute(
+        "UPDATE alert_delivery SET created_at = created_at - 86400000"))
+    feed_later = Evaluator(store, settings(webhook=s.quality.webhook, update_every="1ms"),
+                           worker_id="w1", token=first.token).tick  # an update: pending
+    res = CliRunner().invoke(app, ["cleanup", "--older-than", "1h", "--db", db_url],
+                             catch_exceptions=False)
+    assert res.exit_code == 0 and "2 webhook deliveries done" in res.stderr
+    assert _deliveries(store) == []
+    feed_later()
+    res = CliRunner().invoke(app, ["cleanup", "--older-than", "0s", "--db", db_url],
+                             catch_exceptions=False)
+    assert "0 webhook deliveries done" in res.stderr
+    assert {d["status"] for d in _deliveries(store)} == {"PENDING"}

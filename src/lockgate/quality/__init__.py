@@ -1,8 +1,10 @@
 """The quality loop: rollups of every attempt's quality figures per prompt version,
 model and endpoint (:mod:`~lockgate.quality.rollup`, kept by
 :mod:`~lockgate.quality.writer` as attempts are written), their reports
-(:mod:`~lockgate.quality.report`), and OpenTelemetry GenAI spans of every call
-(:mod:`~lockgate.quality.tracing`)."""
+(:mod:`~lockgate.quality.report`), OpenTelemetry GenAI spans of every call
+(:mod:`~lockgate.quality.tracing`), and the alerts one leased evaluator keeps from the
+anomaly rules (:mod:`~lockgate.quality.alerts`, :mod:`~lockgate.quality.webhooks`,
+:mod:`~lockgate.quality.service`)."""
 
 from __future__ import annotations
 

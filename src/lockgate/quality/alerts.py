@@ -269,7 +269,8 @@ class Evaluator:
             onset = self._onset(tx, f)
             alert_id = AlertStore.insert_alert(tx, {
                 "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
-                "subject": f.subject, "window_s": self._window_s(f), "onset_at": onset,
+                "subject": None if f.subject is None else f.subject[:191],
+                "window_s": self._window_s(f), "onset_at": onset,
                 **self._figures(tx, f, onset)})
             self._sample(tx, alert_id, f)
             events.append(self._announce(tx, alert_id, "open"))
@@ -455,6 +456,12 @@ def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
     return get_alert(store, alert_id)
 
 
+def prune_deliveries(store: Store, older_than_ms: int) -> int:
+    """Delete webhook deliveries done (DELIVERED or FAILED) before ``older_than_ms`` ago;
+    alerts and their samples stay."""
+    return AlertStore(store).prune_deliveries(older_than_ms)
+
+
 __all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
            "ack_alert", "alert_key", "alert_of", "event_body", "get_alert",
-           "known_secrets", "list_alerts", "scrub"]
+           "known_secrets", "list_alerts", "prune_deliveries", "scrub"]

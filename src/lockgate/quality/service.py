@@ -73,6 +73,8 @@ class AlertService:
                     n = await self.sender.pass_once()
                 except (StoreError, DBAPIError) as exc:
                     log.warning("quality webhooks: step failed, retrying: %s", exc)
+                except Exception:  # a webhook never stops the worker
+                    log.exception("quality webhooks: sending failed, retrying")
             if not n:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), timeout=self.send_poll_s)

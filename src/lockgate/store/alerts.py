@@ -113,6 +113,8 @@ _RETRY = sql(
 _FAILED = sql(
     "UPDATE alert_delivery SET status = 'FAILED', lease_token = NULL, last_error = :e "
     "WHERE id = :id AND lease_token = :t")
+_PRUNE_DELIVERIES = sql("DELETE FROM alert_delivery WHERE status IN ('DELIVERED', 'FAILED') "
+                        "AND created_at < :now - :age")
 _DELIVERIES = sql("SELECT id, delivery_id, alert_id, event, target, status, attempts, "
                   "next_at, last_error, created_at, delivered_at FROM alert_delivery "
                   "WHERE alert_id = :id ORDER BY id")
@@ -310,6 +312,11 @@ class AlertStore:
     def failed(self, row_id: int, token: str, error: str) -> bool:
         return bool(self.store.transaction(lambda tx: tx.execute(
             _FAILED, {"id": row_id, "t": token, "e": error[:2000]}).rowcount))
+
+    def prune_deliveries(self, older_than_ms: int) -> int:
+        """Delete DELIVERED and FAILED deliveries older than that; how many went."""
+        return int(self.store.transaction(lambda tx: tx.execute(
+            _PRUNE_DELIVERIES, {"age": older_than_ms}).rowcount))
 
     def pending_deliveries(self) -> int:
         with self.store.read() as tx:
