@@ -1,11 +1,14 @@
 """What the quality loop costs the engine: ``lockgate run`` of N tasks against the 0 ms
 simulator with rollups and OpenTelemetry export on (to an OTLP/HTTP receiver in this
-process) against the same run with both off, in alternating pairs (on, off, on, off ...)
-so a drift of the shared machine hits both alike. Each run starts from an empty
-database; the figures are tasks/s from the run's own wall time and the CPU seconds of
-the whole ``lockgate run`` process (and its children).
+process, which decodes each request and counts its spans) against the same run with both
+off, in pairs whose order alternates (on off, off on, on off ...) so a drift of the
+shared machine hits both alike. Each run starts from an empty database; the figures are
+tasks/s from the run's own wall time (end to end: start, claims, calls, write-backs,
+exit with the spans exported), the CPU seconds of the whole ``lockgate run`` process
+(and its children), the spans the receiver got (a run's spans all arrive before it
+exits, so a shortfall is spans dropped) and the load average at each pair.
 
-    python bench/quality_overhead.py --tasks 20000 --pairs 5 --backends sqlite,postgresql
+    python bench/quality_overhead.py --tasks 20000 --pairs 5 --backends sqlite,postgresql,mariadb
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --sample 0.01
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --no-otel
 
@@ -15,6 +18,7 @@ Target (issue: the quality loop): on/off throughput ratio >= 0.95.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import resource
 import statistics
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -39,15 +44,21 @@ SCHEMA = {"type": "object", "properties": {"label": {"type": "string",
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    """Takes OTLP/HTTP exports and counts their bytes (answers an empty response)."""
+    """Takes OTLP/HTTP exports and counts their requests, bytes and spans (answers an
+    empty response)."""
 
-    exported: ClassVar[list[int]] = [0, 0]  # requests, bytes
+    exported: ClassVar[list[int]] = [0, 0, 0]  # requests, bytes, spans
 
     def do_POST(self) -> None:
         n = int(self.headers["Content-Length"])
-        self.rfile.read(n)
+        body = self.rfile.read(n)
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportTraceServiceRequest.FromString(body)
         self.exported[0] += 1
         self.exported[1] += n
+        self.exported[2] += sum(len(ss.spans) for rs in request.resource_spans
+                                for ss in rs.scope_spans)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -93,6 +104,14 @@ def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
     return wall, cpu
 
 
+def _commit() -> str:
+    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--",
+                            "../src"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=20_000)
@@ -108,7 +127,8 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     otlp = None if args.no_otel else f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    out: dict[str, Any] = {"machine": _flow_common.machine(), "tasks": args.tasks,
+    out: dict[str, Any] = {"machine": _flow_common.machine(), "commit": _commit(),
+                           "command": " ".join(sys.argv), "tasks": args.tasks,
                            "pairs": args.pairs, "sample": args.sample,
                            "otel": not args.no_otel, "backends": {}}
     with SimulatorProcess() as sim, tempfile.TemporaryDirectory() as d:
@@ -118,31 +138,43 @@ def main() -> None:
         for backend in args.backends.split(","):
             rows: list[dict[str, float]] = []
             for i in range(args.pairs):
-                pair: dict[str, float] = {}
-                for on in (True, False):
+                pair: dict[str, float] = {"load_1m": os.getloadavg()[0]}
+                for on in ((True, False) if i % 2 == 0 else (False, True)):
                     url = _database(backend, tmp)
+                    spans = _Receiver.exported[2]
                     wall, cpu = _one(url, tasks, sim.url, otlp, on, tmp, args.sample)
                     key = "on" if on else "off"
                     pair[f"{key}_tps"] = args.tasks / wall
                     pair[f"{key}_cpu_s"] = cpu
+                    if on:
+                        pair["spans"] = _Receiver.exported[2] - spans
                 pair["ratio_tps"] = pair["on_tps"] / pair["off_tps"]
                 pair["ratio_cpu"] = pair["on_cpu_s"] / pair["off_cpu_s"]
                 rows.append(pair)
-                print(f"{backend} pair {i + 1}: on {pair['on_tps']:,.0f} tasks/s "
-                      f"({pair['on_cpu_s']:.2f} cpu s), off {pair['off_tps']:,.0f} tasks/s "
-                      f"({pair['off_cpu_s']:.2f} cpu s), ratio {pair['ratio_tps']:.3f}",
-                      flush=True)
+                print(f"{backend} pair {i + 1} (load {pair['load_1m']:.1f}): on "
+                      f"{pair['on_tps']:,.0f} tasks/s ({pair['on_cpu_s']:.2f} cpu s, "
+                      f"{pair['spans']:,.0f} spans received), off {pair['off_tps']:,.0f} "
+                      f"tasks/s ({pair['off_cpu_s']:.2f} cpu s), ratio "
+                      f"{pair['ratio_tps']:.3f}", flush=True)
             summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
             summary["ratio_tps_min"] = min(r["ratio_tps"] for r in rows)
             summary["ratio_tps_max"] = max(r["ratio_tps"] for r in rows)
+            summary["ratio_cpu_min"] = min(r["ratio_cpu"] for r in rows)
+            summary["ratio_cpu_max"] = max(r["ratio_cpu"] for r in rows)
+            summary["load_min"] = min(r["load_1m"] for r in rows)
+            summary["load_max"] = max(r["load_1m"] for r in rows)
             out["backends"][backend] = {"pairs": rows, "median": summary}
             print(f"{backend}: median on {summary['on_tps']:,.0f} / off "
                   f"{summary['off_tps']:,.0f} tasks/s, ratio {summary['ratio_tps']:.3f} "
                   f"(min {summary['ratio_tps_min']:.3f}, max "
-                  f"{summary['ratio_tps_max']:.3f}); cpu ratio {summary['ratio_cpu']:.3f}")
-    out["otlp_exports"] = {"requests": _Receiver.exported[0], "bytes": _Receiver.exported[1]}
+                  f"{summary['ratio_tps_max']:.3f}); cpu ratio {summary['ratio_cpu']:.3f} "
+                  f"({summary['ratio_cpu_min']:.3f}-{summary['ratio_cpu_max']:.3f}); "
+                  f"load {summary['load_min']:.1f}-{summary['load_max']:.1f}", flush=True)
+    out["otlp_exports"] = {"requests": _Receiver.exported[0], "bytes": _Receiver.exported[1],
+                           "spans": _Receiver.exported[2]}
     print(f"OTLP exports received: {_Receiver.exported[0]} requests, "
-          f"{_Receiver.exported[1]:,} bytes")
+          f"{_Receiver.exported[1]:,} bytes, {_Receiver.exported[2]:,} spans; commit "
+          f"{out['commit']}, {out['machine']}")
     if args.json:
         args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 

@@ -5,13 +5,15 @@ delivered twice while circuits switch under calls in flight."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.support import TEMPLATE, BackgroundWorker, task
-from helpers import rows, wait_for
+from engine.support import TEMPLATE, BackgroundWorker, WorkerPool, task
+from helpers import kill_settled, rows, wait_for
 from lockgate import Lockgate
 from lockgate.config import (
     CircuitSettings,
@@ -23,6 +25,7 @@ from lockgate.config import (
 from lockgate.quality.circuit import probes
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import template_key
+from lockgate.store import Store
 
 INLINE = template_key(TEMPLATE)
 #: Declares both fields the delivery rule expects: complete answers.
@@ -103,6 +106,21 @@ def test_an_open_circuit_routes_to_a_fallback_version(
         assert all(r.result["reason"] != "-" for r in safe)  # the fallback's answers
         assert {q.prompt: q.tasks for q in lg.quality(by="version")} == \
             {"labels-safe@1": 40 - len(probed), "labels@1": len(probed)}
+
+
+def test_a_fallback_version_that_does_not_exist_leaves_the_tasks_on_the_primary(
+        db_url: str, simulator: SimulatorProcess, caplog: pytest.LogCaptureFixture) -> None:
+    settings = _settings({"prompt": "labels", "fallback_prompt": "labels-safe@9"})
+    with Lockgate(db_url, settings=settings) as lg:
+        _prompts(lg)
+        lg.submit(_registry_tasks(20, "m"), batch_id="m")
+        lg.open_circuit("labels")
+        with caplog.at_level(logging.WARNING, logger="lockgate.worker"):
+            lg.run_worker(burst=True)
+        assert lg.status().batches["m"] == {"SUCCEEDED": 20}
+        assert {a["prompt_version"] for [a] in _delivered(lg).values()} == {"labels@1"}
+        assert "fallback_prompt cannot be run" in caplog.text
+        assert caplog.text.count("fallback_prompt cannot be run") == 1  # then remembered
 
 
 def test_an_open_circuit_on_an_inline_prompt_routes_to_another_endpoint(
@@ -270,3 +288,46 @@ def test_a_tripped_circuit_probes_recovers_and_closes_during_a_run(
         assert "labels@1" in paths  # the probes ran the primary path
         assert {a["prompt_version"] for t, [a] in delivered.items() if t.startswith("z-")} \
             == {"labels@1"}  # closed: everything on the primary again
+
+
+@pytest.mark.slow
+def test_worker_processes_switching_paths_and_a_killed_one_lose_no_task(
+        db_url: str, store: Store, simulator: SimulatorProcess, tmp_path: Path) -> None:
+    """Two ``lockgate worker`` processes (each evaluating the circuit) while an operator
+    opens and closes it and one worker is killed -9 mid-run: every task ends SUCCEEDED
+    with exactly one delivered answer, or held for review with none."""
+    simulator.configure(latency={"kind": "lognormal", "mean_ms": 300.0}, seed=11)
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text(f'[quality]\ncircuit_every_s = 0.2\ncircuit_refresh_s = 0.1\n'
+                   f'[[quality.circuit]]\nprompt = "{INLINE}"\nfallback = "review"\n'
+                   "probe_share = 0.1\n")
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    pool = WorkerPool(db_url, simulator.url, log_dir)
+    settings = _settings({"prompt": INLINE, "fallback": "review", "probe_share": 0.1})
+    try:
+        procs = [pool.start(burst=False, concurrency=16, lease=3.0,
+                            extra=["--config", str(cfg)]) for _ in range(2)]
+        with Lockgate(db_url, settings=settings) as lg:
+            for w in range(6):
+                (lg.open_circuit if w % 2 == 0 else lg.close_circuit)(INLINE)
+                lg.submit([task(f"m{w}-{i:03d}", f"order {i}") for i in range(60)],
+                          batch_id=f"m{w}")
+                if w == 2:  # kill a worker while it holds leases
+                    wait_for(lambda: lg.status().leased, "leases in flight", timeout=60)
+                    kill_settled(procs[0].popen, store)
+                    pool.start(burst=False, concurrency=16, lease=3.0,
+                               extra=["--config", str(cfg)])
+                wait_for(lambda: not lg.status().batches[f"m{w}"].get(  # noqa: B023
+                    "PENDING"), f"wave {w} to leave PENDING", timeout=90, interval=0.1)
+            states = {r["task_id"]: r["status"] for r in rows(
+                lg.store, "SELECT task_id, status FROM task")}
+            delivered = _delivered(lg)
+            events = rows(lg.store, "SELECT * FROM quality_circuit_event ORDER BY version")
+    finally:
+        pool.close()
+    assert len(states) == 360 and set(states.values()) == {"SUCCEEDED", "REVIEW"}, \
+        pool.logs()
+    for t, s in states.items():
+        assert len(delivered.get(t, [])) == (1 if s == "SUCCEEDED" else 0), t
+    assert [e["version"] for e in events] == list(range(1, 7))

@@ -160,3 +160,25 @@ def task_row_status(db_url: str, task_id: str) -> str:
     with Lockgate(db_url, migrate=False) as lg:
         return str(rows(lg.store, "SELECT status FROM task WHERE task_id = :t",
                         t=task_id)[0]["status"])
+
+
+def test_the_asyncio_api_reviews_and_resolves(db_url: str, simulator: SimulatorProcess) -> None:
+    import asyncio
+
+    import lockgate
+
+    with Lockgate(db_url, settings=_settings()) as lg:
+        _hold(lg, 2)
+
+    async def main() -> None:
+        alg = await lockgate.connect_async(db_url, settings=_settings())
+        async with alg:
+            assert [c.state for c in await alg.circuits()] == ["OPEN"]
+            items = await alg.review("b")
+            assert [i.task_id for i in items] == ["b-0", "b-1"]
+            await alg.resolve("b-0", {"label": "no"}, actor="dana")
+            assert (await alg.status()).review == 1
+            assert (await alg.close_circuit(KEY)).state == "CLOSED"
+            assert (await alg.open_circuit(KEY)).manual
+
+    asyncio.run(main())

@@ -5,6 +5,7 @@ decoded with the official protobuf package: content only when enabled, no secret
 from __future__ import annotations
 
 import gzip
+import logging
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -14,12 +15,14 @@ from typing import Any
 
 import orjson
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanKind, StatusCode
@@ -27,7 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from engine.support import lockgate_cmd, tasks, write_jsonl
 from helpers import clean_env
 from lockgate.config import Endpoint
-from lockgate.quality.tracing import Tracing, enabled
+from lockgate.quality.tracing import BatchSettings, CallSpan, Tracing, _OtlpWriter, enabled
 from lockgate.quality.writer import QualityObserver, RollupWriter
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
@@ -67,6 +70,7 @@ def _written(store: Store, observer: QualityObserver) -> None:
                        attempt=row)  # type: ignore[arg-type]
         store.finish([f], worker_id="w", observe=observer)
         observer.committed()
+    assert observer.tracing is not None and observer.tracing.flush(30)
 
 
 def _observer(store: Store, exporter: InMemorySpanExporter, *,
@@ -232,3 +236,101 @@ def test_a_sampler_from_the_environment_keeps_whole_tasks_or_none(
     exporter = InMemorySpanExporter()
     _written(store, _observer(store, exporter, capture=False))
     assert exporter.get_finished_spans() == ()
+
+
+# -- spans built in bulk on the exporter thread -----------------------------------------
+
+
+def _calls(n: int) -> list[CallSpan]:
+    """Attempts of every shape: a success, a retry without a call, a dead task's failed
+    call answered by a fallback."""
+    out = []
+    for i in range(n):
+        row: dict[str, Any] = {"attempt": i % 3 + 1, "started_at": 1_700_000_000_000 + i,
+                               "endpoint": "sim", "model": "m"}
+        if i % 3 == 0:
+            row.update(latency_ms=12.5, prompt_sha256="h", input_tokens=40 + i,
+                       output_tokens=0, request_id=f"req-{i}", parse_status="valid",
+                       completeness=1.0, raw_output='{"label": "é"}',
+                       prompt_snapshot='[{"role":"user","content":"Say ü"}]')
+            out.append(CallSpan(f"t{i}", "b", "p@1", row, "m-2024", BODY, "succeeded"))
+        elif i % 3 == 1:
+            row.update(error_class="rate_limited")
+            out.append(CallSpan(f"t{i}", "b", "p@1", row, None, None, "retry"))
+        else:
+            row.update(latency_ms=3.0, prompt_sha256="h", error_class="server_error",
+                       routed_from="primary", completeness=1)
+            out.append(CallSpan(f"t{i}", "b", "inline:0123456789ab", row, None, "{",
+                                "dead"))
+    return out
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["no-content", "content"])
+def test_the_direct_otlp_encoding_is_the_sdks(capture: bool) -> None:
+    """The request written from the attempts decodes to what the SDK's encoder makes of
+    the same spans as SDK objects: ids, parents, times, kinds, statuses, attributes."""
+    resource = Resource.create({"service.name": "labeller", "deployment.environment": "t"})
+    tracing = Tracing(InMemorySpanExporter(), capture_content=capture, resource=resource,
+                      endpoint={"sim": Endpoint(name="sim", base_url="http://h:81/v1",
+                                                api_key_env="K")}.get)
+    built = tracing.build(_calls(30))
+    assert len(built) == 30
+    ours = ExportTraceServiceRequest.FromString(
+        _OtlpWriter(lambda _b: True, resource).request(built))
+    theirs = encode_spans(tracing.readable(built))
+    assert ours == theirs
+    spans = [s for rs in ours.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == 50  # 30 runs, 20 calls (the retries made none)
+    tracing.shutdown()
+
+
+def test_spans_built_in_bulk_keep_each_tasks_tree() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(exporter, batch=BatchSettings(max_export_batch_size=8))
+    tracing.emit(_calls(30))
+    assert tracing.flush(30)
+    spans = exporter.get_finished_spans()
+    assert tracing.exported == len(spans) == 50 and tracing.dropped == 0
+    runs = {s.context.span_id: s for s in spans if s.parent is None}
+    calls = [s for s in spans if s.parent is not None]
+    assert len(runs) == 30 and len(calls) == 20
+    for c in calls:
+        run = runs[c.parent.span_id]
+        assert run.context.trace_id == c.context.trace_id
+        assert run.attributes["lockgate.task.id"] == c.attributes["lockgate.task.id"]
+        assert (c.start_time, c.end_time) == (run.start_time, run.end_time)
+    assert len({s.context.trace_id for s in runs.values()}) == 30  # one trace per task
+    assert len({s.context.span_id for s in spans}) == 50
+    tracing.shutdown()
+
+
+class _Stuck(SpanExporter):
+    """A collector that does not answer until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.release.wait(30)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_a_stuck_collector_costs_dropped_spans_counted_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    stuck = _Stuck()
+    tracing = Tracing(stuck, batch=BatchSettings(max_queue_size=8, max_export_batch_size=2,
+                                                 schedule_delay_ms=10))
+    calls = _calls(3)[:1] * 40  # 40 attempts, two spans each
+    with caplog.at_level(logging.WARNING, logger="lockgate.quality"):
+        for i in range(0, 40, 4):
+            tracing.emit(calls[i:i + 4])  # returns at once: never waits on the export
+    assert tracing.dropped > 0
+    assert any("dropped" in r.getMessage() and "OTEL_BSP_MAX_QUEUE_SIZE" in r.getMessage()
+               for r in caplog.records)
+    stuck.release.set()
+    assert tracing.flush(30)
+    assert len(stuck.spans) == tracing.exported
+    assert tracing.exported + tracing.dropped == 80
+    tracing.shutdown()

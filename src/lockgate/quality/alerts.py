@@ -26,7 +26,8 @@ from typing import Any
 import orjson
 
 from lockgate.config import Settings
-from lockgate.quality.report import check_rules, resolution_for
+from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings
+from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
 from lockgate.quality.rules import Finding
 from lockgate.quality.writer import RollupWriter
@@ -224,7 +225,7 @@ class Evaluator:
         role (else nothing); the events announced."""
         if not self.claim():
             return []
-        findings = check_rules(self.store, self.q)
+        findings = check_rules(self.store, self.q) + circuit_findings(self.store, self.q)
         try:
             events = self.store.transaction(lambda tx: self.apply(tx, findings))
         except LeaseLost:
@@ -262,7 +263,8 @@ class Evaluator:
             if key in seen:
                 continue
             last = AlertStore.last_resolved(tx, key)
-            if last is not None and tx.now < last + int(self.q.cooldown * 1000):
+            if last is not None and f.rule != CIRCUIT_RULE \
+                    and tx.now < last + int(self.q.cooldown * 1000):
                 continue  # cooling down: the same incident does not open again yet
             onset = self._onset(tx, f)
             alert_id = AlertStore.insert_alert(tx, {
@@ -276,13 +278,18 @@ class Evaluator:
     # -- figures ------------------------------------------------------------------------
 
     def _window_s(self, f: Finding) -> float:
+        if f.rule == CIRCUIT_RULE:
+            c = self.q.circuit_of(f.prompt)
+            return self.q.window if c is None else c.window
         return self.q.pollution_minutes * 60.0 if f.rule == "format_pollution" \
             else self.q.window
 
     def _onset(self, tx: Tx, f: Finding) -> int:
         """Since when the incident counts: the first polluted minute for format
         pollution, else the start of the window the rule judged (a rule on a window's
-        mean cannot tell when in the window it began)."""
+        mean cannot tell when in the window it began); a circuit's: when it opened."""
+        if f.onset is not None:
+            return f.onset
         if f.rule == "format_pollution":
             return bucket_of(tx.now, "m") - self.q.pollution_minutes * SPANS["m"]
         res = resolution_for(self.q.window, "version")
@@ -299,20 +306,41 @@ class Evaluator:
         """Tasks ended since onset, from the rollups (minute rows up to 6 h back, else
         hour rows from the hour holding the onset)."""
         res = "m" if now - onset <= 6 * 3_600_000 else "h"
+        exact, prefix = prompt_filter(f.prompt)
         rows = QualityStore(self.store).rows(res, since=bucket_of(onset, res),
-                                             prompt=f.prompt)
-        return sum(int(r.values["tasks"]) for r in rows if r.model == f.model)
+                                             prompt=exact, prompt_prefix=prefix)
+        return sum(int(r.values["tasks"]) for r in rows if f.model in (ANY_MODEL, r.model))
 
     @staticmethod
     def _version(prompt: str) -> str | None:
         return None if prompt.startswith("inline:") else prompt
 
+    def _versions(self, f: Finding, since: int, now: int) -> list[str | None]:
+        """The registry versions a finding's attempts are filed under (None: inline
+        prompts): its own, or for a circuit on a registry name every version of it the
+        rollups saw since ``since``, its fallback version left out."""
+        if "@" in f.prompt or f.prompt.startswith("inline:"):
+            return [self._version(f.prompt)]
+        res = "m" if now - since <= 6 * 3_600_000 else "h"
+        c = self.q.circuit_of(f.prompt)
+        seen = {r.prompt for r in QualityStore(self.store).rows(
+            res, since=bucket_of(since, res), prompt_prefix=f"{f.prompt}@")}
+        if c is not None and c.fallback_prompt is not None:
+            seen.discard(c.fallback_prompt)
+        return list(sorted(seen))
+
     def _batches_since(self, tx: Tx, f: Finding, onset: int) -> tuple[int, bool]:
-        rows = AlertStore.touched(tx, self._version(f.prompt), f.model, onset, TOUCHED)
-        if f.prompt.startswith("inline:"):
-            rows = [r for r in rows
-                    if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
-        return len({r["batch_id"] for r in rows}), len(rows) < TOUCHED
+        model = None if f.model == ANY_MODEL else f.model
+        batches: set[str] = set()
+        exact = True
+        for version in self._versions(f, onset, tx.now):
+            rows = AlertStore.touched(tx, version, model, onset, TOUCHED)
+            exact = exact and len(rows) < TOUCHED
+            if f.prompt.startswith("inline:"):
+                rows = [r for r in rows
+                        if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
+            batches.update(r["batch_id"] for r in rows)
+        return len(batches), exact
 
     # -- samples ------------------------------------------------------------------------
 
@@ -323,9 +351,11 @@ class Evaluator:
         if room <= 0:
             return
         since = tx.now - int(self._window_s(f) * 1000) - SPANS["m"]
-        rows = AlertStore.candidates(tx, self._version(f.prompt), f.model, since,
-                                     tx.now + SPANS["m"], CANDIDATES,
-                                     with_result=f.rule == "semantic_drift")
+        model = None if f.model == ANY_MODEL else f.model
+        rows = [r for version in self._versions(f, since, tx.now)
+                for r in AlertStore.candidates(tx, version, model, since,
+                                               tx.now + SPANS["m"], CANDIDATES,
+                                               with_result=f.rule == "semantic_drift")]
         if f.prompt.startswith("inline:"):
             rows = [r for r in rows
                     if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
@@ -340,7 +370,7 @@ class Evaluator:
         """Whether an attempt shows what the rule saw."""
         if f.rule == "format_pollution":
             return r["parse_status"] == "invalid_json"
-        if f.rule == "completeness_collapse":
+        if f.rule in ("completeness_collapse", CIRCUIT_RULE):
             return r["completeness"] is not None and float(r["completeness"]) < 1.0
         if f.rule == "performance_degradation":
             return r["latency_ms"] is not None

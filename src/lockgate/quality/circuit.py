@@ -32,6 +32,7 @@ from typing import Any
 
 from lockgate.config import CircuitSettings, QualitySettings
 from lockgate.errors import ConfigError, StateConflict, StoreError
+from lockgate.quality.rules import Finding
 from lockgate.registry.api import default_actor
 from lockgate.results import CircuitView, utc
 from lockgate.spec import RESERVED_ID_PREFIX
@@ -139,6 +140,50 @@ def should_close(minutes: Mapping[int, Minute], now: int, since: int,
     ok = (now - since >= probation_ms and calls >= circuit.min_calls and comp is not None
           and comp >= circuit.threshold)
     return ok, figures
+
+
+#: The rule name of a circuit's alert: it fires while the circuit is OPEN.
+CIRCUIT_RULE = "completeness_circuit"
+#: The model of a finding about every model of a prompt path.
+ANY_MODEL = "*"
+
+
+def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
+    """One finding per configured circuit, fired while it is OPEN (so its switch opens
+    an alert, and its closing resolves it): the primary path's completeness over the
+    circuit's window against the threshold, and the onset: the first minute of the window
+    that opened it (when it opened, if opened by hand).
+    The model is ``*``: a circuit watches its path over every model and endpoint."""
+    if not quality.circuit:
+        return []
+    rows, now = CircuitStore(store).rows()
+    qstore = QualityStore(store)
+    out = []
+    for c in quality.circuit:
+        row = rows.get(c.prompt)
+        if row is None:
+            continue
+        is_open = row.state == CircuitState.OPEN
+        calls, comp = 0, None
+        if is_open:
+            since = now - now % MINUTE - c.window_minutes * MINUTE
+            prefix = None if "@" in c.prompt or c.prompt.startswith("inline:") \
+                else c.prompt + "@"
+            minutes = primary_minutes(qstore.rows(
+                "m", since=since, prompt=None if prefix else c.prompt,
+                prompt_prefix=prefix), c)
+            calls = sum(m[0] for m in minutes.values())
+            n = sum(m[2] for m in minutes.values())
+            comp = sum(m[1] for m in minutes.values()) / n if n else None
+        # The incident began with the first bad minute that opened it (by hand: when).
+        looked = (row.figures or {}).get("minutes") or []
+        onset = min((int(m["minute"]) for m in looked), default=row.since)
+        out.append(Finding(CIRCUIT_RULE, c.prompt, ANY_MODEL, is_open,
+                           0.0 if comp is None else comp, None, c.threshold, calls,
+                           subject="to review" if c.fallback_kind == "review"
+                           else f"to {c.fallback_kind} {c.fallback_target}",
+                           onset=min(onset, row.since)))
+    return out
 
 
 def _pct(v: float | None) -> str:

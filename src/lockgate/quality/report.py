@@ -90,7 +90,7 @@ def quality_report(store: Store, prompt: str | None = None, *, since_s: float = 
     now = qstore.now() if now_ms is None else now_ms
     res = resolution_for(since_s, by)
     since = bucket_of(now - int(since_s * 1000), res)
-    exact, prefix = _filter(prompt)
+    exact, prefix = prompt_filter(prompt)
     groups: dict[tuple[Any, ...], Rollup] = {}
     for r in qstore.rows(res, since=since, prompt=exact, prompt_prefix=prefix):
         g = _group(by, r.prompt, r.model, r.bucket)
@@ -109,7 +109,7 @@ def prune_rollups(store: Store, settings: QualitySettings) -> int:
                                       "h": int(settings.keep_hours * 1000)})
 
 
-def _filter(prompt: str | None) -> tuple[str | None, str | None]:
+def prompt_filter(prompt: str | None) -> tuple[str | None, str | None]:
     """(exact prompt, prompt prefix) a PROMPT argument selects."""
     if prompt is None:
         return None, None
@@ -120,7 +120,7 @@ def _filter(prompt: str | None) -> tuple[str | None, str | None]:
 
 def _merged(qstore: QualityStore, res: str, since: int, until: int,
             prompt: str | None) -> dict[tuple[str, str], Rollup]:
-    exact, prefix = _filter(prompt)
+    exact, prefix = prompt_filter(prompt)
     out: dict[tuple[str, str], Rollup] = {}
     for r in qstore.rows(res, since=since, until=until, prompt=exact, prompt_prefix=prefix):
         one = Rollup.from_row(r.values)
@@ -145,7 +145,7 @@ def check_rules(store: Store, settings: QualitySettings, prompt: str | None = No
     trailing = _merged(qstore, res, 2 * since - until, since, prompt)
     minute = bucket_of(now, "m")
     first = minute - settings.pollution_minutes * SPANS["m"]
-    exact, prefix = _filter(prompt)
+    exact, prefix = prompt_filter(prompt)
     per_minute: dict[tuple[str, str], dict[int, Rollup]] = {}
     for r in qstore.rows("m", since=first, until=minute, prompt=exact, prompt_prefix=prefix):
         slot = per_minute.setdefault((r.prompt, r.model), {})
@@ -182,5 +182,5 @@ def _row(by: str, g: tuple[Any, ...], r: Rollup) -> QualityRow:
         else {}, outputs_watched=r.watch_n)
 
 
-__all__ = ["BY", "SPANS", "By", "QualityRow", "check_rules", "prune_rollups",
+__all__ = ["BY", "SPANS", "By", "QualityRow", "check_rules", "prompt_filter", "prune_rollups",
            "quality_report", "resolution_for"]

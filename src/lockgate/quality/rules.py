@@ -42,6 +42,8 @@ class Finding:
     threshold: float
     calls: int
     subject: str | None = None
+    #: When the incident began, if the finding knows (a circuit: when it opened).
+    onset: int | None = None
 
 
 def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,

@@ -4,12 +4,10 @@ Off unless the standard environment asks for it: ``OTEL_TRACES_EXPORTER`` (``otl
 ``console``) or an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), and not ``OTEL_SDK_DISABLED=true``. The
 exporter speaks OTLP/HTTP (protobuf) and reads its own ``OTEL_EXPORTER_OTLP_*``
-settings; spans leave through the SDK's batch processor (``OTEL_BSP_*``), so a slow or
-absent collector never holds a worker up; ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES`` name the service (``lockgate`` by default);
-``OTEL_TRACES_SAMPLER=traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` keeps a share of the
-tasks (decided per task: its trace id is derived from the task id), for volumes where a
-span per call costs too much CPU.
+settings; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the service
+(``lockgate`` by default); ``OTEL_TRACES_SAMPLER=traceidratio`` with
+``OTEL_TRACES_SAMPLER_ARG`` keeps a share of the tasks (decided per task: its trace id is
+derived from the task id).
 
 Spans are made when a write-back has committed, from the attempt rows it wrote, with the
 attempt's own times (database clock): a span ``lockgate.task {task_id}`` per run of a
@@ -19,13 +17,31 @@ CLIENT with the ``gen_ai.*`` attributes. Every run of a task is in the task's ow
 Prompt and answer texts are added only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is true; no API key or header is
 ever an attribute, and ``server.address`` is the endpoint's host alone.
+
+Cost. The worker's event loop only appends the written attempts to a bounded queue
+(``OTEL_BSP_MAX_QUEUE_SIZE`` spans, two per attempt); one exporter thread per
+:class:`Tracing` takes them in batches (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans, at the
+latest every ``OTEL_BSP_SCHEDULE_DELAY`` ms), samples, assigns the span ids and builds
+the batch in one go: for the OTLP/HTTP exporter the protobuf request is written directly
+from the attempts (no SDK span object, no per-span attribute validation or copy; the
+resource and instrumentation scope are encoded once), for any other exporter or span
+processor (the console, an in-memory exporter) the SDK's :class:`ReadableSpan` objects
+are built. A full queue drops the attempt's spans (counted in :attr:`Tracing.dropped`
+and logged), so a slow or absent collector never holds a worker up.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import random
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,23 +49,30 @@ from urllib.parse import urlsplit
 import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
     ConsoleSpanExporter,
     SpanExporter,
+    SpanExportResult,
 )
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
-from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from lockgate.config import Endpoint
+
+log = logging.getLogger("lockgate.quality")
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 #: An empty context: the run span is a root whatever span the caller is in.
 _ROOT = Context()
 #: Longest text a span keeps of a prompt or an answer (characters).
 MAX_CONTENT = 16_384
+#: The instrumentation scope of every span.
+SCOPE = InstrumentationScope("lockgate")
+#: Seconds between two warnings about dropped spans.
+_DROP_LOG_EVERY = 10.0
 
 
 def _true(value: str | None) -> bool:
@@ -77,6 +100,36 @@ def _exporter(env: Mapping[str, str]) -> SpanExporter:
     return OTLPSpanExporter()
 
 
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = (env.get(name) or "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a whole number; using %d", name, raw, default)
+        return default
+    return value if value > 0 else default
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The batch processor's sizes, in spans (``OTEL_BSP_*``, the SDK's defaults)."""
+
+    max_queue_size: int = 2048
+    max_export_batch_size: int = 512
+    schedule_delay_ms: int = 5000
+    export_timeout_ms: int = 30_000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> BatchSettings:
+        env = os.environ if env is None else env
+        d = cls()
+        queue = _env_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", d.max_queue_size)
+        return cls(queue, min(queue, _env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                                              d.max_export_batch_size)),
+                   _env_int(env, "OTEL_BSP_SCHEDULE_DELAY", d.schedule_delay_ms),
+                   _env_int(env, "OTEL_BSP_EXPORT_TIMEOUT", d.export_timeout_ms))
+
+
 @dataclass(frozen=True, slots=True)
 class CallSpan:
     """What the spans of one written attempt say (gathered in the write-back's
@@ -91,22 +144,65 @@ class CallSpan:
     outcome: str
 
 
-class Tracing:
-    """Emits the spans of written attempts through one tracer provider."""
+#: A span's attributes: those whose values differ from attempt to attempt (the task id,
+#: the response id, the messages), then those whose values repeat (the model, the prompt
+#: version, the token counts...: an exporter may encode them once per distinct set).
+Attrs = tuple[list[tuple[str, Any]], tuple[tuple[str, Any], ...]]
+#: One attempt's spans, built: trace id, run span id, call span id (0: no call span),
+#: start and end (ns), run name, run attributes, run error (or None), call name, call
+#: attributes, call error (or None).
+Built = tuple[int, int, int, int, int, str, Attrs, str | None, str, Attrs, str | None]
+_NO_ATTRS: Attrs = ([], ())
 
-    def __init__(self, processor: SpanProcessor, *,
+
+class Tracing:
+    """Emits the spans of written attempts: the caller's thread queues them, an exporter
+    thread builds and exports them in batches.
+
+    ``sink`` is an OTLP/HTTP exporter (its requests are encoded directly), another
+    exporter (handed SDK spans a batch at a time) or a span processor (handed each SDK
+    span, ended, as a tracer would)."""
+
+    def __init__(self, sink: SpanProcessor | SpanExporter, *,
                  endpoint: Callable[[str], Endpoint | None] = lambda _n: None,
                  capture_content: bool = False,
-                 resource: Resource | None = None) -> None:
-        self._ids = _TaskIds()
-        self.provider = TracerProvider(id_generator=self._ids, resource=resource or
-                                       Resource.create({"service.name": os.environ.get(
-                                           "OTEL_SERVICE_NAME") or "lockgate"}))
-        self.provider.add_span_processor(processor)
-        self.tracer = self.provider.get_tracer("lockgate")
+                 resource: Resource | None = None,
+                 sampler: Sampler | None = None,
+                 batch: BatchSettings | None = None) -> None:
+        self.sink = sink
+        self.resource = resource or Resource.create(
+            {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "lockgate"})
+        # The SDK's sampler from the environment (OTEL_TRACES_SAMPLER, ..._ARG).
+        self.sampler = sampler or TracerProvider(shutdown_on_exit=False).sampler
+        #: Every root span is kept (the default sampler): no decision to ask for.
+        self._keep_all = self.sampler.get_description() == _KEEP_ALL
         self.capture_content = capture_content
+        self.batch = batch or BatchSettings.from_env()
         self._endpoint = endpoint
         self._servers: dict[str, tuple[str | None, int | None]] = {}
+        # Queued attempts; each counts two spans against the queue size.
+        self._queue: deque[CallSpan] = deque()
+        self._max_queued = max(1, self.batch.max_queue_size // 2)
+        self._batch_size = max(1, self.batch.max_export_batch_size // 2)
+        self._cond = threading.Condition()
+        self._flushes: list[threading.Event] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._thread_pid = 0
+        self._exporting = False
+        self._lock = threading.Lock()  # the thread's start
+        #: Spans dropped: the queue was full (a slow or absent collector).
+        self.dropped = 0
+        #: Spans whose export failed (the exporter logged why).
+        self.failed = 0
+        #: Spans exported.
+        self.exported = 0
+        self._dropped_logged = 0
+        self._drop_logged_at = 0.0
+        self._otlp = _OtlpWriter.for_exporter(sink, self.resource) \
+            if isinstance(sink, SpanExporter) else None
+        self._random = random.Random()
+        atexit.register(self.shutdown)
 
     @classmethod
     def from_env(cls, endpoint: Callable[[str], Endpoint | None],
@@ -115,93 +211,229 @@ class Tracing:
         env = os.environ if env is None else env
         if not enabled(env):
             return None
-        return cls(BatchSpanProcessor(_exporter(env)), endpoint=endpoint,
-                   capture_content=_true(env.get(CAPTURE_CONTENT)))
+        return cls(_exporter(env), endpoint=endpoint,
+                   capture_content=_true(env.get(CAPTURE_CONTENT)),
+                   batch=BatchSettings.from_env(env))
+
+    # -- the caller's side (the worker's event loop) ---------------------------------
 
     def emit(self, calls: Sequence[CallSpan]) -> None:
-        """The run span and call span of each written attempt."""
-        for c in calls:
-            self._emit(c)
-
-    def _emit(self, c: CallSpan) -> None:
-        a = c.attempt
-        start = int(a.get("started_at") or 0) * 1_000_000
-        latency = a.get("latency_ms")
-        end = start + int((latency or 0.0) * 1_000_000)
-        self._ids.trace_id = int.from_bytes(
-            hashlib.sha256(c.task_id.encode()).digest()[:16], "big") or 1
-        try:  # a root span: the trace is the task's
-            run = self.tracer.start_span(f"lockgate.task {c.task_id}", context=_ROOT,
-                                         kind=SpanKind.INTERNAL, start_time=start)
-        finally:
-            self._ids.trace_id = 0
-        if not run.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): nothing to build
+        """Queue the spans of written attempts (a full queue drops them)."""
+        if not calls or self._stopping:
             return
-        run.set_attributes(self._lockgate(c))
-        error = a.get("error_class")
-        if c.outcome in ("failed", "dead") and error:
-            run.set_status(Status(StatusCode.ERROR, error))
-        if a.get("prompt_sha256") is not None and latency is not None:
-            model = a.get("model") or ""
-            call = self.tracer.start_span(f"chat {model}".strip(),
-                                          context=set_span_in_context(run),
-                                          kind=SpanKind.CLIENT, start_time=start,
-                                          attributes=self._gen_ai(c))
-            if error:
-                call.set_status(Status(StatusCode.ERROR, error))
-            call.end(end_time=end)
-        run.end(end_time=end)
+        queue = self._queue
+        room = self._max_queued - len(queue)
+        if room < len(calls):
+            self._drop(calls[max(room, 0):])
+            calls = calls[:max(room, 0)]
+        queue.extend(calls)
+        if self._thread is None or self._thread_pid != os.getpid():
+            self._start()
+        if len(queue) >= self._batch_size and not self._exporting:
+            with self._cond:
+                self._cond.notify()
+
+    def _drop(self, calls: Sequence[CallSpan]) -> None:
+        self.dropped += 2 * len(calls)
+        now = time.monotonic()
+        if now - self._drop_logged_at >= _DROP_LOG_EVERY:
+            self._drop_logged_at = now
+            log.warning("OpenTelemetry: %d span(s) dropped so far: the export queue "
+                        "(OTEL_BSP_MAX_QUEUE_SIZE=%d spans) is full, the collector is "
+                        "slower than the worker or unreachable", self.dropped,
+                        self.batch.max_queue_size)
+            self._dropped_logged = self.dropped
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Export what is queued now; False when ``timeout_s`` (default the export
+        timeout) ran out first."""
+        if self._thread is None or not self._thread.is_alive():
+            if not self._queue:
+                return True
+            self._start()
+        done = threading.Event()
+        with self._cond:
+            self._flushes.append(done)
+            self._cond.notify()
+        return done.wait(self.batch.export_timeout_ms / 1000 if timeout_s is None
+                         else timeout_s)
+
+    def shutdown(self) -> None:
+        """Export what is queued (within the export timeout) and stop."""
+        if self._stopping:
+            return
+        self.flush()
+        self._stopping = True
+        with self._cond:
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(self.batch.export_timeout_ms / 1000)
+        if self.dropped > self._dropped_logged:
+            log.warning("OpenTelemetry: %d span(s) dropped in all (export queue full)",
+                        self.dropped)
+        self.sink.shutdown()
+        atexit.unregister(self.shutdown)
+
+    # -- the exporter thread ---------------------------------------------------------
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive() \
+                    and self._thread_pid == os.getpid():
+                return
+            self._thread_pid = os.getpid()
+            self._random.seed()  # a forked copy must not repeat its parent's span ids
+            self._thread = threading.Thread(target=self._run, name="lockgate-otel",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        delay = self.batch.schedule_delay_ms / 1000
+        while True:
+            with self._cond:
+                if (len(self._queue) < self._batch_size and not self._flushes
+                        and not self._stopping):
+                    self._cond.wait(delay)
+                flushes, self._flushes = self._flushes, []
+                stopping = self._stopping
+            self._exporting = True
+            try:
+                self._export_queued()
+            except Exception:  # never let the thread die: the next batch may pass
+                log.exception("OpenTelemetry: building or exporting spans failed")
+            finally:
+                self._exporting = False
+            for done in flushes:
+                done.set()
+            if stopping:
+                return
+
+    def _export_queued(self) -> None:
+        queue = self._queue
+        size = self._batch_size
+        while queue:
+            batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+            built = self.build(batch)
+            if built:
+                self._export(built)
+
+    def _export(self, built: list[Built]) -> None:
+        spans = sum(2 if b[2] else 1 for b in built)
+        if self._otlp is not None:
+            ok = self._otlp.export(built)
+        elif isinstance(self.sink, SpanExporter):
+            ok = self.sink.export(self.readable(built)) is SpanExportResult.SUCCESS
+        else:
+            for span in self.readable(built):
+                self.sink.on_end(span)
+            ok = True
+        if ok:
+            self.exported += spans
+        else:
+            self.failed += spans
+
+    # -- building --------------------------------------------------------------------
+
+    def build(self, calls: Iterable[CallSpan]) -> list[Built]:
+        """The ids, times and attributes of the sampled attempts' spans."""
+        out: list[Built] = []
+        bits = self._random.getrandbits
+        sample = None if self._keep_all else self.sampler.should_sample
+        sha = hashlib.sha256
+        lockgate_attrs = self._lockgate
+        gen_ai_attrs = self._gen_ai
+        for c in calls:
+            a = c.attempt
+            name = f"lockgate.task {c.task_id}"
+            trace_id = int.from_bytes(sha(c.task_id.encode()).digest()[:16], "big") or 1
+            if sample is not None and not sample(
+                    _ROOT, trace_id, name, SpanKind.INTERNAL).decision.is_sampled():
+                continue  # sampled out (OTEL_TRACES_SAMPLER): the whole task is
+            start = int(a.get("started_at") or 0) * 1_000_000
+            latency = a.get("latency_ms")
+            end = start + int((latency or 0.0) * 1_000_000)
+            error = a.get("error_class") or None
+            run_error = error if c.outcome in ("failed", "dead") else None
+            if a.get("prompt_sha256") is not None and latency is not None:
+                call_id = bits(64) or 1
+                call_name = f"chat {a.get('model') or ''}".strip()
+                call_attrs = gen_ai_attrs(c)
+            else:
+                call_id, call_name, call_attrs = 0, "", _NO_ATTRS
+            out.append((trace_id, bits(64) or 1, call_id, start, end, name,
+                        lockgate_attrs(c), run_error, call_name, call_attrs, error))
+        return out
+
+    def readable(self, built: Iterable[Built]) -> list[ReadableSpan]:
+        """SDK spans of built attempts (run span, then its call span)."""
+        spans: list[ReadableSpan] = []
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        resource = self.resource
+        for (trace_id, run_id, call_id, start, end, name, run_attrs, run_error,
+             call_name, call_attrs, error) in built:
+            run = SpanContext(trace_id, run_id, is_remote=False, trace_flags=flags)
+            spans.append(ReadableSpan(
+                name, context=run, parent=None, resource=resource,
+                attributes=_sdk_attributes(run_attrs), kind=SpanKind.INTERNAL,
+                status=_status(run_error), start_time=start, end_time=end,
+                instrumentation_scope=SCOPE))
+            if call_id:
+                spans.append(ReadableSpan(
+                    call_name, context=SpanContext(trace_id, call_id, is_remote=False,
+                                                   trace_flags=flags),
+                    parent=run, resource=resource, attributes=_sdk_attributes(call_attrs),
+                    kind=SpanKind.CLIENT, status=_status(error), start_time=start,
+                    end_time=end, instrumentation_scope=SCOPE))
+        return spans
 
     @staticmethod
-    def _lockgate(c: CallSpan) -> dict[str, Any]:
+    def _lockgate(c: CallSpan) -> Attrs:
         a = c.attempt
-        attrs: dict[str, Any] = {
-            "lockgate.task.id": c.task_id, "lockgate.batch.id": c.batch_id,
-            "lockgate.prompt.version": c.prompt, "lockgate.attempt": a.get("attempt") or 0,
-            "lockgate.outcome": c.outcome}
-        for key, name in (("parse_status", "lockgate.parse_status"),
-                          ("completeness", "lockgate.completeness"),
-                          ("error_class", "lockgate.error_class"),
-                          ("routed_from", "lockgate.routed_from")):
-            if a.get(key) is not None:
-                attrs[name] = a[key]
-        return attrs
+        same: list[tuple[str, Any]] = [
+            ("lockgate.batch.id", c.batch_id), ("lockgate.prompt.version", c.prompt),
+            ("lockgate.attempt", int(a.get("attempt") or 0)),
+            ("lockgate.outcome", c.outcome)]
+        for key, name, kind in _RUN_OPTIONAL:
+            value = a.get(key)
+            if value is not None:
+                same.append((name, kind(value)))
+        return [("lockgate.task.id", c.task_id)], tuple(same)
 
-    def _gen_ai(self, c: CallSpan) -> dict[str, Any]:
+    def _gen_ai(self, c: CallSpan) -> Attrs:
         a = c.attempt
         endpoint = a.get("endpoint") or ""
         host, port = self._server(endpoint)
-        attrs: dict[str, Any] = {
-            gen_ai.GEN_AI_OPERATION_NAME: "chat",
-            gen_ai.GEN_AI_PROVIDER_NAME: endpoint or "openai",
-            gen_ai.GEN_AI_REQUEST_MODEL: a.get("model") or "",
-            "lockgate.task.id": c.task_id, "lockgate.prompt.version": c.prompt}
+        unique: list[tuple[str, Any]] = [("lockgate.task.id", c.task_id)]
+        if a.get("request_id") is not None:
+            unique.append((gen_ai.GEN_AI_RESPONSE_ID, str(a["request_id"])))
+        same: list[tuple[str, Any]] = [
+            (gen_ai.GEN_AI_OPERATION_NAME, "chat"),
+            (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
+            (gen_ai.GEN_AI_REQUEST_MODEL, a.get("model") or ""),
+            ("lockgate.prompt.version", c.prompt)]
         if c.response_model:
-            attrs[gen_ai.GEN_AI_RESPONSE_MODEL] = c.response_model
-        for key, name in (("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS),
-                          ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS),
-                          ("request_id", gen_ai.GEN_AI_RESPONSE_ID),
-                          ("parse_status", "lockgate.parse_status"),
-                          ("completeness", "lockgate.completeness")):
-            if a.get(key) is not None:
-                attrs[name] = a[key]
+            same.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
+        for key, name, kind in _CALL_OPTIONAL:
+            value = a.get(key)
+            if value is not None:
+                same.append((name, kind(value)))
         reasons = _finish_reasons(c.response_body)
         if reasons:
-            attrs[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+            same.append((gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, tuple(reasons)))
         if host:
-            attrs["server.address"] = host
+            same.append(("server.address", host))
         if port:
-            attrs["server.port"] = port
+            same.append(("server.port", port))
         if a.get("error_class"):
-            attrs["error.type"] = a["error_class"]
+            same.append(("error.type", str(a["error_class"])))
         if self.capture_content:
             if a.get("prompt_snapshot"):
-                attrs[gen_ai.GEN_AI_INPUT_MESSAGES] = _messages(a["prompt_snapshot"])
+                unique.append((gen_ai.GEN_AI_INPUT_MESSAGES, _messages(a["prompt_snapshot"])))
             if a.get("raw_output") is not None:
-                attrs[gen_ai.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps([{
+                unique.append((gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps([{
                     "role": "assistant", "parts": [{"type": "text", "content":
-                                                    a["raw_output"][:MAX_CONTENT]}]}]).decode()
-        return attrs
+                                                    a["raw_output"][:MAX_CONTENT]}]}]).decode()))
+        return unique, tuple(same)
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         found = self._servers.get(endpoint)
@@ -215,24 +447,191 @@ class Tracing:
             self._servers[endpoint] = found
         return found
 
-    def shutdown(self) -> None:
-        """Export what is queued and stop."""
-        self.provider.shutdown()
+
+# Optional attributes: the attempt row's key, the attribute, the type it is given (one
+# type per attribute, so that equal values encode alike).
+_RUN_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("parse_status", "lockgate.parse_status", str),
+    ("completeness", "lockgate.completeness", float),
+    ("error_class", "lockgate.error_class", str),
+    ("routed_from", "lockgate.routed_from", str))
+_CALL_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS, int),
+    ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, int),
+    ("parse_status", "lockgate.parse_status", str),
+    ("completeness", "lockgate.completeness", float))
+
+_UNSET = Status(StatusCode.UNSET)
+_KEEP_ALL = ParentBased(ALWAYS_ON).get_description()
 
 
-class _TaskIds(IdGenerator):
-    """Random span ids; the trace id of a root span is the one set for the task whose
-    span is being started (spans are made one at a time, on one thread)."""
+def _status(error: str | None) -> Status:
+    return _UNSET if error is None else Status(StatusCode.ERROR, error)
 
-    def __init__(self) -> None:
-        self._random = RandomIdGenerator()
-        self.trace_id = 0
 
-    def generate_span_id(self) -> int:
-        return self._random.generate_span_id()
+def _sdk_attributes(attrs: Attrs) -> dict[str, Any]:
+    """The attributes as an SDK span holds them."""
+    unique, same = attrs
+    out = dict(unique)
+    out.update(same)
+    return out
 
-    def generate_trace_id(self) -> int:
-        return self.trace_id or self._random.generate_trace_id()
+
+# -- OTLP/HTTP requests written directly ---------------------------------------------
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_VARINTS = [_varint(i) for i in range(1 << 14)]
+
+
+def _len(n: int) -> bytes:
+    return _VARINTS[n] if n < 16384 else _varint(n)
+
+
+_pack_q = struct.Struct("<Q").pack
+_pack_d = struct.Struct("<d").pack
+#: Span fields 1, 2, 4 with their lengths (trace id, span id, parent span id).
+_TRACE_ID, _SPAN_ID, _PARENT_ID = b"\x0a\x10", b"\x12\x08", b"\x22\x08"
+_KIND = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.CLIENT: b"\x30\x03"}
+#: flags (field 16, fixed32): SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, never remote.
+_FLAGS = b"\x85\x01" + struct.pack("<I", 0x100)
+_NO_STATUS = b"\x7a\x00"  # status (field 15), UNSET, as the SDK writes it
+
+
+class _OtlpWriter:
+    """Writes ``ExportTraceServiceRequest`` bytes from built attempts (the wire format
+    of opentelemetry-proto's trace.proto) and posts them with the SDK exporter's own HTTP
+    client (its endpoint, headers, compression, TLS, timeout and retries)."""
+
+    def __init__(self, post: Callable[[bytes], bool], resource: Resource) -> None:
+        self._post = post
+        self._fields: dict[tuple[Any, ...], bytes] = {}
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        probe = encode_spans([ReadableSpan("probe", context=SpanContext(1, 1, False),
+                                           resource=resource, instrumentation_scope=SCOPE)])
+        rs = probe.resource_spans[0]
+        self._resource = b"\x0a" + _ld(rs.resource.SerializeToString())
+        self._resource_tail = b"\x1a" + _ld(rs.schema_url.encode()) if rs.schema_url \
+            else b""
+        ss = rs.scope_spans[0]
+        self._scope = b"\x0a" + _ld(ss.scope.SerializeToString())
+        self._scope_tail = b"\x1a" + _ld(ss.schema_url.encode()) if ss.schema_url else b""
+
+    @classmethod
+    def for_exporter(cls, exporter: SpanExporter, resource: Resource) -> _OtlpWriter | None:
+        """A writer posting through ``exporter`` when it is the SDK's OTLP/HTTP exporter
+        of a version whose client takes encoded requests; None otherwise (the batch then
+        goes through ``exporter.export`` as SDK spans)."""
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,
+            )
+        except ImportError:  # pragma: no cover - a dependency of lockgate
+            return None
+        client = getattr(exporter, "_client", None)
+        if type(exporter) is not OTLPSpanExporter or not callable(
+                getattr(client, "export", None)):
+            return None
+
+        def post(body: bytes) -> bool:
+            return bool(client.export(body).success)  # type: ignore[union-attr]
+        return cls(post, resource)
+
+    def export(self, built: list[Built]) -> bool:
+        return self._post(self.request(built))
+
+    def request(self, built: list[Built]) -> bytes:
+        """The encoded ``ExportTraceServiceRequest`` of built attempts."""
+        parts = [self._scope]
+        append = parts.append
+        span = self._span
+        for (trace_id, run_id, call_id, start, end, name, run_attrs, run_error,
+             call_name, call_attrs, error) in built:
+            tid = trace_id.to_bytes(16, "big")
+            run = run_id.to_bytes(8, "big")
+            times = b"\x39" + _pack_q(start) + b"\x41" + _pack_q(end)
+            append(b"\x12" + _ld(span(tid, run, None, name, SpanKind.INTERNAL, times,
+                                      run_attrs, run_error)))
+            if call_id:
+                append(b"\x12" + _ld(span(tid, call_id.to_bytes(8, "big"), run, call_name,
+                                          SpanKind.CLIENT, times, call_attrs, error)))
+        append(self._scope_tail)
+        scope_spans = b"".join(parts)
+        resource_spans = self._resource + b"\x12" + _ld(scope_spans) + self._resource_tail
+        return b"\x0a" + _ld(resource_spans)
+
+    def _span(self, tid: bytes, sid: bytes, parent: bytes | None, name: str,
+              kind: SpanKind, times: bytes, attrs: Attrs, error: str | None) -> bytes:
+        out = [_TRACE_ID, tid, _SPAN_ID, sid]
+        if parent is not None:
+            out += (_PARENT_ID, parent)
+        out += (b"\x2a", _str(name), _KIND[kind], times)
+        unique, same = attrs
+        for key, value in unique:
+            out.append(_attribute(key, value))
+        # The repeating attributes (the model, the prompt, token counts...) of a span are
+        # encoded once per distinct set of values.
+        fields = self._fields.get(same)
+        if fields is None:
+            fields = b"".join(_attribute(key, value) for key, value in same)
+            if len(self._fields) >= _MAX_CACHED:
+                self._fields.clear()
+            self._fields[same] = fields
+        out.append(fields)
+        if error is None:
+            out.append(_NO_STATUS)
+        else:  # message (2), code ERROR (3)
+            out += (b"\x7a", _ld(b"\x12" + _str(error) + b"\x18\x02"))
+        out.append(_FLAGS)
+        return b"".join(out)
+
+
+#: Distinct sets of repeating attribute values kept encoded (then the cache starts again).
+_MAX_CACHED = 4096
+
+
+def _attribute(key: str, value: Any) -> bytes:
+    """A span's ``attributes`` field (9) holding a ``KeyValue``; empty for a value type
+    the SDK leaves out."""
+    v = _any(value)
+    if v is None:
+        return b""
+    kv = b"\x0a" + _str(key) + b"\x12" + _ld(v)
+    return b"\x4a" + _ld(kv)
+
+
+def _ld(b: bytes) -> bytes:
+    """A length-delimited value: its length, then it."""
+    return _len(len(b)) + b
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return _len(len(b)) + b
+
+
+def _any(value: Any) -> bytes | None:
+    """An ``AnyValue`` as the SDK encodes it (None: a type the SDK leaves out)."""
+    if isinstance(value, str):
+        return b"\x0a" + _str(value)
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        return b"\x18" + _varint(value if value >= 0 else value + (1 << 64))
+    if isinstance(value, float):
+        return b"\x21" + _pack_d(value)
+    if isinstance(value, (list, tuple)):
+        items = [_any(v) for v in value]
+        return b"\x2a" + _ld(b"".join(b"\x0a" + _ld(i) for i in items if i is not None))
+    return None
 
 
 def _finish_reasons(body: str | None) -> list[str]:

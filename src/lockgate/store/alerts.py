@@ -82,7 +82,7 @@ _CANDIDATES = (
     "a.prompt_version, t.config_hash, {result} AS result FROM task_attempt a "
     "JOIN task t ON t.id = a.task_pk "
     "WHERE {version} AND a.started_at >= :since AND a.started_at < :until "
-    "AND a.model = :model ORDER BY a.started_at DESC LIMIT :lim")
+    "{model} ORDER BY a.started_at DESC LIMIT :lim")
 _HEAVY = sql(
     "SELECT a.id, t.task_id, t.batch_id, a.started_at, a.latency_ms, a.endpoint, "
     "a.parse_status, a.completeness, a.error_class, a.error_message, a.prompt_snapshot, "
@@ -92,7 +92,7 @@ _HEAVY = sql(
 _TOUCHED = (
     "SELECT t.batch_id, t.config_hash, a.prompt_version FROM (SELECT task_pk, "
     "prompt_version FROM task_attempt WHERE {version} AND started_at >= :since "
-    "AND model = :model ORDER BY started_at DESC LIMIT :lim) a "
+    "{model} ORDER BY started_at DESC LIMIT :lim) a "
     "JOIN task t ON t.id = a.task_pk")
 
 # -- outbox -----------------------------------------------------------------------------
@@ -230,14 +230,15 @@ class AlertStore:
         return {int(v) for v in tx.execute(_SAMPLE_IDS, {"id": alert_id}).scalars()}
 
     @staticmethod
-    def candidates(tx: Tx, version: str | None, model: str, since: int, until: int,
+    def candidates(tx: Tx, version: str | None, model: str | None, since: int, until: int,
                    limit: int, *, with_result: bool = False) -> list[dict[str, Any]]:
         """The newest ``limit`` attempts of a registry version (None: of inline prompts)
-        and model started in [since, until), light columns only (with the task's result
-        if asked)."""
+        and model (None: every model) started in [since, until), light columns only
+        (with the task's result if asked)."""
         cond = "a.prompt_version = :v" if version is not None else "a.prompt_version IS NULL"
         query = sql(_CANDIDATES.format(version=cond,
-                                       result="t.result" if with_result else "NULL"))
+                                       result="t.result" if with_result else "NULL",
+                                       model="" if model is None else "AND a.model = :model"))
         return tx.rows(query, {"v": version, "since": since, "until": until,
                                "model": model, "lim": limit})
 
@@ -256,12 +257,13 @@ class AlertStore:
         return len(values)
 
     @staticmethod
-    def touched(tx: Tx, version: str | None, model: str, since: int,
+    def touched(tx: Tx, version: str | None, model: str | None, since: int,
                 limit: int) -> list[dict[str, Any]]:
         """(batch, config hash, version) of the newest ``limit`` attempts of a version
-        (None: inline prompts) and model since ``since``."""
+        (None: inline prompts) and model (None: every model) since ``since``."""
         cond = "prompt_version = :v" if version is not None else "prompt_version IS NULL"
-        return tx.rows(sql(_TOUCHED.format(version=cond)),
+        return tx.rows(sql(_TOUCHED.format(
+            version=cond, model="" if model is None else "AND model = :model")),
                        {"v": version, "since": since, "model": model, "lim": limit})
 
     # -- outbox ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -34,6 +35,8 @@ from lockgate.worker.execute import (
 )
 
 log = logging.getLogger("lockgate.worker")
+#: How long a worker takes a circuit's missing fallback version for missing.
+MISSING_FALLBACK_RECHECK_S = 30.0
 
 def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: ErrorClass,
               message: str, detail: str) -> Finish:
@@ -196,8 +199,9 @@ class Calls(WorkerCore):
                       version: str | None, prompt_key: str | None, started: int
                       ) -> Finish | tuple[TaskConfig, str | None, str | None] | None:
         """Where an open completeness circuit sends this attempt: None for its primary
-        path; a write-back (held for review, or a fallback version that names nothing);
-        else the config and version to run and the endpoint to call instead."""
+        path (a fallback version that cannot be run included); a write-back when it is
+        held for review; else the config and version to run and the endpoint to call
+        instead."""
         detour = await self._circuits.detour(
             prompt_key, t.task_id, t.batch_id,
             functools.partial(self._db_retry, "reading the completeness circuits"))
@@ -208,14 +212,25 @@ class Calls(WorkerCore):
             return self._hold_for_review(t, config, prompt_key, started, detour.reason)
         if c.fallback_prompt is None:
             return config, version, c.fallback_endpoint
+        missing = self._missing_fallbacks.get(c.fallback_prompt)
+        if missing is not None and time.monotonic() - missing < MISSING_FALLBACK_RECHECK_S:
+            return None
         try:
             config, version = await self._prompts.resolve(
                 self._fallback_entry(t, entry, config, c.fallback_prompt),
                 functools.partial(self._db_retry, "reading the prompt registry"))
         except LockgateError as exc:
-            msg = f"completeness circuit '{c.prompt}': fallback_prompt: {exc}"
-            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
-                             msg, msg)
+            # A fallback that names nothing must not fail the path's tasks: they take
+            # the primary path, and the operator is told (again every recheck).
+            now = time.monotonic()
+            seen = self._missing_fallbacks.get(c.fallback_prompt)
+            self._missing_fallbacks[c.fallback_prompt] = now
+            if seen is not None and now - seen < MISSING_FALLBACK_RECHECK_S:
+                return None  # calls that were already looking it up
+            log.warning("completeness circuit '%s' is open but its fallback_prompt cannot "
+                        "be run (%s); its tasks take the primary path. Create that "
+                        "version, or fix [[quality.circuit]] fallback_prompt", c.prompt, exc)
+            return None
         return config, version, None
 
     def _fallback_entry(self, t: ClaimedTask, entry: Entry, config: TaskConfig,

@@ -101,6 +101,8 @@ class WorkerCore:
         self._prompts = PromptResolver(store, refresh_s=self.settings.gate.refresh_s)
         #: The completeness circuits' states, read every few seconds (docs/quality.md).
         self._circuits = CircuitRouter(store, self.settings.quality)
+        #: Circuits' fallback versions found missing, and when (monotonic seconds).
+        self._missing_fallbacks: dict[str, float] = {}
         self._services = list(services)
         #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
         #: re-claimed by this same worker while its first call still runs.

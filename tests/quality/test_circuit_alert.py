@@ -1,0 +1,60 @@
+"""A completeness circuit's switch is an alert: opening it (by its evaluator or by hand)
+opens one alert of rule ``completeness_circuit`` for its prompt path over every model,
+with the path's completeness against the threshold, the volume since the first bad
+minute and incomplete outputs as samples; closing it resolves the alert; every switch
+alerts (no cool-down between two switches)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import wait_for
+from lockgate.config import CircuitSettings, QualitySettings, Settings
+from lockgate.quality.alerts import Evaluator, get_alert, list_alerts
+from lockgate.quality.circuit import CircuitEvaluator, set_circuit
+from lockgate.store import Store
+
+from .alerting import feed
+
+MINUTE = 60_000
+
+
+def _settings() -> Settings:
+    circuit = CircuitSettings(prompt="p", threshold=0.9, window="3m", min_calls=10,
+                              probation="2m", fallback="review")
+    return Settings(quality=QualitySettings(evaluate_every=1.0, evaluator_lease_s=30.0,
+                                            circuit=(circuit,)))
+
+
+def _events(evs: list) -> list[tuple[str, str]]:
+    return [(e.event, e.alert.rule) for e in evs]
+
+
+def test_a_circuit_switch_opens_an_alert_and_closing_it_resolves_it(store: Store) -> None:
+    s = _settings()
+    # the three whole minutes before the current one, each under the threshold
+    wait_for(lambda: store.db_now() % MINUTE < 40_000, "a fresh minute", timeout=30,
+             interval=0.5)
+    for k in (3, 2, 1):
+        feed(store, 20, ago_ms=k * MINUTE, completeness=0.5, batch=f"b{k}",
+             raw_output='{"label": "yes"}')
+    assert CircuitEvaluator(store, s.quality, actor="w1").tick() == 1
+
+    ev = Evaluator(store, s, worker_id="w1")
+    assert _events(ev.tick()) == [("open", "completeness_circuit")]
+    [a] = list_alerts(store)
+    assert (a.prompt, a.model, a.subject, a.status) == ("p", "*", "to review", "OPEN")
+    assert a.value == pytest.approx(0.5) and a.threshold == pytest.approx(0.9)
+    assert a.calls == 60 and (a.tasks, a.batches, a.batches_exact) == (60, 3, True)
+    full = get_alert(store, a.id)
+    assert len(full.samples) == 60
+    assert all(x.completeness == pytest.approx(0.5) and x.raw_output == '{"label": "yes"}'
+               and x.prompt is not None for x in full.samples)
+    assert ev.tick() == []  # still open: one alert
+
+    set_circuit(store, s.quality, "p", "CLOSED", actor="ana")
+    assert _events(ev.tick()) == [("resolve", "completeness_circuit")]
+    # opened again by hand at once: a new alert, the cool-down does not hold a switch
+    set_circuit(store, s.quality, "p", "OPEN", actor="ana", reason="vendor incident")
+    assert _events(ev.tick()) == [("open", "completeness_circuit")]
+    assert [x.status for x in list_alerts(store, everything=True)] == ["OPEN", "RESOLVED"]
