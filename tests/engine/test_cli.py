@@ -75,6 +75,7 @@ def test_status_shows_counts_leases_in_flight_and_live_workers(
         table = flat(result.stdout)
         assert re.search(r"│ b │ 8 │ 0 │ 0 │ 0 │ 0 │", table), table
         assert re.search(r"│ c │ 2 │ 0 │ 0 │ 0 │ 0 │", table), table
+        assert "REVIEW" not in table  # the column shows only where a task is held
         assert "leases in flight: 3" in table and "workers alive: 1" in table
         assert "running" in table
         result = lockgate("status", "--db", db_url, "--json")

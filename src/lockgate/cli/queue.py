@@ -357,7 +357,10 @@ def status(db: DbOpt = None, as_json: JsonOpt = False, config: ConfigOpt = None)
 
 
 def _print_status(st: Status) -> None:
-    states = ["PENDING", "REVIEW", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
+    # REVIEW only where a task is held (no circuit routes to review on most databases:
+    # the table keeps to 80 columns)
+    states = ["PENDING", *(["REVIEW"] if st.review else []), "SUCCEEDED", "FAILED", "DEAD",
+              "CANCELLED"]
     t = table("tasks", ["batch", *states], right=tuple(states))
     for b, counts in sorted(st.batches.items()):
         t.add_row(b + (" (incomplete)" if b in st.incomplete_batches else ""),
