@@ -153,6 +153,9 @@ class FlowControl:
         self.feedback = Feedback(self.cfg, self.admission, worker_id,
                                  learn_tokens=self.lanes.learn_tokens, wake=self._wake.set)
 
+    def _fallback_ready(self, ep: Endpoint, now: float) -> bool:
+        return self.router.fallback(ep, now) is not None
+
     def _dispatch(self, st: EndpointState) -> None:
         self.admission.dispatch(st)
 
@@ -191,7 +194,7 @@ class FlowControl:
             ticket = await self.admission.acquire(task, config, primary)
             st = ticket.state
             rec = _Recorder(self._provider(st.ep), st, self.cfg.fallback_after_s,
-                            lambda ep, now: self.router.fallback(ep, now) is not None)
+                            self._fallback_ready)
             try:
                 res = await fn(st.ep, rec)
             except _Reroute:  # never sent: the budget goes back, the call is routed anew

@@ -452,9 +452,10 @@ class Store(TaskViews):
                 self.dialect.insert_attempts(tx.conn, attempts)
                 if observe is not None:
                     observe(tx, written)
-            lost = [f for f in ordered if (f.id, f.lease_token) not in applied | earlier]
+            settled = applied | earlier  # once, not per row
+            lost = [f for f in ordered if (f.id, f.lease_token) not in settled]
             return FinishReport(sorted(f.id for f in mine), [f.id for f in lost],
-                                frozenset(applied | earlier),
+                                frozenset(settled),
                                 frozenset((f.id, f.lease_token) for f in lost))
 
         report = self.transaction(work)
