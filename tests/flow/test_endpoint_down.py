@@ -12,14 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
-from helpers import clean_env
+from helpers import clean_env, wait_for
 from lockgate.flow.status import trouble
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
@@ -88,9 +89,12 @@ def test_a_worker_warns_and_its_tasks_wait_for_the_endpoint_without_spending_att
     try:
         store.submit([parse_task(t) for t in tasks(3, retry={"max_retries": 1})],
                      batch_id="b")
+        # The breaker opens after 3 connection errors in a row instead of 10: the three
+        # tasks get there in one round of calls instead of several.
         proc = subprocess.Popen(
             lockgate_cmd("worker", "--db", db_url, "--config",
-                         config(tmp_path / "lockgate.toml", port), "--burst"),
+                         config(tmp_path / "lockgate.toml", port, "breaker_consecutive = 3\n"),
+                         "--burst"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
             env=clean_env())
         lines: list[str] = []
@@ -164,36 +168,63 @@ def test_run_says_when_the_simulator_stops_mid_run_and_finishes_when_it_is_back(
     port = free_port()
     sim = simulator_on(port, latency={"kind": "fixed", "mean_ms": 20})
     store = Store(db_url)
+    n = 160  # 40 done before the stop, the rest (a few seconds of calls) after it
     proc = subprocess.Popen(
-        lockgate_cmd("run", write_tasks(tmp_path / "t.jsonl", 400), "--db", db_url,
+        lockgate_cmd("run", write_tasks(tmp_path / "t.jsonl", n), "--db", db_url,
                      "--config", config(tmp_path / "lockgate.toml", port),
                      "--concurrency", "4"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
         env=clean_env(TTY_COMPATIBLE="1", TTY_INTERACTIVE="1", COLUMNS="200"))
+    # The run's output as it comes (so the test can wait for the progress line instead
+    # of sleeping for a fixed time), drained by threads so that no pipe fills up.
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+    readers = [threading.Thread(target=_drain, args=(stream, chunks[name]), daemon=True)
+               for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    down_line = r"tasks/s \| endpoint sim down for \d+ s \(connection_error\)"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and \
-                status_counts(store).get("SUCCEEDED", 0) < 40:
-            time.sleep(0.1)
+        wait_for(lambda: status_counts(store).get("SUCCEEDED", 0) >= 40, "40 tasks done",
+                 timeout=60, interval=0.1)
         sim.stop()
-        time.sleep(6)  # calls fail, the breaker opens, the workers report it
+        # calls fail, the breaker opens, the workers report it, the progress line says so
+        wait_for(lambda: re.search(down_line, one_line(_text(chunks["err"]))),
+                 "the progress line to name the endpoint down", timeout=60, interval=0.1)
         sim = simulator_on(port, latency={"kind": "fixed", "mean_ms": 20})
-        out, err = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        for r in readers:
+            r.join(timeout=10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         sim.stop()
+    out, err = _text(chunks["out"]), _text(chunks["err"])
     try:
         assert proc.returncode == 0, err
         said = one_line(err)
         url = f"http://key:***@127.0.0.1:{port}/v1"
         assert f"WARNING: endpoint 'sim' ({url}) is failing: connection_error" in said, said
-        assert re.search(r"tasks/s \| endpoint sim down for \d+ s \(connection_error\)", said), \
-            said
-        assert status_counts(store) == {"SUCCEEDED": 400}
+        assert re.search(down_line, said), said
+        assert status_counts(store) == {"SUCCEEDED": n}
         assert "s3cret" not in err + out
     finally:
         store.close()
+
+
+def _drain(stream: IO[bytes] | None, into: list[bytes]) -> None:
+    """Collect what a child process writes on ``stream`` until it closes it."""
+    assert stream is not None
+    fd = stream.fileno()
+    while chunk := os.read(fd, 65536):
+        into.append(chunk)
+
+
+def _text(chunks: list[bytes]) -> str:
+    return b"".join(list(chunks)).decode(errors="replace")
 
 
 def test_the_progress_line_names_endpoints_in_trouble() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from engine.support import TEMPLATE, BackgroundWorker, WorkerPool, task
 from helpers import kill_settled, rows, wait_for
@@ -264,6 +265,27 @@ def test_a_tripped_circuit_probes_recovers_and_closes_during_a_run(
             wait_for(lambda: lg.circuits()[0].state == "OPEN", "the circuit to open",
                      timeout=150, interval=0.2)
             lg.prompts.label("labels", "canary", 1)  # the primary path is good again
+            # A minute of probation passes at once. First, waves of probe traffic until
+            # a probe has run the good version (the worker sees the label's move) and
+            # nothing is in flight; then the circuit's row moves a minute into the past
+            # and the minute rollups so far an hour (out of the probes' window), so only
+            # the probes from now on decide the close.
+            def primary_good() -> bool:
+                waves.append(f"p{len(waves)}")
+                wave(waves[-1], 8)
+                wait_for(lambda: not any(c.get("PENDING")
+                                         for c in lg.status().batches.values()),
+                         "the wave to finish", timeout=60, interval=0.1)
+                return any(a["prompt_version"] == "labels@1"
+                           for t, v in _delivered(lg).items() if t.startswith("p")
+                           and probes(t, circuit) for a in v)
+
+            wait_for(primary_good, "a probe to run the good version", timeout=60,
+                     interval=0.1)
+            with lg.store.engine.begin() as conn:
+                conn.execute(text("UPDATE quality_circuit SET since = since - 60000"))
+                conn.execute(text("UPDATE quality_rollup SET bucket = bucket - 3600000 "
+                                  "WHERE resolution = 'm'"))
             feeder = threading.Thread(target=feed)
             feeder.start()
             try:
