@@ -34,7 +34,7 @@ from lockgate.quality.writer import RollupWriter
 from lockgate.redact import MASK
 from lockgate.results import utc
 from lockgate.store.alerts import AlertStore, LeaseLost
-from lockgate.store.quality import QualityStore
+from lockgate.store.quality import QualityStore, StoredRollup
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx
 
@@ -303,14 +303,18 @@ class Evaluator:
                 "calls": f.calls, "tasks": tasks, "batches": batches,
                 "batches_exact": int(exact)}
 
-    def _tasks_since(self, f: Finding, onset: int, now: int) -> int:
-        """Tasks ended since onset, from the rollups (minute rows up to 6 h back, else
-        hour rows from the hour holding the onset)."""
-        res = "m" if now - onset <= 6 * 3_600_000 else "h"
+    def _rollups_since(self, f: Finding, since: int, now: int) -> list[StoredRollup]:
+        """The finding's prompt's rollup rows since ``since``: minute rows up to 6 h
+        back, else hour rows from the hour holding it."""
+        res = "m" if now - since <= 6 * 3_600_000 else "h"
         exact, prefix = prompt_filter(f.prompt)
-        rows = QualityStore(self.store).rows(res, since=bucket_of(onset, res),
+        return QualityStore(self.store).rows(res, since=bucket_of(since, res),
                                              prompt=exact, prompt_prefix=prefix)
-        return sum(int(r.values["tasks"]) for r in rows if f.model in (ANY_MODEL, r.model))
+
+    def _tasks_since(self, f: Finding, onset: int, now: int) -> int:
+        """Tasks ended since onset, from the rollups."""
+        return sum(int(r.values["tasks"]) for r in self._rollups_since(f, onset, now)
+                   if f.model in (ANY_MODEL, r.model))
 
     @staticmethod
     def _version(prompt: str) -> str | None:
@@ -320,12 +324,10 @@ class Evaluator:
         """The registry versions a finding's attempts are filed under (None: inline
         prompts): its own, or for a circuit on a registry name every version of it the
         rollups saw since ``since``, its fallback version left out."""
-        if "@" in f.prompt or f.prompt.startswith("inline:"):
+        if prompt_filter(f.prompt)[0] is not None:
             return [self._version(f.prompt)]
-        res = "m" if now - since <= 6 * 3_600_000 else "h"
         c = self.q.circuit_of(f.prompt)
-        seen = {r.prompt for r in QualityStore(self.store).rows(
-            res, since=bucket_of(since, res), prompt_prefix=f"{f.prompt}@")}
+        seen = {r.prompt for r in self._rollups_since(f, since, now)}
         if c is not None and c.fallback_prompt is not None:
             seen.discard(c.fallback_prompt)
         return list(sorted(seen))

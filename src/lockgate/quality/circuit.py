@@ -32,6 +32,7 @@ from typing import Any
 
 from lockgate.config import CircuitSettings, QualitySettings
 from lockgate.errors import ConfigError, StateConflict, StoreError
+from lockgate.quality.report import prompt_filter
 from lockgate.quality.rules import Finding
 from lockgate.registry.api import default_actor
 from lockgate.results import CircuitView, utc
@@ -93,6 +94,14 @@ def primary_minutes(rows: Iterable[StoredRollup], circuit: CircuitSettings) -> d
                          s + float(v.get("completeness_sum") or 0.0),
                          n + int(v.get("completeness_n") or 0))
     return out
+
+
+def path_minutes(qstore: QualityStore, circuit: CircuitSettings,
+                 since: int) -> dict[int, Minute]:
+    """The primary path's minutes from ``since`` on, read from the minute rollups."""
+    exact, prefix = prompt_filter(circuit.prompt)
+    return primary_minutes(qstore.rows("m", since=since, prompt=exact,
+                                       prompt_prefix=prefix), circuit)
 
 
 def _completeness(m: Minute) -> float | None:
@@ -166,12 +175,7 @@ def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
         is_open = row.state == CircuitState.OPEN
         calls, comp = 0, None
         if is_open:
-            since = now - now % MINUTE - c.window_minutes * MINUTE
-            prefix = None if "@" in c.prompt or c.prompt.startswith("inline:") \
-                else c.prompt + "@"
-            minutes = primary_minutes(qstore.rows(
-                "m", since=since, prompt=None if prefix else c.prompt,
-                prompt_prefix=prefix), c)
+            minutes = path_minutes(qstore, c, now - now % MINUTE - c.window_minutes * MINUTE)
             calls = sum(m[0] for m in minutes.values())
             n = sum(m[2] for m in minutes.values())
             comp = sum(m[1] for m in minutes.values()) / n if n else None
@@ -223,10 +227,7 @@ class CircuitEvaluator:
         return moved
 
     def _read(self, c: CircuitSettings, since: int) -> dict[int, Minute]:
-        prefix = None if "@" in c.prompt or c.prompt.startswith("inline:") else c.prompt + "@"
-        rows = self.qstore.rows("m", since=since, prompt=None if prefix else c.prompt,
-                                prompt_prefix=prefix)
-        return primary_minutes(rows, c)
+        return path_minutes(self.qstore, c, since)
 
     def _maybe_open(self, c: CircuitSettings, row: CircuitRow, now: int) -> int:
         current = now - now % MINUTE
