@@ -18,12 +18,13 @@ from sqlalchemy import text
 from helpers import rows
 from lockgate.config import Endpoint
 from lockgate.quality.rollup import LATENCY_ACCURACY, SPANS, Rollup, bucket_of
-from lockgate.quality.writer import RollupWriter, template_key
+from lockgate.quality.writer import RollupWriter, Written, template_key
 from lockgate.spec import parse_task
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, Store
 from lockgate.store.quality import QualityStore
-from lockgate.store.types import AttemptRow
+from lockgate.store.tx import Tx
+from lockgate.store.types import AttemptRow, ClaimedTask
 
 SCHEMA = {"type": "object", "properties": {
     "label": {"type": "string", "enum": ["yes", "no"]},
@@ -99,9 +100,17 @@ def _attempt(data: st.DataObject, attempt: int, kind: str) -> tuple[AttemptRow, 
 def _run_stream(store: Store, data: st.DataObject) -> None:
     writers = {w: RollupWriter(store, shard=w, endpoint=ENDPOINTS.get, keywords=KEYWORDS)
                for w in ("w1", "w2")}
+    # w1 reads the tasks of each write-back; w2 knows the tasks it claimed, as a worker
+    # does (and reads those of discarded attempts only)
+    held: dict[tuple[int, str], ClaimedTask] = {}
+
+    def w2(tx: Tx, written: list[Written]) -> None:
+        writers["w2"].record(tx, written, writers["w2"].tasks(tx, written, held.get))
+    observers = {"w1": writers["w1"].record, "w2": w2}
     stale: list[Finish] = []
     for _round in range(5):
         claimed = store.claim(20, lease_ms=0, worker_id="w")
+        held.update(((t.id, t.lease_token), t) for t in claimed)
         batch = stale
         stale = []
         for t in claimed:
@@ -118,7 +127,7 @@ def _run_stream(store: Store, data: st.DataObject) -> None:
         while order:
             size = data.draw(st.integers(1, len(order)), label="flush size")
             shard = data.draw(st.sampled_from(sorted(writers)), label="shard")
-            store.finish(order[:size], worker_id=shard, observe=writers[shard].record)
+            store.finish(order[:size], worker_id=shard, observe=observers[shard])
             order = order[size:]
 
 

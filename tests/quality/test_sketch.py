@@ -1,18 +1,20 @@
 """Stored latency sketches load back as ``ddsketch``'s own decoder would load them:
 same quantiles, count and merges (rollup reads decode thousands of them, so lockgate
-builds the stores at once rather than bin by bin)."""
+builds the stores at once rather than bin by bin); latencies added at once make the sketch
+that adding them one by one makes."""
 
 from __future__ import annotations
 
 import base64
 
+import pytest
 from ddsketch import DDSketch
 from ddsketch.pb.ddsketch_pb2 import DDSketch as SketchMessage
 from ddsketch.pb.proto import DDSketchProto
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockgate.quality.rollup import LATENCY_ACCURACY, dump_sketch, load_sketch
+from lockgate.quality.rollup import LATENCY_ACCURACY, add_all, dump_sketch, load_sketch
 
 QUANTILES = [i / 50 for i in range(51)]
 LATENCIES = st.lists(st.one_of(st.just(0.0), st.floats(0.001, 3_600_000.0)),
@@ -63,3 +65,20 @@ def test_a_loaded_sketch_is_the_one_ddsketch_decodes(values: list[float],
 def test_empty_and_missing_sketches() -> None:
     assert dump_sketch(DDSketch(LATENCY_ACCURACY)) is None
     assert load_sketch(None) is None and load_sketch("") is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(LATENCIES, LATENCIES)
+def test_adding_latencies_at_once_is_adding_them_one_by_one(values: list[float],
+                                                            before: list[float]) -> None:
+    one_by_one, at_once = _sketch(before), _sketch(before)
+    for v in values:
+        one_by_one.add(v)
+    add_all(at_once, values)
+    assert at_once.count == one_by_one.count
+    assert at_once._zero_count == one_by_one._zero_count
+    assert at_once._min == one_by_one._min and at_once._max == one_by_one._max
+    assert at_once._sum == pytest.approx(one_by_one._sum)
+    assert _quantiles(at_once) == _quantiles(one_by_one)
+    assert dump_sketch(load_sketch(dump_sketch(at_once))) == \
+        dump_sketch(load_sketch(dump_sketch(one_by_one)))

@@ -52,6 +52,11 @@ _USABLE = frozenset(str(s) for s in USABLE)
 _ABSENT = object()
 
 
+#: One attempt as :meth:`Rollup.observe_all` takes it: its row, the output it delivered
+#: (or None), what to watch in that output, the call's price (or None).
+Observation = tuple[Mapping[str, Any], Any, "Watch | None", "float | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     """What a rollup row is about: a prompt, the model and endpoint that answered."""
@@ -63,6 +68,29 @@ class Key:
 
 def _new_sketch() -> DDSketch:
     return DDSketch(LATENCY_ACCURACY)
+
+
+def add_all(sketch: DDSketch, values: Sequence[float]) -> None:
+    """Add non-negative ``values`` to ``sketch``: the same bins, counts and summary as
+    adding them one by one, with one store update per distinct bin."""
+    mapping = sketch._mapping
+    key, smallest = mapping.key, mapping.min_possible
+    bins: dict[int, int] = {}
+    zeros = 0
+    for v in values:
+        if v > smallest:
+            k = key(v)
+            bins[k] = bins.get(k, 0) + 1
+        else:
+            zeros += 1
+    store = sketch._store
+    for k, n in bins.items():  # in order of first arrival: the store grows as it would
+        store.add(k, float(n))
+    sketch._zero_count += zeros
+    sketch._count += len(values)
+    sketch._sum += math.fsum(values)
+    sketch._min = min(sketch._min, min(values))
+    sketch._max = max(sketch._max, max(values))
 
 
 def dump_sketch(sketch: DDSketch | None) -> str | None:
@@ -147,47 +175,92 @@ class Rollup:
                 watch: Watch | None = None, cost: float | None = None) -> None:
         """Add one attempt row. ``output`` is the value the call delivered (None if it
         delivered none), ``watch`` what to look for in it, ``cost`` the call's price."""
-        outcome = attempt.get("outcome") or ""
-        self.attempts += 1
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        if outcome in TERMINAL:
-            self.tasks += 1
-        elif outcome == "retry":
-            self.retries += 1
-        elif outcome == "discarded":
-            self.discarded += 1
-        if attempt.get("routed_from"):
-            self.fallbacks += 1
-        error = attempt.get("error_class")
-        if error:
-            self.error_mix[error] = self.error_mix.get(error, 0) + 1
-        latency = attempt.get("latency_ms")
-        if attempt.get("prompt_sha256") is None or latency is None:
+        self.observe_all(((attempt, output, watch, cost),))
+
+    def observe_all(self, observations: Iterable[Observation]) -> None:
+        """Add attempt rows, each with its output, watch and cost (as :meth:`observe`
+        takes them): the counters are summed in local variables and the latencies enter
+        the sketch bin by bin, so a write-back's few hundred attempts cost a few
+        microseconds each."""
+        self._observe_calls(self._observe_attempts(observations))
+
+    def _observe_attempts(self, observations: Iterable[Observation]) -> list[Observation]:
+        """Count every attempt; return those that made a call."""
+        attempts = tasks = retries = discarded = fallbacks = 0
+        outcomes, error_mix = self.outcomes, self.error_mix
+        calls: list[Observation] = []
+        for o in observations:
+            get = o[0].get
+            outcome = get("outcome") or ""
+            attempts += 1
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            if outcome in TERMINAL:
+                tasks += 1
+            elif outcome == "retry":
+                retries += 1
+            elif outcome == "discarded":
+                discarded += 1
+            if get("routed_from"):
+                fallbacks += 1
+            error = get("error_class")
+            if error:
+                error_mix[error] = error_mix.get(error, 0) + 1
+            if get("latency_ms") is not None and get("prompt_sha256") is not None:
+                calls.append(o)
+        self.attempts += attempts
+        self.tasks += tasks
+        self.retries += retries
+        self.discarded += discarded
+        self.fallbacks += fallbacks
+        return calls
+
+    def _observe_calls(self, calls: list[Observation]) -> None:
+        """Count attempts that made a call: latency, tokens, cost, the parsed output."""
+        if not calls:
             return
-        self.calls += 1
-        self.latency_sum += latency
+        parsed = conforming = completeness_n = input_tokens = output_tokens = watch_n = 0
+        completeness_sum = latency_sum = 0.0
+        cost_sum: float | None = None
+        latencies: list[float] = []
+        parse_mix, watched = self.parse_mix, self.watched
+        for attempt, output, watch, cost in calls:
+            get = attempt.get
+            latency = float(get("latency_ms") or 0.0)
+            latency_sum += latency
+            latencies.append(latency if latency > 0.0 else 0.0)
+            input_tokens += get("input_tokens") or 0
+            output_tokens += get("output_tokens") or 0
+            if cost is not None:
+                cost_sum = (cost_sum or 0.0) + cost
+            status = get("parse_status")
+            if status is None:
+                continue
+            parse_mix[status] = parse_mix.get(status, 0) + 1
+            parsed += 1
+            completeness = get("completeness")
+            if completeness is not None:
+                completeness_sum += completeness
+                completeness_n += 1
+            if status in _USABLE:
+                conforming += 1
+                if output is not None and watch:
+                    watch_n += 1
+                    for name in watch.found(output):
+                        watched[name] = watched.get(name, 0) + 1
+        self.calls += len(calls)
+        self.latency_sum += latency_sum
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        if cost_sum is not None:
+            self.cost = (self.cost or 0.0) + cost_sum
+        self.parsed += parsed
+        self.conforming += conforming
+        self.completeness_sum += completeness_sum
+        self.completeness_n += completeness_n
+        self.watch_n += watch_n
         if self.latency is None:
             self.latency = _new_sketch()
-        self.latency.add(max(float(latency), 0.0))
-        self.input_tokens += attempt.get("input_tokens") or 0
-        self.output_tokens += attempt.get("output_tokens") or 0
-        if cost is not None:
-            self.cost = (self.cost or 0.0) + cost
-        status = attempt.get("parse_status")
-        if status is None:
-            return
-        self.parse_mix[status] = self.parse_mix.get(status, 0) + 1
-        self.parsed += 1
-        completeness = attempt.get("completeness")
-        if completeness is not None:
-            self.completeness_sum += completeness
-            self.completeness_n += 1
-        if status in _USABLE:
-            self.conforming += 1
-            if output is not None and watch is not None and watch:
-                self.watch_n += 1
-                for name in watch.found(output):
-                    self.watched[name] = self.watched.get(name, 0) + 1
+        add_all(self.latency, latencies)
 
     def merge(self, other: Rollup) -> Rollup:
         """Add ``other`` into this rollup (and return it)."""
@@ -294,25 +367,52 @@ class Watch:
 
     members: tuple[tuple[tuple[str, ...], Any, str], ...] = ()
     keywords: tuple[str, ...] = ()
+    #: The members at top-level fields, by field: (value's type, value) -> name.
+    _top: tuple[tuple[str, dict[tuple[type, Any], str]], ...] = field(
+        init=False, repr=False, compare=False)
+    #: The members deeper in the output (a walk each).
+    _deep: tuple[tuple[tuple[str, ...], Any, str], ...] = field(
+        init=False, repr=False, compare=False)
+    _any: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        top: dict[str, dict[tuple[type, Any], str]] = {}
+        deep = []
+        for path, member, name in self.members:
+            if len(path) == 1 and path[0] != "[]":
+                top.setdefault(path[0], {}).setdefault((type(member), member), name)
+            else:
+                deep.append((path, member, name))
+        object.__setattr__(self, "_top", tuple(top.items()))
+        object.__setattr__(self, "_deep", tuple(deep))
+        object.__setattr__(self, "_any", bool(self.members or self.keywords))
 
     def __bool__(self) -> bool:
-        return bool(self.members or self.keywords)
+        return self._any
 
     def found(self, output: Any) -> Iterator[str]:
         """The names of the watched values ``output`` holds (each at most once)."""
-        for path, member, name in self.members:
-            if len(path) == 1 and path[0] != "[]":  # a top-level field: no walk
-                if isinstance(output, dict):
-                    v = output.get(path[0], _ABSENT)
-                    if v == member and type(v) is type(member):
-                        yield name
-            elif any(v == member and type(v) is type(member) for v in _at(output, path)):
+        if self._top and isinstance(output, dict):
+            for name_, table in self._top:  # a top-level field: a lookup, no walk
+                v = output.get(name_, _ABSENT)
+                if isinstance(v, _SCALARS):
+                    hit = table.get((type(v), v))
+                    if hit is not None:
+                        yield hit
+        seen: set[str] = set()
+        for path, member, name in self._deep:
+            if name not in seen and any(v == member and type(v) is type(member)
+                                        for v in _at(output, path)):
+                seen.add(name)
                 yield name
         if self.keywords:
             text = "\n".join(_texts(output)).casefold()
             for word in self.keywords:
                 if word.casefold() in text:
                     yield f"keyword:{word}"
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def watch_of(schema: Mapping[str, Any] | None, keywords: Iterable[str] = ()) -> Watch:

@@ -14,21 +14,34 @@ from typing import Any
 import orjson
 
 from lockgate.config import Endpoint, Settings
-from lockgate.quality.rollup import SPANS, Key, Rollup, Watch, bucket_of, watch_of
+from lockgate.quality.rollup import (
+    SPANS,
+    Key,
+    Observation,
+    Rollup,
+    Watch,
+    bucket_of,
+    watch_of,
+)
 from lockgate.quality.tracing import CallSpan, Tracing
 from lockgate.spec import RESERVED_ID_PREFIX, registry_reference, template_key
 from lockgate.states import TaskStatus
 from lockgate.store.quality import QualityStore, RowKey, TaskInfo
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx
-from lockgate.store.types import Finish
+from lockgate.store.types import ClaimedTask, Finish
 
 log = logging.getLogger("lockgate.quality")
 
 #: A written attempt: the write-back it belongs to and its ``task_attempt`` row.
 Written = tuple[Finish, Mapping[str, Any]]
+#: A claim: task pk and lease token.
+Claim = tuple[int, str]
+#: What the writer files a task's attempts under (as read, or as claimed).
+Task = TaskInfo | ClaimedTask
 
 _KEY_LIMITS = (191, 200, 100)  # prompt, model, endpoint columns
+_UNKNOWN: Any = object()
 
 
 class RollupWriter:
@@ -47,9 +60,24 @@ class RollupWriter:
         self._watch: dict[tuple[str, str | None], Watch] = {}
         self._prices: dict[str, Endpoint | None] = {}
 
-    def tasks(self, tx: Tx, written: Sequence[Written]) -> dict[int, TaskInfo]:
-        """The tasks of ``written`` (their configs learnt)."""
-        tasks = self.qstore.tasks(tx, (f.id for f, _a in written))
+    def tasks(self, tx: Tx, written: Sequence[Written],
+              known: Callable[[Claim], ClaimedTask | None] | None = None
+              ) -> dict[int, Task]:
+        """The tasks of ``written`` (their configs learnt). ``known`` gives the task a
+        claim leased (the worker's own record of it), so only the tasks it does not
+        know are read; a discarded attempt's task is always read (it may be gone)."""
+        tasks: dict[int, Task] = {}
+        unknown: list[int] = []
+        for f, a in written:
+            t = known((f.id, f.lease_token)) if known is not None \
+                and a.get("outcome") != "discarded" else None
+            if t is None:
+                unknown.append(f.id)
+            else:
+                tasks[f.id] = t
+        if unknown:
+            for pk, info in self.qstore.tasks(tx, unknown).items():
+                tasks.setdefault(pk, info)
         self._learn(tx, {t.config_hash for t in tasks.values()})
         return tasks
 
@@ -59,15 +87,17 @@ class RollupWriter:
         return str(attempt.get("prompt_version") or self._configs[config_hash][0] or "")
 
     def record(self, tx: Tx, written: Sequence[Written],
-               tasks: Mapping[int, TaskInfo] | None = None) -> None:
+               tasks: Mapping[int, Task] | None = None) -> None:
         """Add the attempts of one write-back to the rollups, in its transaction."""
         if not written:
             return
         if tasks is None:
             tasks = self.tasks(tx, written)
-        minutes: dict[RowKey, Rollup] = {}
+        minutes: dict[RowKey, list[Observation]] = {}
         #: per (config, version, model, endpoint) of this flush: its key and watch
         seen: dict[tuple[Any, ...], tuple[Key, Watch]] = {}
+        succeeded = TaskStatus.SUCCEEDED
+        now = tx.now
         for f, a in written:
             info = tasks.get(f.id)
             if info is None or info.batch_id.startswith(RESERVED_ID_PREFIX):
@@ -84,18 +114,21 @@ class RollupWriter:
                     self._watch_for(tx, h, version))
             key, watch = known
             output = None
-            if watch and f.status == TaskStatus.SUCCEEDED and f.result is not None:
+            if watch and f.status == succeeded and f.result is not None:
                 output = orjson.loads(f.result)
-            started = int(a.get("started_at") or tx.now)
+            started = int(a.get("started_at") or now)
             rk = ("m", started - started % 60_000, key.prompt, key.model, key.endpoint)
-            d = minutes.get(rk)
-            if d is None:
-                d = minutes[rk] = Rollup()
-            d.observe(a, output=output, watch=watch, cost=self._cost(a))
+            group = minutes.get(rk)
+            if group is None:
+                group = minutes[rk] = []
+            group.append((a, output, watch, self._cost(a)))
         # Each attempt is observed once, into its minute; the minutes of the flush
         # merge into their hours and days.
-        deltas = dict(minutes)
-        for (_m, bucket, prompt, model, endpoint), d in minutes.items():
+        deltas: dict[RowKey, Rollup] = {}
+        for rk, group in minutes.items():
+            deltas[rk] = Rollup()
+            deltas[rk].observe_all(group)
+        for (_m, bucket, prompt, model, endpoint), d in list(deltas.items()):
             for res in SPANS:
                 if res != "m":
                     rk = (res, bucket_of(bucket, res), prompt, model, endpoint)
@@ -147,15 +180,17 @@ class RollupWriter:
 
     def _cost(self, a: Mapping[str, Any]) -> float | None:
         name = a.get("endpoint")
-        if not name or a.get("prompt_sha256") is None or a.get("latency_ms") is None:
+        if not name:
             return None
-        if name not in self._prices:
-            self._prices[name] = self._endpoint(name)
-        ep = self._prices[name]
-        if ep is None or not (ep.cost_input_per_1k or ep.cost_output_per_1k):
+        ep = self._prices.get(name, _UNKNOWN)
+        if ep is _UNKNOWN:
+            ep = self._endpoint(name)
+            if ep is not None and not (ep.cost_input_per_1k or ep.cost_output_per_1k):
+                ep = None  # not priced: no cost, asked once
+            self._prices[name] = ep
+        if ep is None or a.get("prompt_sha256") is None or a.get("latency_ms") is None:
             return None
         return ep.cost(a.get("input_tokens") or 0, a.get("output_tokens") or 0)
-
 
 
 class QualityObserver:
@@ -165,15 +200,19 @@ class QualityObserver:
     after a deadlock gathers them again, never twice)."""
 
     def __init__(self, writer: RollupWriter, *, rollups: bool = True,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None,
+                 known: Callable[[Claim], ClaimedTask | None] | None = None) -> None:
         self.writer = writer
         self.rollups = rollups
         self.tracing = tracing
+        #: The task a claim leased, as the worker holds it (its task id, batch and
+        #: config need not be read again); None: read them.
+        self.known = known
         self._pending: list[CallSpan] = []
 
     def __call__(self, tx: Tx, written: Sequence[Written]) -> None:
         self._pending = []
-        tasks = self.writer.tasks(tx, written)
+        tasks = self.writer.tasks(tx, written, self.known)
         if self.rollups:
             self.writer.record(tx, written, tasks)
         if self.tracing is not None:
@@ -191,12 +230,15 @@ class QualityObserver:
 
 
 def quality_observer(store: Store, settings: Settings, shard: str,
-                     tracing: Tracing | None = None) -> QualityObserver | None:
+                     tracing: Tracing | None = None,
+                     known: Callable[[Claim], ClaimedTask | None] | None = None
+                     ) -> QualityObserver | None:
     """A worker's observer: rollups unless ``[quality] rollups`` is off, spans when the
-    ``OTEL_*`` environment asks for them (or ``tracing`` is given); None for neither."""
+    ``OTEL_*`` environment asks for them (or ``tracing`` is given); None for neither.
+    ``known`` is the worker's record of the tasks it holds, by claim."""
     tracing = tracing or Tracing.from_env(settings.endpoint_named)
     if not settings.quality.rollups and tracing is None:
         return None
     return QualityObserver(RollupWriter(store, shard=shard, endpoint=settings.endpoint_named,
                                         keywords=settings.quality.keywords),
-                           rollups=settings.quality.rollups, tracing=tracing)
+                           rollups=settings.quality.rollups, tracing=tracing, known=known)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import select
+from sqlalchemy.engine import Dialect
 
 from lockgate.store import schema
 from lockgate.store.store import Store
@@ -24,7 +25,7 @@ from lockgate.store.tx import Tx, sql
 RowKey = tuple[str, int, str, str, str]
 
 _T = schema.quality_rollup
-_KEY_COLS = (_T.c.resolution, _T.c.bucket, _T.c.prompt, _T.c.model, _T.c.endpoint)
+_KEY_NAMES = ("resolution", "bucket", "prompt", "model", "endpoint")
 _VALUE_COLS = tuple(c.name for c in _T.columns
                     if c.name not in ("id", "resolution", "bucket", "prompt", "model",
                                       "endpoint", "shard", "updated_at"))
@@ -34,6 +35,37 @@ _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 _PRUNE = sql("DELETE FROM quality_rollup WHERE resolution = :r AND bucket < :before")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
+
+
+class _RollupSql:
+    """The write-back's rollup statements as SQL text in the driver's parameter style."""
+
+    def __init__(self, dialect: Dialect, lock: str) -> None:
+        quote = dialect.identifier_preparer.quote
+        mark = "?" if dialect.paramstyle == "qmark" else "%s"
+        keys = [quote(c) for c in _KEY_NAMES]
+        values = [quote(c) for c in _VALUE_COLS]
+        table = quote(_T.name)
+        self._select = (f"SELECT {', '.join(keys + values)} FROM {table} "
+                        f"WHERE {quote('shard')} = {mark} AND (")
+        self._one = "(" + " AND ".join(f"{k} = {mark}" for k in keys) + ")"
+        self._lock = lock
+        self._selects: dict[int, str] = {}
+        columns = [*keys, quote("shard"), quote("updated_at"), *values]
+        self.insert = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+                       f"({', '.join([mark] * len(columns))})")
+        self.update = (f"UPDATE {table} SET "
+                       + ", ".join(f"{c} = {mark}" for c in [*values, quote("updated_at")])
+                       + " WHERE " + " AND ".join(f"{c} = {mark}"
+                                                  for c in [*keys, quote("shard")]))
+
+    def select(self, n: int) -> str:
+        """Rows of ``n`` keys of one shard: the shard, then each key's five values."""
+        text_ = self._selects.get(n)
+        if text_ is None:
+            text_ = self._selects[n] = (self._select + " OR ".join([self._one] * n) + ")"
+                                        + self._lock)
+        return text_
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +96,7 @@ class QualityStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.dialect = store.dialect
+        self._texts: _RollupSql | None = None
 
     # -- what the writer needs to know about the tasks of a flush ---------------------
 
@@ -102,16 +135,21 @@ class QualityStore:
     # -- writing ---------------------------------------------------------------------
 
     def locked(self, tx: Tx, shard: str, keys: Sequence[RowKey]) -> dict[RowKey, dict[str, Any]]:
-        """The stored rows of ``keys`` in ``shard`` (row-locked), by key."""
+        """The stored rows of ``keys`` in ``shard`` (row-locked), by key.
+
+        On the write-back's path, as :meth:`tasks`: SQL text straight to the driver, one
+        text per number of keys (a write-back touches a handful)."""
         out: dict[RowKey, dict[str, Any]] = {}
         ordered = sorted(set(keys))
+        sql_ = self._sql(tx)
         for i in range(0, len(ordered), 200):
             part = ordered[i:i + 200]
-            query = select(_T).where(_T.c.shard == shard, tuple_(*_KEY_COLS).in_(part))
-            for r in tx.execute(query.with_for_update()):
-                m = r._mapping
-                out[(m["resolution"], int(m["bucket"]), m["prompt"], m["model"],
-                     m["endpoint"])] = {c: m[c] for c in _VALUE_COLS}
+            params: list[Any] = [shard]
+            for k in part:
+                params.extend(k)
+            for r in tx.conn.exec_driver_sql(sql_.select(len(part)), tuple(params)):
+                out[(r[0], int(r[1]), r[2], r[3], r[4])] = dict(zip(_VALUE_COLS, r[5:],
+                                                                    strict=True))
         return out
 
     def write(self, tx: Tx, shard: str, rows: Mapping[RowKey, dict[str, Any]],
@@ -120,21 +158,20 @@ class QualityStore:
         others (each one statement for all of its keys)."""
         have = set(existing)
         now = tx.now
-        new = [{"resolution": k[0], "bucket": k[1], "prompt": k[2], "model": k[3],
-                "endpoint": k[4], "shard": shard, "updated_at": now, **v}
+        sql_ = self._sql(tx)
+        new = [(*k, shard, now, *(v[c] for c in _VALUE_COLS))
                for k, v in sorted(rows.items()) if k not in have]
-        old = [{"k_resolution": k[0], "k_bucket": k[1], "k_prompt": k[2], "k_model": k[3],
-                "k_endpoint": k[4], "k_shard": shard, "updated_at": now, **v}
+        old = [(*(v[c] for c in _VALUE_COLS), now, *k, shard)
                for k, v in sorted(rows.items()) if k in have]
         if new:
-            tx.execute(_T.insert(), new)
+            tx.conn.exec_driver_sql(sql_.insert, new)
         if old:
-            tx.execute(_T.update().where(
-                _T.c.resolution == bindparam("k_resolution"),
-                _T.c.bucket == bindparam("k_bucket"), _T.c.prompt == bindparam("k_prompt"),
-                _T.c.model == bindparam("k_model"), _T.c.endpoint == bindparam("k_endpoint"),
-                _T.c.shard == bindparam("k_shard")).values(
-                    {c: bindparam(c) for c in (*_VALUE_COLS, "updated_at")}), old)
+            tx.conn.exec_driver_sql(sql_.update, old)
+
+    def _sql(self, tx: Tx) -> _RollupSql:
+        if self._texts is None:
+            self._texts = _RollupSql(tx.conn.dialect, self.dialect.lock_for_update())
+        return self._texts
 
     def prune(self, keep_ms: dict[str, int]) -> int:
         """Delete rows of each resolution whose span began more than ``keep_ms`` of it

@@ -136,7 +136,7 @@ class WorkerCore:
         self._clock_offset_ms = 0
         self._wall = wall_clock
         self._writeback = WriteBack(store, self.id, db=self._db, observe=quality_observer(
-            store, self.settings, self.id))
+            store, self.settings, self.id, known=self._held.get))
         #: Rate limits, pauses, adaptive concurrency, breakers, fair share (docs/flow.md).
         self.flow = FlowControl(FlowStore(store), self.settings, self.id, db=self._db,
                                 provider=self._provider)
