@@ -144,15 +144,16 @@ class CallSpan:
     outcome: str
 
 
-#: A span's attributes: those whose values differ from attempt to attempt (the task id,
-#: the response id, the messages), then those whose values repeat (the model, the prompt
-#: version, the token counts...: an exporter may encode them once per distinct set).
-Attrs = tuple[list[tuple[str, Any]], tuple[tuple[str, Any], ...]]
+#: A span's attributes: those whose values differ from attempt to attempt (the task id
+#: first, the response id, the token counts, the messages), then those whose values
+#: repeat (the model, the prompt version, the outcome...), kept once per distinct set of
+#: values with their OTLP encoding.
+Attrs = tuple[list[tuple[str, Any]], tuple[tuple[str, Any], ...], bytes]
 #: One attempt's spans, built: trace id, run span id, call span id (0: no call span),
 #: start and end (ns), run name, run attributes, run error (or None), call name, call
 #: attributes, call error (or None).
 Built = tuple[int, int, int, int, int, str, Attrs, str | None, str, Attrs, str | None]
-_NO_ATTRS: Attrs = ([], ())
+_NO_ATTRS: Attrs = ([], (), b"")
 
 
 class Tracing:
@@ -180,6 +181,9 @@ class Tracing:
         self.batch = batch or BatchSettings.from_env()
         self._endpoint = endpoint
         self._servers: dict[str, tuple[str | None, int | None]] = {}
+        #: Repeating attribute sets of run and call spans, with their encoding.
+        self._run_same: dict[Any, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
+        self._call_same: dict[Any, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
         # Queued attempts; each counts two spans against the queue size.
         self._queue: deque[CallSpan] = deque()
         self._max_queued = max(1, self.batch.max_queue_size // 2)
@@ -386,54 +390,68 @@ class Tracing:
                     end_time=end, instrumentation_scope=SCOPE))
         return spans
 
-    @staticmethod
-    def _lockgate(c: CallSpan) -> Attrs:
-        a = c.attempt
-        same: list[tuple[str, Any]] = [
-            ("lockgate.batch.id", c.batch_id), ("lockgate.prompt.version", c.prompt),
-            ("lockgate.attempt", int(a.get("attempt") or 0)),
-            ("lockgate.outcome", c.outcome)]
-        for key, name, kind in _RUN_OPTIONAL:
-            value = a.get(key)
-            if value is not None:
-                same.append((name, kind(value)))
-        return [("lockgate.task.id", c.task_id)], tuple(same)
+    def _lockgate(self, c: CallSpan) -> Attrs:
+        get = c.attempt.get
+        key = (c.batch_id, c.prompt, get("attempt"), c.outcome, get("parse_status"),
+               get("completeness"), get("error_class"), get("routed_from"))
+        same = self._run_same.get(key)
+        if same is None:
+            pairs: list[tuple[str, Any]] = [
+                ("lockgate.batch.id", c.batch_id), ("lockgate.prompt.version", c.prompt),
+                ("lockgate.attempt", int(get("attempt") or 0)),
+                ("lockgate.outcome", c.outcome)]
+            for k, name, kind in _RUN_OPTIONAL:
+                value = get(k)
+                if value is not None:
+                    pairs.append((name, kind(value)))
+            same = _cache(self._run_same, key, tuple(pairs))
+        return [("lockgate.task.id", c.task_id)], same[0], same[1]
 
     def _gen_ai(self, c: CallSpan) -> Attrs:
-        a = c.attempt
-        endpoint = a.get("endpoint") or ""
-        host, port = self._server(endpoint)
-        unique: list[tuple[str, Any]] = [("lockgate.task.id", c.task_id)]
-        if a.get("request_id") is not None:
-            unique.append((gen_ai.GEN_AI_RESPONSE_ID, str(a["request_id"])))
-        same: list[tuple[str, Any]] = [
-            (gen_ai.GEN_AI_OPERATION_NAME, "chat"),
-            (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
-            (gen_ai.GEN_AI_REQUEST_MODEL, a.get("model") or ""),
-            ("lockgate.prompt.version", c.prompt)]
-        if c.response_model:
-            same.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
-        for key, name, kind in _CALL_OPTIONAL:
-            value = a.get(key)
-            if value is not None:
-                same.append((name, kind(value)))
+        get = c.attempt.get
+        endpoint = get("endpoint") or ""
         reasons = _finish_reasons(c.response_body)
-        if reasons:
-            same.append((gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, tuple(reasons)))
-        if host:
-            same.append(("server.address", host))
-        if port:
-            same.append(("server.port", port))
-        if a.get("error_class"):
-            same.append(("error.type", str(a["error_class"])))
+        unique: list[tuple[str, Any]] = [("lockgate.task.id", c.task_id)]
+        if get("request_id") is not None:
+            unique.append((gen_ai.GEN_AI_RESPONSE_ID, str(get("request_id"))))
+        for k, name in _TOKENS:  # they differ from call to call: not in the cached set
+            value = get(k)
+            if value is not None:
+                unique.append((name, int(value)))
+        key = (endpoint, get("model"), c.prompt, c.response_model, get("parse_status"),
+               get("completeness"), get("error_class"), *reasons)
+        same = self._call_same.get(key)
+        if same is None:
+            host, port = self._server(endpoint)
+            pairs: list[tuple[str, Any]] = [
+                (gen_ai.GEN_AI_OPERATION_NAME, "chat"),
+                (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
+                (gen_ai.GEN_AI_REQUEST_MODEL, get("model") or ""),
+                ("lockgate.prompt.version", c.prompt)]
+            if c.response_model:
+                pairs.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
+            for k, name, kind in _CALL_OPTIONAL:
+                value = get(k)
+                if value is not None:
+                    pairs.append((name, kind(value)))
+            if reasons:
+                pairs.append((gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, tuple(reasons)))
+            if host:
+                pairs.append(("server.address", host))
+            if port:
+                pairs.append(("server.port", port))
+            if get("error_class"):
+                pairs.append(("error.type", str(get("error_class"))))
+            same = _cache(self._call_same, key, tuple(pairs))
         if self.capture_content:
+            a = c.attempt
             if a.get("prompt_snapshot"):
                 unique.append((gen_ai.GEN_AI_INPUT_MESSAGES, _messages(a["prompt_snapshot"])))
             if a.get("raw_output") is not None:
                 unique.append((gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps([{
                     "role": "assistant", "parts": [{"type": "text", "content":
                                                     a["raw_output"][:MAX_CONTENT]}]}]).decode()))
-        return unique, tuple(same)
+        return unique, same[0], same[1]
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
         found = self._servers.get(endpoint)
@@ -456,10 +474,19 @@ _RUN_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("error_class", "lockgate.error_class", str),
     ("routed_from", "lockgate.routed_from", str))
 _CALL_OPTIONAL: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
-    ("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS, int),
-    ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, int),
     ("parse_status", "lockgate.parse_status", str),
     ("completeness", "lockgate.completeness", float))
+_TOKENS = (("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS),
+           ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS))
+
+
+def _cache(cache: dict[Any, tuple[tuple[tuple[str, Any], ...], bytes]], key: Any,
+           pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[tuple[str, Any], ...], bytes]:
+    """Keep a set of repeating attributes with its encoding, under ``key``."""
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    found = cache[key] = (pairs, b"".join(_attribute(k, v) for k, v in pairs))
+    return found
 
 _UNSET = Status(StatusCode.UNSET)
 _KEEP_ALL = ParentBased(ALWAYS_ON).get_description()
@@ -471,7 +498,7 @@ def _status(error: str | None) -> Status:
 
 def _sdk_attributes(attrs: Attrs) -> dict[str, Any]:
     """The attributes as an SDK span holds them."""
-    unique, same = attrs
+    unique, same, _encoded = attrs
     out = dict(unique)
     out.update(same)
     return out
@@ -500,7 +527,9 @@ _pack_q = struct.Struct("<Q").pack
 _pack_d = struct.Struct("<d").pack
 #: Span fields 1, 2, 4 with their lengths (trace id, span id, parent span id).
 _TRACE_ID, _SPAN_ID, _PARENT_ID = b"\x0a\x10", b"\x12\x08", b"\x22\x08"
-_KIND = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.CLIENT: b"\x30\x03"}
+_INTERNAL, _CLIENT = b"\x30\x01", b"\x30\x03"  # kind (field 6)
+#: start (field 7) and end (field 8) times, fixed64 each
+_times = struct.Struct("<BQBQ").pack
 #: flags (field 16, fixed32): SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, never remote.
 _FLAGS = b"\x85\x01" + struct.pack("<I", 0x100)
 _NO_STATUS = b"\x7a\x00"  # status (field 15), UNSET, as the SDK writes it
@@ -513,7 +542,6 @@ class _OtlpWriter:
 
     def __init__(self, post: Callable[[bytes], bool], resource: Resource) -> None:
         self._post = post
-        self._fields: dict[tuple[Any, ...], bytes] = {}
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
         probe = encode_spans([ReadableSpan("probe", context=SpanContext(1, 1, False),
                                            resource=resource, instrumentation_scope=SCOPE)])
@@ -552,46 +580,35 @@ class _OtlpWriter:
         """The encoded ``ExportTraceServiceRequest`` of built attempts."""
         parts = [self._scope]
         append = parts.append
-        span = self._span
         for (trace_id, run_id, call_id, start, end, name, run_attrs, run_error,
              call_name, call_attrs, error) in built:
-            tid = trace_id.to_bytes(16, "big")
+            ids = _TRACE_ID + trace_id.to_bytes(16, "big") + _SPAN_ID
             run = run_id.to_bytes(8, "big")
-            times = b"\x39" + _pack_q(start) + b"\x41" + _pack_q(end)
-            append(b"\x12" + _ld(span(tid, run, None, name, SpanKind.INTERNAL, times,
-                                      run_attrs, run_error)))
+            tail = _times(0x39, start, 0x41, end)
+            # Both spans' varying attributes start with the task id: encoded once.
+            first, *more = run_attrs[0]
+            task = _attribute(*first)
+            append(b"\x12" + _ld(b"".join((
+                ids, run, b"\x2a", _str(name), _INTERNAL, tail, task,
+                *[_attribute(k, v) for k, v in more], run_attrs[2],
+                _status_field(run_error), _FLAGS))))
             if call_id:
-                append(b"\x12" + _ld(span(tid, call_id.to_bytes(8, "big"), run, call_name,
-                                          SpanKind.CLIENT, times, call_attrs, error)))
+                append(b"\x12" + _ld(b"".join((
+                    ids, call_id.to_bytes(8, "big"), _PARENT_ID, run, b"\x2a",
+                    _str(call_name), _CLIENT, tail, task,
+                    *[_attribute(k, v) for k, v in call_attrs[0][1:]], call_attrs[2],
+                    _status_field(error), _FLAGS))))
         append(self._scope_tail)
         scope_spans = b"".join(parts)
         resource_spans = self._resource + b"\x12" + _ld(scope_spans) + self._resource_tail
         return b"\x0a" + _ld(resource_spans)
 
-    def _span(self, tid: bytes, sid: bytes, parent: bytes | None, name: str,
-              kind: SpanKind, times: bytes, attrs: Attrs, error: str | None) -> bytes:
-        out = [_TRACE_ID, tid, _SPAN_ID, sid]
-        if parent is not None:
-            out += (_PARENT_ID, parent)
-        out += (b"\x2a", _str(name), _KIND[kind], times)
-        unique, same = attrs
-        for key, value in unique:
-            out.append(_attribute(key, value))
-        # The repeating attributes (the model, the prompt, token counts...) of a span are
-        # encoded once per distinct set of values.
-        fields = self._fields.get(same)
-        if fields is None:
-            fields = b"".join(_attribute(key, value) for key, value in same)
-            if len(self._fields) >= _MAX_CACHED:
-                self._fields.clear()
-            self._fields[same] = fields
-        out.append(fields)
-        if error is None:
-            out.append(_NO_STATUS)
-        else:  # message (2), code ERROR (3)
-            out += (b"\x7a", _ld(b"\x12" + _str(error) + b"\x18\x02"))
-        out.append(_FLAGS)
-        return b"".join(out)
+
+def _status_field(error: str | None) -> bytes:
+    """A span's status field: UNSET, or ERROR with ``error`` as its message."""
+    if error is None:
+        return _NO_STATUS
+    return b"\x7a" + _ld(b"\x12" + _str(error) + b"\x18\x02")  # message (2), ERROR (3)
 
 
 #: Distinct sets of repeating attribute values kept encoded (then the cache starts again).
@@ -601,11 +618,25 @@ _MAX_CACHED = 4096
 def _attribute(key: str, value: Any) -> bytes:
     """A span's ``attributes`` field (9) holding a ``KeyValue``; empty for a value type
     the SDK leaves out."""
-    v = _any(value)
-    if v is None:
-        return b""
-    kv = b"\x0a" + _str(key) + b"\x12" + _ld(v)
-    return b"\x4a" + _ld(kv)
+    if type(value) is str:  # the common cases: a string, a small count
+        b = value.encode()
+        v = b"\x0a" + _len(len(b)) + b
+    elif type(value) is int and 0 <= value < 16384:
+        v = b"\x18" + _VARINTS[value]
+    else:
+        found = _any(value)
+        if found is None:
+            return b""
+        v = found
+    k = _KEYS.get(key)
+    if k is None:
+        k = _KEYS[key] = b"\x0a" + _str(key)
+    kv = k + b"\x12" + _len(len(v)) + v
+    return b"\x4a" + _len(len(kv)) + kv
+
+
+#: Attribute keys, encoded (field 1 of a KeyValue).
+_KEYS: dict[str, bytes] = {}
 
 
 def _ld(b: bytes) -> bytes:
