@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -334,3 +335,114 @@ def test_a_stuck_collector_costs_dropped_spans_counted_and_logged(
     assert len(stuck.spans) == tracing.exported
     assert tracing.exported + tracing.dropped == 80
     tracing.shutdown()
+
+
+# -- the exporter process ---------------------------------------------------------------
+
+
+def _decoded(received: list[tuple[str, bytes]]) -> list[Any]:
+    return [s for _p, body in received
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+            for ss in rs.scope_spans for s in ss.spans]
+
+
+def _otlp_env(monkeypatch: pytest.MonkeyPatch, url: str, **more: str) -> None:
+    """The environment asks for OTLP/HTTP to ``url`` (the exporter reads it there)."""
+    monkeypatch.delenv("LOCKGATE_OTEL_EXPORT_PROCESS", raising=False)
+    for name, value in {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{url}/v1/traces",
+                        "OTEL_SERVICE_NAME": "labeller", **more}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_an_exporter_process_posts_the_spans(
+        receiver: tuple[str, list[tuple[str, bytes]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, received = receiver
+    _otlp_env(monkeypatch, url)
+    ep = Endpoint(name="sim", base_url="http://h:81/v1", api_key_env="K")
+    tracing = Tracing.from_env({"sim": ep}.get)
+    assert tracing is not None and tracing._child is not None
+    tracing.emit(_calls(30))
+    assert tracing.flush(30)
+    child = tracing._child._proc
+    assert child is not None and child.poll() is None  # a live process of its own
+    spans = _decoded(received)
+    assert tracing.exported == len(spans) == 50 and tracing.failed == tracing.dropped == 0
+    runs = {s.span_id: s for s in spans if not s.parent_span_id}
+    calls = [s for s in spans if s.parent_span_id]
+    assert len(runs) == 30 and len(calls) == 20
+    for c in calls:
+        run = runs[c.parent_span_id]
+        assert run.trace_id == c.trace_id
+        assert _attrs(c)["lockgate.task.id"] == _attrs(run)["lockgate.task.id"]
+        assert _attrs(c)["server.address"] == "h"  # resolved here, sent along
+    tracing.shutdown()
+    assert child.poll() == 0  # it ended with its input
+
+
+def test_a_dead_exporter_process_hands_the_export_back(
+        receiver: tuple[str, list[tuple[str, bytes]]],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    url, received = receiver
+    _otlp_env(monkeypatch, url)
+    tracing = Tracing.from_env(lambda _n: None)
+    assert tracing is not None and tracing._child is not None
+    tracing.emit(_calls(4))
+    assert tracing.flush(30)
+    child = tracing._child._proc
+    assert child is not None
+    child.kill()
+    child.wait()
+    with caplog.at_level(logging.WARNING, logger="lockgate.quality"):
+        tracing.emit(_calls(30))
+        assert tracing.flush(30)
+    assert tracing._child is None
+    assert "exporter process is unusable" in caplog.text
+    assert tracing.exported == len(_decoded(received)) == 7 + 50
+    tracing.shutdown()
+
+
+def test_the_export_stays_in_the_worker_when_asked(
+        receiver: tuple[str, list[tuple[str, bytes]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, received = receiver
+    _otlp_env(monkeypatch, url, LOCKGATE_OTEL_EXPORT_PROCESS="0")
+    tracing = Tracing.from_env(lambda _n: None)
+    assert tracing is not None and tracing._child is None
+    tracing.emit(_calls(30))
+    assert tracing.flush(30)
+    assert tracing.exported == len(_decoded(received)) == 50
+    tracing.shutdown()
+
+
+def test_a_forked_worker_starts_its_own_exporter_process(
+        receiver: tuple[str, list[tuple[str, bytes]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes forked after the tracing was set up each talk to an exporter
+    process of their own, never into their parent's pipes."""
+    url, received = receiver
+    _otlp_env(monkeypatch, url)
+    tracing = Tracing.from_env(lambda _n: None)
+    assert tracing is not None and tracing._child is not None
+    parents = tracing._child._proc
+    assert parents is not None
+    pid = os.fork()
+    if pid == 0:  # the forked copy: exports 30 attempts through a process of its own
+        code = 1
+        try:
+            tracing.emit(_calls(30))
+            ok = tracing.flush(30)
+            own = tracing._child._proc if tracing._child else None
+            code = 0 if ok and own is not None and own.pid != parents.pid \
+                and tracing.exported == 50 else 2
+            tracing.shutdown()
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    tracing.emit(_calls(4))
+    assert tracing.flush(30)
+    assert tracing.exported == 7 and tracing._child._proc is parents
+    assert len(_decoded(received)) == 50 + 7
+    tracing.shutdown()
+    assert parents.poll() == 0

@@ -8,10 +8,31 @@ anomaly rules (:mod:`~lockgate.quality.alerts`, :mod:`~lockgate.quality.webhooks
 
 from __future__ import annotations
 
-from lockgate.quality.report import QualityRow, quality_report
-from lockgate.quality.rollup import Key, Rollup, Watch, watch_of
-from lockgate.quality.tracing import Tracing
-from lockgate.quality.writer import QualityObserver, RollupWriter, quality_observer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lockgate.quality.report import QualityRow, quality_report
+    from lockgate.quality.rollup import Key, Rollup, Watch, watch_of
+    from lockgate.quality.tracing import Tracing
+    from lockgate.quality.writer import QualityObserver, RollupWriter, quality_observer
+
+#: Where each name of the package lives: imported when first asked for, so that the
+#: span exporter process (:mod:`lockgate.quality.otel_child`) loads tracing alone.
+_HOMES = {"QualityRow": "report", "quality_report": "report", "Key": "rollup",
+          "Rollup": "rollup", "Watch": "rollup", "watch_of": "rollup",
+          "Tracing": "tracing", "QualityObserver": "writer", "RollupWriter": "writer",
+          "quality_observer": "writer"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Key", "QualityObserver", "QualityRow", "Rollup", "RollupWriter", "Tracing",
            "Watch", "quality_observer", "quality_report", "watch_of"]

@@ -38,12 +38,14 @@ import logging
 import os
 import random
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -60,11 +62,14 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from lockgate.config import Endpoint
+if TYPE_CHECKING:  # the exporter process imports this module: no settings there
+    from lockgate.config import Endpoint
 
 log = logging.getLogger("lockgate.quality")
 
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: ``0`` keeps the OTLP export in the worker's own exporter thread (default: a process).
+EXPORT_PROCESS = "LOCKGATE_OTEL_EXPORT_PROCESS"
 #: An empty context: the run span is a root whatever span the caller is in.
 _ROOT = Context()
 #: Longest text a span keeps of a prompt or an answer (characters).
@@ -205,6 +210,9 @@ class Tracing:
         self._drop_logged_at = 0.0
         self._otlp = _OtlpWriter.for_exporter(sink, self.resource) \
             if isinstance(sink, SpanExporter) else None
+        #: The exporter process building and posting the OTLP requests (None: this
+        #: process's exporter thread does).
+        self._child: ExportProcess | None = None
         self._random = random.Random()
         atexit.register(self.shutdown)
 
@@ -215,9 +223,16 @@ class Tracing:
         env = os.environ if env is None else env
         if not enabled(env):
             return None
-        return cls(_exporter(env), endpoint=endpoint,
-                   capture_content=_true(env.get(CAPTURE_CONTENT)),
-                   batch=BatchSettings.from_env(env))
+        exporter = _exporter(env)
+        tracing = cls(exporter, endpoint=endpoint,
+                      capture_content=_true(env.get(CAPTURE_CONTENT)),
+                      batch=BatchSettings.from_env(env))
+        if tracing._otlp is not None and (env.get(EXPORT_PROCESS) or "").strip().lower() \
+                not in ("0", "false", "no", "off"):
+            tracing._child = ExportProcess(env, timeout_s=tracing.batch.export_timeout_ms
+                                           / 1000)
+            tracing._child.start()  # it loads while the worker starts
+        return tracing
 
     # -- the caller's side (the worker's event loop) ---------------------------------
 
@@ -272,6 +287,8 @@ class Tracing:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(self.batch.export_timeout_ms / 1000)
+        if self._child is not None:
+            self._child.close()
         if self.dropped > self._dropped_logged:
             log.warning("OpenTelemetry: %d span(s) dropped in all (export queue full)",
                         self.dropped)
@@ -317,9 +334,22 @@ class Tracing:
         size = self._batch_size
         while queue:
             batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+            if self._child is not None:
+                done = self._child.export(batch, self._servers_of(batch),
+                                          self.capture_content)
+                if done is not None:
+                    self.exported += done[0]
+                    self.failed += done[1]
+                    continue
+                self._child = None  # it failed to start or died: this thread exports
             built = self.build(batch)
             if built:
                 self._export(built)
+
+    def _servers_of(self, batch: Sequence[CallSpan]) -> dict[str, tuple[str | None,
+                                                                         int | None]]:
+        names = {c.attempt.get("endpoint") or "" for c in batch}
+        return {n: self._server(n) for n in names if n}
 
     def _export(self, built: list[Built]) -> None:
         spans = sum(2 if b[2] else 1 for b in built)
@@ -502,6 +532,124 @@ def _sdk_attributes(attrs: Attrs) -> dict[str, Any]:
     out = dict(unique)
     out.update(same)
     return out
+
+
+# -- the exporter process -------------------------------------------------------------
+
+#: The attempt row's keys the spans read (the texts only when content is captured).
+_SPAN_KEYS = ("attempt", "started_at", "latency_ms", "endpoint", "model", "prompt_sha256",
+              "input_tokens", "output_tokens", "parse_status", "completeness",
+              "error_class", "routed_from", "request_id")
+_CONTENT_KEYS = ("prompt_snapshot", "raw_output")
+_FRAME = struct.Struct(">I")
+_COUNTS = struct.Struct(">QQ")
+
+
+class ExportProcess:
+    """A child process (``python -m lockgate.quality.otel_child``) that builds, encodes
+    and posts the OTLP requests, so that the spans' CPU is not spent under the worker's
+    interpreter lock: the exporter thread hands it each batch of attempts (length-prefixed
+    JSON on its stdin) and waits for the counts of spans exported and failed (on its
+    stdout), as it would wait for the collector. Started at the first batch; a process
+    that cannot start or dies hands the export back to the thread (logged)."""
+
+    def __init__(self, env: Mapping[str, str], *, timeout_s: float) -> None:
+        self._env = dict(env)
+        self._timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid = os.getpid()
+        self._broken = False
+
+    def _forked(self) -> None:
+        """In a forked copy of the process that started the child: let go of the
+        parent's pipes (its child is not ours to talk to) and start afresh."""
+        proc, self._proc = self._proc, None
+        self._pid = os.getpid()
+        self._broken = False
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+    def export(self, calls: Sequence[CallSpan],
+               servers: Mapping[str, tuple[str | None, int | None]],
+               capture_content: bool) -> tuple[int, int] | None:
+        """Spans exported and failed for ``calls``; None when the process is unusable
+        (the caller exports them itself)."""
+        if self._pid != os.getpid():
+            self._forked()
+        if self._broken:
+            return None
+        keys = _SPAN_KEYS + _CONTENT_KEYS if capture_content else _SPAN_KEYS
+        try:
+            payload = orjson.dumps([servers, [
+                (c.task_id, c.batch_id, c.prompt, {k: c.attempt.get(k) for k in keys},
+                 c.response_model, c.response_body, c.outcome) for c in calls]])
+            proc = self._proc or self._spawn()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(_FRAME.pack(len(payload)) + payload)
+            proc.stdin.flush()
+            reply = proc.stdout.read(_COUNTS.size)
+            if len(reply) != _COUNTS.size:
+                raise OSError(f"the exporter process ended (exit status {proc.poll()})")
+        except (OSError, ValueError, TypeError, orjson.JSONEncodeError) as exc:
+            log.warning("OpenTelemetry: the exporter process is unusable (%s); this "
+                        "process exports its spans itself from now on", exc)
+            self._broken = True
+            self.close()
+            return None
+        exported, failed = _COUNTS.unpack(reply)
+        return exported, failed
+
+    def start(self) -> None:
+        """Start the process now rather than at the first batch."""
+        if self._proc is None and not self._broken:
+            try:
+                self._spawn()
+            except OSError as exc:
+                log.warning("OpenTelemetry: no exporter process (%s); the worker's "
+                            "exporter thread exports its spans", exc)
+                self._broken = True
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "lockgate.quality.otel_child"], env=self._env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        return self._proc
+
+    def close(self) -> None:
+        """Let the process finish (end of its input) and reap it."""
+        if self._pid != os.getpid():
+            self._forked()
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(self._timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def serve(tracing: Tracing, read: Callable[[int], bytes], write: Callable[[bytes], Any]
+          ) -> None:
+    """The exporter process's loop (see :class:`ExportProcess`): ``tracing`` builds and
+    exports each batch read, the counts are written back; returns at the end of input."""
+    while True:
+        head = read(_FRAME.size)
+        if len(head) < _FRAME.size:
+            return
+        servers, rows = orjson.loads(read(_FRAME.unpack(head)[0]))
+        tracing._servers.update({k: (v[0], v[1]) for k, v in servers.items()})
+        exported, failed = tracing.exported, tracing.failed
+        built = tracing.build([CallSpan(*row) for row in rows])
+        if built:
+            tracing._export(built)
+        write(_COUNTS.pack(tracing.exported - exported, tracing.failed - failed))
 
 
 # -- OTLP/HTTP requests written directly ---------------------------------------------

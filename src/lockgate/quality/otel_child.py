@@ -1,0 +1,35 @@
+"""The exporter process of OpenTelemetry traces (:class:`lockgate.quality.tracing.
+ExportProcess`): ``python -m lockgate.quality.otel_child``, started by a worker that
+exports spans over OTLP/HTTP. Reads batches of attempts on stdin, builds, encodes and
+posts their spans with the exporter the ``OTEL_*`` environment configures, and answers
+each batch with the counts of spans exported and failed; ends at the end of its input
+(the worker stopped, or closed it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lockgate.quality.tracing import EXPORT_PROCESS, Tracing, serve
+
+
+def main() -> None:
+    # The answers go out on the stdout the worker reads; anything else printed here
+    # goes to stderr, never into them.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    tracing = Tracing.from_env(lambda _name: None, {**os.environ, EXPORT_PROCESS: "0"})
+    if tracing is None:  # the environment asks for no traces: nothing to export
+        return
+
+    def write(data: bytes) -> None:
+        answers.write(data)
+        answers.flush()
+    try:
+        serve(tracing, sys.stdin.buffer.read, write)
+    finally:
+        tracing.shutdown()
+
+
+if __name__ == "__main__":
+    main()
