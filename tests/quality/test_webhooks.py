@@ -175,3 +175,34 @@ def test_cleanup_deletes_deliveries_done_and_keeps_pending_ones(store: Store, db
                              catch_exceptions=False)
     assert "0 webhook deliveries done" in res.stderr
     assert {d["status"] for d in _deliveries(store)} == {"PENDING"}
+
+
+def test_cleanup_deletes_old_resolved_alerts_with_their_samples(
+        store: Store, db_url: str, receiver: Receiver) -> None:
+    s = settings(webhook=(receiver.webhook(),))
+    collapse(store)
+    Evaluator(store, s, worker_id="w1").tick()
+    [alert] = rows(store, "SELECT id, status FROM quality_alert")
+    samples = rows(store, "SELECT id FROM quality_alert_sample")
+    assert alert["status"] == "OPEN" and samples
+
+    def cleanup(age: str) -> str:
+        res = CliRunner().invoke(app, ["cleanup", "--older-than", age, "--db", db_url],
+                                 catch_exceptions=False)
+        assert res.exit_code == 0
+        return res.stderr
+
+    assert "0 resolved alert(s)" in cleanup("0s")  # an open alert stays, however old
+    day = 86_400_000
+    store.transaction(lambda tx: tx.execute(
+        "UPDATE quality_alert SET status = 'RESOLVED', open_key = NULL, "
+        "resolved_at = :now - :ago", {"ago": 2 * day}))
+    # resolved two days ago, but its webhook delivery is still pending: kept
+    assert "0 resolved alert(s) with 0 sample(s)" in cleanup("1d")
+    asyncio.run(Sender(store, s.quality).pass_once())
+    assert {d["status"] for d in _deliveries(store)} == {"DELIVERED"}
+    assert "0 resolved alert(s)" in cleanup("3d")  # not that old
+    out = cleanup("1d")
+    assert f"1 resolved alert(s) with {len(samples)} sample(s)" in out
+    for table in ("quality_alert", "quality_alert_sample", "alert_delivery"):
+        assert rows(store, f"SELECT id FROM {table}") == []

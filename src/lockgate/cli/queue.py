@@ -50,7 +50,7 @@ from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.providers import reach
-from lockgate.quality.alerts import prune_deliveries
+from lockgate.quality.alerts import prune_alerts, prune_deliveries
 from lockgate.quality.report import prune_rollups
 from lockgate.redact import redact_url
 from lockgate.results import Status
@@ -484,18 +484,20 @@ def cleanup(older_than: Annotated[str, typer.Option(
             tasks: Annotated[bool, typer.Option(
                 "--tasks", help="also delete finished tasks that old")] = False,
             db: DbOpt = None, config: ConfigOpt = None) -> None:
-    """Retention: delete attempt traces (and optionally finished tasks) and alert webhook
-    deliveries done older than an age, and quality rollups past `[quality] keep_minutes`
-    and `keep_hours`."""
+    """Retention: delete attempt traces (and optionally finished tasks), alerts resolved
+    (with their samples) and alert webhook deliveries done older than an age, and quality
+    rollups past `[quality] keep_minutes` and `keep_hours`."""
     age = seconds(older_than, "older_than")
     assert age is not None
     with opened_for_change(db, config) as lg:
         deleted = lg.store.cleanup(older_than_ms=int(age * 1000), tasks=tasks)
         rollups = prune_rollups(lg.store, lg.settings.quality)
+        alerts, samples = prune_alerts(lg.store, int(age * 1000))
         sent = prune_deliveries(lg.store, int(age * 1000))
     console.print(f"deleted {deleted['attempts']:,} attempt(s), {deleted['tasks']:,} "
-                  f"task(s), {rollups:,} minute or hour rollup row(s), {sent:,} webhook "
-                  "deliveries done", markup=False)
+                  f"task(s), {rollups:,} minute or hour rollup row(s), {alerts:,} resolved "
+                  f"alert(s) with {samples:,} sample(s), {sent:,} webhook deliveries done",
+                  markup=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

@@ -464,6 +464,12 @@ def prune_deliveries(store: Store, older_than_ms: int) -> int:
     return AlertStore(store).prune_deliveries(older_than_ms)
 
 
+def prune_alerts(store: Store, older_than_ms: int) -> tuple[int, int]:
+    """Delete alerts resolved before ``older_than_ms`` ago (none with a webhook delivery
+    pending), with their samples and deliveries; returns (alerts, samples) deleted."""
+    return AlertStore(store).prune_alerts(older_than_ms)
+
+
 __all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
            "ack_alert", "alert_key", "alert_of", "event_body", "get_alert",
-           "known_secrets", "list_alerts", "prune_deliveries", "scrub"]
+           "known_secrets", "list_alerts", "prune_alerts", "prune_deliveries", "scrub"]

@@ -113,6 +113,14 @@ _RETRY = sql(
 _FAILED = sql(
     "UPDATE alert_delivery SET status = 'FAILED', lease_token = NULL, last_error = :e "
     "WHERE id = :id AND lease_token = :t")
+_OLD_RESOLVED = sql(
+    "SELECT id FROM quality_alert WHERE status = 'RESOLVED' AND resolved_at < :now - :age "
+    "AND NOT EXISTS (SELECT 1 FROM alert_delivery d WHERE d.alert_id = quality_alert.id "
+    "AND d.status = 'PENDING') ORDER BY id")
+_DROP_SAMPLES = sql("DELETE FROM quality_alert_sample WHERE alert_id IN :ids", "ids")
+_DROP_DELIVERIES = sql("DELETE FROM alert_delivery WHERE alert_id IN :ids", "ids")
+_DROP_ALERTS = sql("DELETE FROM quality_alert WHERE id IN :ids AND status = 'RESOLVED'",
+                   "ids")
 _PRUNE_DELIVERIES = sql("DELETE FROM alert_delivery WHERE status IN ('DELIVERED', 'FAILED') "
                         "AND created_at < :now - :age")
 _DELIVERIES = sql("SELECT id, delivery_id, alert_id, event, target, status, attempts, "
@@ -317,6 +325,20 @@ class AlertStore:
         """Delete DELIVERED and FAILED deliveries older than that; how many went."""
         return int(self.store.transaction(lambda tx: tx.execute(
             _PRUNE_DELIVERIES, {"age": older_than_ms}).rowcount))
+
+    def prune_alerts(self, older_than_ms: int) -> tuple[int, int]:
+        """Delete alerts resolved more than ``older_than_ms`` ago whose webhooks have no
+        delivery pending, with their samples and deliveries; (alerts, samples) gone."""
+        def work(tx: Tx) -> tuple[int, int]:
+            ids = [int(r[0]) for r in tx.execute(_OLD_RESOLVED, {"age": older_than_ms})]
+            alerts = samples = 0
+            for i in range(0, len(ids), 500):
+                part = {"ids": ids[i:i + 500]}
+                samples += tx.execute(_DROP_SAMPLES, part).rowcount
+                tx.execute(_DROP_DELIVERIES, part)
+                alerts += tx.execute(_DROP_ALERTS, part).rowcount
+            return alerts, samples
+        return self.store.transaction(work)
 
     def pending_deliveries(self) -> int:
         with self.store.read() as tx:
