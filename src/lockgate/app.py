@@ -410,7 +410,8 @@ class Lockgate:
         """Acknowledge an alert (who and why are kept; a second ack changes nothing). An
         acknowledged alert is still updated and resolves as before."""
         return ack_alert(self.store, alert_id, actor=actor or default_actor(),
-                         reason=reason)
+                         reason=reason,
+                         targets=[w.target for w in self.settings.quality.webhook])
 
 
 @dataclass(frozen=True)

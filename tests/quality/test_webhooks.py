@@ -206,3 +206,24 @@ def test_cleanup_deletes_old_resolved_alerts_with_their_samples(
     assert f"1 resolved alert(s) with {len(samples)} sample(s)" in out
     for table in ("quality_alert", "quality_alert_sample", "alert_delivery"):
         assert rows(store, f"SELECT id FROM {table}") == []
+
+
+def test_an_ack_is_announced_to_the_webhooks_once(store: Store, db_url: str,
+                                                  receiver: Receiver) -> None:
+    s = settings(webhook=(receiver.webhook(), receiver.webhook(name="second")))
+    collapse(store)
+    Evaluator(store, s, worker_id="w1").tick()
+    assert [d["event"] for d in _deliveries(store)] == ["open", "open"]
+    with Lockgate(db_url, settings=s, migrate=False) as lg:
+        [alert] = lg.alerts()
+        lg.ack_alert(alert.id, actor="ops@example.com", reason="known: model upgrade")
+        lg.ack_alert(alert.id, actor="someone-else")  # already acknowledged: no event
+    acks = rows(store, "SELECT target FROM alert_delivery WHERE event = 'ack'")
+    assert sorted(d["target"] for d in acks) == sorted(
+        w.target for w in s.quality.webhook)
+    asyncio.run(Sender(store, s.quality).pass_once())
+    bodies = [orjson.loads(r.body) for r in receiver.got]
+    acked = [b["alert"] for b in bodies if b["event"] == "ack"]
+    assert len(acked) == 2
+    assert all(a["acked_by"] == "ops@example.com" and a["ack_reason"] ==
+               "known: model upgrade" for a in acked)

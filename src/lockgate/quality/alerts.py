@@ -451,10 +451,15 @@ def get_alert(store: Store, alert_id: int) -> Alert:
 
 
 def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
-              reason: str | None = None) -> Alert:
+              reason: str | None = None, targets: Sequence[str] = ()) -> Alert:
     """Acknowledge an alert (kept as it is if already acknowledged); it keeps being
-    updated and resolves as before."""
-    AlertStore(store).ack(alert_id, actor, reason)
+    updated and resolves as before. The first ack is announced (event ``ack``) to the
+    webhooks named in ``targets``, in the ack's transaction."""
+    def announce(tx: Tx) -> None:
+        alert = alert_of(AlertStore.alert_row(tx, alert_id))
+        AlertStore.enqueue(tx, alert_id, "ack", targets,
+                           body_of=lambda did: event_body("ack", did, alert))
+    AlertStore(store).ack(alert_id, actor, reason, announce if targets else None)
     return get_alert(store, alert_id)
 
 

@@ -220,13 +220,18 @@ class AlertStore:
             return row, tx.rows(_SAMPLES, {"id": alert_id}), \
                 tx.rows(_DELIVERIES, {"id": alert_id})
 
-    def ack(self, alert_id: int, by: str | None, reason: str | None) -> bool:
+    def ack(self, alert_id: int, by: str | None, reason: str | None,
+            then: Callable[[Tx], object] | None = None) -> bool:
         """Acknowledge an alert (once: False if it was already); it goes on being
-        updated and resolves as any other."""
+        updated and resolves as any other. ``then`` runs in the same transaction when
+        the ack changed the alert (its webhooks are told so)."""
         def work(tx: Tx) -> bool:
             self.alert_row(tx, alert_id)
-            return tx.execute(_ACK, {"id": alert_id, "by": (by or "")[:200] or None,
+            done = tx.execute(_ACK, {"id": alert_id, "by": (by or "")[:200] or None,
                                      "reason": reason}).rowcount == 1
+            if done and then is not None:
+                then(tx)
+            return done
         return self.store.transaction(work)
 
     # -- samples and volume ---------------------------------------------------------------
