@@ -58,3 +58,13 @@ def test_a_circuit_switch_opens_an_alert_and_closing_it_resolves_it(store: Store
     set_circuit(store, s.quality, "p", "OPEN", actor="ana", reason="vendor incident")
     assert _events(ev.tick()) == [("open", "completeness_circuit")]
     assert [x.status for x in list_alerts(store, everything=True)] == ["OPEN", "RESOLVED"]
+
+
+def test_a_circuit_opened_by_hand_before_any_call_has_no_value(store: Store) -> None:
+    s = _settings()
+    set_circuit(store, s.quality, "p", "OPEN", actor="ana", reason="vendor incident")
+    assert _events(Evaluator(store, s, worker_id="w1").tick()) == [
+        ("open", "completeness_circuit")]
+    [a] = list_alerts(store)
+    assert a.calls == 0 and a.value is None  # nothing measured, not 0% complete
+    assert a.to_dict()["value"] is None

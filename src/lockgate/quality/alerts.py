@@ -85,7 +85,8 @@ class Alert:
     subject: str | None
     status: str
     window_s: float
-    value: float
+    #: None when the window held no call (a circuit opened by hand before any traffic).
+    value: float | None
     baseline: float | None
     threshold: float
     calls: int
@@ -116,7 +117,7 @@ def alert_of(row: Mapping[str, Any], samples: Iterable[Mapping[str, Any]] = (),
     return Alert(
         id=int(row["id"]), rule=row["rule"], prompt=row["prompt"], model=row["model"],
         subject=row["subject"], status=row["status"], window_s=float(row["window_s"]),
-        value=float(row["value"]),
+        value=float(row["value"]) if int(row["calls"]) else None,
         baseline=None if row["baseline"] is None else float(row["baseline"]),
         threshold=float(row["threshold"]), calls=int(row["calls"]), tasks=int(row["tasks"]),
         batches=int(row["batches"]), batches_exact=bool(row["batches_exact"]),
