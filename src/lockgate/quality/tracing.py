@@ -664,7 +664,9 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-_VARINTS = [_varint(i) for i in range(1 << 14)]
+#: The varints of 0 .. 2**14 - 1 (one byte below 128, two above).
+_VARINTS = [bytes((i,)) for i in range(128)] + [
+    bytes(((i & 0x7F) | 0x80, i >> 7)) for i in range(128, 1 << 14)]
 
 
 def _len(n: int) -> bytes:
