@@ -41,6 +41,11 @@ from lockgate.store.engine import database_url
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 
+# The worker processes of ``pytest -n`` start with COLUMNS=80; rich fixes a console's
+# width when it is created under COLUMNS, so the CLI's tables would ignore the width a
+# test sets. Without it the width is read at each print, as in a serial run.
+os.environ.pop("COLUMNS", None)
+
 PG_URL = os.environ.get("LOCKGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("LOCKGATE_TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/test")
 
