@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
@@ -40,16 +40,6 @@ from lockgate.files import (
 )
 from lockgate.flow.window import BatchPlan
 from lockgate.gate.api import Gate
-from lockgate.gate.service import GateService
-from lockgate.quality import QualityRow, quality_report
-from lockgate.quality.alerts import Alert, ack_alert, get_alert, list_alerts
-from lockgate.quality.circuit import (
-    CircuitService,
-    actor_of,
-    circuit_views,
-    set_circuit,
-)
-from lockgate.quality.service import AlertService
 from lockgate.registry.api import Datasets, Prompts, default_actor
 from lockgate.registry.resolver import merge
 from lockgate.results import (
@@ -66,10 +56,15 @@ from lockgate.spec import TaskConfig, TaskSpec, load_config, registry_reference
 from lockgate.states import CircuitState, TaskStatus
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
-from lockgate.worker import Worker, WorkerStats
-from lockgate.worker.core import SideService
-from lockgate.worker.loop import run_async
-from lockgate.worker.processes import run_processes
+
+# The worker, the gate's and the quality loop's services, the alerts and the quality
+# reports are imported where they are used (deferred for start-up time: they bring
+# aiohttp, the OpenTelemetry SDK and protobuf, which a submit or a status never needs).
+if TYPE_CHECKING:
+    from lockgate.quality import QualityRow
+    from lockgate.quality.alerts import Alert
+    from lockgate.worker import Worker, WorkerStats
+    from lockgate.worker.core import SideService
 
 
 class Lockgate:
@@ -224,6 +219,11 @@ class Lockgate:
         with ``gate`` it also runs the release gate's roles. ``on_progress`` is called
         with its counters after every write-back; ``overrides`` set ``[worker]``
         settings (``concurrency=...``)."""
+        from lockgate.gate.service import GateService  # deferred: start-up time
+        from lockgate.quality.circuit import CircuitService
+        from lockgate.quality.service import AlertService
+        from lockgate.worker import Worker
+
         settings = self.settings
         if overrides:
             settings = settings.model_copy(update={
@@ -249,6 +249,9 @@ class Lockgate:
         ``processes`` > 1 runs that many worker processes (one core each; children set
         up logging at ``log_level``) and returns their counters summed; ``tick`` is
         then called about twice a second (progress), and ``on_progress`` otherwise."""
+        from lockgate.worker.loop import run_async  # deferred: start-up time
+        from lockgate.worker.processes import run_processes
+
         if processes > 1:
             plan = WorkerPlan(self.url, self.settings, burst=burst, gate=gate,
                               overrides=dict(overrides))
@@ -269,18 +272,24 @@ class Lockgate:
 
     def circuits(self) -> list[CircuitView]:
         """Every configured completeness circuit with its state now."""
+        from lockgate.quality.circuit import circuit_views  # deferred: start-up time
+
         return circuit_views(self.store, self.settings.quality)
 
     def open_circuit(self, prompt: str, *, actor: str | None = None,
                      reason: str | None = None) -> CircuitView:
         """Open a circuit by hand: its new tasks go to its fallback (probes aside) until
         it is closed by hand. :class:`StateConflict` when it is already held open."""
+        from lockgate.quality.circuit import set_circuit  # deferred: start-up time
+
         return set_circuit(self.store, self.settings.quality, prompt, CircuitState.OPEN,
                            actor=actor, reason=reason)
 
     def close_circuit(self, prompt: str, *, actor: str | None = None,
                       reason: str | None = None) -> CircuitView:
         """Close a circuit by hand; it opens again only on minutes from then on."""
+        from lockgate.quality.circuit import set_circuit  # deferred: start-up time
+
         return set_circuit(self.store, self.settings.quality, prompt, CircuitState.CLOSED,
                            actor=actor, reason=reason)
 
@@ -341,6 +350,8 @@ class Lockgate:
         value), checked against the task's delivery rule first (:class:`SpecError`
         naming the field); :class:`StateConflict` when the task is not in REVIEW. The
         resolution (who, why, the result) is kept in the task's trace."""
+        from lockgate.quality.circuit import actor_of  # deferred: start-up time
+
         view = self.store.task(task_id)  # NotFound, with the fix
         if view.status != TaskStatus.REVIEW:
             raise StateConflict(f"cannot resolve task '{task_id}': it is {view.status}, "
@@ -392,23 +403,31 @@ class Lockgate:
         seconds) per prompt version (``by="version"``), version and model (``"model"``)
         or version and hour (``"hour"``), read from the rollups (docs/quality.md).
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
+        from lockgate.quality.report import quality_report  # deferred: start-up time
+
         return quality_report(self.store, prompt, since_s=parse_duration(
             since, field="since", allow_zero=False), by=by)
 
     def alerts(self, *, everything: bool = False) -> list[Alert]:
         """Open quality alerts, oldest first; with ``everything`` resolved ones too,
         newest first (docs/quality.md)."""
+        from lockgate.quality.alerts import list_alerts  # deferred: start-up time
+
         return list_alerts(self.store, everything=everything)
 
     def alert(self, alert_id: int) -> Alert:
         """One alert with its failing samples and webhook deliveries; :class:`NotFound`
         if there is none of that id."""
+        from lockgate.quality.alerts import get_alert  # deferred: start-up time
+
         return get_alert(self.store, alert_id)
 
     def ack_alert(self, alert_id: int, *, actor: str | None = None,
                   reason: str | None = None) -> Alert:
         """Acknowledge an alert (who and why are kept; a second ack changes nothing). An
         acknowledged alert is still updated and resolves as before."""
+        from lockgate.quality.alerts import ack_alert  # deferred: start-up time
+
         return ack_alert(self.store, alert_id, actor=actor or default_actor(),
                          reason=reason,
                          targets=[w.target for w in self.settings.quality.webhook])

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,7 +22,9 @@ from lockgate.cli._common import (
     table,
     when,
 )
-from lockgate.quality.alerts import Alert
+
+if TYPE_CHECKING:
+    from lockgate.quality.alerts import Alert
 
 alerts_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Quality alerts: list, show (with failing samples), ack.")

@@ -3,7 +3,7 @@ the rollups the workers keep (docs/quality.md)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,9 +18,11 @@ from lockgate.cli._common import (
     print_json,
     table,
 )
-from lockgate.quality import QualityRow
-from lockgate.quality.report import BY, check_rules
-from lockgate.quality.rules import Finding
+from lockgate.quality import BY
+
+if TYPE_CHECKING:
+    from lockgate.quality import QualityRow
+    from lockgate.quality.rules import Finding
 
 
 def _pct(v: float | None) -> str:
@@ -56,6 +58,8 @@ def quality(prompt: Annotated[str | None, typer.Argument(
     schema conformance, invalid JSON, errors, latency p50/p95/p99, tokens per call,
     cost per task (retries and discarded calls included) and watched values."""
     if check:
+        from lockgate.quality.report import check_rules  # deferred: start-up time
+
         with opened(db, config) as lg:
             findings = check_rules(lg.store, lg.settings.quality, prompt)
         _print_findings(findings, as_json)

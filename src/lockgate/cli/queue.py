@@ -49,9 +49,6 @@ from lockgate.files import REVIEW_WRITERS, WRITERS, Format
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
-from lockgate.providers import reach
-from lockgate.quality.alerts import prune_alerts, prune_deliveries
-from lockgate.quality.report import prune_rollups
 from lockgate.redact import redact_url
 from lockgate.results import Status
 
@@ -218,6 +215,8 @@ def _served(settings: Settings, pool: str | None) -> list[Endpoint]:
 def _check_endpoints(settings: Settings, pool: str | None, *, refuse: bool) -> None:
     """Say which endpoints cannot be reached (docs/flow.md, "When an endpoint is
     down"); with ``refuse``, stop when none can."""
+    from lockgate.providers import reach  # deferred: start-up time (aiohttp)
+
     eps = _served(settings, pool)
     if not eps:
         return
@@ -487,6 +486,9 @@ def cleanup(older_than: Annotated[str, typer.Option(
     """Retention: delete attempt traces (and optionally finished tasks), alerts resolved
     (with their samples) and alert webhook deliveries done older than an age, and quality
     rollups past `[quality] keep_minutes` and `keep_hours`."""
+    from lockgate.quality.alerts import prune_alerts, prune_deliveries  # deferred:
+    from lockgate.quality.report import prune_rollups  # start-up time
+
     age = seconds(older_than, "older_than")
     assert age is not None
     with opened_for_change(db, config) as lg:

@@ -11,6 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: The groupings of a quality report (:func:`~lockgate.quality.report.quality_report`),
+#: here so that the command line names them without loading the reports.
+BY: tuple[str, ...] = ("version", "model", "hour")
+
 if TYPE_CHECKING:
     from lockgate.quality.report import QualityRow, quality_report
     from lockgate.quality.rollup import Key, Rollup, Watch, watch_of
@@ -34,5 +38,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["Key", "QualityObserver", "QualityRow", "Rollup", "RollupWriter", "Tracing",
+__all__ = ["BY", "Key", "QualityObserver", "QualityRow", "Rollup", "RollupWriter", "Tracing",
            "Watch", "quality_observer", "quality_report", "watch_of"]

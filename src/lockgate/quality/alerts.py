@@ -30,7 +30,6 @@ from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings
 from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
 from lockgate.quality.rules import Finding
-from lockgate.quality.writer import RollupWriter
 from lockgate.redact import MASK
 from lockgate.results import utc
 from lockgate.store.alerts import AlertStore, LeaseLost
@@ -202,6 +201,8 @@ class Evaluator:
         self.holding = False
         self.targets = tuple(w.target for w in self.q.webhook)
         self._secrets = known_secrets(settings)
+        from lockgate.quality.writer import RollupWriter  # deferred: OpenTelemetry SDK
+
         self._writer = RollupWriter(store, shard="evaluator", keywords=self.q.keywords)
 
     # -- the role ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from lockgate.config import QualitySettings
 from lockgate.errors import SpecError
+from lockgate.quality import BY
 from lockgate.quality.rollup import SPANS, Rollup, bucket_of
 from lockgate.quality.rules import WEEK_MS, Finding, evaluate
 from lockgate.results import utc
@@ -22,7 +23,6 @@ from lockgate.store.quality import QualityStore
 from lockgate.store.store import Store
 
 By = Literal["version", "model", "hour"]
-BY: tuple[str, ...] = ("version", "model", "hour")
 
 
 @dataclass(frozen=True, slots=True)

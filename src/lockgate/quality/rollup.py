@@ -35,8 +35,6 @@ from typing import Any
 
 import orjson
 from ddsketch import DDSketch
-from ddsketch.pb.ddsketch_pb2 import DDSketch as SketchMessage
-from ddsketch.pb.proto import DDSketchProto
 from ddsketch.store import DenseStore
 
 from lockgate.runtime import USABLE
@@ -97,6 +95,8 @@ def dump_sketch(sketch: DDSketch | None) -> str | None:
     """A sketch as stored: its protobuf form, base64 (None for an empty sketch)."""
     if sketch is None or sketch.count == 0:
         return None
+    from ddsketch.pb.proto import DDSketchProto  # deferred: protobuf, start-up time
+
     return base64.b64encode(DDSketchProto.to_proto(sketch).SerializeToString()).decode()
 
 
@@ -123,6 +123,9 @@ def load_sketch(text: str | None) -> DDSketch | None:
     """The sketch :func:`dump_sketch` wrote (None stays None)."""
     if not text:
         return None
+    from ddsketch.pb.ddsketch_pb2 import DDSketch as SketchMessage  # deferred: protobuf,
+    from ddsketch.pb.proto import DDSketchProto  # start-up time
+
     message = SketchMessage.FromString(base64.b64decode(text))
     sketch = _new_sketch()
     mapping = message.mapping
