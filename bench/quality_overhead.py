@@ -11,6 +11,7 @@ exits, so a shortfall is spans dropped) and the load average at each pair.
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --backends sqlite,postgresql,mariadb
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --sample 0.01
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --no-otel
+    python bench/quality_overhead.py --tasks 20000 --pairs 5 --in-thread
 
 Target (issue: the quality loop): on/off throughput ratio >= 0.95.
 """
@@ -82,7 +83,7 @@ def _database(backend: str, tmp: Path) -> str:
 
 
 def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
-         tmp: Path, ratio: float | None) -> tuple[float, float]:
+         tmp: Path, ratio: float | None, in_thread: bool = False) -> tuple[float, float]:
     config = tmp / ("on.toml" if on else "off.toml")
     config.write_text(f'[quality]\nrollups = {"true" if on else "false"}\n')
     env = {k: v for k, v in os.environ.items()
@@ -90,6 +91,8 @@ def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
     env["LOCKGATE_BASE_URL"] = sim
     if on and otlp:
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = otlp
+        if in_thread:
+            env["LOCKGATE_OTEL_EXPORT_PROCESS"] = "0"
         if ratio is not None:
             env["OTEL_TRACES_SAMPLER"] = "traceidratio"
             env["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
@@ -119,6 +122,9 @@ def main() -> None:
     ap.add_argument("--backends", default="sqlite")
     ap.add_argument("--no-otel", action="store_true",
                     help="rollups alone on (no OTLP export) against off")
+    ap.add_argument("--in-thread", action="store_true",
+                    help="export the spans from the worker's own thread "
+                         "(LOCKGATE_OTEL_EXPORT_PROCESS=0), not an exporter process")
     ap.add_argument("--sample", type=float, help="trace this share of the tasks "
                     "(OTEL_TRACES_SAMPLER=traceidratio) [every task]")
     ap.add_argument("--json", type=Path)
@@ -130,7 +136,8 @@ def main() -> None:
     out: dict[str, Any] = {"machine": _flow_common.machine(), "commit": _commit(),
                            "command": " ".join(sys.argv), "tasks": args.tasks,
                            "pairs": args.pairs, "sample": args.sample,
-                           "otel": not args.no_otel, "backends": {}}
+                           "otel": not args.no_otel, "in_thread": args.in_thread,
+                           "backends": {}}
     with SimulatorProcess() as sim, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         tasks = tmp / "tasks.jsonl"
@@ -142,7 +149,8 @@ def main() -> None:
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
                     url = _database(backend, tmp)
                     spans = _Receiver.exported[2]
-                    wall, cpu = _one(url, tasks, sim.url, otlp, on, tmp, args.sample)
+                    wall, cpu = _one(url, tasks, sim.url, otlp, on, tmp, args.sample,
+                                     args.in_thread)
                     key = "on" if on else "off"
                     pair[f"{key}_tps"] = args.tasks / wall
                     pair[f"{key}_cpu_s"] = cpu

@@ -362,6 +362,7 @@ def test_an_exporter_process_posts_the_spans(
     ep = Endpoint(name="sim", base_url="http://h:81/v1", api_key_env="K")
     tracing = Tracing.from_env({"sim": ep}.get)
     assert tracing is not None and tracing._child is not None
+    assert tracing._otlp is None  # no exporter of its own while the process posts
     tracing.emit(_calls(30))
     assert tracing.flush(30)
     child = tracing._child._proc
@@ -396,7 +397,7 @@ def test_a_dead_exporter_process_hands_the_export_back(
     with caplog.at_level(logging.WARNING, logger="lockgate.quality"):
         tracing.emit(_calls(30))
         assert tracing.flush(30)
-    assert tracing._child is None
+    assert tracing._child is None and tracing._otlp is not None  # its own, built now
     assert "exporter process is unusable" in caplog.text
     assert tracing.exported == len(_decoded(received)) == 7 + 50
     tracing.shutdown()

@@ -96,8 +96,22 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
                 or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+def _console(env: Mapping[str, str]) -> bool:
+    return (env.get("OTEL_TRACES_EXPORTER") or "").strip().lower() == "console"
+
+
+class _NoSink(SpanExporter):
+    """The sink of a tracing whose exporter process posts the spans (never used)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
 def _exporter(env: Mapping[str, str]) -> SpanExporter:
-    if (env.get("OTEL_TRACES_EXPORTER") or "").strip().lower() == "console":
+    if _console(env):
         return ConsoleSpanExporter()
     # Imported only when traces are on: the exporter brings an HTTP client and protobuf
     # code that every other use of lockgate would load for nothing.
@@ -213,6 +227,8 @@ class Tracing:
         #: The exporter process building and posting the OTLP requests (None: this
         #: process's exporter thread does).
         self._child: ExportProcess | None = None
+        #: The environment to build this process's exporter from if that process fails.
+        self._fallback_env: dict[str, str] | None = None
         self._random = random.Random()
         atexit.register(self.shutdown)
 
@@ -223,16 +239,28 @@ class Tracing:
         env = os.environ if env is None else env
         if not enabled(env):
             return None
-        exporter = _exporter(env)
-        tracing = cls(exporter, endpoint=endpoint,
-                      capture_content=_true(env.get(CAPTURE_CONTENT)),
-                      batch=BatchSettings.from_env(env))
-        if tracing._otlp is not None and (env.get(EXPORT_PROCESS) or "").strip().lower() \
-                not in ("0", "false", "no", "off"):
-            tracing._child = ExportProcess(env, timeout_s=tracing.batch.export_timeout_ms
-                                           / 1000)
-            tracing._child.start()  # it loads while the worker starts
+        batch = BatchSettings.from_env(env)
+        capture = _true(env.get(CAPTURE_CONTENT))
+        if _console(env) or (env.get(EXPORT_PROCESS) or "").strip().lower() in (
+                "0", "false", "no", "off"):
+            return cls(_exporter(env), endpoint=endpoint, capture_content=capture,
+                       batch=batch)
+        # OTLP through an exporter process: this process builds no exporter of its own
+        # (its HTTP client and protobuf code cost the worker's start a few hundred ms of
+        # CPU) unless the process fails and the export comes back here.
+        tracing = cls(_NoSink(), endpoint=endpoint, capture_content=capture, batch=batch)
+        tracing._fallback_env = dict(env)
+        tracing._child = ExportProcess(env, timeout_s=batch.export_timeout_ms / 1000)
+        tracing._child.start()  # it loads while the worker starts
         return tracing
+
+    def _export_here(self) -> None:
+        """The exporter process is gone: build this process's own exporter."""
+        self._child = None
+        if self._fallback_env is not None:
+            self.sink = _exporter(self._fallback_env)
+            self._otlp = _OtlpWriter.for_exporter(self.sink, self.resource)
+            self._fallback_env = None
 
     # -- the caller's side (the worker's event loop) ---------------------------------
 
@@ -341,7 +369,7 @@ class Tracing:
                     self.exported += done[0]
                     self.failed += done[1]
                     continue
-                self._child = None  # it failed to start or died: this thread exports
+                self._export_here()  # it failed to start or died: this thread exports
             built = self.build(batch)
             if built:
                 self._export(built)
