@@ -2,7 +2,8 @@
 simulator with rollups and OpenTelemetry export on (to an OTLP/HTTP receiver in this
 process, which decodes each request and counts its spans) against the same run with both
 off, in pairs whose order alternates (on off, off on, on off ...) so a drift of the
-shared machine hits both alike. Each run starts from an empty database; the figures are
+shared machine hits both alike, after an unmeasured pair (``--warmup``). Each run
+starts from an empty database; the figures are
 tasks/s from the run's own wall time (end to end: start, claims, calls, write-backs,
 exit with the spans exported), the CPU seconds of the whole ``lockgate run`` process
 (and its children), the spans the receiver got (a run's spans all arrive before it
@@ -120,6 +121,9 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--backends", default="sqlite")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="unmeasured pairs run first on each backend (caches, "
+                         "compiled files) [1]")
     ap.add_argument("--no-otel", action="store_true",
                     help="rollups alone on (no OTLP export) against off")
     ap.add_argument("--in-thread", action="store_true",
@@ -143,6 +147,10 @@ def main() -> None:
         tasks = tmp / "tasks.jsonl"
         _tasks(tasks, args.tasks)
         for backend in args.backends.split(","):
+            for _ in range(args.warmup):  # the first runs of a backend are slower
+                for on in (True, False):
+                    _one(_database(backend, tmp), tasks, sim.url, otlp, on, tmp,
+                         args.sample, args.in_thread)
             rows: list[dict[str, float]] = []
             for i in range(args.pairs):
                 pair: dict[str, float] = {"load_1m": os.getloadavg()[0]}
