@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -447,3 +448,26 @@ def test_a_forked_worker_starts_its_own_exporter_process(
     assert len(_decoded(received)) == 50 + 7
     tracing.shutdown()
     assert parents.poll() == 0
+
+
+def test_the_exporter_process_outlives_a_stop_signal_until_its_input_ends(
+        receiver: tuple[str, list[tuple[str, bytes]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C or a SIGTERM to the worker's whole group leaves the exporter process to
+    export what the stopping worker still hands over."""
+    url, received = receiver
+    _otlp_env(monkeypatch, url)
+    tracing = Tracing.from_env(lambda _n: None)
+    assert tracing is not None and tracing._child is not None
+    tracing.emit(_calls(4))
+    assert tracing.flush(30)  # it runs, and has set up its signal handling
+    child = tracing._child._proc
+    assert child is not None and os.getsid(child.pid) == child.pid  # its own session
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(child.pid, sig)
+    tracing.emit(_calls(30))
+    assert tracing.flush(30)
+    assert tracing._child is not None and child.poll() is None
+    assert tracing.exported == len(_decoded(received)) == 7 + 50
+    tracing.shutdown()
+    assert child.poll() == 0

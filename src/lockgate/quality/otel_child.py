@@ -8,12 +8,17 @@ each batch with the counts of spans exported and failed; ends at the end of its 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from lockgate.quality.tracing import EXPORT_PROCESS, Tracing, serve
 
 
 def main() -> None:
+    # It ends with its input: a stop signal sent to the worker's whole group (systemd's
+    # default) must not cut off the spans the stopping worker still hands over.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     # The answers go out on the stdout the worker reads; anything else printed here
     # goes to stderr, never into them.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

@@ -640,9 +640,14 @@ class ExportProcess:
                 self._broken = True
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        # Its own session: a Ctrl-C at the terminal reaches the worker, which stops
+        # gracefully and still has spans to hand over; the process ends at the end of
+        # its input (when the worker closes it or dies), never on a signal meant for
+        # the worker.
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "lockgate.quality.otel_child"], env=self._env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            start_new_session=True)
         return self._proc
 
     def close(self) -> None:
