@@ -27,8 +27,7 @@ RowKey = tuple[str, int, str, str, str]
 _T = schema.quality_rollup
 _KEY_NAMES = ("resolution", "bucket", "prompt", "model", "endpoint")
 _VALUE_COLS = tuple(c.name for c in _T.columns
-                    if c.name not in ("id", "resolution", "bucket", "prompt", "model",
-                                      "endpoint", "shard", "updated_at"))
+                    if c.name not in ("id", *_KEY_NAMES, "shard", "updated_at"))
 
 _TASKS_SQL = "SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN ({})"
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
@@ -37,12 +36,17 @@ _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p 
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
 
 
+def _mark(dialect: Dialect) -> str:
+    """The driver's positional parameter marker (SQL text sent as it is)."""
+    return "?" if dialect.paramstyle == "qmark" else "%s"
+
+
 class _RollupSql:
     """The write-back's rollup statements as SQL text in the driver's parameter style."""
 
     def __init__(self, dialect: Dialect, lock: str) -> None:
         quote = dialect.identifier_preparer.quote
-        mark = "?" if dialect.paramstyle == "qmark" else "%s"
+        mark = _mark(dialect)
         keys = [quote(c) for c in _KEY_NAMES]
         values = [quote(c) for c in _VALUE_COLS]
         table = quote(_T.name)
@@ -112,7 +116,7 @@ class QualityStore:
             part = wanted[i:i + 512]
             size = 1 << (len(part) - 1).bit_length()
             params = tuple(part) + (part[-1],) * (size - len(part))
-            mark = "?" if tx.conn.dialect.paramstyle == "qmark" else "%s"
+            mark = _mark(tx.conn.dialect)
             marks = ", ".join([mark] * size)
             out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
                        tx.conn.exec_driver_sql(_TASKS_SQL.format(marks), params))
