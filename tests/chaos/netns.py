@@ -1,5 +1,5 @@
 """A network namespace of the test's own, joined to this one by two veth pairs: one that
-carries the database traffic (the one a test takes down to cut the namespace off) and
+carries the database traffic (the one a test cuts: see :meth:`Namespace.cut`) and
 one that carries the model calls. The addresses are link-local (169.254.0.0/16), on
 links that exist only between this namespace and the test's own."""
 
@@ -13,6 +13,9 @@ import subprocess
 from dataclasses import dataclass
 
 from .servers import unavailable
+
+#: A locally administered hardware address no interface here has.
+NOWHERE = "02:00:5e:00:00:01"
 
 
 def _ip(*args: str) -> None:
@@ -31,12 +34,22 @@ class Namespace:
     call_link: str
 
     def cut(self) -> None:
-        """Take the database link down: packets are dropped, sockets are not reset."""
-        _ip("link", "set", self.db_link, "down")
+        """Lose every packet on the database link, silently, both ways, as in a real
+        partition: each end's neighbour entry for the other points at a hardware
+        address nobody has, so frames leave and are dropped on arrival. Sending
+        succeeds, nothing is reset, and TCP backs its retransmissions off as it does
+        on a lossy path. (Taking the link down instead would fail each send locally,
+        and Linux retries a locally failed send every half second: recovery would
+        look quicker than it is on a network.)"""
+        _ip("-n", self.name, "neigh", "replace", self.db_host, "lladdr", NOWHERE,
+            "dev", self.db_link + "n", "nud", "permanent")
+        _ip("neigh", "replace", self.db_peer, "lladdr", NOWHERE, "dev", self.db_link,
+            "nud", "permanent")
 
     def join(self) -> None:
-        """Bring the database link back."""
-        _ip("link", "set", self.db_link, "up")
+        """Deliver the database link's packets again (the ends find each other anew)."""
+        _ip("-n", self.name, "neigh", "del", self.db_host, "dev", self.db_link + "n")
+        _ip("neigh", "del", self.db_peer, "dev", self.db_link)
 
     def command(self, *cmd: str) -> list[str]:
         """``cmd`` run inside the namespace (same process id: ``ip netns exec`` execs)."""

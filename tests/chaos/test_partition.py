@@ -1,8 +1,10 @@
-"""A worker in a network namespace of its own is cut off from the database (its link taken
-down: packets dropped, no reset) for longer than its lease, while its model calls still
-answer, then reconnected. Another worker takes over the expired leases; the cut-off
-worker's late results are refused by fencing (written as ``discarded`` attempts), no task
-has two results, and the cut-off worker goes on by itself once the link is back."""
+"""A worker in a network namespace of its own is cut off from the database (every packet
+on the link lost silently, no reset) for longer than its lease, while its model calls
+still answer, then reconnected. The cut-off worker notices: its database calls time out
+(``LOCKGATE_DB_TIMEOUT``) instead of waiting on TCP's retransmissions. Another worker
+takes over the expired leases; the cut-off worker's late results are refused by fencing
+(written as ``discarded`` attempts), no task has two results, and the cut-off worker goes
+on by itself once the link is back."""
 
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ from .servers import PrivateServer, private_server
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 LEASE_S = 3.0
+#: The cut-off worker's LOCKGATE_DB_TIMEOUT: shorter than the cut (which outlasts the
+#: lease), so the test sees the worker give its silent connections up.
+DB_TIMEOUT = "1s"
 TASKS = 600
 MORE = 300
 
@@ -60,9 +65,20 @@ def server(namespace: Namespace) -> Iterator[PrivateServer]:
         pg.close()
 
 
+@pytest.fixture
+def store(server: PrivateServer) -> Iterator[Store]:
+    """The test's own store on the private server (closed however the test ends, so no
+    connection to a server that is gone outlives it)."""
+    s = Store(server.url, pool_size=1)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 def test_a_worker_cut_off_past_its_lease_is_fenced_and_recovers(
-        namespace: Namespace, server: PrivateServer, tmp_path: Path, scale: Scale) -> None:
-    store = Store(server.url, pool_size=1)
+        namespace: Namespace, server: PrivateServer, store: Store, tmp_path: Path,
+        scale: Scale) -> None:
     sim = SimulatorProcess({"latency": {"kind": "fixed", "mean_ms": 40}},
                            host=namespace.call_host).start()
     log = tmp_path / "cut-off-worker.log"
@@ -78,7 +94,8 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_recovers(
                                   "--log-level", "INFO"),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=tmp_path, env=clean_env(LOCKGATE_DATABASE_URL=server.url,
-                                            LOCKGATE_BASE_URL=sim.url))
+                                            LOCKGATE_BASE_URL=sim.url,
+                                            LOCKGATE_DB_TIMEOUT=DB_TIMEOUT))
         wid = wait_for(lambda: rows(store, "SELECT id FROM worker WHERE pid = :p",
                                     p=cut_off.pid), "the worker's row")[0]["id"]
         wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task_attempt WHERE "
@@ -86,6 +103,7 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_recovers(
                  "the worker to land 100 results")
         namespace.cut()
         cut_at = time.monotonic()
+        logged = log.stat().st_size
         held = {r["task_id"] for r in rows(
             store, "SELECT task_id FROM task WHERE leased_by = :w AND status = 'PENDING'",
             w=wid)}
@@ -96,16 +114,20 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_recovers(
         assert status_counts(store) == {"SUCCEEDED": TASKS}
         assert time.monotonic() - cut_at >= LEASE_S
         assert cut_off.poll() is None, "the cut-off worker exited"
+        # It noticed the cut: its calls on the silent connections failed (timed out)
+        # while the link was still cut, rather than hanging on TCP's back-off.
+        wait_for(lambda: b"cannot reach the database" in log.read_bytes()[logged:],
+                 "the cut-off worker's database calls to time out", timeout=60)
         # More work, then the link comes back: the cut-off worker alone must do it.
         store.submit([parse_task(t) for t in tasks(MORE, prefix="more")], batch_id="more")
         last = int(scalar(store, "SELECT MAX(id) FROM task_attempt"))
         time.sleep(max(0.0, scale.cut_s - (time.monotonic() - cut_at)))
         namespace.join()
         joined_at = time.monotonic()
-        wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task_attempt WHERE worker_id "
-                                       "= :w AND outcome = 'discarded'", w=wid),
-                 "the cut-off worker's late results to be refused", timeout=120)
         try:
+            wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task_attempt WHERE "
+                                           "worker_id = :w AND outcome = 'discarded'", w=wid),
+                     "the cut-off worker's late results to be refused", timeout=120)
             wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task_attempt WHERE "
                                            "worker_id = :w AND outcome = 'succeeded' AND "
                                            "id > :a", w=wid, a=last),
@@ -142,4 +164,3 @@ def test_a_worker_cut_off_past_its_lease_is_fenced_and_recovers(
     print(f"partition: cut off holding {len(held)} leases for "
           f"{joined_at - cut_at:.1f}s (lease {LEASE_S:g}s); {len(refused)} late results "
           f"refused by fencing; new results {recovered_s:.1f}s after the link came back")
-    store.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -11,7 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
-from lockgate.errors import ConfigError
+from lockgate.durations import parse_duration
+from lockgate.errors import ConfigError, SpecError
 from lockgate.redact import redact_url
 
 DEFAULT_URL = "sqlite:///lockgate.db"
@@ -24,6 +27,17 @@ BUSY_TIMEOUT_MS = 60_000
 #: locks (tasks no other worker can claim) until the server's TCP keepalive notices,
 #: two hours by default.
 IDLE_IN_TRANSACTION_S = 60
+#: How long this client waits on a server that has gone silent before it gives the
+#: connection up (``LOCKGATE_DB_TIMEOUT``, any duration): the TCP user timeout (data
+#: sent and not acknowledged), keepalive probes while it waits for an answer (a long
+#: query is not cut: the server's kernel answers the probes), and the connect timeout.
+#: Without these a worker whose database link drops packets (a partition, a host that
+#: vanished) waits on its socket for as long as TCP retransmits, 15 minutes on Linux,
+#: and after the link is back for up to two minutes more (the retransmission back-off).
+DB_TIMEOUT_S = 20.0
+#: libpq's keepalive and timeout parameters; any of them in the URL's query wins.
+_PG_TCP_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle",
+                  "keepalives_interval", "keepalives_count", "tcp_user_timeout")
 
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -69,6 +83,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
                           f"{str(exc).replace(resolved, redact_url(resolved))}") from None
     kwargs: dict[str, Any] = {}
     backend = parsed.get_backend_name()
+    timeout_s = DB_TIMEOUT_S if backend == "sqlite" else db_timeout_s()
     if backend == "sqlite":
         kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
         kwargs["pool_size"] = pool_size
@@ -80,7 +95,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
         kwargs["max_overflow"] = 2
         kwargs["pool_pre_ping"] = True
         kwargs["pool_recycle"] = 1800
-    if backend != "sqlite":
+        kwargs["connect_args"] = _tcp_connect_args(backend, parsed.query, timeout_s)
         kwargs["isolation_level"] = "READ COMMITTED"
     try:
         engine = create_engine(parsed, **kwargs)
@@ -89,18 +104,73 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     if backend == "sqlite":
         _sqlite_setup(engine)
     elif backend in ("mysql", "mariadb"):
-        _mysql_setup(engine)
+        _mysql_setup(engine, timeout_s)
     else:
-        _postgres_setup(engine)
+        _postgres_setup(engine, timeout_s)
     return engine
 
 
-def _postgres_setup(engine: Engine) -> None:
+def db_timeout_s() -> float:
+    """``LOCKGATE_DB_TIMEOUT`` in seconds (see :data:`DB_TIMEOUT_S`)."""
+    raw = os.environ.get("LOCKGATE_DB_TIMEOUT", "").strip()
+    if not raw:
+        return DB_TIMEOUT_S
+    try:
+        return parse_duration(raw, field="LOCKGATE_DB_TIMEOUT", allow_zero=False)
+    except SpecError as exc:
+        raise ConfigError(f"{exc}; it bounds how long a worker waits on a silent "
+                          f"database (default {DB_TIMEOUT_S:g}s)") from None
+
+
+def _keepalive_s(timeout_s: float) -> int:
+    """Keepalive idle time and probe interval: three unanswered probes after an idle
+    spell span about ``timeout_s``."""
+    return max(1, round(timeout_s / 4))
+
+
+def _tcp_connect_args(backend: str, query: Any, timeout_s: float) -> dict[str, Any]:
+    """The driver's connect arguments that bound a silent server; a parameter the URL
+    sets itself is left to the URL."""
+    if backend in ("mysql", "mariadb"):
+        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout_s))}
+    else:
+        probe = _keepalive_s(timeout_s)
+        # libpq's connect_timeout is whole seconds, at least 2.
+        args = {"connect_timeout": max(2, math.ceil(timeout_s)), "keepalives": 1,
+                "keepalives_idle": probe, "keepalives_interval": probe,
+                "keepalives_count": 3, "tcp_user_timeout": int(timeout_s * 1000)}
+    return {k: v for k, v in args.items() if k not in query}
+
+
+def _bound_socket(sock: socket.socket, timeout_s: float) -> None:
+    """TCP keepalive and user timeout on a connected socket (what libpq does for
+    PostgreSQL; PyMySQL only turns keepalive on, at the system's two-hour idle)."""
+    probe = _keepalive_s(timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe),
+                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", int(timeout_s * 1000))):
+        option = getattr(socket, name, None)  # Linux has them all; others some
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _postgres_setup(engine: Engine, timeout_s: float) -> None:
+    # The server side of the session gets the same bounds: a client gone silent in the
+    # middle of a transaction (a partition, a vanished host) has its session ended,
+    # and its row locks released, within about ``timeout_s`` rather than at the idle
+    # transaction timeout. (A frozen client's kernel still answers the probes: the idle
+    # transaction timeout covers it.)
+    probe = _keepalive_s(timeout_s)
+    session = (f"SET idle_in_transaction_session_timeout = "
+               f"{int(IDLE_IN_TRANSACTION_S * 1000)}; "
+               f"SET tcp_keepalives_idle = {probe}; SET tcp_keepalives_interval = {probe}; "
+               f"SET tcp_keepalives_count = 3; "
+               f"SET tcp_user_timeout = {int(timeout_s * 1000)}")
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         with dbapi_conn.cursor() as cur:
-            cur.execute(f"SET idle_in_transaction_session_timeout = "
-                        f"{int(IDLE_IN_TRANSACTION_S * 1000)}")
+            cur.execute(session)
         dbapi_conn.commit()
 
 
@@ -171,9 +241,13 @@ def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: floa
         pause_s = min(pause_s * 2, max_pause_s)
 
 
-def _mysql_setup(engine: Engine) -> None:
+def _mysql_setup(engine: Engine, timeout_s: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        sock = getattr(dbapi_conn, "_sock", None)  # PyMySQL's socket (None: a Unix one)
+        if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET,
+                                                               socket.AF_INET6):
+            _bound_socket(sock, timeout_s)
         cur = dbapi_conn.cursor()
         cur.execute("SET time_zone = '+00:00'")
         cur.execute("SET SESSION innodb_lock_wait_timeout = 30")

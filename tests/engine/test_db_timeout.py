@@ -1,0 +1,121 @@
+"""A client gives up a silent server connection within ``LOCKGATE_DB_TIMEOUT``: the TCP
+user timeout, keepalive probes and the connect timeout are set on every server
+connection (libpq's parameters on PostgreSQL, socket options on MySQL/MariaDB). The
+partition scenario (tests/chaos/test_partition.py) shows what they do on a lossy link."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from conftest import BACKENDS
+from lockgate.errors import ConfigError
+from lockgate.store.engine import DB_TIMEOUT_S, create, db_timeout_s
+
+
+def _bounds(engine: Engine) -> dict[str, int]:
+    """The bounds one pooled connection of ``engine`` carries, in libpq's terms."""
+    with engine.connect() as conn:
+        raw: Any = conn.connection.driver_connection
+        if engine.dialect.name == "postgresql":
+            params = raw.info.get_parameters()
+            return {k: int(params[k]) for k in (
+                "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout") if k in params}
+        sock: socket.socket = raw._sock
+        return {
+            "connect_timeout": int(raw.connect_timeout),
+            "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "keepalives_idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "keepalives_interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "keepalives_count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "tcp_user_timeout": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+@pytest.fixture(scope="module", params=[b for b in BACKENDS if b != "sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The server backends only: SQLite has no network connection to bound."""
+    return str(request.param)
+
+
+@pytest.fixture
+def server_url(db_url: str) -> str:
+    return db_url
+
+
+def test_every_server_connection_carries_the_default_bounds(server_url: str) -> None:
+    engine = create(server_url)
+    try:
+        assert _bounds(engine) == {
+            "connect_timeout": 20, "keepalives": 1, "keepalives_idle": 5,
+            "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 20_000}
+    finally:
+        engine.dispose()
+    assert DB_TIMEOUT_S == 20
+
+
+def test_the_environment_sets_the_bounds(server_url: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", "1m")
+    engine = create(server_url)
+    try:
+        assert _bounds(engine) == {
+            "connect_timeout": 60, "keepalives": 1, "keepalives_idle": 15,
+            "keepalives_interval": 15, "keepalives_count": 3, "tcp_user_timeout": 60_000}
+    finally:
+        engine.dispose()
+
+
+def test_a_parameter_in_the_url_wins(server_url: str) -> None:
+    if not server_url.startswith("postgresql"):
+        pytest.skip("libpq's parameters are PostgreSQL's")
+    sep = "&" if "?" in server_url else "?"
+    engine = create(f"{server_url}{sep}tcp_user_timeout=7000&connect_timeout=9")
+    try:
+        bounds = _bounds(engine)
+    finally:
+        engine.dispose()
+    assert bounds["tcp_user_timeout"] == 7000
+    assert bounds["connect_timeout"] == 9
+    assert bounds["keepalives_idle"] == 5  # the rest stays lockgate's
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "-5s", "10 parsecs"])
+def test_a_bad_timeout_is_refused_by_name(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", value)
+    with pytest.raises(ConfigError, match="LOCKGATE_DB_TIMEOUT") as info:
+        db_timeout_s()
+    assert "default 20s" in str(info.value)
+
+
+def test_durations_in_any_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, seconds in (("90", 90.0), ("2.5s", 2.5), ("1m30s", 90.0), ("500ms", 0.5)):
+        monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", value)
+        assert db_timeout_s() == seconds
+    monkeypatch.delenv("LOCKGATE_DB_TIMEOUT")
+    assert db_timeout_s() == DB_TIMEOUT_S
+
+
+def test_the_server_side_of_a_postgresql_session_has_the_same_bounds(
+        server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client gone silent mid-transaction has its session (and row locks) ended by
+    the server within the timeout, not at the idle-transaction timeout."""
+    if not server_url.startswith("postgresql"):
+        pytest.skip("MySQL/MariaDB set keepalive server-wide only")
+    monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", "8s")
+    engine = create(server_url)
+    try:
+        with engine.connect() as conn:
+            shown = {name: conn.exec_driver_sql(f"SHOW {name}").scalar() for name in (
+                "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+                "tcp_user_timeout", "idle_in_transaction_session_timeout")}
+    finally:
+        engine.dispose()
+    # The keepalive and user-timeout values are read back from the server's socket.
+    assert shown == {"tcp_keepalives_idle": "2", "tcp_keepalives_interval": "2",
+                     "tcp_keepalives_count": "3", "tcp_user_timeout": "8000",
+                     "idle_in_transaction_session_timeout": "1min"}
