@@ -16,8 +16,16 @@ from lockgate.errors import ConfigError
 from lockgate.store.engine import DB_TIMEOUT_S, create, db_timeout_s
 
 
-def _bounds(engine: Engine) -> dict[str, int]:
-    """The bounds one pooled connection of ``engine`` carries, in libpq's terms."""
+def _bounds(url: str) -> dict[str, int]:
+    """The bounds a connection of an engine made for ``url`` carries, in libpq's terms."""
+    engine = create(url)
+    try:
+        return _connection_bounds(engine)
+    finally:
+        engine.dispose()
+
+
+def _connection_bounds(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         raw: Any = conn.connection.driver_connection
         if engine.dialect.name == "postgresql":
@@ -48,37 +56,25 @@ def server_url(db_url: str) -> str:
 
 
 def test_every_server_connection_carries_the_default_bounds(server_url: str) -> None:
-    engine = create(server_url)
-    try:
-        assert _bounds(engine) == {
-            "connect_timeout": 20, "keepalives": 1, "keepalives_idle": 5,
-            "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 20_000}
-    finally:
-        engine.dispose()
+    assert _bounds(server_url) == {
+        "connect_timeout": 20, "keepalives": 1, "keepalives_idle": 5,
+        "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 20_000}
     assert DB_TIMEOUT_S == 20
 
 
 def test_the_environment_sets_the_bounds(server_url: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", "1m")
-    engine = create(server_url)
-    try:
-        assert _bounds(engine) == {
-            "connect_timeout": 60, "keepalives": 1, "keepalives_idle": 15,
-            "keepalives_interval": 15, "keepalives_count": 3, "tcp_user_timeout": 60_000}
-    finally:
-        engine.dispose()
+    assert _bounds(server_url) == {
+        "connect_timeout": 60, "keepalives": 1, "keepalives_idle": 15,
+        "keepalives_interval": 15, "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 
 def test_a_parameter_in_the_url_wins(server_url: str) -> None:
     if not server_url.startswith("postgresql"):
         pytest.skip("libpq's parameters are PostgreSQL's")
     sep = "&" if "?" in server_url else "?"
-    engine = create(f"{server_url}{sep}tcp_user_timeout=7000&connect_timeout=9")
-    try:
-        bounds = _bounds(engine)
-    finally:
-        engine.dispose()
+    bounds = _bounds(f"{server_url}{sep}tcp_user_timeout=7000&connect_timeout=9")
     assert bounds["tcp_user_timeout"] == 7000
     assert bounds["connect_timeout"] == 9
     assert bounds["keepalives_idle"] == 5  # the rest stays lockgate's
