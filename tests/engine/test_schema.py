@@ -3,12 +3,17 @@ backend: a column added to one and not the other fails here, not in production."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
 
+import lockgate.store.store
 from lockgate.store import Store, schema
+from lockgate.store.store import SCHEMA_HEAD
 
 
 def _differences(store: Store) -> list[Any]:
@@ -27,3 +32,28 @@ def _differences(store: Store) -> list[Any]:
 
 def test_the_migrated_schema_is_the_declared_one(store: Store) -> None:
     assert _differences(store) == []
+
+
+def test_the_declared_head_is_the_migrations_head() -> None:
+    """A database at SCHEMA_HEAD is not migrated (alembic is not even loaded): a new
+    migration must move it."""
+    migrations = Path(lockgate.store.store.__file__).parent / "migrations"
+    assert ScriptDirectory(str(migrations)).get_current_head() == SCHEMA_HEAD
+
+
+def test_a_database_at_the_head_is_left_alone_and_an_older_one_upgraded(
+        fresh_db_url: str) -> None:
+    store = Store(fresh_db_url)
+    try:
+        store.migrate()
+        with store.engine.begin() as conn:  # back to 0007: 0008's tables gone
+            conn.exec_driver_sql("DROP TABLE quality_circuit_event")
+            conn.exec_driver_sql("DROP TABLE quality_circuit")
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0007'")
+        store.migrate()
+        assert store._revision() == SCHEMA_HEAD
+        assert inspect(store.engine).has_table("quality_circuit")
+        store.migrate()  # at the head: one read, nothing done
+        assert store._revision() == SCHEMA_HEAD
+    finally:
+        store.close()

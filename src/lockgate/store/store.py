@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from lockgate.errors import ConfigError, SpecError, StateConflict
+from lockgate.errors import ConfigError, SpecError, StateConflict, StoreError
 from lockgate.redact import redact_url
 from lockgate.spec import (
     MAX_INPUT_BYTES,
@@ -63,6 +63,9 @@ SUBMIT_FIRST_CHUNK_ROWS = 1000
 # -- named statements (the same on every dialect; :now is bound by Tx.execute) ---------
 
 _REVISION = sql("SELECT version_num FROM alembic_version")
+#: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
+#: together). A database at it needs no migration, so opening it does not load alembic.
+SCHEMA_HEAD = "0008"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
@@ -168,7 +171,10 @@ class Store(TaskViews):
             tx.execute("SELECT 1")
 
     def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision (safe to run concurrently)."""
+        """Create or upgrade the schema to the newest revision (safe to run concurrently).
+        A database already at :data:`SCHEMA_HEAD` costs one read: alembic is not loaded."""
+        if self._revision() == SCHEMA_HEAD:
+            return
         from alembic import command
         from alembic.config import Config
 
@@ -181,12 +187,20 @@ class Store(TaskViews):
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
+    def _revision(self) -> str | None:
+        """The schema revision the database is at (None: none, or no table yet)."""
+        try:
+            with self.read() as tx:
+                if not inspect(tx.conn).has_table("alembic_version"):
+                    return None
+                return tx.execute(_REVISION).scalar()
+        except StoreError:
+            return None  # the full path says what is wrong
+
     def check_schema(self, *, old_ok: bool = False) -> None:
         """Raise :class:`ConfigError` unless this database holds lockgate's tables at the
         newest revision (or, with ``old_ok``, at any revision: a migration will upgrade
         them); never creates anything (a SQLite file that does not exist is not made)."""
-        from alembic.script import ScriptDirectory
-
         where = redact_url(self.url)
         path = self.engine.url.database
         if self.dialect.name == "sqlite" and path not in (None, "", ":memory:") \
@@ -199,10 +213,9 @@ class Store(TaskViews):
                 raise ConfigError(f"the database {where} has no lockgate tables; create them "
                                   "with `lockgate init`")
             have = tx.execute(_REVISION).scalar()
-        head = ScriptDirectory(str(Path(__file__).parent / "migrations")).get_current_head()
-        if have != head and not old_ok:
+        if have != SCHEMA_HEAD and not old_ok:
             raise ConfigError(f"the database {where} is at schema revision {have}, this "
-                              f"lockgate needs {head}; upgrade it with `lockgate init`")
+                              f"lockgate needs {SCHEMA_HEAD}; upgrade it with `lockgate init`")
 
     def max_input_bytes(self) -> int:
         """The largest task input (JSON bytes) this database can store and write back
