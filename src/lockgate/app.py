@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import orjson
 
@@ -33,6 +33,7 @@ from lockgate.files import (
     Format,
     Intake,
     Reading,
+    Spool,
     check_file,
     read_tasks,
     refusal,
@@ -65,6 +66,16 @@ if TYPE_CHECKING:
     from lockgate.quality.alerts import Alert
     from lockgate.worker import Worker, WorkerStats
     from lockgate.worker.core import SideService
+
+
+@contextmanager
+def _rejects_file(path: str | Path | None) -> Iterator[TextIO | None]:
+    """The file a submit writes its rejected lines to (None: not asked for)."""
+    if not path:
+        yield None
+        return
+    with open(path, "w", encoding="utf-8") as sink:
+        yield sink
 
 
 class Lockgate:
@@ -169,33 +180,41 @@ class Lockgate:
         p = Path(path)
         intake = Intake(self._checks(), self._pool_of)
         bid = batch_id or p.stem
-        fields = plan.fields() if plan else None
-        sink = open(rejects, "w", encoding="utf-8") if rejects else None  # noqa: SIM115
-        try:
-            if stream:
-                reading = Reading()
-                since = self.store.db_now() if on_bad_line == "cancel" else 0
-                rows = read_tasks(p, format, intake, reading, reject_sink=sink,
-                                  on_bad="skip" if skip_invalid else "stop")
-                try:
-                    report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
-                                                    progress=progress, batch_fields=fields)
-                except SpecError as exc:
-                    if reading.stopped_at is None:
-                        raise
-                    raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
-                        reading, bid, since if on_bad_line == "cancel" else None)) from None
-                return self._planned(report, plan)
-            checked = check_file(p, format, reject_sink=sink, intake=intake)
-        finally:
-            if sink:
-                sink.close()
-        if checked.rejected and not skip_invalid:
-            raise SpecError(refusal(p, checked.valid, checked.rejected))
-        skip = {n for n, _ in checked.rejected}
-        return self._planned(self.store.submit_rows(
-            valid_tasks(p, format, skip, intake), batch_id=bid,
-            source=str(p), progress=progress, batch_fields=fields), plan)
+        if stream:
+            return self._submit_streamed(p, format, intake, bid, skip_invalid, rejects,
+                                         progress, plan, on_bad_line)
+        with Spool(p.parent) as spool:
+            with _rejects_file(rejects) as sink:
+                checked = check_file(p, format, reject_sink=sink, intake=intake,
+                                     spool=spool)
+            if checked.rejected and not skip_invalid:
+                raise SpecError(refusal(p, checked.valid, checked.rejected))
+            skip = {n for n, _ in checked.rejected}
+            # The rows the check kept on disk; the file again if it could not keep them.
+            rows = spool.rows() if spool.finish() else valid_tasks(p, format, skip, intake)
+            return self._planned(self.store.submit_rows(
+                rows, batch_id=bid, source=str(p), progress=progress,
+                batch_fields=plan.fields() if plan else None), plan)
+
+    def _submit_streamed(self, p: Path, format: Format, intake: Intake, bid: str,
+                         skip_invalid: bool, rejects: str | Path | None,
+                         progress: Callable[[int], None] | None, plan: BatchPlan | None,
+                         on_bad_line: Literal["keep", "cancel"]) -> SubmitReport:
+        with _rejects_file(rejects) as sink:
+            reading = Reading()
+            since = self.store.db_now() if on_bad_line == "cancel" else 0
+            rows = read_tasks(p, format, intake, reading, reject_sink=sink,
+                              on_bad="skip" if skip_invalid else "stop")
+            try:
+                report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
+                                                progress=progress,
+                                                batch_fields=plan.fields() if plan else None)
+            except SpecError as exc:
+                if reading.stopped_at is None:
+                    raise
+                raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
+                    reading, bid, since if on_bad_line == "cancel" else None)) from None
+        return self._planned(report, plan)
 
     def _stopped(self, reading: Reading, batch_id: str, since: int | None) -> str:
         """What a streamed submit stopped by a bad line left, cancelling it if asked."""

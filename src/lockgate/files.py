@@ -15,6 +15,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import logging
+import marshal
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,8 @@ from lockgate.spec import (
 )
 from lockgate.store.store import new_task
 from lockgate.store.types import ConfigRow, NewTask
+
+log = logging.getLogger("lockgate.submit")
 
 Format = Literal["tasks", "openai-batch"]
 MAX_SHOWN = 20
@@ -297,12 +302,99 @@ class FileCheck:
     rejected: list[tuple[int, SpecError]]
 
 
+class Spool:
+    """The rows of a file's checking pass, kept on disk for its write pass, so the file
+    is read and parsed once. Rows go to a temporary file in marshalled chunks (a config
+    once per chunk), so memory stays flat in the file's size. The file is made in
+    ``folder`` (the task file's own: a temporary folder may be memory, and the spool
+    takes about as much room as the file's inputs and ids, less than the file) and
+    deleted at once, so nothing is left behind however the process ends. A spool that
+    cannot write (a read-only folder, a full disk) gives up quietly, and the write pass
+    reads the file again."""
+
+    CHUNK = 5000
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._folder = folder
+        self._file: Any = None
+        self._rows: list[tuple[Any, ...]] = []
+        self._configs: dict[str, int] = {}  # a chunk's configs: hash -> number
+        self._documents: list[tuple[str, str]] = []  # (hash, document) by number
+        self.usable = True
+
+    def add(self, row: NewTask) -> None:
+        if not self.usable:
+            return
+        cfg = row.config
+        at = self._configs.get(cfg.hash)
+        if at is None:
+            at = self._configs[cfg.hash] = len(self._documents)
+            self._documents.append((cfg.hash, cfg.document))
+        self._rows.append((row.task_id, row.batch_id, at, row.input_json,
+                           row.metadata_json, row.priority, row.pool))
+        if len(self._rows) >= self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        try:
+            if self._file is None:
+                # Kept open across calls; closed by close() (or the with block).
+                self._file = tempfile.TemporaryFile(  # noqa: SIM115
+                    prefix=".lockgate-submit-", dir=self._folder)
+            marshal.dump((self._documents, self._rows), self._file)
+        except (OSError, ValueError) as exc:
+            log.info("submit: cannot keep the checked rows on disk (%s); the file is "
+                     "read again to write them", exc)
+            self.usable = False
+            self.close()
+        self._rows = []
+        self._configs = {}
+        self._documents = []
+
+    def finish(self) -> bool:
+        """Write what is left; whether :meth:`rows` can give every row added."""
+        self._flush()
+        return self.usable
+
+    def rows(self) -> Iterator[NewTask]:
+        """The rows added, in order (once, after :meth:`finish` said yes)."""
+        if not self.usable:
+            raise LockgateError("the submit's spool is unusable: read the file again")
+        if self._file is None:
+            return
+        self._file.seek(0)
+        while True:
+            try:
+                configs, rows = marshal.load(self._file)
+            except EOFError:
+                return
+            cfgs = [ConfigRow(h, document) for h, document in configs]
+            for tid, batch, at, data, meta, prio, pool in rows:
+                yield NewTask(tid, batch, cfgs[at], data, meta, prio, pool)
+
+    def close(self) -> None:
+        """Delete the spool's file (a temporary file: gone with the process too)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
                progress: Callable[[int], None] | None = None,
-               checks: Checks = Checks(), intake: Intake | None = None) -> FileCheck:
-    """Validate every line (streaming: nothing is kept but the rejects); keep the first
-    errors, count them all. ``intake`` is the one the write pass uses after it (it
-    then meets every config already checked)."""
+               checks: Checks = Checks(), intake: Intake | None = None,
+               spool: Spool | None = None) -> FileCheck:
+    """Validate every line (streaming: nothing is kept but the rejects, and the valid
+    rows in ``spool`` if given); keep the first errors, count them all. ``intake`` is
+    the one the write pass uses after it (it then meets every config already
+    checked)."""
     if not path.exists():
         raise LockgateError(f"file {path} does not exist")
     intake = intake or Intake(checks)
@@ -310,8 +402,10 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     rejected: list[tuple[int, SpecError]] = []
     for n, raw in _lines(path):
         try:
-            intake.line(raw, n, fmt)
+            row = intake.line(raw, n, fmt)
             valid += 1
+            if spool is not None:
+                spool.add(row)
         except SpecError as exc:
             rejected.append((n, exc))
             if reject_sink is not None:
