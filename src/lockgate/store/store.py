@@ -32,6 +32,7 @@ from lockgate.spec import (
     config_hash,
 )
 from lockgate.store import schema
+from lockgate.store.arrivals import ArrivalListener
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
@@ -136,6 +137,15 @@ class Store(TaskViews):
     def close(self) -> None:
         """Release every pooled connection."""
         self.engine.dispose()
+
+    def listen_for_tasks(self, arrived: Callable[[], object]) -> ArrivalListener | None:
+        """Start a thread that calls ``arrived()`` whenever a submit commits tasks, on
+        a database that announces them (PostgreSQL); None elsewhere (workers poll)."""
+        if not self.dialect.announces_tasks:
+            return None
+        listener = ArrivalListener(self.url, arrived)
+        listener.start()
+        return listener
 
     @contextmanager
     def read(self) -> Iterator[Tx]:
@@ -391,6 +401,8 @@ class Store(TaskViews):
                    else max(window_start, base - t.priority * PRIORITY_STEP_MS), t.pool)
                   for t in rows]
         n = self.dialect.insert_tasks(tx.conn, values, now=now)
+        if n:
+            self.dialect.announce_tasks(tx.conn)
         if n == len(values):
             return n, {}
         wanted = {v[0]: v[1] for v in values}

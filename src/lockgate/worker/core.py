@@ -31,6 +31,7 @@ from lockgate.quality import quality_observer
 from lockgate.quality.circuit import CircuitRouter
 from lockgate.registry.resolver import Entry, PromptResolver
 from lockgate.store import ClaimedTask, Finish, Store
+from lockgate.store.arrivals import ArrivalListener
 from lockgate.store.flow import FlowStore
 from lockgate.worker.writeback import WriteBack
 
@@ -120,6 +121,9 @@ class WorkerCore:
         self._wake_after = 1  # ... and how many it waits for
         #: Set when the last held task's result is written back (burst mode's end).
         self._held_empty = asyncio.Event()
+        #: Set when a submit announced tasks (PostgreSQL): an idle claim loop wakes.
+        self._arrived = asyncio.Event()
+        self._listener: ArrivalListener | None = None
         self._stopping = asyncio.Event()
         self._claim_finished = asyncio.Event()
         self._hard = asyncio.Event()

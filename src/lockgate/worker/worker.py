@@ -66,6 +66,9 @@ class Worker(Calls, Upkeep):
             hostname=socket.gethostname(), pid=os.getpid(), concurrency=self.ws.concurrency)
         self._set_clock(db_now, asked, self._wall())
         self._install_signals()
+        loop = asyncio.get_running_loop()
+        listener = self._listener = self.store.listen_for_tasks(
+            lambda: loop.call_soon_threadsafe(self._arrived.set))
         side = [asyncio.create_task(self._flush_loop(), name="lockgate-flush"),
                 asyncio.create_task(self._lease_loop(), name="lockgate-lease"),
                 asyncio.create_task(self.flow.run(self._stopping), name="lockgate-flow")]
@@ -108,6 +111,8 @@ class Worker(Calls, Upkeep):
                 await self._db(self.store.heartbeat, self.id, status="stopped",
                                **self._counters())
             self._remove_signals()
+            if listener is not None:
+                await asyncio.to_thread(listener.stop)
             self._db_threads.shutdown(wait=True)
         return self.stats
 
@@ -186,6 +191,8 @@ class Worker(Calls, Upkeep):
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            # Word of tasks that arrives from here on wakes the idle sleep below.
+            self._arrived.clear()
             try:
                 rows = await self.flow.claim(min(room, self.ws.claim_batch),
                                              lease_ms=self._lease_ms, worker_id=self.id)
@@ -212,9 +219,9 @@ class Worker(Calls, Upkeep):
             if self.burst and self._held:
                 # The queue looks empty but calls still run: look again as soon as the
                 # last of them is written back, not after a poll interval.
-                await self._sleep(idle, self._held_empty)
+                await self._sleep(idle, self._held_empty, self._arrived)
             else:
-                await self._sleep(idle)
+                await self._sleep(idle, self._arrived)
             idle = min(self.ws.poll_max_s, idle * 2)
 
     async def _queue_drained(self) -> bool:
@@ -229,13 +236,13 @@ class Worker(Calls, Upkeep):
                 return False
         return True
 
-    async def _sleep(self, seconds: float, wake: asyncio.Event | None = None) -> None:
-        """Sleep until ``seconds`` pass, the worker stops or ``wake`` is set."""
-        if wake is None:
+    async def _sleep(self, seconds: float, *wake: asyncio.Event) -> None:
+        """Sleep until ``seconds`` pass, the worker stops or one of ``wake`` is set."""
+        if not wake:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
             return
-        waits = [asyncio.ensure_future(e.wait()) for e in (self._stopping, wake)]
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._stopping, *wake)]
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:

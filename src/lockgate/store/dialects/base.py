@@ -169,6 +169,13 @@ class Dialect:
         ``rows``)."""
         raise NotImplementedError
 
+    #: Whether a submit tells listening workers of its tasks (:mod:`lockgate.store.
+    #: arrivals`); elsewhere idle workers poll.
+    announces_tasks = False
+
+    def announce_tasks(self, conn: Connection) -> None:
+        """Tell listening workers, when this transaction commits, that tasks came."""
+
     def lock_for_update(self) -> str:
         """Suffix that row-locks a SELECT inside a transaction ('' where not needed)."""
         return " FOR UPDATE"

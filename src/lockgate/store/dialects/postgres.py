@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import Insert
 
+from lockgate.store.arrivals import CHANNEL as ARRIVALS
 from lockgate.store.dialects.base import (
     _ATTEMPT_KINDS,
     _CLAIM_COLS,
@@ -86,6 +87,10 @@ class PostgresDialect(Dialect):
         return postgresql.insert(table).on_conflict_do_nothing()
 
     submit_chunk_rows = 20_000
+    announces_tasks = True
+
+    def announce_tasks(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"NOTIFY {ARRIVALS}")  # delivered at commit, once per channel
     #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
     #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
     _STAGE = ("CREATE TEMP TABLE IF NOT EXISTS lockgate_submit ("

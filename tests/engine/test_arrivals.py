@@ -1,0 +1,78 @@
+"""On PostgreSQL a submit announces its tasks (``NOTIFY`` at commit) and idle workers,
+listening, claim them at once instead of at their next poll (up to ``poll_max_s``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from lockgate.simulator.testing import SimulatorProcess
+from lockgate.spec import parse_task
+from lockgate.store import Store
+from lockgate.store.arrivals import ArrivalListener
+
+from .support import BackgroundWorker, rows, status_counts, tasks, wait_for
+
+
+@pytest.fixture(scope="module")
+def backend() -> str:
+    """PostgreSQL only: MySQL/MariaDB and SQLite have no channel, their workers poll."""
+    return "postgresql"
+
+
+@pytest.fixture
+def listener(store: Store) -> Iterator[tuple[ArrivalListener, threading.Event]]:
+    heard = threading.Event()
+    found = store.listen_for_tasks(heard.set)
+    assert found is not None
+    try:
+        wait_for(lambda: found.connections >= 1, "the listener to connect")
+        heard.clear()  # the wake-up for tasks that came while it was not listening
+        yield found, heard
+    finally:
+        found.stop()
+
+
+def test_a_committed_submit_is_heard(store: Store, listener: tuple[ArrivalListener,
+                                                                   threading.Event]) -> None:
+    found, heard = listener
+    store.submit([parse_task(t) for t in tasks(3)], batch_id="b")
+    wait_for(heard.is_set, "word of the submitted tasks")
+    assert found.received >= 1
+
+
+def test_the_listener_listens_again_after_losing_its_connection(
+        store: Store, listener: tuple[ArrivalListener, threading.Event]) -> None:
+    found, heard = listener
+    killed = rows(store, "SELECT pg_terminate_backend(pid) AS k FROM pg_stat_activity "
+                         "WHERE query LIKE 'LISTEN lockgate_tasks%' AND "
+                         "datname = current_database()")
+    assert killed and all(r["k"] for r in killed)
+    wait_for(lambda: found.connections >= 2, "the listener to connect again", timeout=30)
+    heard.clear()
+    store.submit([parse_task(t) for t in tasks(2, prefix="after")], batch_id="b")
+    wait_for(heard.is_set, "word of tasks submitted after the reconnection")
+
+
+def test_an_idle_worker_claims_announced_tasks_before_its_next_poll(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """The worker's idle sleeps double from 10 ms: 5.5 s after its first empty claim it
+    sleeps until about 10.2 s. A task submitted at 5.5 s is done well before that only
+    if the submit's word woke it."""
+    with BackgroundWorker(store, poll_max_s=600, concurrency=4) as bg:
+        wait_for(lambda: bg.worker._listener is not None
+                 and bg.worker._listener.connections >= 1, "the worker to listen")
+        started = time.monotonic()
+        time.sleep(5.5)
+        store.submit([parse_task(t) for t in tasks(1, prefix="late")], batch_id="late")
+        wait_for(lambda: status_counts(store) == {"SUCCEEDED": 1},
+                 "the idle worker to take the task", timeout=10.2 - 5.5 - 0.7)
+        assert time.monotonic() - started < 10.0
+        heard = bg.worker._listener
+        assert heard is not None and heard.received >= 1
+        bg.stop()
+    assert not any(t.name == "lockgate-arrivals" and t.is_alive()
+                   for t in threading.enumerate()), "the listening thread outlived the worker"
