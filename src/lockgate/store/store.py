@@ -64,6 +64,7 @@ SUBMIT_FIRST_CHUNK_ROWS = 1000
 # -- named statements (the same on every dialect; :now is bound by Tx.execute) ---------
 
 _REVISION = sql("SELECT version_num FROM alembic_version")
+_NEWEST_TASK = sql("SELECT MAX(id) FROM task")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
 SCHEMA_HEAD = "0008"
@@ -529,6 +530,12 @@ class Store(TaskViews):
         with self.read() as tx:
             earliest = tx.execute(_EARLIEST_PENDING).scalar()
             return earliest is not None, earliest, tx.now
+
+    def newest_task_id(self) -> int:
+        """The highest task row id (0: none), a read without locks: idle workers on a
+        database that does not announce its tasks look at it between polls."""
+        with self.read() as tx:
+            return int(tx.execute(_NEWEST_TASK).scalar() or 0)
 
     # -- workers ------------------------------------------------------------------
 

@@ -124,6 +124,10 @@ class WorkerCore:
         #: Set when a submit announced tasks (PostgreSQL): an idle claim loop wakes.
         self._arrived = asyncio.Event()
         self._listener: ArrivalListener | None = None
+        #: The newest task id an idle look saw (databases without announcements), and
+        #: when the claim loop last got tasks (its idle streak began after it).
+        self._newest = 0
+        self._idle_since = time.monotonic()
         self._stopping = asyncio.Event()
         self._claim_finished = asyncio.Event()
         self._hard = asyncio.Event()
