@@ -20,8 +20,9 @@ from lockgate.store.engine import create
 log = logging.getLogger("lockgate.worker")
 
 CHANNEL = "lockgate_tasks"
-#: How often the listening thread looks at its stop flag while no word comes.
-_TICK_S = 1.0
+#: How often the listening thread looks at its stop flag while no word comes (a
+#: stopping worker waits up to this long for the thread).
+_TICK_S = 0.25
 #: Back-off between attempts to listen again after the connection failed.
 _RETRY_S = (0.5, 1.0, 2.0, 5.0)
 
@@ -36,7 +37,7 @@ class ArrivalListener:
         self._arrived = arrived
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Notifications received (for tests and ``lockgate status`` figures).
+        #: Notifications received.
         self.received = 0
         #: Times the listening connection was made (1 + reconnections).
         self.connections = 0

@@ -75,8 +75,11 @@ class Worker(Calls, Upkeep):
         self._set_clock(db_now, asked, self._wall())
         self._install_signals()
         loop = asyncio.get_running_loop()
-        listener = self._listener = self.store.listen_for_tasks(
-            lambda: loop.call_soon_threadsafe(self._arrived.set))
+
+        def arrived() -> None:  # on the listening thread
+            with contextlib.suppress(RuntimeError):  # the loop closed as the worker stopped
+                loop.call_soon_threadsafe(self._arrived.set)
+        listener = self._listener = self.store.listen_for_tasks(arrived)
         side = [asyncio.create_task(self._flush_loop(), name="lockgate-flush"),
                 asyncio.create_task(self._lease_loop(), name="lockgate-lease"),
                 asyncio.create_task(self.flow.run(self._stopping), name="lockgate-flow")]
