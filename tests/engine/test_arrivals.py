@@ -80,5 +80,6 @@ def test_an_idle_worker_claims_announced_tasks_before_its_next_poll(
         else:
             assert bg.worker._listener is None
         bg.stop()
-    assert not any(t.name == "lockgate-arrivals" and t.is_alive()
-                   for t in threading.enumerate()), "the listening thread outlived the worker"
+    wait_for(lambda: not any(t.name == "lockgate-arrivals" and t.is_alive()
+                             for t in threading.enumerate()),
+             "the listening thread to end after the worker", timeout=10)

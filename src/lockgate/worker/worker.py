@@ -123,7 +123,7 @@ class Worker(Calls, Upkeep):
                                **self._counters())
             self._remove_signals()
             if listener is not None:
-                await asyncio.to_thread(listener.stop)
+                listener.stop(timeout_s=0)  # it lets go of its connection within 250 ms
             self._db_threads.shutdown(wait=True)
         return self.stats
 
