@@ -35,9 +35,6 @@ IDLE_IN_TRANSACTION_S = 60
 #: vanished) waits on its socket for as long as TCP retransmits, 15 minutes on Linux,
 #: and after the link is back for up to two minutes more (the retransmission back-off).
 DB_TIMEOUT_S = 20.0
-#: libpq's keepalive and timeout parameters; any of them in the URL's query wins.
-_PG_TCP_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle",
-                  "keepalives_interval", "keepalives_count", "tcp_user_timeout")
 
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -244,7 +241,7 @@ def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: floa
 def _mysql_setup(engine: Engine, timeout_s: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        sock = getattr(dbapi_conn, "_sock", None)  # PyMySQL's socket (None: a Unix one)
+        sock = getattr(dbapi_conn, "_sock", None)  # PyMySQL's (a Unix socket needs none)
         if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET,
                                                                socket.AF_INET6):
             _bound_socket(sock, timeout_s)
