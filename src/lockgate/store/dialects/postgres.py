@@ -91,6 +91,7 @@ class PostgresDialect(Dialect):
 
     def announce_tasks(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {ARRIVALS}")  # delivered at commit, once per channel
+
     #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
     #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
     _STAGE = ("CREATE TEMP TABLE IF NOT EXISTS lockgate_submit ("
