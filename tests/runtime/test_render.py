@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -38,7 +40,7 @@ def test_render_basic_and_replay() -> None:
     assert json.loads(r.snapshot) == r.messages
     assert r.sha256 == hashlib.sha256(r.snapshot.encode()).hexdigest()
     assert r.input_tokens > 0
-    assert r.estimator == get_estimator().name
+    assert r.estimator == CALIBRATED.name  # no budget: an estimate is enough
     assert len(r.template_sha256) == 64 and len(r.input_sha256) == 64
     again = render(make_config("Summarise in {lang}: {text}"), {"text": "Hello", "lang": "English"})
     assert (again.snapshot, again.sha256, again.input_sha256) == (r.snapshot, r.sha256,
@@ -139,6 +141,42 @@ def test_budget_smaller_than_template_is_an_alert() -> None:
 def test_tokenizer_can_be_chosen_in_model_config() -> None:
     cfg = make_config("{t}", model={"tokenizer": "calibrated"})
     assert render(cfg, {"t": "hello"}).estimator == CALIBRATED.name
+
+
+def test_a_prompt_within_its_budget_by_bytes_is_estimated_without_loading_tiktoken() -> None:
+    code = ("from lockgate.runtime import render\n"
+            "from lockgate.runtime import tokens\n"
+            "from lockgate.spec import TaskConfig\n"
+            "cfg = TaskConfig.model_validate({'prompt_template': 'Label: {t}', 'model_config': "
+            "{'name': 'm', 'max_input_tokens': 64}, 'delivery_rule': {}, 'retry_policy': {}})\n"
+            "r = render(cfg, {'t': 'the parcel arrived on time'})\n"
+            "print(r.estimator, r.input_tokens, tokens._default is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [CALIBRATED.name, out[1], "True"], out
+    assert 0 < int(out[1]) <= 64
+
+
+def test_a_prompt_that_might_be_over_its_budget_is_counted_exactly() -> None:
+    text = "wonderful " * 30  # 300 bytes, about 31 tokens
+    r = render(make_config("{t}", model={"max_input_tokens": 200}), {"t": text})
+    assert r.estimator == get_estimator().name and not r.condensed
+    assert r.input_tokens == get_estimator().messages([r.messages[0]["content"]])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=300), budget=st.integers(min_value=16, max_value=160))
+def test_an_estimate_is_used_only_where_the_prompt_cannot_be_over(text: str,
+                                                                   budget: int) -> None:
+    exact = get_estimator()
+    r = render(make_config("Say: {t}", model={"max_input_tokens": budget}), {"t": text})
+    if r.estimator == CALIBRATED.name:
+        assert not r.condensed and "over_budget" not in r.alerts
+        assert r.input_tokens <= budget
+        assert exact.messages([m["content"] for m in r.messages]) <= budget
+    whole = render(make_config("Say: {t}"), {"t": text})
+    if exact.messages([m["content"] for m in whole.messages]) + 2 <= budget:
+        assert not r.condensed and r.messages == whole.messages  # it fits: kept whole
 
 
 def test_plans_are_cached_by_content() -> None:

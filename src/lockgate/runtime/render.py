@@ -5,6 +5,13 @@ Per-template work (placeholder parsing, literal token counts, defaults) is compi
 once per config (cached by object identity, then by content), so rendering a short
 input costs tens of microseconds.
 
+Exact counting (tiktoken) is paid only where the budget needs it. A byte-level BPE
+never makes more tokens than the text has UTF-8 bytes, so a prompt whose bytes (plus
+the chat framing) are within ``max_input_tokens``, or that has no budget, cannot be over
+it: its ``input_tokens`` is then the calibrated estimate, and ``Rendered.estimator``
+says so. Only a prompt that might not fit is counted exactly, and the tokenizer's
+encoding is loaded the first time one does.
+
 Values are inserted as text: a string as it is (after normalisation), anything else as
 compact JSON (``true``, not ``True``). A placeholder inside a JSON string of the
 template gets the JSON-escaped value. A value cannot close the input section: the
@@ -17,7 +24,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +40,13 @@ from lockgate.runtime.template import (
     compile_template,
     placeholders,
 )
-from lockgate.runtime.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_REPLY, Estimator, get_estimator
+from lockgate.runtime.tokens import (
+    CALIBRATED,
+    TOKENS_PER_MESSAGE,
+    TOKENS_PER_REPLY,
+    Estimator,
+    get_estimator,
+)
 from lockgate.runtime.truncate import condense, hard_cut
 from lockgate.spec import InputRule, TaskConfig, canonical_json
 
@@ -62,14 +75,47 @@ class Rendered:
     condensed: bool = False
 
 
+class _Exact:
+    """The config's own token estimator and the template's fixed cost under it, made
+    the first time a prompt might be over its budget (loading tiktoken's encoding takes
+    a fifth of a second, which a worker whose prompts all fit never pays)."""
+
+    __slots__ = ("_counted", "_literal", "_tokenizer")
+
+    def __init__(self, tokenizer: str | None, literal: list[str]) -> None:
+        self._tokenizer = tokenizer
+        self._literal = literal
+        self._counted: tuple[Estimator, int] | None = None
+
+    def get(self) -> tuple[Estimator, int]:
+        """``(estimator, fixed tokens)``: a race makes the same pair twice, harmlessly."""
+        if self._counted is None:
+            try:
+                estimator = get_estimator(self._tokenizer)
+            except SpecError:  # not available on this host: the trace names the one used
+                estimator = get_estimator()
+            self._counted = (estimator, _fixed(estimator, self._literal))
+        return self._counted
+
+
+def _fixed(estimator: Estimator, literal: list[str]) -> int:
+    """Tokens of the template's literal parts and the chat framing."""
+    return sum(estimator.count(t) for t in literal) + \
+        TOKENS_PER_MESSAGE * len(literal) + TOKENS_PER_REPLY
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     template: CompiledTemplate
     rule: InputRule
     defaults: Mapping[str, tuple[Any, str]]
-    estimator: Estimator
+    exact: _Exact
     max_input_tokens: int | None
-    fixed_tokens: int
+    #: the literal parts' UTF-8 bytes plus the chat framing: no byte-level BPE counts
+    #: more tokens than this for them
+    fixed_bytes: int
+    #: the calibrated estimate of the literal parts and the framing
+    fixed_estimate: int
     delimited: bool
     #: per placeholder: (uses as plain text, uses inside a JSON string)
     uses: Mapping[str, tuple[int, int]]
@@ -90,12 +136,8 @@ def _build_plan(config: TaskConfig) -> _Plan:
         defaults[k] = (v, "input_fallback")
     for k, v in rule.input_defaults.items():
         defaults[k] = (v, "input_default")
-    try:
-        estimator = get_estimator(config.model.tokenizer)
-    except SpecError:  # not available on this host: the trace names the one used
-        estimator = get_estimator()
     literal = [t.literal for t in template.texts]
-    fixed = sum(estimator.count(t) for t in literal) + \
+    fixed_bytes = sum(_utf8_len(t) for t in literal) + \
         TOKENS_PER_MESSAGE * len(literal) + TOKENS_PER_REPLY
     uses: dict[str, tuple[int, int]] = {}
     for t in template.texts:
@@ -103,8 +145,10 @@ def _build_plan(config: TaskConfig) -> _Plan:
             plain, inside = uses.get(name, (0, 0))
             uses[name] = (plain, inside + 1) if quoted else (plain + 1, inside)
     return _Plan(
-        template=template, rule=rule.normalize, defaults=defaults, estimator=estimator,
-        max_input_tokens=config.model.max_input_tokens, fixed_tokens=fixed,
+        template=template, rule=rule.normalize, defaults=defaults,
+        exact=_Exact(config.model.tokenizer, literal),
+        max_input_tokens=config.model.max_input_tokens, fixed_bytes=fixed_bytes,
+        fixed_estimate=_fixed(CALIBRATED, literal),
         delimited=any(INPUT_OPEN in t or INPUT_CLOSE in t for t in literal), uses=uses,
     )
 
@@ -203,9 +247,24 @@ def _insertions(plan: _Plan, values: Mapping[str, str]) -> dict[str, str]:
     return {n: _json_escaped(values[n]) for n, (_p, inside) in plan.uses.items() if inside}
 
 
-def _cost(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str]) -> dict[str, int]:
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))
+
+
+def _byte_cost(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str]) -> int:
+    """UTF-8 bytes the placeholders add to the prompt: a bound on their BPE tokens."""
+    total = 0
+    for name, (n_plain, n_inside) in plan.uses.items():
+        if n_plain:
+            total += n_plain * _utf8_len(plain[name])
+        if n_inside:
+            total += n_inside * _utf8_len(escaped[name])
+    return total
+
+
+def _cost(count: Callable[[str], int], plan: _Plan, plain: Mapping[str, str],
+          escaped: Mapping[str, str]) -> dict[str, int]:
     """Tokens each placeholder adds to the prompt, over all its occurrences."""
-    count = plan.estimator.count
     costs: dict[str, int] = {}
     for name, (n_plain, n_inside) in plan.uses.items():
         cost = n_plain * count(plain[name]) if n_plain else 0
@@ -238,17 +297,18 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
          notes: list[str], alerts: list[str]) -> tuple[dict[str, str], dict[str, str], int]:
     """Condense free-text values until the prompt fits ``max_input_tokens``."""
     assert plan.max_input_tokens is not None
-    count = plan.estimator.count
+    estimator, fixed_tokens = plan.exact.get()
+    count = estimator.count
     occurrences = plan.template.occurrences
     shrinkable = {n: c for n, c in costs.items() if n in prose}
     note = _NOTE.format(names=", ".join(sorted(shrinkable)))
     slack = sum(occurrences.values())  # one token per join, for merges at the seams
-    fixed = plan.fixed_tokens + count(note) + slack + \
+    fixed = fixed_tokens + count(note) + slack + \
         sum(c for n, c in costs.items() if n not in prose)
     available = plan.max_input_tokens - fixed
     if available <= 0 or not shrinkable:
         alerts.append("over_budget")
-        return values, _insertions(plan, values), plan.fixed_tokens + sum(costs.values())
+        return values, _insertions(plan, values), fixed_tokens + sum(costs.values())
     caps = _water_fill(shrinkable, available)
     out = dict(values)
     condensed_names: list[str] = []
@@ -264,7 +324,7 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
                     condensed_names.append(name)
                     notes.append(f"condensed:{name}:{result.kept}/{result.total} {result.unit}")
         plain, escaped = out, _insertions(plan, out)
-        new_costs = _cost(plan, plain, escaped)
+        new_costs = _cost(count, plan, plain, escaped)
         over = sum(new_costs[n] for n in shrinkable) - available
         if over <= 0:
             break
@@ -275,8 +335,8 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
         for name in shrinkable:  # last resort: a hard cut at a safe boundary
             out[name] = hard_cut(out[name], caps[name] // occurrences[name], count)
         plain, escaped = out, _insertions(plan, out)
-        new_costs = _cost(plan, plain, escaped)
-    total = plan.fixed_tokens + sum(new_costs.values())
+        new_costs = _cost(count, plan, plain, escaped)
+    total = fixed_tokens + sum(new_costs.values())
     if condensed_names:
         total += count(note)
     return plain, escaped, total
@@ -289,11 +349,18 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
     notes: list[str] = []
     values, prose = _resolve(plan, input_data, alerts)
     plain, escaped = values, _insertions(plan, values)
-    costs = _cost(plan, plain, escaped)
-    tokens = plan.fixed_tokens + sum(costs.values())
     limit = plan.max_input_tokens
-    if limit is not None and tokens > limit:
-        plain, escaped, tokens = _fit(plan, values, prose, costs, notes, alerts)
+    bound = plan.fixed_bytes + _byte_cost(plan, plain, escaped)
+    if limit is None or bound <= limit:
+        estimator = CALIBRATED  # it cannot be over: an estimate is all the trace needs
+        tokens = min(bound, plan.fixed_estimate + sum(
+            _cost(CALIBRATED.count, plan, plain, escaped).values()))
+    else:
+        estimator, fixed_tokens = plan.exact.get()
+        costs = _cost(estimator.count, plan, plain, escaped)
+        tokens = fixed_tokens + sum(costs.values())
+        if tokens > limit:
+            plain, escaped, tokens = _fit(plan, values, prose, costs, notes, alerts)
     messages: list[dict[str, str]] = []
     for role, text in zip(plan.template.roles, plan.template.texts, strict=True):
         parts = text.parts
@@ -312,7 +379,7 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
         snapshot=snapshot.decode(),
         sha256=hashlib.sha256(snapshot).hexdigest(),
         input_tokens=tokens,
-        estimator=plan.estimator.name,
+        estimator=estimator.name,
         notes=tuple(notes),
         alerts=tuple(alerts),
         template_sha256=plan.template.sha256,
