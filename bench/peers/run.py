@@ -4,7 +4,7 @@ end to end against the built-in simulator. One command runs every figure:
     .venv/bin/python bench/peers/run.py [--tasks 10000] [--scenarios zero,lognormal,errors]
         [--systems naive,pgqueuer,arq,celery,procrastinate,lockgate-sqlite,...]
         (lockgate-<db> runs the worker's defaults, lockgate-<db>-pyreqwest the optional
-        HTTP client)
+        HTTP client, lockgate-<db>-auto the worker with --processes auto)
         [--markdown bench/out/peers.md] [--json bench/out/peers.json]
 
 Each peer library lives in a virtualenv of its own, bench/peers/.venvs/<peer>, created
@@ -70,9 +70,11 @@ from workload import request_body, task_line  # noqa: E402
 PEERS = ("pgqueuer", "arq", "celery", "procrastinate")
 #: lockgate on each database with its default settings, and with the optional HTTP
 #: client (``[worker] http_client = "pyreqwest"``, the fast-http extra).
-LOCKGATE = ("lockgate-sqlite", "lockgate-postgresql", "lockgate-mariadb",
-            "lockgate-sqlite-pyreqwest", "lockgate-postgresql-pyreqwest",
-            "lockgate-mariadb-pyreqwest")
+#: ``-auto``: ``lockgate worker --processes auto`` (one process per core, the budget of
+#: calls in flight shared among them).
+LOCKGATE = tuple(f"lockgate-{db}{variant}" for variant in ("", "-pyreqwest", "-auto",
+                                                                "-pyreqwest-auto")
+                 for db in ("sqlite", "postgresql", "mariadb"))
 SYSTEMS = ("naive", *PEERS, *LOCKGATE)
 LABELS = {
     "naive": "naive asyncio loop, nothing durable (the limit)",
@@ -80,12 +82,11 @@ LABELS = {
     "arq": "arq (Redis)",
     "celery": "Celery (RabbitMQ broker, Redis results)",
     "procrastinate": "Procrastinate (PostgreSQL)",
-    "lockgate-sqlite": "lockgate, SQLite",
-    "lockgate-postgresql": "lockgate, PostgreSQL",
-    "lockgate-mariadb": "lockgate, MariaDB",
-    "lockgate-sqlite-pyreqwest": "lockgate, SQLite, http_client pyreqwest",
-    "lockgate-postgresql-pyreqwest": "lockgate, PostgreSQL, http_client pyreqwest",
-    "lockgate-mariadb-pyreqwest": "lockgate, MariaDB, http_client pyreqwest",
+    **{name: ", ".join(
+        ["lockgate", {"sqlite": "SQLite", "postgresql": "PostgreSQL",
+                      "mariadb": "MariaDB"}[name.split("-")[1]]]
+        + [{"pyreqwest": "http_client pyreqwest", "auto": "--processes auto"}[v]
+           for v in name.split("-")[2:]]) for name in LOCKGATE},
 }
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "zero": ("0 ms model", {"latency": {"kind": "fixed", "mean_ms": 0}}),
@@ -188,8 +189,11 @@ def _lockgate_count(store: Store, batch: str) -> int:
 
 def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp: Path,
                  expected: list[str]) -> dict[str, Any]:
-    backend = system.split("-")[1]
-    client = system.split("-")[2] if system.count("-") == 2 else "aiohttp"
+    backend, *variant = system.split("-")[1:]
+    client = "pyreqwest" if "pyreqwest" in variant else "aiohttp"
+    processes = "auto" if "auto" in variant else "1"
+    # the same budget of calls in flight in all: --concurrency is per worker process
+    per_process = a.concurrency // (len(os.sched_getaffinity(0)) if processes == "auto" else 1)
     config = tmp / f"{system}.toml"
     config.write_text(f'[worker]\nhttp_client = "{client}"\n')
     url = _flow_common.fresh_db(backend, tmp, name=DB_NAME)
@@ -202,7 +206,7 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
     log = (tmp / f"{system}-worker.log").open("wb")
     worker = subprocess.Popen([sys.executable, "-m", "lockgate.cli", "worker", "--db", url,
                                "--config", str(config), "--no-gate", "--concurrency",
-                               str(a.concurrency)],
+                               str(per_process), "--processes", processes],
                               stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "LOCKGATE_BASE_URL": sim.url})
     lg = Lockgate(url)
@@ -249,7 +253,8 @@ def run_lockgate(system: str, sim: SimulatorProcess, a: argparse.Namespace, tmp:
             **verify(stored, ids, expected),
             **_sim_counts(stats),
             "settings": {"worker": f"lockgate worker --no-gate (defaults: --concurrency "
-                                   f"{a.concurrency}, one process; http_client {client})",
+                                   f"{per_process} per process; --processes {processes}; "
+                                   f"http_client {client})",
                          "submit": "Lockgate.submit_file (what `lockgate submit` runs)",
                          "retry": f"retry_policy {RETRY_POLICY}"}}
 
