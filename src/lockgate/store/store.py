@@ -87,6 +87,47 @@ _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDIN
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
+class _StatisticsKeeper:
+    """Refreshes the planner's statistics of the task table while a submit grows it
+    (where the dialect asks for it): whenever the rows added since they were last
+    taken reach half the rows they counted, and at least :attr:`MIN_ROWS`. A load of N
+    rows so takes about log N refreshes, each of a bounded sample of the columns the
+    hot path's plans depend on. Runs in the submit's writer thread, after a chunk has
+    committed; a refresh that fails is logged and the submit goes on."""
+
+    MIN_ROWS = 1_000
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._known: int | None = None
+        self._added = 0
+        self._off = False
+
+    def grew(self, rows: int) -> None:
+        if self._off or rows <= 0:
+            return
+        dialect = self._store.dialect
+        try:
+            if self._known is None:
+                known = self._store.transaction(lambda tx: dialect.task_rows_estimate(tx.conn))
+                if known is None:  # this database keeps its statistics itself
+                    self._off = True
+                    return
+                # the rows just committed may be counted already (-1 below: never)
+                self._known = max(0, known - rows)
+            self._added += rows
+            if self._added < max(self.MIN_ROWS, self._known // 2):
+                return
+            self._store.transaction(lambda tx: dialect.refresh_task_statistics(tx.conn))
+        except StoreError as exc:
+            log.warning("could not refresh the task table's statistics (%s); the "
+                        "database's own schedule will", exc)
+            self._off = True
+            return
+        self._known += self._added
+        self._added = 0
+
+
 def _storable(f: Finish) -> Finish:
     """``f`` with every NUL character and lone surrogate in its texts replaced by U+FFFD.
 
@@ -318,12 +359,19 @@ class Store(TaskViews):
             if progress:
                 progress(written)
 
+        stats = _StatisticsKeeper(self)
+
+        def write(args: tuple[list[NewTask], list[ConfigRow], list[str]]
+                  ) -> tuple[int, dict[str, int]]:
+            got = self.transaction(lambda tx: self._insert_chunk(
+                tx, *args, source, window_start, batch_id))
+            stats.grew(got[0])
+            return got
+
         def flush() -> None:
             nonlocal chunk, configs, batches, size, limit, writing, written
             collect()
-            args = (chunk, configs, batches)
-            writing = writer.submit(self.transaction, lambda tx: self._insert_chunk(
-                tx, *args, source, window_start, batch_id))
+            writing = writer.submit(write, (chunk, configs, batches))
             written = len(chunk)
             chunk, configs, batches, size = [], [], [], 0
             limit = self.dialect.submit_chunk_rows

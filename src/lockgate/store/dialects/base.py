@@ -176,6 +176,14 @@ class Dialect:
     def announce_tasks(self, conn: Connection) -> None:
         """Tell listening workers, when this transaction commits, that tasks came."""
 
+    def task_rows_estimate(self, conn: Connection) -> int | None:
+        """The task table's row count as the planner's statistics last saw it (0 if
+        never), or None where a submit need not refresh the statistics itself."""
+        return None
+
+    def refresh_task_statistics(self, conn: Connection) -> None:
+        """Refresh the planner's statistics of the task table after a bulk insert."""
+
     def lock_for_update(self) -> str:
         """Suffix that row-locks a SELECT inside a transaction ('' where not needed)."""
         return " FOR UPDATE"
