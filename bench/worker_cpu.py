@@ -8,7 +8,8 @@ PostgreSQL database (``CREATE DATABASE ... TEMPLATE``). Each run is a fresh proc
 (``bench/_worker_proc.py``, the worker's default settings) whose CPU is read from the
 kernel; its imports are counted apart (``import_cpu_s``, the CPU before the worker
 starts) so that µs/task is the worker's own. SQLite works in the worker's process (its
-CPU counts here); PostgreSQL's server does not.
+CPU counts here); PostgreSQL's server is reported apart: the CPU of its processes
+(from /proc, the postmaster's reaped backends included) over the run, per task.
 
     python bench/worker_cpu.py --tasks 10000 --rounds 5
     python bench/worker_cpu.py --db postgresql --vs /tmp/base/src   # A/B: this tree / that
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +73,31 @@ def run_copy(backend: str, template: str, tmp: Path, n: int) -> str:
     return PG_ADMIN.rsplit("/", 1)[0] + f"/{RUN_DB}"
 
 
+def pg_server_cpu_s() -> float:
+    """CPU seconds the PostgreSQL server has spent: every live ``postgres`` process,
+    plus the postmaster's reaped children (the backends of connections since closed)."""
+    procs: dict[int, list[str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            raw = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if raw[raw.index("(") + 1:raw.rindex(")")] == "postgres":
+            procs[int(stat.parent.name)] = raw[raw.rindex(")") + 2:].split()
+    ticks = 0
+    for f in procs.values():  # f[1] ppid; f[11:15] utime, stime, cutime, cstime
+        ticks += int(f[11]) + int(f[12])
+        if int(f[1]) not in procs:  # the postmaster
+            ticks += int(f[13]) + int(f[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def one(url: str, sim_url: str, src: Path | None, args: list[str],
         tasks: int) -> dict[str, Any]:
     env = {**os.environ, "LOCKGATE_BASE_URL": sim_url}
     if src is not None:
         env["PYTHONPATH"] = str(src)
+    server_before = pg_server_cpu_s() if url.startswith("postgresql") else None
     res = subprocess.run([sys.executable, str(HERE / "_worker_proc.py"), "--db", url, *args],
                          capture_output=True, text=True, env=env, check=False)
     if res.returncode != 0:
@@ -84,6 +106,9 @@ def one(url: str, sim_url: str, src: Path | None, args: list[str],
     if out["succeeded"] != tasks:
         raise SystemExit(f"{out['succeeded']} of {tasks} tasks succeeded: {out}")
     out["us_per_task"] = (out["cpu_s"] - out["import_cpu_s"]) / tasks * 1e6
+    if server_before is not None:
+        time.sleep(0.2)  # the backends of the worker's connections exit and are reaped
+        out["server_us_per_task"] = (pg_server_cpu_s() - server_before) / tasks * 1e6
     return out
 
 
@@ -104,6 +129,7 @@ def main() -> None:
     if a.vs is not None or a.vs_args is not None:
         sides.append(("vs", a.vs.resolve() if a.vs else None, (a.vs_args or "").split()))
     got: dict[str, list[float]] = {name: [] for name, _, _ in sides}
+    server: dict[str, list[float]] = {name: [] for name, _, _ in sides}
     with tempfile.TemporaryDirectory() as tmp_s, \
             SimulatorProcess({"latency": {"kind": "fixed", "mean_ms": 0}}) as sim:
         tmp = Path(tmp_s)
@@ -115,16 +141,27 @@ def main() -> None:
                 n += 1
                 out = one(run_copy(a.db, template, tmp, n), sim.url, src, args, a.tasks)
                 got[name].append(out["us_per_task"])
+                if "server_us_per_task" in out:
+                    server[name].append(out["server_us_per_task"])
                 print(f"round {r + 1} {name:4s}: {out['us_per_task']:6.0f} µs/task "
                       f"(worker {out['elapsed_s']:.2f} s, {a.tasks / out['elapsed_s']:,.0f} "
-                      f"tasks/s; imports {out['import_cpu_s']:.2f} s CPU)", flush=True)
+                      f"tasks/s; imports {out['import_cpu_s']:.2f} s CPU"
+                      + (f"; PostgreSQL server {out['server_us_per_task']:.0f} µs/task"
+                         if "server_us_per_task" in out else "") + ")", flush=True)
     for name, values in got.items():
         print(f"{name}: median {statistics.median(values):.0f} µs/task "
               f"(min {min(values):.0f}, max {max(values):.0f})")
+    for name, values in server.items():
+        if values:
+            print(f"{name}: PostgreSQL server median {statistics.median(values):.0f} µs/task "
+                  f"(min {min(values):.0f}, max {max(values):.0f})")
     if len(sides) > 1:
-        ratios = [x / y for x, y in zip(got["this"], got["vs"], strict=True)]
-        print(f"this/vs: median {statistics.median(ratios):.3f} "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} pairs)")
+        for what, figures in (("worker", got), ("server", server)):
+            if not figures["this"]:
+                continue
+            ratios = [x / y for x, y in zip(figures["this"], figures["vs"], strict=True)]
+            print(f"{what} this/vs: median {statistics.median(ratios):.3f} "
+                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} pairs)")
     if a.db == "postgresql":
         eng = _pg_admin()
         with eng.connect() as c:
