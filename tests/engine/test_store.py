@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
@@ -545,6 +547,8 @@ def test_server_batches_travel_as_json_split_by_size_and_keep_every_value(
     if store.dialect.name == "sqlite":
         pytest.skip("SQLite binds its batches as VALUES lists (test above)")
     monkeypatch.setattr(type(store.dialect), "_JSON_BYTES", 2048)
+    if hasattr(type(store.dialect), "_VALUES_CHARS"):  # MySQL's trace rows: VALUES lists
+        monkeypatch.setattr(type(store.dialect), "_VALUES_CHARS", 4096)
     submit(store, 30)
     claimed = store.claim(30, lease_ms=60_000, worker_id="w1")
     stale = claimed[7]
@@ -583,6 +587,35 @@ def test_server_batches_travel_as_json_split_by_size_and_keep_every_value(
         assert (t["outcome"], t["raw_output"], t["latency_ms"], t["http_status"],
                 t["estimated_tokens"], t["worker_id"]) == (
             outcome, text_of[t["task_pk"]], 12.25, 200 if i % 2 else 429, None, "w1"), t
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(), min_size=1, max_size=6),
+       latency=st.floats(allow_nan=False, allow_infinity=False, width=32))
+def test_any_text_of_a_trace_is_stored_as_it_was(store: Store, texts: list[str],
+                                                  latency: float) -> None:
+    """Every character a trace can hold arrives as it was (NUL and lone surrogates, which
+    no backend can store, as U+FFFD), on every backend's way of writing trace rows."""
+    store.engine.dispose()  # each example: a fresh start on the same database
+    with store.engine.begin() as c:
+        c.execute(text("DELETE FROM task_attempt"))
+        c.execute(text("DELETE FROM task"))
+    submit(store, len(texts), prefix=f"p{abs(hash(tuple(texts))) % 10**9}")
+    claimed = sorted(store.claim(len(texts), lease_ms=60_000, worker_id="w1"),
+                     key=lambda c: c.id)
+    store.finish([Finish(id=c.id, lease_token=c.lease_token, status="SUCCEEDED",
+                         result='{"label": "yes"}', parse_status="valid",
+                         attempt=trace(c, "succeeded", raw_output=t, error_message=t,
+                                       latency_ms=latency))
+                  for c, t in zip(claimed, texts, strict=True)], worker_id="w1")
+    got = {r["task_pk"]: r for r in rows(store, "SELECT task_pk, raw_output, error_message, "
+                                                "latency_ms FROM task_attempt")}
+    for c, t in zip(claimed, texts, strict=True):
+        want = "".join("\ufffd" if ch == "\x00" or 0xD800 <= ord(ch) <= 0xDFFF else ch
+                       for ch in t)
+        assert got[c.id]["raw_output"] == want and got[c.id]["error_message"] == want
+        assert got[c.id]["latency_ms"] == pytest.approx(latency, rel=1e-5, abs=1e-30)  # MySQL: FLOAT
 
 
 def test_a_trace_of_megabytes_is_written_back_with_its_batch(store: Store) -> None:
