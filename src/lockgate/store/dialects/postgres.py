@@ -111,10 +111,14 @@ class PostgresDialect(Dialect):
         return max(0, int(n or 0))  # -1: never analysed
 
     def refresh_task_statistics(self, conn: Connection) -> None:
-        # SKIP_LOCKED: never wait behind autovacuum or another submit's ANALYZE. The
-        # columns the claim, lane and write-back plans read (27 ms at 100,000 rows,
-        # against 70 ms for every column).
-        conn.exec_driver_sql("ANALYZE (SKIP_LOCKED) task (id, status, visible_at, pool, batch_id)")
+        # SKIP_LOCKED: never wait behind autovacuum or another submit's ANALYZE. Only the
+        # columns the claim, lane and write-back plans read, from a sample of 3,000 rows
+        # (statistics target 10, this transaction only): the planner needs the table's
+        # size and a rough shape of status and visible_at, which autovacuum refines
+        # later; 11 ms at 1,000,000 rows, against 140-175 ms at the default target.
+        conn.exec_driver_sql("SET LOCAL default_statistics_target = 10")
+        conn.exec_driver_sql(
+            "ANALYZE (SKIP_LOCKED) task (id, status, visible_at, pool, batch_id)")
 
     #: The session's staging table of a submit: COPY cannot skip existing keys, so rows
     #: are copied here, then moved by one INSERT ... ON CONFLICT DO NOTHING.
