@@ -103,3 +103,23 @@ def test_a_submit_refreshes_statistics_a_logarithmic_number_of_times(
     assert n / 1.5 <= counted <= n  # what is left uncounted is under half
     # a second submit of the same ids inserts nothing and refreshes nothing
     assert _analyzes(store, lambda: store.submit(specs, batch_id="b")) == []
+
+
+def test_a_refresh_that_fails_is_logged_and_the_submit_goes_on(
+        store: Store, backend: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if backend != "postgresql":
+        pytest.skip("only PostgreSQL's submits refresh statistics")
+    monkeypatch.setattr(store.dialect, "submit_chunk_rows", 1_000)
+    tried: list[int] = []
+
+    def refuse(conn: Any) -> None:
+        tried.append(1)
+        conn.exec_driver_sql("ANALYZE no_such_table")  # as a server that refuses would
+
+    monkeypatch.setattr(store.dialect, "refresh_task_statistics", refuse)
+    report = store.submit([parse_task(t) for t in tasks(5_000)], batch_id="b")
+    assert report.inserted == 5_000 and len(tried) == 1  # tried once, then left alone
+    assert "could not refresh the task table's statistics" in caplog.text
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT COUNT(*) FROM task").scalar() == 5_000
