@@ -615,7 +615,8 @@ def test_any_text_of_a_trace_is_stored_as_it_was(store: Store, texts: list[str],
         want = "".join("\ufffd" if ch == "\x00" or 0xD800 <= ord(ch) <= 0xDFFF else ch
                        for ch in t)
         assert got[c.id]["raw_output"] == want and got[c.id]["error_message"] == want
-        assert got[c.id]["latency_ms"] == pytest.approx(latency, rel=1e-5, abs=1e-30)  # MySQL: FLOAT
+        # MySQL's FLOAT holds single precision
+        assert got[c.id]["latency_ms"] == pytest.approx(latency, rel=1e-5, abs=1e-30)
 
 
 def test_a_trace_of_megabytes_is_written_back_with_its_batch(store: Store) -> None:
