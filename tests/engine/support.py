@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from sqlalchemy import event
 
 from helpers import clean_env, rows, scalar, wait_for
 from lockgate.config import Settings, WorkerSettings
@@ -96,6 +97,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # -- database reads -------------------------------------------------------------------
+
+def statements(store: Store, fn: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The SQL statements (and their parameters) the store's engine runs while ``fn()``
+    runs."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        seen.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        fn()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    return seen
+
 
 def status_counts(store: Store) -> dict[str, int]:
     """Tasks per status."""

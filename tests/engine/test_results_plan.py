@@ -11,33 +11,16 @@ is one scan of ``task``; ``bench/export_throughput.py`` times it at a million ro
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from lockgate.spec import parse_task
 from lockgate.store import Store
 from lockgate.store import engine as engine_module
 
-from .support import tasks
-
-
-def _statements(store: Store, fn: Any) -> list[tuple[str, Any]]:
-    """The SQL statements (and parameters) the engine runs while ``fn()`` runs."""
-    seen: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
-               executemany: bool) -> None:
-        seen.append((statement, parameters))
-
-    event.listen(store.engine, "before_cursor_execute", record)
-    try:
-        fn()
-    finally:
-        event.remove(store.engine, "before_cursor_execute", record)
-    return seen
+from .support import statements, tasks
 
 
 def test_results_read_one_table_and_postgres_plans_no_join(store: Store,
@@ -51,7 +34,7 @@ def test_results_read_one_table_and_postgres_plans_no_join(store: Store,
             "started_at) SELECT id, 1, 'w', 'tok', 'succeeded', created_at FROM task"))
         c.execute(text("UPDATE task SET status = 'SUCCEEDED', result = '{\"label\": 1}', "
                        "model = 'm', input_tokens = 3, output_tokens = 1"))
-    seen = _statements(store, lambda: list(store.results("b")))
+    seen = statements(store, lambda: list(store.results("b")))
     reads = [(s, p) for s, p in seen if "FROM task" in s and "result" in s]
     assert len(reads) == 1, seen
     statement, params = reads[0]
