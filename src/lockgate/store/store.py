@@ -101,7 +101,7 @@ class _StatisticsKeeper:
         self._store = store
         self._known: int | None = None
         self._added = 0
-        self._off = False
+        self._off = not store.dialect.refreshes_statistics
 
     def grew(self, rows: int) -> None:
         if self._off or rows <= 0:
@@ -109,12 +109,8 @@ class _StatisticsKeeper:
         dialect = self._store.dialect
         try:
             if self._known is None:
-                known = self._store.transaction(lambda tx: dialect.task_rows_estimate(tx.conn))
-                if known is None:  # this database keeps its statistics itself
-                    self._off = True
-                    return
-                # the rows just committed may be counted already (-1 below: never)
-                self._known = max(0, known - rows)
+                self._known = self._store.transaction(
+                    lambda tx: dialect.task_rows_estimate(tx.conn))
             self._added += rows
             if self._added < max(self.MIN_ROWS, self._known // 2):
                 return

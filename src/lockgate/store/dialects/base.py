@@ -176,10 +176,14 @@ class Dialect:
     def announce_tasks(self, conn: Connection) -> None:
         """Tell listening workers, when this transaction commits, that tasks came."""
 
-    def task_rows_estimate(self, conn: Connection) -> int | None:
+    #: Whether a submit refreshes the planner's statistics of the task table itself as
+    #: it grows it (elsewhere the database keeps them, or needs none for the hot path).
+    refreshes_statistics = False
+
+    def task_rows_estimate(self, conn: Connection) -> int:
         """The task table's row count as the planner's statistics last saw it (0 if
-        never), or None where a submit need not refresh the statistics itself."""
-        return None
+        never)."""
+        return 0
 
     def refresh_task_statistics(self, conn: Connection) -> None:
         """Refresh the planner's statistics of the task table after a bulk insert."""

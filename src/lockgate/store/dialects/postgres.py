@@ -105,7 +105,9 @@ class PostgresDialect(Dialect):
     # instead of walking ix_task_claim to its LIMIT, and autovacuum's ANALYZE comes a
     # minute or more after a bulk load. A submit refreshes them as it grows the table.
 
-    def task_rows_estimate(self, conn: Connection) -> int | None:
+    refreshes_statistics = True
+
+    def task_rows_estimate(self, conn: Connection) -> int:
         n = conn.exec_driver_sql(
             "SELECT reltuples FROM pg_class WHERE oid = 'task'::regclass").scalar()
         return max(0, int(n or 0))  # -1: never analysed
