@@ -115,3 +115,9 @@ def test_a_refresh_that_fails_is_logged_and_the_submit_goes_on(
     with store.engine.connect() as c:
         assert c.exec_driver_sql("SELECT COUNT(*) FROM task").scalar() == 5_000
     store.close()
+
+
+def test_a_small_submit_asks_the_database_nothing_about_statistics(store: Store) -> None:
+    ran = statements(store, lambda: store.submit([parse_task(t) for t in tasks(20)],
+                                                 batch_id="small"))
+    assert not [s for s, _p in ran if "pg_class" in s or "ANALYZE" in s.upper()], ran

@@ -106,12 +106,14 @@ class _StatisticsKeeper:
     def grew(self, rows: int) -> None:
         if self._off or rows <= 0:
             return
+        self._added += rows
+        if self._added < self.MIN_ROWS:  # a small submit asks the database nothing
+            return
         dialect = self._store.dialect
         try:
             if self._known is None:
                 self._known = self._store.transaction(
                     lambda tx: dialect.task_rows_estimate(tx.conn))
-            self._added += rows
             if self._added < max(self.MIN_ROWS, self._known // 2):
                 return
             self._store.transaction(lambda tx: dialect.refresh_task_statistics(tx.conn))
