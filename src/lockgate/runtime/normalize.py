@@ -30,7 +30,9 @@ from typing import Any
 from lockgate.spec import InputRule
 
 _ZWJ = "\u200d"
-_VS16 = "\ufe0f"
+_VS15 = "\ufe0e"  # text presentation
+_VS16 = "\ufe0f"  # emoji presentation
+_VARIATION = _VS15 + _VS16
 _KEEP_CONTROLS = {"\t", "\n", "\r"}
 _EXTRA_INVISIBLE = "\u034f\u115f\u1160\u3164\uffa0"
 _ASCII_CONTROLS = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
@@ -121,7 +123,9 @@ def _emoji_tables() -> tuple[re.Pattern[str], dict[str, tuple[str, ...]], dict[s
     ordered = {k: tuple(sorted(v, key=len, reverse=True)) for k, v in by_first.items()}
     # Keycaps ("1️⃣") start with an ASCII character; only the combining keycap marks them.
     cls = _char_class(_emoji_first_ranges(list(ordered)))
-    candidates = re.compile(f"[0-9#*]\ufe0f?\u20e3|{cls}")
+    # A variation selector left over (after a text character, or after an emoji that
+    # was replaced) only asks how an emoji looks: it goes with the emoji.
+    candidates = re.compile(f"[0-9#*]\ufe0f?\u20e3|[{_VS15}{_VS16}]|{cls}")
     return candidates, ordered, names
 
 
@@ -146,7 +150,8 @@ def _has_suspects(text: str) -> bool:
 
 
 def replace_emoji(text: str, *, tag: bool = True) -> str:
-    """Replace each emoji by ``:cldr_name:`` (``tag=True``) or by nothing."""
+    """Replace each emoji by ``:cldr_name:`` (``tag=True``) or by nothing; a variation
+    selector (U+FE0E, U+FE0F) goes with it, as does one left on its own."""
     if text.isascii():
         return text
     candidates, by_first, names = _emoji_tables()
@@ -159,7 +164,13 @@ def replace_emoji(text: str, *, tag: bool = True) -> str:
         start = m.start()
         seq = next((s for s in by_first.get(text[start], ()) if text.startswith(s, start)),
                    None)
-        if seq is None:  # a candidate first character that starts no known sequence
+        if seq is None:
+            if text[start] in _VARIATION:
+                out.append(text[pos:start])
+                pos = start + 1
+                m = candidates.search(text, pos)
+                continue
+            # a candidate first character that starts no known sequence
             m = candidates.search(text, start + 1)
             continue
         out.append(text[pos:start])
