@@ -20,6 +20,7 @@ Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:..
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -32,7 +33,17 @@ from lockgate.runtime.schema import Node
 
 _INT_RE = re.compile(r"[+-]?\d+(?:\.0*)?")
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+#: A number written with thousands separators: 1 to 3 digits (not a leading 0), then
+#: groups of 3 ("1,234,567.5"); "0,900" (a decimal comma) is not one.
+_THOUSANDS_RE = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d*)?")
+#: Digits a number string may be read from (longer ones are not a model's number).
+_MAX_DIGITS = 400
+#: Characters models slip into values that carry no meaning (zero-width, BOM, soft
+#: hyphen): dropped before a value is compared or read as a number.
+_INVISIBLE_RE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+#: Digits of other scripts' full-width forms only (NFKC would also turn "10²" into
+#: "102").
+_WIDE_DIGITS = str.maketrans("０１２３４５６７８９＋－．，", "0123456789+-.,")
 _LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
 _TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
 _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
@@ -204,7 +215,9 @@ def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
     if target == "string":
         if isinstance(value, bool):
             return True, "true" if value else "false"
-        if isinstance(value, int | float):
+        if isinstance(value, int):
+            return True, str(value)  # any size (orjson writes 64 bits)
+        if isinstance(value, float):
             return True, orjson.dumps(value).decode()
         return False, value
     if target == "null":
@@ -225,8 +238,12 @@ def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
 
 
 def _clean_number(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).strip()
-    return _THOUSANDS_RE.sub("", text)
+    """A number string as Python reads it: invisible characters and surrounding space
+    dropped, full-width digits made ASCII, thousands separators removed."""
+    text = _INVISIBLE_RE.sub("", text).translate(_WIDE_DIGITS).strip()
+    if "," in text and _THOUSANDS_RE.fullmatch(text):
+        text = text.replace(",", "")
+    return text
 
 
 def _to_int(value: Any) -> tuple[bool, Any]:
@@ -234,18 +251,22 @@ def _to_int(value: Any) -> tuple[bool, Any]:
         return True, int(value)
     if isinstance(value, str):
         text = _clean_number(value)
-        if _INT_RE.fullmatch(text):
-            return True, int(float(text)) if "." in text else int(text)
+        if len(text) <= _MAX_DIGITS and _INT_RE.fullmatch(text):
+            return True, int(text.split(".", 1)[0])  # "12.000": exactly 12
     return False, value
 
 
 def _to_number(value: Any) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = _clean_number(value)
+        if len(text) > _MAX_DIGITS:
+            return False, value
         if _INT_RE.fullmatch(text) and "." not in text:
             return True, int(text)
         if _FLOAT_RE.fullmatch(text):
-            return True, float(text)
+            number = float(text)
+            if math.isfinite(number):  # "1e999" is no number JSON can hold
+                return True, number
     return False, value
 
 
@@ -281,10 +302,26 @@ def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     return True, [value]
 
 
+#: What may end a one-word answer as a sentence (after NFKC: ASCII forms).
+_CLOSING_MARKS = " .!。"
+
+
+def fold_value(text: str) -> str:
+    """The form in which two enum values are the same: case, width, invisible
+    characters and the amount of space between words aside. Signs, dots, dashes and
+    underscores stay (unlike a field name's fold): "+1" is not "-1", "A-" not "A"."""
+    text = unicodedata.normalize("NFKC", _INVISIBLE_RE.sub("", text)).casefold()
+    return " ".join(text.split())
+
+
 def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> Any:
     if isinstance(value, str):
-        folded = fold(value)
-        matches = [m for m in enum if isinstance(m, str) and fold(m) == folded]
+        folded = fold_value(value)
+        matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
+        if not matches and folded.rstrip(_CLOSING_MARKS) != folded:
+            # "positive." - a sentence's end, where no member ends so
+            folded = folded.rstrip(_CLOSING_MARKS)
+            matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
         if len(matches) != 1:
             num_ok, num = _to_number(value)
             matches = [m for m in enum if num_ok and not isinstance(m, bool | str) and m == num]

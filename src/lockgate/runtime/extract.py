@@ -20,8 +20,10 @@ import orjson
 
 # A fence opens at the start of a line (so a "```" inside a JSON string is no fence);
 # an unterminated one runs to the end.
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n{\[]*\n?(.*?)(?:```|\Z)",
-                    re.S | re.M)
+#: A fence closes where ``` begins a line or ends one (a JSON string cannot hold a line
+#: break, so ``` inside one is followed by more of its line), or at the end of the text.
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n{\[]*\n?(.*?)"
+                    r"(?:^[ \t]*```|```[ \t]*$|\Z)", re.S | re.M)
 _JSON_LANGS = frozenset({"", "json", "jsonc", "json5", "javascript", "js"})
 
 
@@ -35,6 +37,10 @@ def fenced_blocks(text: str) -> list[str]:
 
 
 _PYTHONISH = re.compile(r"'|\b(?:True|False|None)\b")
+#: Escapes JSON reads otherwise than Python: ``\/`` (a slash) and a surrogate pair
+#: (one character). A text with one is JSON with a flaw (an apostrophe in a value, a
+#: trailing comma), not a Python literal.
+_JSON_ESCAPES = re.compile(r"\\(?:/|u[dD][89abAB])")
 
 
 def python_literal(text: str) -> Any:
@@ -47,7 +53,7 @@ def python_literal(text: str) -> Any:
 
     stripped = text.strip()
     if not stripped or stripped[0] not in "{[" or len(stripped) > 100_000 \
-            or not _PYTHONISH.search(stripped):
+            or not _PYTHONISH.search(stripped) or _JSON_ESCAPES.search(stripped):
         return None
     try:
         value = ast.literal_eval(stripped)
@@ -61,10 +67,43 @@ def python_literal(text: str) -> Any:
         return None
 
 
+#: ``\/`` and ``\f`` after an even number of backslashes (so escaped themselves not).
+_REPAIR_ESCAPES = re.compile(r"(?<!\\)((?:\\\\)*)\\([/f])")
+
+
+def _plain_escape(m: re.Match[str]) -> str:
+    return m.group(1) + ("/" if m.group(2) == "/" else "\\u000c")
+
+
+#: A JSON string (kept), a comment (dropped) or a comma before a closing bracket
+#: (dropped).
+_LENIENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*(?s:.*?)\*/|,(?=\s*[}\]])')
+
+
+def lenient_json(text: str) -> Any:
+    """JSON with the flaws models add most (trailing commas, ``//`` and ``/* */``
+    comments) taken out, read by the strict parser: exact where a general repair is
+    not (``json_repair`` drops a string's trailing ``\\n``). ``None`` when the text is
+    still not strict JSON (or not an object or array)."""
+    if "," not in text and "/" not in text:
+        return None
+    cleaned = _LENIENT.sub(lambda m: m.group(1) or "", text)
+    if cleaned == text:
+        return None
+    try:
+        value = orjson.loads(cleaned)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict | list) else None
+
+
 def repair(text: str) -> Any:
     """``json_repair`` on ``text``; ``None`` when nothing JSON-like comes out."""
     import json_repair
 
+    if "\\/" in text or "\\f" in text:
+        # JSON escapes json_repair keeps as written ("\\/" stays two characters).
+        text = _REPAIR_ESCAPES.sub(_plain_escape, text)
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)
     except (ValueError, RecursionError, IndexError, KeyError, TypeError):

@@ -5,13 +5,15 @@ usable output:
 
 1. **strict** - ``orjson.loads`` of the whole reply. A reply that is valid and already
    conforms returns here (the fast path: no further work).
-2. **find** - a leading ``<think>`` block is set aside; full-width punctuation and
+2. **find** - reasoning (``<think>`` blocks, a block cut off at the end, a headless
+   one) is set aside and never searched; full-width punctuation and
    curly quotes are turned to ASCII where they stand as JSON syntax, never inside
    values (:func:`.scan.ascii_syntax`); then the bodies of Markdown code fences, else
    every top-level object in the text, in the order written (:func:`.scan.regions`).
-3. **repair** - a region that is not strict JSON is read as a Python literal, else
-   with ``json_repair``; a complete object that begins a line inside it (the model
-   starting over) comes first.
+3. **repair** - a region that is not strict JSON is read strictly without its
+   trailing commas and comments, else as a Python literal, else with ``json_repair``;
+   a complete object that begins a line inside it (the model starting over) comes
+   first.
 4. **truncation** - a region the output ends inside (cut off at ``max_tokens``) is cut
    back to its last *finished* value and closed; a list or object field left open is
    dropped. A value counts only if the output finished it, so what was cut off takes

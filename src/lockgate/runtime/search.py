@@ -14,7 +14,7 @@ from typing import Any, overload
 import orjson
 
 from lockgate.runtime.conform import Fixes
-from lockgate.runtime.extract import fenced_blocks, python_literal, repair
+from lockgate.runtime.extract import fenced_blocks, lenient_json, python_literal, repair
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -37,6 +37,11 @@ MAX_REPAIR = 128 << 10
 #: An object at the start of a line (after text without JSON syntax, if any).
 _LINE_START = re.compile(r"\n[^\n\"'{}\[\],]*\{")
 _MAX_RESTARTS = 16
+#: One level of string escaping over quotes and backslashes.
+_ESCAPED = re.compile(r'\\(["\\])')
+#: What an object inside the answer follows: an array's start, a comma, a key (quoted,
+#: or a bare name after ``{`` or a comma) and its colon; "Let me redo:" is no key.
+_IN_VALUE = re.compile(r"""(?:[\[,]|["']\s*:|[{,]\s*[A-Za-z_$][\w$]*\s*:)\s*\Z""")
 
 
 def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
@@ -49,15 +54,34 @@ def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
         return unusable(ParseStatus.INVALID_JSON, plan,
                         f"the output is not JSON as a whole and too long to search "
                         f"({len(text)} characters; the limit is {MAX_SEARCH})")
-    if "</think>" in text and "stripped:think" not in fixes.applied:
-        # Reasoning models put their scratch work first; it may hold braces of its own.
-        thought = _strip_thinking(text)
-        if thought is not None:
+    if _REASONING_TAG.search(text) is not None and "stripped:think" not in fixes.applied:
+        # Reasoning models put their scratch work first; it may hold drafts of the
+        # answer, which are never the answer.
+        aside = _set_aside_reasoning(text)
+        if aside is not None:
+            rest, sure = aside
             inner = fixes.copy()
             inner.repair("stripped:think")
-            found = search(thought, plan, inner)
-            if found.usable:
-                return found
+            if not rest.strip():
+                if sure:
+                    return unusable(
+                        ParseStatus.NO_JSON_FOUND, plan,
+                        "the output holds only reasoning (<think>...), no answer after "
+                        "it: the reply was cut off while thinking (raise max_tokens) "
+                        "or ended with its reasoning", (*inner.labels(), "truncated"))
+            else:
+                found = search(rest, plan, inner)
+                if found.usable or sure:
+                    return found
+    if '\\"' in text and '"' not in text.replace('\\"', "") \
+            and "unescaped" not in fixes.applied:
+        # JSON written as the inside of a JSON string ({\"a\": 1}), its quotes escaped
+        # and none bare: read with its escapes undone.
+        inner = fixes.copy()
+        inner.repair("unescaped")
+        found = search(_ESCAPED.sub(lambda m: m.group(1), text), plan, inner)
+        if found.usable:
+            return found
     if may_be_wide(text):
         # The usual reply, strict JSON after some chatter, needs no conversion; the
         # conversion could only matter where a full-width bracket came before it.
@@ -188,6 +212,8 @@ def _restarts(text: str, region: Region) -> Iterator[Candidate]:
     for tried, m in enumerate(_LINE_START.finditer(text, region.start + 1, region.end)):
         if tried >= _MAX_RESTARTS:
             return
+        if _IN_VALUE.search(text, max(region.start, m.start() - 256), m.start()):
+            continue  # an element or a member's value of the region, not a restart
         inner = strict_region(text, m.end() - 1)
         if inner is not None and inner.end <= region.end:
             yield inner.value, ("extracted:chatter",), False, None
@@ -203,6 +229,10 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
             return
         except orjson.JSONDecodeError:
             pass
+    lenient = lenient_json(body)
+    if lenient is not None:
+        yield lenient, (*labels, "repaired:json"), True, cut
+        return
     literal = python_literal(body)
     if literal is not None:
         yield literal, (*labels, "repaired:python"), True, cut
@@ -213,10 +243,31 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
             yield value, (*labels, "repaired:json"), True, cut
 
 
-def _strip_thinking(text: str) -> str | None:
-    """The reply after a leading reasoning block (``<think>...</think>``), if any."""
-    end = text.find("</think>")
-    head = text[:end]
-    if head.lstrip().startswith("<think>") or ("{" not in head and "[" not in head):
-        return text[end + len("</think>"):]
-    return None
+#: The tags reasoning models wrap their scratch work in.
+_REASONING_TAG = re.compile(r"(?i)</?(?:think|thinking|reasoning)>")
+_CLOSE_TAG = re.compile(r"(?i)</(?:think|thinking|reasoning)>")
+#: A reasoning block that opens a line (or follows another): closed, or cut off at the
+#: end of the output.
+_THINK_BLOCK = re.compile(
+    r"(?im)(?:^|(?<=>))[ \t]*<(think|thinking|reasoning)>(?s:.*?)(?:</\1>|\Z)")
+
+
+def _set_aside_reasoning(text: str) -> tuple[str, bool] | None:
+    """The reply without its reasoning (``<think>...</think>`` blocks - or
+    ``<thinking>``, ``<reasoning>`` -, one cut off at the end included, and a headless
+    block: the part before a first closing tag that no opening tag opens, as when the
+    chat template opened it in the prompt), and whether that is certain; None when
+    there is no reasoning. Not certain: a headless block with JSON syntax in it, which
+    might instead be an answer holding the text ``</think>`` (the caller then searches
+    the whole output if the rest holds no answer)."""
+    rest, sure = text, True
+    close = _CLOSE_TAG.search(text)
+    end = -1 if close is None else close.start()
+    if close is not None and _THINK_BLOCK.search(text, 0, close.end()) is None:
+        head = text[:end]
+        sure = "{" not in head and "[" not in head
+        rest = text[close.end():]
+    rest, blocks = _THINK_BLOCK.subn("", rest)
+    if not blocks and close is None:
+        return None
+    return rest, sure

@@ -8,6 +8,7 @@ check of a strict reply that needs none of this.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -200,20 +201,37 @@ def deliverable(parsed: Parsed) -> Parsed:
     become floats (as ``orjson`` reads them), stray surrogates U+FFFD; nesting deeper
     than ``orjson`` writes (254 levels) makes it unusable."""
     try:
-        orjson.dumps(parsed.value)
-        return parsed
+        # orjson writes inf and nan as null: a null in the text asks for a look.
+        if b"null" not in orjson.dumps(parsed.value) or _finite(parsed.value):
+            return parsed
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, None, parsed.fixes, completeness=0.0,
+                      conforms=False, error="the output holds a number JSON cannot hold "
+                      "(infinite or not a number, e.g. 1e999)", missing=parsed.missing)
     except TypeError:
         pass
     try:
         value = _json_safe(parsed.value)
         orjson.dumps(value)
-    except (TypeError, RecursionError) as exc:
+    except (TypeError, RecursionError, OverflowError) as exc:
         return Parsed(ParseStatus.INVALID_JSON, None, parsed.fixes, completeness=0.0,
                       conforms=False, error=f"the value cannot be written as JSON: {exc}",
                       missing=parsed.missing)
     return Parsed(ParseStatus.REPAIRED if parsed.status is ParseStatus.VALID else parsed.status,
                   value, (*parsed.fixes, "repaired:sanitized"), parsed.completeness,
                   parsed.conforms, parsed.error, parsed.missing)
+
+
+def _finite(value: Any, depth: int = 0) -> bool:
+    """Whether no float in ``value`` is infinite or NaN."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth > 256:
+        return True  # orjson refuses it anyway
+    if isinstance(value, dict):
+        return all(_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v, depth + 1) for v in value)
+    return True
 
 
 def _json_safe(value: Any, depth: int = 0) -> Any:
@@ -225,10 +243,19 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
             return value
         except UnicodeEncodeError:
             return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    if isinstance(value, bool) or value is None or isinstance(value, float):
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{value} is no JSON number")
+        return value
+    if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        return value if -(1 << 63) <= value < (1 << 64) else float(value)
+        if -(1 << 63) <= value < (1 << 64):
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            raise TypeError("an integer too large for a JSON number") from None
     if isinstance(value, dict):
         return {_json_safe(k, depth + 1): _json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):

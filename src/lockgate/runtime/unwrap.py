@@ -45,7 +45,29 @@ def declares(value: Any, plan: OutputPlan) -> bool:
 
 def _may_hold(name: str, value: Any, plan: OutputPlan) -> bool:
     node = plan.root.props.get(name)
-    return not (isinstance(value, dict) and node is not None and _holds_no_object(node))
+    if not isinstance(value, dict):
+        return True
+    if node is not None and _holds_no_object(node):
+        return False
+    # A field of no declared type may hold an object, but not the description of the
+    # field itself: a model that echoes the schema ({"properties": {"answer": {"type":
+    # "string"}}}) has not answered.
+    return (node is not None and bool(node.types)) or not _describes_a_field(value)
+
+
+#: The keywords of a JSON Schema that describe a field.
+_SCHEMA_WORDS = frozenset({
+    "type", "description", "enum", "const", "items", "properties", "required", "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+    "maxLength", "minItems", "maxItems", "pattern", "default", "title", "examples",
+    "additionalProperties", "anyOf", "oneOf", "allOf", "$ref", "nullable"})
+
+
+def _describes_a_field(value: dict[str, Any]) -> bool:
+    """Whether an object reads as a JSON Schema's description of a field (only schema
+    keywords, among them a type, an enum or a reference)."""
+    return bool(value) and value.keys() <= _SCHEMA_WORDS and any(
+        k in value for k in ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf"))
 
 
 def _holds_no_object(node: Node) -> bool:
