@@ -6,7 +6,7 @@ import unicodedata
 
 import emoji
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lockgate.runtime import normalize_text, normalize_value
@@ -56,6 +56,8 @@ def test_normalize_value_walks_structures() -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=8), st.sampled_from(EMOJI_SAMPLE)), max_size=8))
+@example(["\ufe0e"])  # a lone variation selector
+@example(["a\ufe0fb", "\U0001f44d\ufe0e"])
 def test_emoji_tags_match_the_emoji_library(pieces: list[str]) -> None:
     text = "".join(pieces)
     assert replace_emoji(text, tag=True) == emoji.demojize(text)
