@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from email.utils import formatdate
+
 import pytest
 
 from lockgate.providers.headers import (
+    MAX_PAUSE_MS,
     Signals,
     parse_count,
     parse_duration_ms,
@@ -34,12 +38,30 @@ def test_counts(raw: str | None, value: int | None) -> None:
     assert parse_count(raw) == value
 
 
-def test_retry_after_ms_wins_over_seconds_and_dates_are_ignored() -> None:
+def test_retry_after_ms_wins_over_seconds() -> None:
     assert parse_retry_after_ms({"retry-after-ms": "1500", "retry-after": "9"}) == 1500
     assert parse_retry_after_ms({"retry-after": "2"}) == 2000
     assert parse_retry_after_ms({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
     assert parse_retry_after_ms({"retry-after-ms": "0", "retry-after": "-1"}) is None
     assert parse_retry_after_ms({"retry-after-ms": "junk", "retry-after": "1"}) == 1000
+    for junk in ("inf", "nan", "-inf", "Wed, 99 Foo 2015", ""):
+        assert parse_retry_after_ms({"retry-after": junk}) is None, junk
+
+
+def test_retry_after_as_an_http_date_counts_from_the_response_date() -> None:
+    date = "Fri, 05 Dec 2026 10:00:00 GMT"
+    assert parse_retry_after_ms({"retry-after": "Fri, 05 Dec 2026 10:00:06 GMT",
+                                 "date": date}) == 6000
+    assert parse_retry_after_ms({"retry-after": "Fri, 05 Dec 2026 09:59:59 GMT",
+                                 "date": date}) is None  # already past: no pause
+    # Without a Date header: from this machine's clock.
+    soon = formatdate(time.time() + 30, usegmt=True)
+    assert 28_000 <= (parse_retry_after_ms({"retry-after": soon}) or 0) <= 30_000
+
+
+def test_a_retry_after_beyond_a_day_is_shortened_to_a_day() -> None:
+    assert parse_retry_after_ms({"retry-after": "90000"}) == MAX_PAUSE_MS
+    assert parse_retry_after_ms({"retry-after-ms": str(10 * MAX_PAUSE_MS)}) == MAX_PAUSE_MS
 
 
 def test_a_full_set_of_headers() -> None:

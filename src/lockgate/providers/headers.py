@@ -12,8 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
-#: Longest pause any header may impose (a day); larger values are treated as junk.
+#: Longest pause any header may impose (a day): a longer reset is treated as junk, a
+#: longer Retry-After is shortened to it.
 MAX_PAUSE_MS = 24 * 3600 * 1000
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?"
@@ -59,7 +62,11 @@ def parse_count(raw: str | None) -> int | None:
 
 
 def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
-    """``retry-after-ms`` (ms) or else ``retry-after`` (seconds; HTTP dates ignored)."""
+    """``retry-after-ms`` (ms), else ``retry-after``: seconds, or an HTTP date (counted
+    from the response's own ``Date``, so a clock apart from the server's does not
+    matter; from this machine's clock without one). A pause longer than a day is
+    shortened to a day (then the endpoint is asked again); an unreadable, negative or
+    zero value gives None."""
     for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
         raw = headers.get(name)
         if raw is None:
@@ -67,10 +74,24 @@ def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
         try:
             value = float(raw) * scale
         except ValueError:
-            continue
-        if value == value and 0 < value < MAX_PAUSE_MS:
-            return int(value + 0.999)  # round up: never retry before the time named
+            value = _date_ms(raw, headers.get("date")) if scale == 1000.0 else float("nan")
+        if 0 < value < float("inf"):  # NaN, inf and -inf are no pause
+            return int(min(value, MAX_PAUSE_MS) + 0.999)  # never before the time named
     return None
+
+
+def _date_ms(raw: str, now_raw: str | None) -> float:
+    """Milliseconds until the HTTP date ``raw`` (NaN if it is not one)."""
+    try:
+        when = parsedate_to_datetime(raw)
+        now = parsedate_to_datetime(now_raw) if now_raw else None
+    except (TypeError, ValueError, IndexError):
+        return float("nan")
+    if now is None:
+        now = datetime.now(UTC)
+    if when.tzinfo is None or now.tzinfo is None:  # "-0000": UTC, as RFC 9110 says
+        when, now = when.replace(tzinfo=UTC), now.replace(tzinfo=UTC)
+    return (when - now).total_seconds() * 1000
 
 
 @dataclass(frozen=True, slots=True)

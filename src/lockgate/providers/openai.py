@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
@@ -63,12 +64,11 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
                       raw: bytes = b"") -> ProviderError:
     """Map an error response to the most specific :class:`ErrorClass`."""
     err = body.get("error") if isinstance(body, dict) else None
-    err = err if isinstance(err, dict) else {}
-    code = str(err.get("code") or "")
-    etype = str(err.get("type") or "")
-    message = str(err.get("message") or body)[:500]
+    code, etype, message = _error_fields(body, err)
     retry_after = parse_retry_after_ms(headers)
-    if status == 429 and "insufficient_quota" in (code, etype):
+    if status == 402 or _QUOTA_WORDS.search(f"{code} {etype}"):
+        # 402 Payment Required (an account without balance) or an OpenAI-style
+        # insufficient_quota: the fallback endpoint takes over.
         cls = ErrorClass.QUOTA_EXHAUSTED
     elif status == 429:
         cls = ErrorClass.RATE_LIMITED
@@ -87,6 +87,81 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
     return ProviderError(cls, f"HTTP {status}: {message}", http_status=status,
                          retry_after_ms=retry_after, rate_limit=_rate_limit(headers),
                          request_id=headers.get("x-request-id"), body=_kept_body(raw))
+
+
+#: Error codes and types of an account out of money or quota (OpenAI, DeepSeek and
+#: others).
+_QUOTA_WORDS = re.compile(r"(?i)insufficient_(?:quota|balance|funds)|billing|arrears")
+#: Error codes and types of a rate limit (in a body whose status does not say so).
+_RATE_WORDS = re.compile(r"(?i)rate.?limit|too.?many.?requests|throttl")
+
+
+def _error_fields(body: Any, err: Any) -> tuple[str, str, str]:
+    """Code, type and message of an error body: OpenAI's ``{"error": {...}}``, a plain
+    ``{"error": "text"}``, vLLM's ``{"object": "error", "message": ...}``, or any other
+    text (its first 500 characters)."""
+    if isinstance(err, dict):
+        message = err.get("message") or err.get("msg") or orjson.dumps(err).decode()
+        return str(err.get("code") or ""), str(err.get("type") or ""), str(message)[:500]
+    if isinstance(body, dict):
+        message = err if isinstance(err, str) and err else body.get("message") \
+            or body.get("detail") or orjson.dumps(body, default=str).decode()
+        return str(body.get("code") or ""), str(body.get("type") or ""), str(message)[:500]
+    return "", "", str(body)[:500]
+
+
+def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
+                   raw: bytes) -> ProviderError | None:
+    """A 2xx answer that carries an error object instead of choices (gateways do so):
+    classified by its code, type and message, as its status would have been; None
+    when the body holds no error."""
+    err = data.get("error") if isinstance(data, dict) else None
+    if not err and not (isinstance(data, dict) and data.get("object") == "error"):
+        return None
+    code, etype, message = _error_fields(data, err)
+    said = f"{code} {etype} {message}"
+    inner = int(code) if code.isdigit() and 400 <= int(code) < 600 else None
+    if _QUOTA_WORDS.search(said):
+        as_status = 402
+    elif _RATE_WORDS.search(said):
+        as_status = 429
+    elif inner is not None:
+        as_status = inner
+    elif "context_length" in said or "maximum context length" in said:
+        as_status = 400
+    else:
+        as_status = 500  # the provider failed to answer: worth another attempt
+    found = classify_response(as_status, data, headers, raw)
+    return ProviderError(found.error_class, f"HTTP {status} with an error in the body: "
+                         f"{message}", http_status=status,
+                         retry_after_ms=found.retry_after_ms, rate_limit=found.rate_limit,
+                         request_id=found.request_id, body=found.body)
+
+
+def _content(content: Any) -> str:
+    """A message's content as text: a string, or a list of parts whose text parts are
+    joined (``[{"type": "text", "text": ...}]``)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") if isinstance(p, dict) else
+                       p if isinstance(p, str) else "" for p in content)
+    return "" if content is None else str(content)
+
+
+def _not_a_completion(status: int, data: Any, raw: bytes,
+                      headers: Mapping[str, str]) -> str:
+    """What a 2xx body that holds no completion is, for the error message."""
+    kind = headers.get("content-type") or "no content type"
+    start = raw[:120].decode("utf-8", "replace")
+    if not raw.strip():
+        return f"HTTP {status} with an empty body ({kind})"
+    if raw.lstrip()[:1] not in (b"{", b"["):
+        return f"HTTP {status} with a body that is not JSON ({kind}): {start!r}"
+    if data is None:
+        return f"HTTP {status} with a body that is not valid JSON ({len(raw)} bytes, " \
+               f"cut off?): {start!r}"
+    return f"HTTP {status} without choices[0].message in the body: {start!r}"
 
 
 #: The largest token count taken from a provider's ``usage`` (it is stored in 32-bit
@@ -166,10 +241,13 @@ class OpenAICompatible:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             data, strict = _lenient_json(raw), False
-        if status != 200:
+        if not 200 <= status < 300:
             raise classify_response(status, data if data is not None else raw[:300].decode(
                 "utf-8", "replace"), resp_headers, raw)
-        answer = self._completion(data, status, resp_headers, request.model)
+        in_body = _error_in_body(status, data, resp_headers, raw)
+        if in_body is not None:
+            raise in_body
+        answer = self._completion(data, status, resp_headers, request.model, raw)
         # A body only the lenient reader takes is not kept: exports read it back strictly.
         answer.body = _kept_body(raw) if strict else None
         return answer
@@ -182,7 +260,18 @@ class OpenAICompatible:
         try:
             async with self._client().post(self.url, data=body, headers=headers,
                                            timeout=timeout) as resp:
-                return resp.status, resp.headers, await resp.read()
+                try:
+                    return resp.status, resp.headers, await resp.read()
+                except aiohttp.ClientPayloadError as exc:
+                    # The endpoint answered (a status line came) but its body could not
+                    # be read: a bad Content-Encoding, a connection cut mid-body. A
+                    # failed answer, not an unreachable endpoint.
+                    raise ProviderError(
+                        ErrorClass.SERVER_ERROR,
+                        f"HTTP {resp.status}: the body could not be read "
+                        f"({type(exc).__name__}: {exc}; Content-Encoding "
+                        f"{resp.headers.get('Content-Encoding') or 'none'})",
+                        http_status=resp.status) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -214,14 +303,14 @@ class OpenAICompatible:
 
     @staticmethod
     def _completion(data: Any, status: int, headers: Mapping[str, str],
-                    model: str) -> Completion:
+                    model: str, raw: bytes = b"") -> Completion:
         try:
             choice = data["choices"][0]
-            content = choice["message"].get("content") or ""
+            content = _content(choice["message"].get("content"))
             finish = choice.get("finish_reason")
         except (TypeError, KeyError, IndexError, AttributeError):
             raise ProviderError(ErrorClass.SERVER_ERROR,
-                                "HTTP 200 without choices[0].message in the body",
+                                _not_a_completion(status, data, raw, headers),
                                 http_status=status) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
@@ -231,7 +320,7 @@ class OpenAICompatible:
             usage = {}
         answered = data.get("model")
         return Completion(
-            content=content if isinstance(content, str) else str(content), http_status=status,
+            content=content, http_status=status,
             model=answered if isinstance(answered, str) and answered else model,
             prompt_tokens=token_count(usage.get("prompt_tokens")),
             completion_tokens=token_count(usage.get("completion_tokens")),
