@@ -63,6 +63,22 @@ def test_run_submits_and_works_a_file_to_the_end(db_url: str, store: Store,
     assert simulator.stats()["requests"] == n, "a finished batch is not run again"
 
 
+def test_run_follows_the_batches_its_lines_name(db_url: str, store: Store,
+                                              simulator: SimulatorProcess,
+                                              tmp_path: Path) -> None:
+    lines = [{**t, "batch_id": "named-a" if i % 3 else "named-b"}
+             for i, t in enumerate(tasks(30))]
+    path = write_jsonl(tmp_path / "file-name.jsonl", lines)
+    result = lockgate("run", path, "--db", db_url, "--concurrency", "8")
+    assert result.exit_code == 0, result.output
+    summary = flat(result.stdout)
+    # Not the file's name (a batch left empty): the two batches the tasks are in.
+    assert "batch file-name" not in summary
+    assert re.search(r"batch named-a .*?tasks SUCCEEDED\W+20\b", summary), summary
+    assert re.search(r"batch named-b .*?tasks SUCCEEDED\W+10\b", summary), summary
+    assert status_counts(store) == {"SUCCEEDED": 30}
+
+
 def test_status_shows_counts_leases_in_flight_and_live_workers(
         db_url: str, store: Store, simulator: SimulatorProcess) -> None:
     store.submit([parse_task(t) for t in tasks(8)], batch_id="b")

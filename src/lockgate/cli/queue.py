@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,6 +52,7 @@ from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.redact import redact_url
 from lockgate.results import Status
+from lockgate.store.store import SubmitReport
 
 InputFormatOpt = Annotated[str, typer.Option(
     "--input-format", metavar="FORMAT",
@@ -118,7 +120,7 @@ def _overrides(concurrency: int | None = None, claim_batch: int | None = None,
 
 def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid: bool,
             rejects: Path | None, plan: BatchPlan | None = None, stream: bool = False,
-            on_bad_line: str = "keep") -> str:
+            on_bad_line: str = "keep") -> SubmitReport:
     if fmt not in INPUT_FORMATS:
         raise LockgateError(f"--input-format must be tasks or openai-batch, not {fmt!r}")
     if on_bad_line not in ("keep", "cancel"):
@@ -146,7 +148,7 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
                          f", and batch '{report.batch_id}' was not created"), markup=False)
     if skip_invalid and rejects is not None and rejects.exists() and rejects.stat().st_size:
         console.print(f"rejected lines written to {rejects}", markup=False)
-    return report.batch_id
+    return report
 
 
 @command(app)
@@ -272,16 +274,29 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                   f"{stats.discarded:,} discarded", markup=False)
 
 
-def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any) -> float:
-    """Work until the queue is drained, with a progress bar for ``batch_id``."""
-    counts = lg.store.batch_counts(batch_id)
+def _counts(lg: Lockgate, batch_ids: Sequence[str]) -> dict[str, int]:
+    """Tasks per state over the batches."""
+    out: dict[str, int] = {}
+    for b in batch_ids:
+        for state, n in lg.store.batch_counts(b).items():
+            out[state] = out.get(state, 0) + n
+    return out
+
+
+def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
+              **overrides: Any) -> float:
+    """Work until the queue is drained, with a progress bar over ``batch_id`` (one batch
+    or several)."""
+    batch_ids = [batch_id] if isinstance(batch_id, str) else list(batch_id)
+    counts = _counts(lg, batch_ids)
     total = sum(counts.values())
     done0 = total - counts.get("PENDING", 0) - counts.get("REVIEW", 0)
     t0 = time.perf_counter()
     issues: list[str] = []  # endpoints in trouble, as the workers report them
     last = [done0]
     with _progress(auto_refresh=processes == 1) as prog:
-        bar = prog.add_task(f"batch {batch_id}", total=total, completed=done0, rate="")
+        bar = prog.add_task(f"batch {', '.join(batch_ids)}", total=total, completed=done0,
+                            rate="")
 
         def show(done: int) -> None:
             last[0] = done
@@ -294,7 +309,7 @@ def run_batch(lg: Lockgate, batch_id: str, processes: int = 1, **overrides: Any)
             issues[:] = trouble({"endpoints": w.endpoints} for w in lg.status().workers)
 
         def poll() -> None:  # most workers are other processes: read the database
-            c = lg.store.batch_counts(batch_id)
+            c = _counts(lg, batch_ids)
             look()
             show(sum(c.values()) - c.get("PENDING", 0) - c.get("REVIEW", 0))
 
@@ -335,10 +350,14 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
     logging.getLogger("lockgate").setLevel(logging.WARNING)
     with opened(db, config, create=True) as lg:
         _check_endpoints(lg.settings, None, refuse=True)
-        batch_id = _submit(lg, file, fmt, batch, skip_invalid, rejects)
-        elapsed = run_batch(lg, batch_id, procs,
-                            **_overrides(concurrency, claim_batch, lease))
-        out.print(summary_table(lg.store.summary(batch_id, elapsed)))
+        report = _submit(lg, file, fmt, batch, skip_invalid, rejects)
+        # The tasks' own batches, when their lines name them (the submit's own batch is
+        # then left empty, and not kept).
+        batches = [b for b in report.batches or (report.batch_id,)
+                   if sum(lg.store.batch_counts(b).values())] or [report.batch_id]
+        elapsed = run_batch(lg, batches, procs, **_overrides(concurrency, claim_batch, lease))
+        for b in batches:
+            out.print(summary_table(lg.store.summary(b, elapsed)))
 
 
 @command(app)

@@ -7,6 +7,7 @@ Every state transition is a conditional UPDATE whose affected-row count is check
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import secrets
@@ -148,6 +149,10 @@ def _storable(f: Finish) -> Finish:
                    if trace else trace)
 
 
+#: Batches a submit reports having written to (its own and those its tasks name).
+_NAMED_BATCHES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitReport:
     """How a submission went: rows inserted, task ids that already existed, and the
@@ -157,6 +162,9 @@ class SubmitReport:
     inserted: int
     duplicates: int
     elsewhere: dict[str, int] = field(default_factory=dict)
+    #: The batches the submitted tasks were written to: this one, then those the tasks
+    #: named themselves (``batch_id`` on a line), in the order met (at most 64).
+    batches: tuple[str, ...] = ()
 
 
 class Store(TaskViews):
@@ -332,7 +340,7 @@ class Store(TaskViews):
         written in a thread while the next is read."""
         window_start = int(fields.get("window_start") or 0)
         seen_configs: set[str] = set()
-        seen_batches = {batch_id}
+        seen_batches = {batch_id: None}  # ordered: this batch, then those tasks name
         inserted = total = 0
         elsewhere: dict[str, int] = {}
         chunk: list[NewTask] = []
@@ -384,7 +392,7 @@ class Store(TaskViews):
                         seen_configs.add(cfg.hash)
                         configs.append(cfg)
                     if t.batch_id and t.batch_id not in seen_batches:
-                        seen_batches.add(t.batch_id)
+                        seen_batches[t.batch_id] = None
                         batches.append(t.batch_id)
                     chunk.append(t)
                     size += len(t.input_json) + len(t.metadata_json or "") + 200
@@ -399,7 +407,8 @@ class Store(TaskViews):
                     flush()
             finally:
                 collect()  # interrupted too: the chunk handed over is committed whole
-        return SubmitReport(batch_id, inserted, total - inserted, elsewhere)
+        return SubmitReport(batch_id, inserted, total - inserted, elsewhere,
+                            tuple(itertools.islice(seen_batches, _NAMED_BATCHES)))
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
                     fields: dict[str, Any]) -> bool:
