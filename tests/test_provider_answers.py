@@ -137,12 +137,14 @@ def test_content_given_as_parts_is_their_text(provider_url: str, client: str) ->
     assert got.content == '{"label": "yes"}'
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_body_that_cannot_be_decoded_is_a_failed_answer_not_an_unreachable_endpoint(
-        provider_url: str) -> None:
-    exc = _error(provider_url, "bad-gzip")
+        provider_url: str, client: str) -> None:
+    exc = _error(provider_url, "bad-gzip", client)
     assert exc.error_class is ErrorClass.SERVER_ERROR
-    assert exc.http_status == 200
     assert "could not be read" in exc.message and "gzip" in exc.message
+    if client == "aiohttp":  # pyreqwest reads the body before it gives the status
+        assert exc.http_status == 200
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -17,10 +17,12 @@ import orjson
 
 try:  # the optional fast-http extra
     from pyreqwest.client import ClientBuilder
+    from pyreqwest.exceptions import DecodeError as PyreqwestDecodeError
     from pyreqwest.exceptions import PyreqwestError
 except ImportError:  # pragma: no cover - checked by check_http_client
     ClientBuilder = None  # type: ignore[assignment,misc]
     PyreqwestError = OSError  # type: ignore[assignment,misc]
+    PyreqwestDecodeError = OSError  # type: ignore[assignment,misc]
 
 from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
@@ -292,10 +294,24 @@ class OpenAICompatible:
         try:
             resp = await (self._reqwest.post(self.url).body_bytes(body).headers(headers)
                           .timeout(timeout).build().send())
-            raw = bytes(await resp.bytes())
+            try:
+                raw = bytes(await resp.bytes())
+            except PyreqwestError as exc:
+                # The status line came, the body could not be read: a failed answer.
+                raise ProviderError(
+                    ErrorClass.SERVER_ERROR,
+                    f"HTTP {int(resp.status)}: the body could not be read "
+                    f"({type(exc).__name__}: {exc}; Content-Encoding "
+                    f"{resp.headers.get('content-encoding') or 'none'})",
+                    http_status=int(resp.status)) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
+        except PyreqwestDecodeError as exc:
+            # An answer came whose body could not be decoded (a wrong Content-Encoding):
+            # a failed answer, not an unreachable endpoint.
+            raise ProviderError(ErrorClass.SERVER_ERROR, f"the body of the answer could "
+                                f"not be read ({type(exc).__name__}: {exc})") from None
         except PyreqwestError as exc:
             raise ProviderError(ErrorClass.CONNECTION_ERROR,
                                 f"{type(exc).__name__}: {exc}") from None
