@@ -67,7 +67,9 @@ def _invisible_ranges(keep_joiners: bool) -> tuple[tuple[int, int], ...]:
         cat = unicodedata.category(ch)
         hide = cat == "Cf" or (cat == "Cc" and ch not in _KEEP_CONTROLS) \
             or 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF or ch in _EXTRA_INVISIBLE
-        if hide and not (keep_joiners and ch in (_ZWJ, _VS16)):
+        # Kept emoji keep their joiners, presentation selector and tag characters
+        # (the flags of England, Scotland and Wales are tag sequences).
+        if hide and not (keep_joiners and (ch in (_ZWJ, _VS16) or 0xE0020 <= cp <= 0xE007F)):
             points.append((cp, cp))
     return tuple(_merge(points))
 

@@ -218,6 +218,12 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
     rule = plan.rule
     for name in plan.template.names:
         value = input_data.get(name, _MISSING)
+        if isinstance(value, str) and value.strip() and not value.isascii():
+            # Blank once normalised (a zero-width space, a BOM, an emoji removed): as
+            # blank as an empty string, so its default applies.
+            normalised = normalize_value(value, rule)
+            if isinstance(normalised, str) and not normalised.strip():
+                value = normalised
         if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
             default = plan.defaults.get(name)
             if default is not None:
@@ -294,8 +300,11 @@ def _water_fill(costs: Mapping[str, int], available: int) -> dict[str, int]:
 
 
 def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, int],
-         notes: list[str], alerts: list[str]) -> tuple[dict[str, str], dict[str, str], int]:
-    """Condense free-text values until the prompt fits ``max_input_tokens``."""
+         notes: list[str], alerts: list[str]
+         ) -> tuple[dict[str, str], dict[str, str], int, bool]:
+    """Condense free-text values until the prompt fits ``max_input_tokens``; the last
+    item says whether the condensation note fits too (it is left out, not the budget
+    broken, when only the template and the values fit)."""
     assert plan.max_input_tokens is not None
     estimator, fixed_tokens = plan.exact.get()
     count = estimator.count
@@ -303,12 +312,13 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
     shrinkable = {n: c for n, c in costs.items() if n in prose}
     note = _NOTE.format(names=", ".join(sorted(shrinkable)))
     slack = sum(occurrences.values())  # one token per join, for merges at the seams
-    fixed = fixed_tokens + count(note) + slack + \
-        sum(c for n, c in costs.items() if n not in prose)
-    available = plan.max_input_tokens - fixed
+    note_tokens = count(note)
+    fixed = fixed_tokens + slack + sum(c for n, c in costs.items() if n not in prose)
+    with_note = plan.max_input_tokens - fixed - note_tokens > 0
+    available = plan.max_input_tokens - fixed - (note_tokens if with_note else 0)
     if available <= 0 or not shrinkable:
         alerts.append("over_budget")
-        return values, _insertions(plan, values), fixed_tokens + sum(costs.values())
+        return values, _insertions(plan, values), fixed_tokens + sum(costs.values()), False
     caps = _water_fill(shrinkable, available)
     out = dict(values)
     condensed_names: list[str] = []
@@ -337,9 +347,9 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
         plain, escaped = out, _insertions(plan, out)
         new_costs = _cost(count, plan, plain, escaped)
     total = fixed_tokens + sum(new_costs.values())
-    if condensed_names:
-        total += count(note)
-    return plain, escaped, total
+    if condensed_names and with_note:
+        total += note_tokens
+    return plain, escaped, total, with_note
 
 
 def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
@@ -350,6 +360,7 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
     values, prose = _resolve(plan, input_data, alerts)
     plain, escaped = values, _insertions(plan, values)
     limit = plan.max_input_tokens
+    with_note = True
     bound = plan.fixed_bytes + _byte_cost(plan, plain, escaped)
     if limit is None or bound <= limit:
         estimator = CALIBRATED  # it cannot be over: an estimate is all the trace needs
@@ -360,7 +371,8 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
         costs = _cost(estimator.count, plan, plain, escaped)
         tokens = fixed_tokens + sum(costs.values())
         if tokens > limit:
-            plain, escaped, tokens = _fit(plan, values, prose, costs, notes, alerts)
+            plain, escaped, tokens, with_note = _fit(plan, values, prose, costs, notes,
+                                                     alerts)
     messages: list[dict[str, str]] = []
     for role, text in zip(plan.template.roles, plan.template.texts, strict=True):
         parts = text.parts
@@ -370,9 +382,13 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
             buf.append(parts[i + 1])
         messages.append({"role": role, "content": "".join(buf)})
     condensed = any(n.startswith("condensed:") for n in notes)
-    if condensed:
+    if condensed and with_note:
         names = sorted({n.split(":")[1] for n in notes if n.startswith("condensed:")})
-        messages[-1]["content"] += _NOTE.format(names=", ".join(names))
+        # On the last user message: an assistant message last is a prefill of the
+        # answer, never to be altered.
+        last = next((i for i in range(len(messages) - 1, -1, -1)
+                     if messages[i]["role"] == "user"), len(messages) - 1)
+        messages[last]["content"] += _NOTE.format(names=", ".join(names))
     snapshot = orjson.dumps(messages)
     return Rendered(
         messages=messages,

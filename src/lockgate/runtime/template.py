@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -94,10 +95,16 @@ def _compile_text(text: str, where: str) -> CompiledText:
     return CompiledText(tuple(parts), tuple(names), tuple(in_string))
 
 
+#: A quote after an even number of backslashes (none included): not escaped.
+_UNESCAPED_QUOTE = re.compile(r'(?<!\\)(?:\\\\)*"')
+
+
 def _unescaped_quotes(text: str) -> int:
     if '"' not in text:
         return 0
-    return text.count('"') - text.count('\\"')
+    if "\\" not in text:
+        return text.count('"')
+    return len(_UNESCAPED_QUOTE.findall(text))
 
 
 def _texts(template: str | tuple[Message, ...]) -> list[tuple[str, str]]:
