@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lockgate.runtime import render
 from lockgate.runtime.normalize import normalize_text
 from lockgate.runtime.tokens import default_estimator
+from lockgate.runtime.truncate import condense
 from lockgate.spec import InputRule
 
 from .conftest import make_config, texts
@@ -104,3 +105,20 @@ def test_property_a_value_inside_a_json_string_keeps_the_document_json(
                                                        "emoji": "keep"}}), {"x": value})
     doc = json.loads(out.messages[0]["content"])
     assert doc == {"p": other, "k": before + (value if value.strip() else "")}
+
+
+_TOKENS = ["10:30,", "1,000,000", "https://a.io/get?id=42&v=2", "v1.2", "ok.", "fine!",
+           "why?", "yes,", "the", "parcel", "arrived", "late;", "refund:", "cold", "and"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.sampled_from(_TOKENS), min_size=8, max_size=60),
+       budget=st.integers(min_value=4, max_value=40))
+def test_property_condensing_keeps_its_pieces_as_written(words: list[str],
+                                                          budget: int) -> None:
+    """Times, thousands, URLs and versions are no sentence or clause ends: every word of
+    a condensed text is a word of the input, as written (a hard cut aside)."""
+    text = " ".join(words)
+    result = condense(text, budget, default_estimator().count)
+    if result.unit != "characters":
+        assert set(result.text.split()) <= set(words), result

@@ -28,10 +28,15 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: A sentence ends at CJK end marks, at an ellipsis, and at ASCII ones before a space or
+#: the end (so "get?id=42" and "v1.2" are no ends), and at a line break.
 _SENTENCE_END = re.compile(
-    r"(?:[。！？!?]+|…+|\.{3,}|\.(?=\s|$))[\"'”’」』）)\]]*[ \t\u3000]*(?:\r?\n\s*)?"
+    r"(?:[。！？]+|…+|\.{3,}|[.!?]+(?=[\"'”’」』）)\]]*(?:\s|$)))"
+    r"[\"'”’」』）)\]]*[ \t\u3000]*(?:\r?\n\s*)?"
     r"|\r?\n\s*")
-_CLAUSE_END = re.compile(r"[，,；;、：:]+[ \t\u3000]*")
+#: A clause ends at CJK marks, and at ASCII ones before a space or the end (so "10:30"
+#: and "1,000" stay whole).
+_CLAUSE_END = re.compile(r"(?:[，；、：]+|[,;:]+(?=\s|$))[ \t\u3000]*")
 _WORDS = re.compile(r"[a-z\u00c0-\u024f]{2,}|\d+|[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]+")
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _STOPWORDS = frozenset({
