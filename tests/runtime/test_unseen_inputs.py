@@ -23,7 +23,7 @@ from .conftest import make_config, texts
 LONG = " ".join(texts()["en"][:6])
 
 
-@pytest.mark.parametrize("value", ["\u200b", "\ufeff", "\u00ad", "\x00 \u200b", "\u2060"])
+@pytest.mark.parametrize("value", ["\u200b", "\ufeff", "\u00ad", "\x00 \u200b", "\u2060", "\x00"])
 def test_a_value_blank_once_normalised_takes_its_default(value: str) -> None:
     config = make_config("T: {x}", rule={"input_defaults": {"x": "DEFAULT"}})
     out = render(config, {"x": value})

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from lockgate.errors import SpecError, TemplateError
-from lockgate.runtime.normalize import normalize_value
+from lockgate.runtime.normalize import normalize_text, normalize_value
 from lockgate.runtime.template import (
     INPUT_CLOSE,
     INPUT_OPEN,
@@ -218,16 +218,16 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
     rule = plan.rule
     for name in plan.template.names:
         value = input_data.get(name, _MISSING)
-        if isinstance(value, str) and value.strip() and not value.isascii():
-            # Blank once normalised (a zero-width space, a BOM, an emoji removed): as
-            # blank as an empty string, so its default applies.
-            normalised = normalize_value(value, rule)
-            if isinstance(normalised, str) and not normalised.strip():
-                value = normalised
+        # A string is normalised first, so blank is judged on the text sent: one that is
+        # only a zero-width space, a BOM or a removed emoji takes its default too.
+        normalised = isinstance(value, str)
+        if normalised:
+            value = normalize_text(value, rule)
         if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
             default = plan.defaults.get(name)
             if default is not None:
                 value = default[0]
+                normalised = False
                 alerts.append(f"{default[1]}:{name}")
             elif value is _MISSING:
                 raise TemplateError(
@@ -238,7 +238,7 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
                 value = ""
         if isinstance(value, str):
             prose.add(name)
-        text = _as_text(normalize_value(value, rule))
+        text = _as_text(value if normalised else normalize_value(value, rule))
         if not text.isascii():
             try:
                 text.encode()
