@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from lockgate.runtime.names import closest, fold
+from lockgate.runtime.normalize import strip_invisible
 from lockgate.runtime.schema import Node
 
 _INT_RE = re.compile(r"[+-]?\d+(?:\.0*)?")
@@ -38,9 +39,6 @@ _FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _THOUSANDS_RE = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d*)?")
 #: Digits a number string may be read from (longer ones are not a model's number).
 _MAX_DIGITS = 400
-#: Characters models slip into values that carry no meaning (zero-width, BOM, soft
-#: hyphen): dropped before a value is compared or read as a number.
-_INVISIBLE_RE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
 #: Digits of other scripts' full-width forms only (NFKC would also turn "10²" into
 #: "102").
 _WIDE_DIGITS = str.maketrans("０１２３４５６７８９＋－．，", "0123456789+-.,")
@@ -240,7 +238,7 @@ def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
 def _clean_number(text: str) -> str:
     """A number string as Python reads it: invisible characters and surrounding space
     dropped, full-width digits made ASCII, thousands separators removed."""
-    text = _INVISIBLE_RE.sub("", text).translate(_WIDE_DIGITS).strip()
+    text = strip_invisible(text).translate(_WIDE_DIGITS).strip()
     if "," in text and _THOUSANDS_RE.fullmatch(text):
         text = text.replace(",", "")
     return text
@@ -310,7 +308,7 @@ def fold_value(text: str) -> str:
     """The form in which two enum values are the same: case, width, invisible
     characters and the amount of space between words aside. Signs, dots, dashes and
     underscores stay (unlike a field name's fold): "+1" is not "-1", "A-" not "A"."""
-    text = unicodedata.normalize("NFKC", _INVISIBLE_RE.sub("", text)).casefold()
+    text = unicodedata.normalize("NFKC", strip_invisible(text)).casefold()
     return " ".join(text.split())
 
 
