@@ -140,6 +140,17 @@ def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
                          request_id=found.request_id, body=found.body)
 
 
+def _unreadable(exc: BaseException, status: int | None = None,
+                headers: Mapping[str, str] | None = None) -> ProviderError:
+    """An answer whose body could not be read (a wrong Content-Encoding, a connection
+    cut mid-body): a failed answer (``server_error``), not an unreachable endpoint."""
+    said = f"HTTP {status}: " if status is not None else ""
+    encoding = f"; Content-Encoding {headers.get('content-encoding') or 'none'}" \
+        if headers is not None else ""
+    return ProviderError(ErrorClass.SERVER_ERROR, f"{said}the body could not be read "
+                         f"({type(exc).__name__}: {exc}{encoding})", http_status=status)
+
+
 def _content(content: Any) -> str:
     """A message's content as text: a string, or a list of parts whose text parts are
     joined (``[{"type": "text", "text": ...}]``)."""
@@ -265,15 +276,8 @@ class OpenAICompatible:
                 try:
                     return resp.status, resp.headers, await resp.read()
                 except aiohttp.ClientPayloadError as exc:
-                    # The endpoint answered (a status line came) but its body could not
-                    # be read: a bad Content-Encoding, a connection cut mid-body. A
-                    # failed answer, not an unreachable endpoint.
-                    raise ProviderError(
-                        ErrorClass.SERVER_ERROR,
-                        f"HTTP {resp.status}: the body could not be read "
-                        f"({type(exc).__name__}: {exc}; Content-Encoding "
-                        f"{resp.headers.get('Content-Encoding') or 'none'})",
-                        http_status=resp.status) from None
+                    # A status line came: the endpoint answered.
+                    raise _unreadable(exc, resp.status, resp.headers) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -297,21 +301,14 @@ class OpenAICompatible:
             try:
                 raw = bytes(await resp.bytes())
             except PyreqwestError as exc:
-                # The status line came, the body could not be read: a failed answer.
-                raise ProviderError(
-                    ErrorClass.SERVER_ERROR,
-                    f"HTTP {int(resp.status)}: the body could not be read "
-                    f"({type(exc).__name__}: {exc}; Content-Encoding "
-                    f"{resp.headers.get('content-encoding') or 'none'})",
-                    http_status=int(resp.status)) from None
+                # A status line came: the endpoint answered.
+                raise _unreadable(exc, int(resp.status), resp.headers) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
         except PyreqwestDecodeError as exc:
-            # An answer came whose body could not be decoded (a wrong Content-Encoding):
-            # a failed answer, not an unreachable endpoint.
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"the body of the answer could "
-                                f"not be read ({type(exc).__name__}: {exc})") from None
+            # Read with the status (pyreqwest decodes the body before it answers).
+            raise _unreadable(exc) from None
         except PyreqwestError as exc:
             raise ProviderError(ErrorClass.CONNECTION_ERROR,
                                 f"{type(exc).__name__}: {exc}") from None
