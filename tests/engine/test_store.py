@@ -348,6 +348,27 @@ def test_nul_characters_in_answers_and_errors_are_stored_as_replacement(store: S
     assert traces == {a.id: ('{"label": "y\ufffdes"}', None), b.id: ("\ufffd", "b\ufffdad")}
 
 
+def test_nul_characters_in_the_call_kept_on_the_task_row_are_stored_as_replacement(
+        store: Store) -> None:
+    # The model a provider names, its request id and its body as returned are kept on
+    # the task row: a NUL in any of them made PostgreSQL refuse the batch's write-back
+    # on every retry, and its tasks were called again each time their leases ran out.
+    submit(store, 2)
+    a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
+    report = store.finish([
+        Finish(id=a.id, lease_token=a.lease_token, status="SUCCEEDED",
+               result='{"label": "yes"}', parse_status="valid",
+               attempt=trace(a, "succeeded", raw_output='{"label": "yes"}'),
+               model="gpt\x00x", request_id="req\x00", response='{"error": "b\x00ad\ud800"}'),
+        succeed(b, {"label": "no"}),
+    ], worker_id="w1")
+    assert sorted(report.applied) == sorted([a.id, b.id])
+    ra = task_row(store, a.task_id)
+    assert (ra["model"], ra["request_id"], ra["response"]) == (
+        "gpt\ufffdx", "req\ufffd", '{"error": "b\ufffdad\ufffd"}')
+    assert task_row(store, b.task_id)["status"] == "SUCCEEDED"
+
+
 # -- renewals and operator transitions ------------------------------------------------------
 
 def test_renew_extends_only_leases_still_held(store: Store) -> None:

@@ -132,12 +132,14 @@ def _storable(f: Finish) -> Finish:
 
     Refused, the write-back of a whole batch would fail on every retry, and its tasks
     would be called again each time their leases ran out. The replacement is the same
-    on every backend."""
-    texts = (f.result, f.error_message, f.error_class, f.parse_status)
+    on every backend. Every text is checked at once, joined: this runs for each
+    write-back, on the thread that shares the interpreter with the worker's calls."""
     trace = f.attempt
-    search = _UNSTORABLE.search
-    if not (any(isinstance(t, str) and search(t) for t in texts)
-            or (trace and any(isinstance(v, str) and search(v) for v in trace.values()))):
+    texts = [v for v in trace.values() if isinstance(v, str)] if trace else []
+    texts.extend(t for t in (f.result, f.error_message, f.error_class, f.parse_status,
+                             f.model, f.request_id, f.response) if t is not None)
+    joined = "".join(texts)
+    if "\x00" not in joined and (joined.isascii() or not _UNSTORABLE.search(joined)):
         return f
 
     def clean(v: Any) -> Any:
@@ -145,6 +147,8 @@ def _storable(f: Finish) -> Finish:
 
     return replace(f, result=clean(f.result), error_message=clean(f.error_message),
                    error_class=clean(f.error_class), parse_status=clean(f.parse_status),
+                   model=clean(f.model), request_id=clean(f.request_id),
+                   response=clean(f.response),
                    attempt=cast(AttemptRow, {k: clean(v) for k, v in trace.items()})
                    if trace else trace)
 
