@@ -25,7 +25,14 @@ from helpers import clean_env, kill_settled, rows, wait_for
 from lockgate.cli import app
 from lockgate.config import CircuitSettings, QualitySettings, load_settings
 from lockgate.errors import ConfigError, StateConflict
-from lockgate.quality.circuit import CircuitEvaluator, circuit_views, probes, set_circuit
+from lockgate.quality.circuit import (
+    CircuitEvaluator,
+    circuit_views,
+    probes,
+    set_circuit,
+    should_close,
+    should_open,
+)
 from lockgate.quality.writer import RollupWriter
 from lockgate.spec import parse_task
 from lockgate.states import TaskStatus
@@ -119,6 +126,24 @@ def test_it_opens_only_when_every_minute_of_the_window_is_under_the_threshold(
     assert view.state == "OPEN" and [m["calls"] for m in view.figures["minutes"]] == \
         [250, 30, 30]
     assert ev.tick() == 0  # open: no probe calls yet, nothing to close on
+
+
+def test_completeness_exactly_at_the_threshold_neither_opens_nor_keeps_it_open() -> None:
+    # 50 outputs of 49 of 50 fields each: their summed mean is 0.9799999999999991, at
+    # a threshold of 0.98, not under it. Held strictly, it opened the circuit ("under
+    # 98.0% ... (at most 98.0%)") and kept it from closing.
+    c = CircuitSettings(prompt="p", threshold=0.98, window="3m", min_calls=20,
+                        probation="2m", fallback="review")
+    total = 0.0
+    for _ in range(50):
+        total += 0.98
+    now = 10 * MINUTE + 1000
+    minutes = {(10 - k) * MINUTE: (50, total, 50) for k in (1, 2, 3)}
+    assert should_open(minutes, now, c)[0] is False
+    below = {b: (50, total - 0.5, 50) for b in minutes}
+    assert should_open(below, now, c)[0] is True
+    assert should_close(minutes, now, since=6 * MINUTE, circuit=c)[0] is True
+    assert should_close(below, now, since=6 * MINUTE, circuit=c)[0] is False
 
 
 def test_a_minute_without_enough_calls_keeps_it_closed(store: Store) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from lockgate.cli import app
@@ -79,6 +82,42 @@ def test_latency_doubled_at_the_same_input_fires_but_not_with_longer_inputs() ->
         "performance_degradation"}
     longer = _rollup([{**c, "latency_ms": 250.0, "input_tokens": 100} for c in HEALTHY])
     assert _fired(evaluate(KEY, longer, _rollup(HEALTHY), [], S)) == set()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1.0, 0.85), (0.9, 0.765), (0.6, 0.51),
+                                               (0.98, 0.833)])
+def test_a_drop_of_exactly_15_percent_is_not_more_than_15_percent(before: float,
+                                                                   after: float) -> None:
+    # A mean of 150 completenesses of 0.85 is 0.8499999999999976: held strictly against
+    # the bound, the rule fired at the boundary the documentation keeps quiet.
+    now = _rollup([{**c, "completeness": after} for c in HEALTHY[:150]])
+    base = _rollup([{**c, "completeness": before} for c in HEALTHY[:150]])
+    [f] = [f for f in evaluate(KEY, now, base, [], S) if f.rule == "completeness_collapse"]
+    assert not f.fired, (f.value, f.threshold)
+
+
+@given(before=st.floats(0.05, 1.0), n=st.integers(100, 400), more=st.booleans())
+def test_completeness_fires_exactly_when_the_drop_is_more_than_its_share(
+        before: float, n: int, more: bool) -> None:
+    after = before * (1 - S.completeness_drop) * (0.99 if more else 1.0)
+    now = _rollup([{**_call(), "completeness": after}] * n)
+    base = _rollup([{**_call(), "completeness": before}] * n)
+    [f] = [f for f in evaluate(KEY, now, base, [], S) if f.rule == "completeness_collapse"]
+    assert f.fired is more
+
+
+def test_the_other_rules_at_their_exact_bounds_do_not_fire() -> None:
+    # a watched share exactly halved (0.5 -> 0.25), invalid JSON at exactly 3% in each
+    # minute, latency exactly doubled: none is "more than" its bound
+    half = _rollup([_call(label="yes" if i % 4 == 0 else "no") for i in range(200)])
+    at_3 = _rollup([_call(status="invalid_json" if i < 3 else "valid") for i in range(100)])
+    doubled = _rollup([{**c, "latency_ms": 200.0} for c in HEALTHY])
+    assert _fired(evaluate(KEY, half, _rollup(HEALTHY), [at_3] * 5, S)) == set()
+    assert _fired(evaluate(KEY, doubled, _rollup(HEALTHY), [], S)) == set()
+    # input tokens exactly 10% longer are still "within 10%": the latency rise counts
+    slower = _rollup([{**c, "latency_ms": 250.0, "input_tokens": 55} for c in HEALTHY])
+    assert _fired(evaluate(KEY, slower, _rollup(HEALTHY), [], S)) == {
+        "performance_degradation"}
 
 
 def test_no_rule_fires_on_three_calls() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from lockgate.config import CircuitSettings, QualitySettings
 from lockgate.errors import ConfigError, StateConflict, StoreError
 from lockgate.quality.report import prompt_filter
-from lockgate.quality.rules import Finding
+from lockgate.quality.rules import Finding, under
 from lockgate.registry.api import default_actor
 from lockgate.results import CircuitView, utc
 from lockgate.spec import RESERVED_ID_PREFIX
@@ -126,7 +126,7 @@ def should_open(minutes: Mapping[int, Minute], now: int, circuit: CircuitSetting
         comp = _completeness(m)
         looked.append({"minute": b, "calls": m[0], "completeness": comp})
         if b < not_before or m[0] < circuit.min_calls or comp is None \
-                or comp >= circuit.threshold:
+                or not under(comp, circuit.threshold):
             ok = False
     return ok, {"threshold": circuit.threshold, "min_calls": circuit.min_calls,
                 "minutes": looked}
@@ -147,7 +147,7 @@ def should_close(minutes: Mapping[int, Minute], now: int, since: int,
     figures = {"threshold": circuit.threshold, "min_calls": circuit.min_calls,
                "probe_calls": calls, "probe_completeness": comp, "from": first}
     ok = (now - since >= probation_ms and calls >= circuit.min_calls and comp is not None
-          and comp >= circuit.threshold)
+          and not under(comp, circuit.threshold))
     return ok, figures
 
 

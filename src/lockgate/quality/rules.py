@@ -16,6 +16,7 @@ calls, else the window just before. A comparison needs ``min_calls`` calls on bo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,18 @@ from lockgate.quality.rollup import Rollup
 RULES = ("completeness_collapse", "semantic_drift", "format_pollution",
          "performance_degradation")
 WEEK_MS = 7 * 86_400_000
+
+
+def under(value: float, bound: float) -> bool:
+    """``value`` below ``bound`` by more than the rounding of the sums it was computed
+    from: a mean of 150 completenesses of 0.85 is 0.8499999999999976, which is at a
+    bound of 0.85, not under it."""
+    return value < bound and not math.isclose(value, bound, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def over(value: float, bound: float) -> bool:
+    """``value`` above ``bound`` by more than rounding (see :func:`under`)."""
+    return value > bound and not math.isclose(value, bound, rel_tol=1e-9, abs_tol=1e-12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +66,7 @@ def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,
     value, before = now.completeness, base.completeness
     assert value is not None and before is not None
     bound = before * (1 - s.completeness_drop)
-    return Finding("completeness_collapse", *key, value < bound, value, before, bound,
+    return Finding("completeness_collapse", *key, under(value, bound), value, before, bound,
                    now.calls)
 
 
@@ -66,7 +79,7 @@ def semantic_drift(now: Rollup, base: Rollup, s: QualitySettings,
         before = base.watched[name] / base.watch_n
         value = now.watched.get(name, 0) / now.watch_n
         bound = before * (1 - s.drift_drop)
-        out.append(Finding("semantic_drift", *key, value < bound, value, before, bound,
+        out.append(Finding("semantic_drift", *key, under(value, bound), value, before, bound,
                            now.calls, name))
     return out
 
@@ -81,7 +94,7 @@ def format_pollution(minutes: Sequence[Rollup], s: QualitySettings,
               for m in last]
     enough = all(m.parsed >= s.min_calls_minute for m in last)
     return Finding("format_pollution", *key,
-                   enough and all(x > s.invalid_json_share for x in shares),
+                   enough and all(over(x, s.invalid_json_share) for x in shares),
                    min(shares), None, s.invalid_json_share, sum(m.calls for m in last))
 
 
@@ -93,9 +106,10 @@ def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,
     if value is None or before is None or before <= 0:
         return None
     tokens_now, tokens_before = now.input_tokens / now.calls, base.input_tokens / base.calls
-    same_input = tokens_before > 0 and abs(tokens_now / tokens_before - 1) <= s.tokens_band
+    same_input = tokens_before > 0 and not over(abs(tokens_now / tokens_before - 1),
+                                                s.tokens_band)
     bound = before * (1 + s.latency_rise)
-    return Finding("performance_degradation", *key, same_input and value > bound, value,
+    return Finding("performance_degradation", *key, same_input and over(value, bound), value,
                    before, bound, now.calls)
 
 
