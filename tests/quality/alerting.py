@@ -40,13 +40,13 @@ def feed(store: Store, n: int, *, ago_ms: int, completeness: float = 1.0,
          label: str = "yes", latency: float = 100.0, parse_status: str = "valid",
          prompt_snapshot: str = "Label this: {x}", raw_output: str | None = None,
          error_message: str | None = None, batch: str = "b",
-         template: str | None = None) -> None:
+         template: str | None = None, version: str = PROMPT) -> None:
     """Write ``n`` tasks' single attempts (started ``ago_ms`` before the database clock)
     through :meth:`Store.finish` with the rollup writer in its transaction. Tasks run
-    ``p@1`` of the registry, or the inline ``template``."""
+    ``version`` of the registry (``p@1``), or the inline ``template``."""
     first = next(_ids) * 100_000
     store.submit([parse_task({
-        "task_id": f"t{first + i}", "prompt_template": template or f"@registry:{PROMPT}",
+        "task_id": f"t{first + i}", "prompt_template": template or f"@registry:{version}",
         "input_data": {"x": first + i}, "delivery_rule": {"schema": SCHEMA},
         "model_config": {"name": "m"},
         "retry_policy": {}}) for i in range(n)], batch_id=batch)
@@ -62,7 +62,7 @@ def feed(store: Store, n: int, *, ago_ms: int, completeness: float = 1.0,
                                "attempt": 1, "outcome": "succeeded", "latency_ms": latency,
                                "started_at": now - ago_ms, "endpoint": "e", "model": "m",
                                "prompt_sha256": "h",
-                               "prompt_version": None if template else PROMPT,
+                               "prompt_version": None if template else version,
                                "input_tokens": 50, "output_tokens": 5,
                                "parse_status": parse_status, "completeness": completeness,
                                "prompt_snapshot": prompt_snapshot.replace("{x}", str(t.id)),

@@ -68,3 +68,34 @@ def test_a_circuit_opened_by_hand_before_any_call_has_no_value(store: Store) -> 
     [a] = list_alerts(store)
     assert a.calls == 0 and a.value is None  # nothing measured, not 0% complete
     assert a.to_dict()["value"] is None
+
+
+def test_a_circuit_closed_and_opened_again_between_two_evaluations_is_a_new_incident(
+        store: Store) -> None:
+    # Closed and opened again within one evaluate_every: the alert of the first
+    # episode stayed open with its onset, and neither the close nor the new opening
+    # was announced.
+    s = _settings()
+    ev = Evaluator(store, s, worker_id="w1")
+    set_circuit(store, s.quality, "p", "OPEN", actor="ana", reason="incident 1")
+    assert _events(ev.tick()) == [("open", "completeness_circuit")]
+    set_circuit(store, s.quality, "p", "CLOSED", actor="ana", reason="fixed")
+    set_circuit(store, s.quality, "p", "OPEN", actor="bob", reason="incident 2")
+    assert _events(ev.tick()) == [("resolve", "completeness_circuit"),
+                                  ("open", "completeness_circuit")]
+    assert ev.tick() == []  # the second episode goes on: still one alert
+    assert [x.status for x in list_alerts(store, everything=True)] == ["OPEN", "RESOLVED"]
+
+
+def test_a_circuit_alert_counts_the_tasks_of_its_path_not_of_its_fallback_version(
+        store: Store) -> None:
+    circuit = CircuitSettings(prompt="p", threshold=0.9, window="3m", min_calls=10,
+                              probation="2m", fallback_prompt="p@2")
+    s = Settings(quality=QualitySettings(evaluate_every=1.0, evaluator_lease_s=30.0,
+                                         circuit=(circuit,)))
+    set_circuit(store, s.quality, "p", "OPEN", actor="ana")
+    feed(store, 5, ago_ms=0, completeness=0.5, batch="primary")  # its probes
+    feed(store, 40, ago_ms=0, batch="fallback", version="p@2")  # the fallback's traffic
+    Evaluator(store, s, worker_id="w1").tick()
+    [a] = list_alerts(store)
+    assert (a.tasks, a.batches) == (5, 1)

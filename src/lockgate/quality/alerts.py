@@ -134,13 +134,18 @@ def alert_of(row: Mapping[str, Any], samples: Iterable[Mapping[str, Any]] = (),
         deliveries=tuple(dict(d) for d in deliveries))
 
 
-def alert_key(rule: str, prompt: str, model: str, subject: str | None) -> str:
-    """The incident key of an alert (sha256 hex of its rule, prompt, model, subject)."""
-    return hashlib.sha256(orjson.dumps([rule, prompt, model, subject or ""])).hexdigest()
+def alert_key(rule: str, prompt: str, model: str, subject: str | None,
+              episode: int | None = None) -> str:
+    """The incident key of an alert (sha256 hex of its rule, prompt, model, subject and,
+    where the finding tells, its episode)."""
+    parts: list[Any] = [rule, prompt, model, subject or ""]
+    if episode is not None:
+        parts.append(episode)
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()
 
 
 def _key_of(f: Finding) -> str:
-    return alert_key(f.rule, f.prompt, f.model, f.subject)
+    return alert_key(f.rule, f.prompt, f.model, f.subject, f.episode)
 
 
 # -- secrets never stored ---------------------------------------------------------------
@@ -314,9 +319,12 @@ class Evaluator:
                                              prompt=exact, prompt_prefix=prefix)
 
     def _tasks_since(self, f: Finding, onset: int, now: int) -> int:
-        """Tasks ended since onset, from the rollups."""
+        """Tasks ended since onset, from the rollups (for a circuit on a registry name,
+        those of every version of it but its fallback version, as :meth:`_versions`)."""
+        c = self.q.circuit_of(f.prompt) if f.rule == CIRCUIT_RULE else None
+        fallback = None if c is None else c.fallback_prompt
         return sum(int(r.values["tasks"]) for r in self._rollups_since(f, onset, now)
-                   if f.model in (ANY_MODEL, r.model))
+                   if f.model in (ANY_MODEL, r.model) and r.prompt != fallback)
 
     @staticmethod
     def _version(prompt: str) -> str | None:

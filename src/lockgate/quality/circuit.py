@@ -186,7 +186,8 @@ def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
                            0.0 if comp is None else comp, None, c.threshold, calls,
                            subject="to review" if c.fallback_kind == "review"
                            else f"to {c.fallback_kind} {c.fallback_target}",
-                           onset=min(onset, row.since)))
+                           onset=min(onset, row.since),
+                           episode=row.version if is_open else None))
     return out
 
 

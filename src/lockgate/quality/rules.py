@@ -57,6 +57,10 @@ class Finding:
     subject: str | None = None
     #: When the incident began, if the finding knows (a circuit: when it opened).
     onset: int | None = None
+    #: Which episode of its subject the finding is about, if it can tell (a circuit:
+    #: the version of the move that opened it): a new episode is a new incident, even
+    #: when the previous one ended and this one began between two evaluations.
+    episode: int | None = None
 
 
 def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,
