@@ -85,7 +85,7 @@ U, R, V = UpdateStatus, RunStatus, Verdict
 #: Every allowed transition, per table. Anything else is refused.
 ARROWS: dict[str, frozenset[tuple[str, str]]] = {
     "prompt_update": frozenset({
-        (U.PENDING, U.EVALUATING), (U.PENDING, U.CANCELLED),
+        (U.PENDING, U.EVALUATING), (U.PENDING, U.CANCELLED), (U.PENDING, U.FAILED),
         (U.EVALUATING, U.ACTIVATED), (U.EVALUATING, U.REJECTED),
         (U.EVALUATING, U.CANCELLED), (U.EVALUATING, U.STALE), (U.EVALUATING, U.FAILED),
     }),

@@ -72,6 +72,9 @@ def test_prompt_dataset_bind_propose_status_rollback(cli: tuple[CliRunner, str],
     run_worker(Store(url), provider=LocalProvider())
     out = _ok(runner, "gate", "status", str(bad_id), "--wait", code=NOT_ACTIVATED)
     assert "REJECTED" in out and "FAIL" in out
+    # the same exit status with --json (a CI job gates on it)
+    out = _ok(runner, "gate", "status", str(bad_id), "--wait", "--json", code=NOT_ACTIVATED)
+    assert orjson.loads(out)["status"] == "REJECTED"
     assert "REJECTED" in _ok(runner, "gate", "list")
 
     show = _ok(runner, "prompt", "show", "p")
@@ -109,3 +112,20 @@ def test_errors_are_short_and_say_what_to_do(cli: tuple[CliRunner, str],
     assert res.exit_code == 2 and "no earlier live version" in res.output
     res = runner.invoke(app, ["gate", "cancel", "99"])
     assert res.exit_code == 2
+    # every bad value of a binding or a proposal is one line naming it, no traceback
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b"".join(orjson.dumps(i) + b"\n" for i in items(5)))
+    _ok(runner, "dataset", "add", "d", str(data))
+    base = ["bind", "p", "d", "-t", "accuracy>=0.9"]
+    for extra, said in [
+            (["-t", "accuracy>=1e999"], "finite"), (["--confidence", "1.5"], "confidence"),
+            (["--confidence", "0"], "confidence"), (["--min-samples", "-3"], "min_samples"),
+            (["--non-inferiority", "-0.1"], "margin"),
+            (["--non-inferiority", "0.1", "--non-inferiority-metric", "bogus"], "metric"),
+            (["--price-in", "-1"], "input_per_mtok")]:
+        res = runner.invoke(app, base + extra)
+        assert res.exit_code == 2 and said in res.output, (extra, res.output)
+        assert "Traceback" not in res.output and res.output.count("\n") <= 2, res.output
+    res = runner.invoke(app, ["prompt", "propose", "p", "--file", str(tpl),
+                              "--retry-policy", '{"max_retries": -1}'])
+    assert res.exit_code == 2 and "retry_policy.max_retries" in res.output, res.output

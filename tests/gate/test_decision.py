@@ -80,6 +80,25 @@ def test_minimum_sample_size() -> None:
     assert check_threshold(s.thresholds[0], _metrics(40, 50), s).passed
 
 
+def test_a_minimum_sample_size_alone_compares_the_value_itself() -> None:
+    # --min-samples without --confidence turned the Wilson bound at 95% on: 178 of 200
+    # (0.89, lower bound 0.839) failed accuracy >= 0.88.
+    s = _settings("accuracy>=0.88", guard={"min_samples": 100})
+    c = check_threshold(s.thresholds[0], _metrics(178, 200), s)
+    assert c.passed and c.bound is None and c.n == 200
+
+
+def test_a_minimum_sample_size_counts_each_metric_s_own_observations() -> None:
+    # 200 items, 5 of which have a latency: the latency stands on 5 observations
+    samples = [Sample("ERROR")] * 195 + [Sample("MATCH", latency_ms=10.0)] * 5
+    metrics = compute(samples)
+    s = _settings("latency_p95_ms<2000", "accuracy>=0.0", "error_ratio<=1",
+                  guard={"min_samples": 100})
+    lat, acc, err = (check_threshold(t, metrics, s) for t in s.thresholds)
+    assert (lat.passed, lat.n) == (False, 5) and "minimum 100" in (lat.note or "")
+    assert (acc.passed, acc.n, err.passed, err.n) == (True, 200, True, 200)
+
+
 @pytest.mark.parametrize(("metric", "cand", "base", "passed"), [
     ("accuracy", 0.89, 0.9, True), ("accuracy", 0.87, 0.9, False),
     ("latency_p95_ms", 110.0, 100.0, False), ("latency_p95_ms", 100.01, 100.0, True),

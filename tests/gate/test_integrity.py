@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
 from lockgate.errors import SpecError, StoreError
@@ -151,3 +151,43 @@ def test_a_snapshot_keeps_no_credentials_of_an_endpoint(store: Any) -> None:
     assert "s3cret" not in raw and "t0ken" not in raw
     path = orjson.loads(raw)["execution_path"]
     assert path["settings"]["endpoints"][0]["base_url"] == "https://llm.example/v1"
+
+
+def test_retention_leaves_the_tasks_and_traces_of_an_evaluation_in_progress(
+        env: Env) -> None:
+    # `lockgate cleanup` between the calls and the Finalize of a run deleted the
+    # attempts its token counts come from: cost_per_item became 0 and passed.
+    env.setup(thresholds=["accuracy>=0.9", "cost_per_item<=0.000001"], prices=(10.0, 30.0))
+    p = env.prompts.propose("p", GOOD)
+    roles = env.roles()
+    roles.advance(p.update_id, "PENDING")
+    roles.advance(p.update_id, "EVALUATING")  # materialised
+    execute(env.store)  # every item answered
+    attempts = scalar(env.store, "SELECT COUNT(*) FROM task_attempt")
+    assert attempts > 0
+    deleted = env.store.cleanup(older_than_ms=0, tasks=True)
+    assert deleted == {"attempts": 0, "tasks": 0}
+    assert drive(env, p.update_id) == "REJECTED"
+    [run] = env.gate.status(p.update_id)["runs"]
+    assert run["metrics"]["cost_per_item"] > 0.000001
+    # once decided, retention takes them like any others
+    assert env.store.cleanup(older_than_ms=0, tasks=True)["attempts"] == attempts
+
+
+def test_a_snapshot_no_decision_can_be_taken_on_fails_its_update_not_the_workers(
+        env: Env) -> None:
+    # A binding that validated when bound but not when frozen (here: written over in
+    # the database) made Reconcile raise in every worker that ran the gate, each tick:
+    # the workers stopped and the update stayed EVALUATING.
+    env.setup()
+    p = env.prompts.propose("p", GOOD)
+    with env.store.engine.begin() as c:
+        snap = orjson.loads(c.execute(text("SELECT snapshot FROM prompt_update WHERE id = :u"),
+                                      {"u": p.update_id}).scalar_one())
+        snap["datasets"][0]["binding"]["thresholds"][0]["value"] = None
+        c.execute(text("UPDATE prompt_update SET snapshot = :s WHERE id = :u"),
+                  {"s": orjson.dumps(snap).decode(), "u": p.update_id})
+    assert drive(env, p.update_id) == "FAILED"
+    st = env.gate.status(p.update_id)
+    assert st["reason"].startswith("reconcile: ValidationError") and "thresholds" in st["reason"]
+    assert env.live() == 1

@@ -20,7 +20,7 @@ from lockgate.gate.binding import (
 from lockgate.gate.compare import Comparator, load_scorer
 from lockgate.registry.content import diff, make_content, read_json_option, read_template
 from lockgate.registry.datasets import read_items
-from lockgate.registry.refs import PromptRef, parse_ref
+from lockgate.registry.refs import PromptRef, check_label, parse_ref
 from lockgate.spec import parse_task
 
 from .support import DELIVERY, MODEL
@@ -106,6 +106,22 @@ def test_binding_settings_refuse_what_cannot_be_computed() -> None:
     assert BindingSettings.model_validate(ok.model_dump(mode="json")) == ok
 
 
+def test_non_finite_values_are_refused_where_they_are_given() -> None:
+    # An infinite threshold was stored as null in the binding, and every worker that
+    # ran the gate then failed on the frozen snapshot.
+    with pytest.raises(ConfigError, match="finite"):
+        parse_threshold("latency_p95_ms<1e999")
+    base = {"thresholds": [{"metric": "accuracy", "op": ">=", "value": 0.9}]}
+    for bad, where in [
+            ({"thresholds": [{"metric": "accuracy", "op": ">=", "value": float("nan")}]},
+             "thresholds.0.value"),
+            ({**base, "non_inferiority": {"margin": float("inf")}}, "non_inferiority.margin"),
+            ({**base, "prices": {"input_per_mtok": float("inf"), "output_per_mtok": 1}},
+             "prices.input_per_mtok")]:
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            settings_from(bad)
+
+
 # -- references ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "ref"), [
@@ -120,7 +136,19 @@ def test_references(text: str, ref: PromptRef) -> None:
     assert ref.pointer is None if ref.label in (None, "production") else ref.label
 
 
-@pytest.mark.parametrize("bad", ["", "@x", "a@", "a@0", "a@03", "a@-x", "a b", "a@b@c"])
+def test_a_v_and_a_number_is_a_version_never_a_label() -> None:
+    # A label "v3" meant version 1 (its target) to the workers and version 3 to the
+    # API and the command line: it is refused, and NAME@v3 is version 3 everywhere.
+    assert parse_ref("complaints@v3") == PromptRef("complaints", version=3)
+    assert parse_ref("complaints@V12") == PromptRef("complaints", version=12)
+    for label in ("v3", "V3", "v03"):
+        with pytest.raises(SpecError, match="reads as a version"):
+            check_label(label)
+    assert check_label("v3a") == "v3a" and check_label("vnext") == "vnext"
+
+
+@pytest.mark.parametrize("bad", ["", "@x", "a@", "a@0", "a@03", "a@-x", "a b", "a@b@c",
+                                 "a@v0"])
 def test_bad_references_are_refused(bad: str) -> None:
     with pytest.raises(SpecError):
         parse_ref(bad)

@@ -321,8 +321,9 @@ def bind(prompt: str, dataset: str,
             undefined=undefined, prices=prices)
     extras = [f"compare {compare}"]
     if s.guard is not None:
-        extras.append(f"Wilson bound at {s.guard.confidence:g} confidence must clear each "
-                      "threshold")
+        if s.guard.confidence is not None:
+            extras.append(f"Wilson bound at {s.guard.confidence:g} confidence must clear "
+                          "each threshold")
         if s.guard.min_samples:
             extras.append(f"at least {s.guard.min_samples} samples")
     if s.non_inferiority is not None:
@@ -423,6 +424,8 @@ def gate_status(update_id: int,
             raise LockgateError(str(exc)) from None
     if as_json:
         print_json(st)
+        if wait and st["status"] != "ACTIVATED":
+            raise typer.Exit(NOT_ACTIVATED)
         return
     out.print(progress_table(st))
     if st["decision"]:

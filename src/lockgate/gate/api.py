@@ -14,9 +14,6 @@ from typing import Any
 from lockgate.gate.binding import (
     BindingSettings,
     Comparison,
-    Guard,
-    NonInferiority,
-    Prices,
     Threshold,
     parse_comparison,
     parse_threshold,
@@ -51,18 +48,16 @@ class Gate:
         comp = parse_comparison(comparison) if isinstance(comparison, str) else comparison
         guard = None
         if confidence is not None or min_samples:
-            guard = Guard(confidence=confidence or 0.95, min_samples=min_samples)
-        ni = None
-        if non_inferiority is not None:
-            ni = (NonInferiority(margin=float(non_inferiority))
-                  if isinstance(non_inferiority, int | float)
-                  else NonInferiority.model_validate(non_inferiority))
+            guard = {"confidence": confidence, "min_samples": min_samples}
+        ni: Any = non_inferiority
+        if isinstance(non_inferiority, int | float) and not isinstance(non_inferiority, bool):
+            ni = {"margin": non_inferiority}
         doc = {
             "thresholds": [parse_threshold(t) if isinstance(t, str) else t
                            for t in thresholds],
             "comparison": comp, "positive_label": positive, "guard": guard,
             "non_inferiority": ni, "undefined": undefined,
-            "prices": Prices(input_per_mtok=prices[0], output_per_mtok=prices[1])
+            "prices": {"input_per_mtok": prices[0], "output_per_mtok": prices[1]}
             if prices else None,
         }
         settings = settings_from(doc)

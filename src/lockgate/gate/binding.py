@@ -30,7 +30,9 @@ Op = Literal[">=", ">", "<=", "<", "=="]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # An infinite or NaN value is written to JSON as null, which no later validation of
+    # the frozen snapshot takes: refused here, where the field can be named.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Threshold(_Strict):
@@ -74,10 +76,13 @@ class Comparison(_Strict):
 
 class Guard(_Strict):
     """Statistical guard: for a proportion metric, the Wilson bound at ``confidence``
-    (lower bound for >=/>, upper bound for <=/<) must clear the threshold, and every
-    metric needs at least ``min_samples`` observations."""
+    (lower bound for >=/>, upper bound for <=/<) must clear the threshold (None: the
+    value itself is compared), and every metric needs at least ``min_samples``
+    observations of its own (items for accuracy and error_ratio, the denominators of
+    precision and recall, tp + fp + fn for f1, the calls with a latency for the
+    latencies, items for tokens and cost)."""
 
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    confidence: float | None = Field(None, gt=0.5, lt=1.0)
     min_samples: int = Field(0, ge=0)
 
 
@@ -137,7 +142,9 @@ def parse_threshold(text: str) -> Threshold:
                           f"{', '.join(METRICS)}")
     try:
         return Threshold(metric=metric, op=op, value=float(value))
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        raise ConfigError(f"threshold {text!r}: {exc.errors()[0]['msg']}") from None
+    except ValueError as exc:
         raise ConfigError(f"threshold {text!r}: {exc}") from None
 
 

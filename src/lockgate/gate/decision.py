@@ -68,6 +68,21 @@ class Decision:
         return asdict(self)
 
 
+def observations(metric: str, metrics: Mapping[str, Any]) -> int:
+    """How many observations a metric of a run stands on: the denominator of a
+    proportion, tp + fp + fn for f1, the calls with a latency for a latency, else the
+    items."""
+    k_n = metrics.get("proportions", {}).get(metric)
+    if k_n:
+        return int(k_n[1])
+    counts = metrics.get("counts", {})
+    if metric == "f1":
+        return int(counts.get("tp", 0)) + int(counts.get("fp", 0)) + int(counts.get("fn", 0))
+    if metric.startswith("latency_"):
+        return int(counts.get("latencies", 0))
+    return int(counts.get("items", 0))
+
+
 def check_threshold(t: Threshold, metrics: Mapping[str, Any],
                     settings: BindingSettings) -> Check:
     """One threshold against a run's metrics, under the binding's guard and policy."""
@@ -82,11 +97,11 @@ def check_threshold(t: Threshold, metrics: Mapping[str, Any],
     if guard is None:
         return Check("threshold", t.metric, t.op, t.value, value, cmp(value, t.value))
     k_n = metrics.get("proportions", {}).get(t.metric)
-    n = int(k_n[1]) if k_n else int(metrics.get("counts", {}).get("items", 0))
+    n = observations(t.metric, metrics)
     if n < guard.min_samples:
         return Check("threshold", t.metric, t.op, t.value, value, False, n=n,
                      note=f"{n} samples < minimum {guard.min_samples}")
-    if t.metric in PROPORTIONS and k_n and t.op != "==":
+    if guard.confidence is not None and t.metric in PROPORTIONS and k_n and t.op != "==":
         interval = wilson(int(k_n[0]), n, guard.confidence)
         assert interval is not None  # n > 0 because value is defined
         bound = interval[0] if t.op in (">=", ">") else interval[1]

@@ -81,7 +81,7 @@ class GateRoles:
     def advance(self, update_id: int, status: str) -> bool:
         """Take whatever step an update (and its runs) is ready for."""
         if status == UpdateStatus.PENDING:
-            return self.start(update_id)
+            return self._decisive(update_id, self.start)
         did = False
         runs = self.gs.runs(update_id)
         for run in runs:
@@ -94,8 +94,23 @@ class GateRoles:
         if did:
             runs = self.gs.runs(update_id)
         if all(r["status"] not in ACTIVE_RUNS for r in runs):
-            did |= self.reconcile(update_id)
+            did |= self._decisive(update_id, self.reconcile)
         return did
+
+    def _decisive(self, update_id: int, step: Callable[[int], bool]) -> bool:
+        """Start or Reconcile an update. Both depend on its frozen snapshot alone, so a
+        failure other than the database's would come back in every worker at every
+        tick (and stop the worker): it concludes the update FAILED, with its reason."""
+        try:
+            return step(update_id)
+        except StoreError:
+            raise
+        except Exception as exc:
+            log.exception("release gate: %s of update %s failed", step.__name__, update_id)
+            reason = f"{step.__name__}: {type(exc).__name__}: {exc}"[:2000]
+            self.gs.conclude(update_id, UpdateStatus.FAILED, reason,
+                             {"outcome": "fail", "reason": reason, "datasets": []})
+            return True
 
     def _guarded(self, run: dict[str, Any],
                  step: Callable[[dict[str, Any], str], bool]) -> bool:

@@ -61,6 +61,13 @@ class GateService:
                                 failures, exc)
                     did = False
                     delay = min(5.0, 0.1 * 2 ** failures)
+                except Exception:
+                    # A defect of a step must not stop the worker's own tasks with it.
+                    failures += 1
+                    log.exception("release gate step failed (%d in a row), retrying",
+                                  failures)
+                    did = False
+                    delay = min(30.0, 0.1 * 2 ** failures)
                 self.ticks += 1
                 delay = self.poll_s if did else min(self.idle_max_s, max(delay, self.poll_s)
                                                     * 1.5)

@@ -19,10 +19,12 @@ import getpass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from lockgate.config import Settings
 from lockgate.errors import NotFound, SpecError
 from lockgate.registry.callpath import execution_path
-from lockgate.registry.content import diff, make_content, render_text
+from lockgate.registry.content import diff, make_content, render_text, spec_error_at
 from lockgate.registry.datasets import item_from, read_items
 from lockgate.registry.refs import PRODUCTION, check_label, check_name, parse_ref
 from lockgate.runtime import placeholders
@@ -74,7 +76,10 @@ class Prompts:
                                live.model_config if model_config is None else model_config,
                                live.delivery_rule if delivery_rule is None else delivery_rule,
                                model_modules=self.settings.runtime.model_modules)
-        policy = RetryPolicy.model_validate(retry_policy or {}).model_dump(mode="json")
+        try:
+            policy = RetryPolicy.model_validate(retry_policy or {}).model_dump(mode="json")
+        except ValidationError as exc:
+            raise spec_error_at(exc, "retry_policy") from None
         self._check_inputs(name, content.template,
                            set(content.delivery_rule.get("input_defaults") or {}))
         return self.gates.propose(name, content, tag=tag, author=author or default_actor(),

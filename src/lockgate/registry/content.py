@@ -25,7 +25,8 @@ _TEMPLATE = TypeAdapter(str | tuple[Message, ...])
 _MARKERS = ("[system]", "[user]", "[assistant]", "[developer]")
 
 
-def _spec_error(exc: ValidationError, field: str) -> SpecError:
+def spec_error_at(exc: ValidationError, field: str) -> SpecError:
+    """pydantic's first error as a SpecError naming its place under ``field``."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     return SpecError(err["msg"], field=f"{field}.{loc}" if loc else field)
@@ -39,7 +40,7 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
     try:
         tpl = _TEMPLATE.validate_python(template)
     except ValidationError as exc:
-        raise _spec_error(exc, "template") from None
+        raise spec_error_at(exc, "template") from None
     if isinstance(tpl, str) and not tpl.strip():
         raise SpecError("must not be empty", field="template")
     if registry_reference(tpl) is not None:
@@ -53,7 +54,7 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
         rule = DeliveryRule.model_validate(delivery_rule or {})
     except ValidationError as exc:
         title = exc.title
-        raise _spec_error(exc, "model_config" if title == "ModelConfig"
+        raise spec_error_at(exc, "model_config" if title == "ModelConfig"
                           else "delivery_rule") from None
     check_delivery_rule(rule, model_modules=model_modules)
     doc_template: Any = tpl if isinstance(tpl, str) else [m.model_dump() for m in tpl]

@@ -16,6 +16,8 @@ from lockgate.errors import SpecError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,190}$")
 LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
 PRODUCTION = "production"
+#: ``v3``: a version, wherever a version or a label may stand; never a label.
+_VERSION_LIKE = re.compile(r"^[vV][0-9]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,9 @@ def check_label(label: str) -> str:
     if not LABEL_RE.match(label or ""):
         raise SpecError(f"label {label!r} must start with a letter and hold letters, "
                         "digits, '_', '.', '-' (at most 64)")
+    if _VERSION_LIKE.match(label):
+        raise SpecError(f"label {label!r} reads as a version number (NAME@{label} is "
+                        f"version {int(label[1:])}): choose another name")
     return label
 
 
@@ -64,8 +69,9 @@ def parse_ref(text: str) -> PromptRef:
     check_name(name)
     if not sep:
         return PromptRef(name)
-    if rest.isdigit() and not rest.startswith("0"):
-        return PromptRef(name, version=int(rest))
+    digits = rest[1:] if _VERSION_LIKE.match(rest) else rest
+    if digits.isdigit() and not digits.startswith("0"):
+        return PromptRef(name, version=int(digits))
     if not rest:
         raise SpecError(f"reference {text!r} ends with '@': add a label or a version number",
                         field="prompt_template")

@@ -353,12 +353,14 @@ class GateStore(RunSteps):
 
     def conclude(self, update_id: int, status: str, reason: str,
                  decision: dict[str, Any]) -> bool:
-        """EVALUATING -> REJECTED or FAILED with the decision; live stays unchanged."""
+        """EVALUATING (or PENDING, an update that could not start) -> REJECTED or
+        FAILED with the decision; live stays unchanged."""
 
         def work(tx: Tx) -> bool:
             now = tx.now
             u = tx.execute(_UPDATE_ROW, {"u": update_id}).one()
-            if self._move(tx, "prompt_update", [update_id], [U.EVALUATING], status, now,
+            frm = [U.PENDING, U.EVALUATING] if status == U.FAILED else [U.EVALUATING]
+            if self._move(tx, "prompt_update", [update_id], frm, status, now,
                           sets=", decision = :d, reason = :reason, decided_at = :now",
                           params={"d": dumps(decision), "reason": reason}) != 1:
                 return False

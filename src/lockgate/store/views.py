@@ -45,11 +45,16 @@ _RESOLVE = sql("UPDATE task SET status = 'SUCCEEDED', result = :result, "
 _TASK_KEY = sql("SELECT id, attempts FROM task WHERE task_id = :tid")
 _CONFIG = sql("SELECT document FROM task_config WHERE hash = :h")
 _COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task GROUP BY batch_id, status")
+#: The batches of release-gate runs still in progress: their tasks and traces are what
+#: the run's Finalize scores (tokens, latency, cost), so retention leaves them.
+_EVALUATING = ("SELECT batch_id FROM prompt_run "
+               "WHERE status IN ('MATERIALIZING', 'EXECUTING')")
 #: The trace of a task held for review stays: the export hands its prompt to a person.
 _DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c AND task_pk NOT IN "
-                       "(SELECT id FROM task WHERE status = 'REVIEW')")
+                       "(SELECT id FROM task WHERE status = 'REVIEW') AND task_pk NOT IN "
+                       f"(SELECT id FROM task WHERE batch_id IN ({_EVALUATING}))")
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
-                       "'CANCELLED') AND finished_at < :c")
+                       f"'CANCELLED') AND finished_at < :c AND batch_id NOT IN ({_EVALUATING})")
 _INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
 _LEASED = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
               "AND lease_token IS NOT NULL AND visible_at > :now")
