@@ -351,6 +351,17 @@ class QualitySettings(_Strict):
     webhook: tuple[Webhook, ...] = ()
 
     @model_validator(mode="after")
+    def _check_retention(self) -> QualitySettings:
+        # A window kept in minute rows (up to 6 h) is compared with the window before
+        # it when there is no week-old baseline: both must outlive the cleanup.
+        if self.window <= 6 * 3600 and self.keep_minutes < 2 * self.window:
+            raise ValueError(
+                f"keep_minutes ({self.keep_minutes:g} s) must be at least twice window "
+                f"({self.window:g} s): the rules compare the window with the one before "
+                "it, kept in minute rows")
+        return self
+
+    @model_validator(mode="after")
     def _check_webhooks(self) -> QualitySettings:
         names = [w.target for w in self.webhook]
         if len(set(names)) != len(names):

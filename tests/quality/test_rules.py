@@ -9,16 +9,20 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from lockgate.cli import app
 from lockgate.config import QualitySettings
+from lockgate.quality.report import check_rules, prune_rollups
 from lockgate.quality.rollup import Rollup, watch_of
 from lockgate.quality.rules import evaluate
 from lockgate.quality.writer import RollupWriter
 from lockgate.spec import parse_task
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, Store
+
+from .alerting import HOUR, feed, settings
 
 S = QualitySettings()
 KEY = ("p@1", "m")
@@ -156,3 +160,29 @@ def test_check_reads_the_rollups_of_the_window_and_its_baseline(store: Store,
     assert found["completeness_collapse"]["baseline"] == 1.0
     assert found["performance_degradation"]["fired"] is False
     assert found["format_pollution"]["fired"] is False
+
+
+def test_a_week_old_baseline_of_a_minute_window_does_not_change_with_the_cleanup(
+        store: Store) -> None:
+    # A 1 h window is kept in minute rows, which the default cleanup deletes after 2
+    # days: the week-old baseline (healthy) was read while they lasted, then the rule
+    # silently compared with the window just before (as bad as now) and stopped firing.
+    s = settings(window="1h")
+    feed(store, 150, ago_ms=7 * 24 * HOUR + 10 * 60_000)  # a week ago: healthy
+    feed(store, 150, ago_ms=90 * 60_000, completeness=0.5)  # the window before: bad too
+    feed(store, 150, ago_ms=60_000, completeness=0.5)
+
+    def collapse() -> list[tuple[float | None, bool]]:
+        return [(f.baseline, f.fired) for f in check_rules(store, s.quality)
+                if f.rule == "completeness_collapse"]
+
+    assert collapse() == [(1.0, True)]
+    assert prune_rollups(store, s.quality) > 0
+    assert collapse() == [(1.0, True)]
+
+
+def test_minute_rows_must_outlive_the_window_before_a_minute_window() -> None:
+    with pytest.raises(ValidationError, match=r"keep_minutes .* twice window"):
+        QualitySettings(window="6h", keep_minutes="6h")
+    QualitySettings(window="6h", keep_minutes="12h")
+    QualitySettings(window="24h", keep_minutes="6h")  # kept in hour rows

@@ -46,8 +46,10 @@ SCHEMA = {"type": "object", "properties": {
     "label": {"type": "string", "enum": ["yes", "no"]},
     "reason": {"type": "string"}}, "required": ["label", "reason"]}
 N = 120  # tasks per phase (a third ask for a refund: label yes)
+# Minute rows kept over a week: the week-old baseline is read from the minute rows the
+# test moves a week back (with fewer kept, from the hour rows nearest to it).
 SETTINGS = QualitySettings(window=1800, min_calls=50, min_calls_minute=10,
-                           pollution_minutes=1)
+                           pollution_minutes=1, keep_minutes="8d")
 DAY_MS = 86_400_000
 
 #: rule -> the degradation switch of the model that should make it fire

@@ -129,19 +129,37 @@ def _merged(qstore: QualityStore, res: str, since: int, until: int,
     return out
 
 
+def _week_ago(qstore: QualityStore, res: str, since: int, until: int, now: int,
+              settings: QualitySettings, prompt: str | None
+              ) -> dict[tuple[str, str], Rollup]:
+    """The window ``since``-``until`` a week earlier. Minute rows of a week ago outlive
+    no default ``keep_minutes``: once that old, the hour rows nearest to it are read
+    instead (whole hours, as many as the window holds, at least one), whether or not
+    a cleanup has deleted the minute rows yet, so the baseline does not change with
+    it."""
+    start, end = since - WEEK_MS, until - WEEK_MS
+    if res != "m" or start >= now - int(settings.keep_minutes * 1000):
+        return _merged(qstore, res, start, end, prompt)
+    hour = SPANS["h"]
+    first = (start + hour // 2) // hour * hour
+    hours = max(1, round((end - start) / hour))
+    return _merged(qstore, "h", first, first + hours * hour, prompt)
+
+
 def check_rules(store: Store, settings: QualitySettings, prompt: str | None = None, *,
                 now_ms: int | None = None) -> list[Finding]:
     """The anomaly rules' findings now, per prompt version and model (docs/quality.md):
     the window ends with the span holding now (minute rows for windows up to 6 h, else
-    hour rows), its baseline is the same window a week earlier if that has the calls,
-    else the window before; format pollution reads the last whole minutes."""
+    hour rows), its baseline is the same window a week earlier if that has the calls
+    (see :func:`_week_ago`), else the window before; format pollution reads the last
+    whole minutes."""
     qstore = QualityStore(store)
     now = qstore.now() if now_ms is None else now_ms
     res = resolution_for(settings.window, "version")
     until = bucket_of(now, res) + SPANS[res]
     since = until - int(settings.window * 1000)
     current = _merged(qstore, res, since, until, prompt)
-    week = _merged(qstore, res, since - WEEK_MS, until - WEEK_MS, prompt)
+    week = _week_ago(qstore, res, since, until, now, settings, prompt)
     trailing = _merged(qstore, res, 2 * since - until, since, prompt)
     minute = bucket_of(now, "m")
     first = minute - settings.pollution_minutes * SPANS["m"]
