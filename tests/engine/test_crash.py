@@ -144,23 +144,59 @@ def test_kill_9_at_random_moments_loses_nothing(store: Store, simulator: Simulat
     assert all(s == "stopped" for w, s in states.items() if w not in killed)
 
 
-def test_a_task_whose_leases_were_lost_beyond_its_budget_ends_dead(
-        store: Store, simulator: SimulatorProcess) -> None:
-    """Claims lost to crashes spend attempts, so a task that kills workers cannot loop."""
-    store.submit([parse_task(t) for t in tasks(1, retry={"max_retries": 1})], batch_id="b")
-    for _ in range(2):  # two holders "crash": they claim and never write back
+def _lose_leases(store: Store, n: int) -> None:
+    """``n`` holders "crash" in turn: each claims the task and never writes back."""
+    for _ in range(n):
         claimed = store.claim(1, lease_ms=200, worker_id="crashed")
         assert [c.task_id for c in claimed] == ["t-00000"]
         visible_at = scalar(store, "SELECT visible_at FROM task WHERE id = :i", i=claimed[0].id)
         wait_for(lambda: store.db_now() > visible_at,  # noqa: B023 - used at once
                  "the lease to expire", timeout=10)
+
+
+def test_leases_lost_with_crashed_workers_do_not_spend_the_retry_budget(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """A worker killed with its tasks (in flight, or claimed ahead and never called)
+    must not end them: at max_retries 0 every task it held ended DEAD before."""
+    store.submit([parse_task(t) for t in tasks(1, retry={"max_retries": 0})], batch_id="b")
+    _lose_leases(store, 2)
+    run_worker(store, concurrency=2)
+    row = task_row(store, "t-00000")
+    assert (row["status"], row["attempts"]) == ("SUCCEEDED", 3)
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
+        (3, "succeeded")]
+    assert simulator.stats(detail=True)["task_successes"] == {"t-00000": 1}
+
+
+def test_a_task_that_keeps_losing_its_lease_ends_dead_without_another_call(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """Claims lost to crashes are bounded, so a task that kills workers cannot loop:
+    after max(3, max_retries + 1) lost leases it ends DEAD (lease_expired)."""
+    store.submit([parse_task(t) for t in tasks(1, retry={"max_retries": 1})], batch_id="b")
+    _lose_leases(store, 3)
     store.submit([parse_task(t) for t in tasks(1, prefix="u")], batch_id="b")
     run_worker(store, concurrency=2)
     dead = task_row(store, "t-00000")
     assert (dead["status"], dead["error_class"], dead["attempts"]) == (
-        "DEAD", "lease_expired", 3)
+        "DEAD", "lease_expired", 4)
+    assert "lost 3 times" in dead["error_message"]
     assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
-        (3, "dead")]
+        (4, "dead")]
     assert task_row(store, "u-00000")["status"] == "SUCCEEDED"
     assert simulator.stats(detail=True)["task_successes"] == {"u-00000": 1}, \
         "the dead task was not sent to the model again"
+
+
+def test_after_a_lost_lease_the_retry_budget_counts_calls(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """max_retries 1 is two calls, whatever leases were lost before them."""
+    simulator.configure(rate_500=1.0)
+    store.submit([parse_task(t) for t in tasks(
+        1, retry={"max_retries": 1, "base_delay_ms": 10, "jitter": 0.0})], batch_id="b")
+    _lose_leases(store, 1)
+    run_worker(store, concurrency=2)
+    row = task_row(store, "t-00000")
+    assert (row["status"], row["error_class"]) == ("DEAD", "server_error")
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
+        (2, "retry"), (3, "dead")]
+    assert simulator.stats()["requests"] == 2

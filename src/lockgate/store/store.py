@@ -79,6 +79,8 @@ _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 #: PENDING is checked under the row lock by ``Dialect.owned`` first.
 _RENEW = sql("UPDATE task SET visible_at = :now + :lease_ms, updated_at = :now "
              "WHERE id IN :ids AND lease_token = :tok", "ids")
+_RETRIES_BEFORE = sql("SELECT COUNT(*) FROM task_attempt WHERE task_pk = :pk "
+                      "AND attempt < :n AND outcome = 'retry'")
 _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
 
 
@@ -489,6 +491,13 @@ class Store(TaskViews):
             return {}
         with self.read() as tx:
             return {h: orjson.loads(d) for h, d in tx.execute(_CONFIGS, {"h": wanted})}
+
+    def retries_before(self, pk: int, attempt: int) -> int:
+        """How many attempts of task ``pk`` before ``attempt`` ended in a retry that was
+        written (each spent an attempt with a call or a decision): the others of those
+        attempts were claims lost to workers that crashed or stalled."""
+        with self.read() as tx:
+            return int(tx.execute(_RETRIES_BEFORE, {"pk": pk, "n": attempt}).scalar_one())
 
     def finish(self, rows: Sequence[Finish], *, worker_id: str,
                observe: AttemptObserver | None = None) -> FinishReport:

@@ -38,6 +38,12 @@ log = logging.getLogger("lockgate.worker")
 #: How long a worker takes a circuit's missing fallback version for missing.
 MISSING_FALLBACK_RECHECK_S = 30.0
 
+def max_lost_leases(max_retries: int) -> int:
+    """The lost leases after which a claim ends its task DEAD (``lease_expired``) without
+    a call: at least 3, and never fewer than the claims the retry budget allows."""
+    return max(3, max_retries + 1)
+
+
 def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: ErrorClass,
               message: str, detail: str) -> Finish:
     """A terminal write-back for a task that ends before any call is made; ``detail`` is
@@ -106,6 +112,30 @@ class Calls(WorkerCore):
         if len(self._buffer) == 1 or len(self._buffer) >= self.ws.flush_rows:
             self._flush_wake.set()  # the first row to write (the loop sleeps till then)
 
+    async def _call_number(self, t: ClaimedTask, max_retries: int, started: int
+                           ) -> int | Finish:
+        """This claim's call number in the task's retry budget, or its DEAD write-back.
+
+        Each claim spends an attempt; those of earlier claims that wrote no retry were
+        lost with workers that crashed or stalled holding the task. They do not spend
+        its retries (a worker killed with its prefetched tasks would end them all at
+        ``max_retries = 0``), but a task that keeps losing its lease (it kills its
+        workers) ends DEAD instead of looping."""
+        lost = 0
+        if t.attempt > 1:
+            retried = await self._db_retry("reading the task's attempts",
+                                           self.store.retries_before, t.id, t.attempt)
+            lost = max(0, t.attempt - 1 - retried)
+        if lost >= max_lost_leases(max_retries):
+            msg = (f"its lease was lost {lost} times (workers crashed or stalled holding "
+                   "it): not called again")
+            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
+        call_no = t.attempt - lost
+        if call_no > max_retries + 1:
+            msg = f"call {call_no} exceeds max_retries + 1"
+            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
+        return call_no
+
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
         if isinstance(entry, Fixed):  # no coroutine for the common case
             config, prompt_version = entry.config, entry.version
@@ -134,10 +164,10 @@ class Calls(WorkerCore):
             return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST, msg,
                              msg)
         policy = config.retry_policy
-        if t.attempt > policy.max_retries + 1:
-            # Earlier claims were lost (crashed workers) and spent the attempt budget.
-            msg = f"attempt {t.attempt} exceeds max_retries+1 after lost leases"
-            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
+        budget = await self._call_number(t, policy.max_retries, started)
+        if isinstance(budget, Finish):
+            return budget
+        call_no = budget
         route_key = t.config_hash if prompt_version is None else \
             f"{t.config_hash}@{prompt_version}"
         route = self._routes.get(route_key)
@@ -173,7 +203,7 @@ class Calls(WorkerCore):
                                self._fallback_params(route_key, config, ep))
 
         res, passage = await self.flow.call(t, config, endpoint, call)
-        d = decide(config, t.attempt, res, self._rng)
+        d = decide(config, call_no, res, self._rng)
         unspent = passage.unspent is not None
         if unspent:  # not the task's fault (e.g. refused before any work, a fallback
             # takes it at once): retried without spending an attempt
