@@ -369,6 +369,20 @@ def test_nul_characters_in_the_call_kept_on_the_task_row_are_stored_as_replaceme
     assert task_row(store, b.task_id)["status"] == "SUCCEEDED"
 
 
+def test_task_ids_differing_only_in_case_or_accents_are_distinct_tasks(store: Store) -> None:
+    # On MySQL/MariaDB's default collation they were one value: the unique index took
+    # "doc-1" for "Doc-1", already present, and the task was skipped.
+    ids = ["Doc-1", "doc-1", "DOC-1", "café", "cafe", "Straße", "strasse"]
+    specs = [parse_task({**t, "task_id": i}) for t, i in zip(tasks(len(ids)), ids,
+                                                             strict=True)]
+    report = store.submit(specs, batch_id="Nightly")
+    assert (report.inserted, report.duplicates) == (len(ids), 0)
+    assert store.submit([parse_task(tasks(1)[0])], batch_id="nightly").inserted == 1
+    got = {r["task_id"]: r["batch_id"] for r in rows(store, "SELECT task_id, batch_id FROM task")}
+    assert sorted(got) == sorted([*ids, "t-00000"])
+    assert got["t-00000"] == "nightly" and got["Doc-1"] == "Nightly"
+
+
 # -- renewals and operator transitions ------------------------------------------------------
 
 def test_renew_extends_only_leases_still_held(store: Store) -> None:

@@ -32,6 +32,11 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 KEY = 191  # longest indexed VARCHAR that fits every MySQL row format in utf8mb4
 
+# On MySQL/MariaDB every table is utf8mb4 with the binary collation (migration 0009),
+# so identifiers compare as on PostgreSQL and SQLite: case and accents count. A table
+# a later migration adds says so too (mysql_charset="utf8mb4",
+# mysql_collate="utf8mb4_bin"); tests/engine/test_schema.py checks every column.
+
 task_config = Table(
     "task_config", metadata,
     Column("hash", String(64), primary_key=True),

@@ -68,7 +68,7 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _NEWEST_TASK = sql("SELECT MAX(id) FROM task")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
-SCHEMA_HEAD = "0008"
+SCHEMA_HEAD = "0009"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
