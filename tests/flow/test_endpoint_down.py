@@ -248,3 +248,24 @@ def test_the_progress_line_names_endpoints_in_trouble() -> None:
 
 def test_no_terminal_environment_leaks_into_the_other_tests() -> None:
     assert "TTY_INTERACTIVE" not in os.environ
+
+
+def test_tasks_of_an_unreachable_endpoint_go_to_its_fallback_instead_of_waiting(
+        stores: Callable[[], Store], simulator: SimulatorProcess) -> None:
+    """Nothing listens on the primary; its fallback answers. A task whose call met the
+    connection error (its half-open probes too) waited for the primary's next probe,
+    up to a minute at a time, while the fallback was idle: it is rerouted at once,
+    without spending an attempt."""
+    store = stores()
+    store.submit([parse_task(t) for t in tasks(40, retry={"max_retries": 0})], batch_id="b")
+    cfg = settings([{"name": "sim", "base_url": f"http://127.0.0.1:{free_port()}/v1",
+                     "fallback": "fb"},
+                    {"name": "fb", "base_url": simulator.url}],
+                   flow={"breaker_open_s": 30.0, "breaker_consecutive": 3}, concurrency=8)
+    asyncio.run(run_workers([Worker(stores(), cfg, burst=True)], timeout=120))
+    assert status_counts(store) == {"SUCCEEDED": 40}
+    assert {r["attempts"] for r in rows(store, "SELECT attempts FROM task")} == {1}
+    outcomes = {r["outcome"] for r in rows(store, "SELECT outcome FROM task_attempt")}
+    assert outcomes <= {"rerouted", "succeeded"}, outcomes
+    assert {r["endpoint"] for r in rows(store, "SELECT endpoint FROM task_attempt "
+                                               "WHERE outcome = 'succeeded'")} == {"fb"}

@@ -68,11 +68,12 @@ def test_a_per_minute_limit_is_paced_per_second_without_a_burst(
     assert sim["peak_requests_1s"] <= PER_S * 1.25
 
 
-@pytest.mark.parametrize("headers", ["openai", "gateway"])
+@pytest.mark.parametrize("headers", ["openai", "gateway", "ietf", "anthropic"])
 def test_a_limit_named_only_by_the_headers_is_learned_then_paced(
         stores: Callable[[], Store], simulator: SimulatorProcess, headers: str) -> None:
     """No limit configured: the first answers name it (``x-ratelimit-limit-requests``,
-    with or without a reset header); the workers stop at once, charge what they sent
+    with or without a reset header; the IETF ``RateLimit-Policy``; Anthropic's
+    ``anthropic-ratelimit-requests-limit``); the workers stop at once, charge what they sent
     before to the shared bucket, and pace at 1 s from then on."""
     log, sim, store = run(stores, simulator, {}, headers)
     assert status_counts(store) == {"SUCCEEDED": N}

@@ -6,13 +6,17 @@ import time
 from email.utils import formatdate
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lockgate.providers.headers import (
     MAX_PAUSE_MS,
+    RATE_HEADERS,
     Signals,
     parse_count,
     parse_duration_ms,
     parse_retry_after_ms,
+    rate_headers,
     read_signals,
 )
 
@@ -59,9 +63,14 @@ def test_retry_after_as_an_http_date_counts_from_the_response_date() -> None:
     assert 28_000 <= (parse_retry_after_ms({"retry-after": soon}) or 0) <= 30_000
 
 
-def test_a_retry_after_beyond_a_day_is_shortened_to_a_day() -> None:
-    assert parse_retry_after_ms({"retry-after": "90000"}) == MAX_PAUSE_MS
-    assert parse_retry_after_ms({"retry-after-ms": str(10 * MAX_PAUSE_MS)}) == MAX_PAUSE_MS
+def test_a_retry_after_beyond_a_day_is_junk_not_a_day_long_pause() -> None:
+    # One "retry-after: 9999999999999999999999" paused the endpoint for a day, for every
+    # worker; a reset beyond a day was already junk.
+    assert parse_retry_after_ms({"retry-after": str(MAX_PAUSE_MS // 1000)}) == MAX_PAUSE_MS
+    for junk in ("90000", "9999999999999999999999", "1e308"):
+        assert parse_retry_after_ms({"retry-after": junk}) is None, junk
+    assert parse_retry_after_ms({"retry-after-ms": str(10 * MAX_PAUSE_MS),
+                                 "retry-after": "2"}) == 2000
 
 
 def test_a_full_set_of_headers() -> None:
@@ -95,3 +104,81 @@ def test_the_clients_own_retry_after_is_used_without_headers() -> None:
     assert read_signals({}, None).empty
     assert Signals(retry_after_ms=5, remaining_requests=0, reset_requests_ms=900
                    ).pause_ms() == 5
+
+
+DATE = "Sun, 06 Dec 2026 10:00:00 GMT"
+
+
+@pytest.mark.parametrize(("headers", "want"), [
+    # IETF, drafts 6-7: one dictionary, the window from the policy
+    ({"ratelimit": "limit=3000, remaining=0, reset=5", "ratelimit-policy": "3000;w=60"},
+     {"x-ratelimit-limit-requests": "3000", "x-ratelimit-remaining-requests": "0",
+      "x-ratelimit-reset-requests": "5000ms"}),
+    # IETF, draft 8 on: named policies; 50 in any second is 3,000 a minute
+    ({"ratelimit": '"default";r=7;t=1', "ratelimit-policy": '"default";q=50;w=1'},
+     {"x-ratelimit-limit-requests": "3000", "x-ratelimit-remaining-requests": "7",
+      "x-ratelimit-reset-requests": "1000ms"}),
+    # several policies: the one with the fewest remaining
+    ({"ratelimit": '"minute";r=10;t=30, "hour";r=0;t=600',
+      "ratelimit-policy": '"minute";q=100;w=60, "hour";q=600;w=3600'},
+     {"x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "0",
+      "x-ratelimit-reset-requests": "600000ms"}),
+    # a policy named for tokens counts tokens
+    ({"ratelimit": '"requests";r=40;t=1, "tokens";r=0;t=2',
+      "ratelimit-policy": '"requests";q=50;w=60, "tokens";q=9000;w=60'},
+     {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": "40",
+      "x-ratelimit-reset-requests": "1000ms", "x-ratelimit-limit-tokens": "9000",
+      "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "2000ms"}),
+    # the older triple, and a limit without its window: remaining and reset only
+    ({"ratelimit-limit": "100", "ratelimit-remaining": "0", "ratelimit-reset": "7"},
+     {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "7000ms"}),
+    ({"ratelimit": "limit=100, remaining=3, reset=2"},
+     {"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "2000ms"}),
+    # Anthropic: per minute, the reset an RFC 3339 time counted from the Date header
+    ({"anthropic-ratelimit-requests-limit": "50", "anthropic-ratelimit-requests-remaining": "0",
+      "anthropic-ratelimit-requests-reset": "2026-12-06T10:00:05Z",
+      "anthropic-ratelimit-tokens-limit": "40000",
+      "anthropic-ratelimit-tokens-remaining": "39000",
+      "anthropic-ratelimit-tokens-reset": "2026-12-06T10:00:00.500+00:00", "date": DATE},
+     {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": "0",
+      "x-ratelimit-reset-requests": "5000ms", "x-ratelimit-limit-tokens": "40000",
+      "x-ratelimit-remaining-tokens": "39000", "x-ratelimit-reset-tokens": "500ms"}),
+    # OpenAI's own are kept as sent, whatever else is there
+    ({"x-ratelimit-remaining-requests": "4", "ratelimit": "limit=1, remaining=0, reset=9"},
+     {"x-ratelimit-remaining-requests": "4"}),
+    # junk is left out, never guessed
+    ({"ratelimit": "garbage;;,,=", "ratelimit-policy": "=;w=abc"}, {}),
+    ({"ratelimit": '"d";r=-1;t=x', "ratelimit-policy": '"d";q=0;w=0'}, {}),
+    ({"anthropic-ratelimit-requests-remaining": "0",
+      "anthropic-ratelimit-requests-reset": "tomorrow"},
+     {"x-ratelimit-remaining-requests": "0"}),
+    ({"anthropic-ratelimit-requests-remaining": "1",
+      "anthropic-ratelimit-requests-reset": "2026-12-09T10:00:00Z", "date": DATE},
+     {"x-ratelimit-remaining-requests": "1"}),  # beyond a day
+])
+def test_the_ietf_and_anthropic_limit_headers_read_as_openai_s(
+        headers: dict[str, str], want: dict[str, str]) -> None:
+    assert rate_headers(headers) == want
+
+
+_NAMES = [*RATE_HEADERS, "ratelimit", "ratelimit-policy", "ratelimit-limit",
+          "ratelimit-remaining", "ratelimit-reset", "date", "retry-after",
+          *(f"anthropic-ratelimit-{k}-{p}" for k in ("requests", "tokens")
+            for p in ("limit", "remaining", "reset"))]
+_VALUES = st.one_of(
+    st.text(max_size=40),
+    st.from_regex(r'\A("[a-z]{1,5}";)?[a-z]{1,9}=-?[0-9.e]{0,6}([;,] ?[a-z]{1,9}='
+                  r'-?[0-9.e]{0,6}){0,4}\Z'),
+    st.from_regex(r"\A20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]"
+                  r"(\.[0-9]{1,6})?(Z|[+-][01][0-9]:[0-5][0-9])?\Z"))
+
+
+@given(st.dictionaries(st.sampled_from(_NAMES), _VALUES, max_size=8))
+def test_no_limit_header_can_crash_a_worker_or_pause_beyond_a_day(
+        headers: dict[str, str]) -> None:
+    out = rate_headers(headers)
+    assert set(out) <= set(RATE_HEADERS)
+    sig = read_signals(out)
+    assert (sig.pause_ms() or 0) <= MAX_PAUSE_MS
+    assert all(v is None or v >= 0 for v in (sig.limit_requests, sig.remaining_requests,
+                                             sig.limit_tokens, sig.remaining_tokens))

@@ -214,7 +214,11 @@ class FlowControl:
                 return res, Passage(ticket.routed_from, "rerouted")
             if ec is ErrorClass.CONNECTION_ERROR:
                 now = time.monotonic()
-                if self.feedback.down(st, now):  # not the task's fault: it waits
+                if self.feedback.down(st, now):  # not the task's fault
+                    fb = self.router.fallback(primary, now) \
+                        if primary.fallback is not None else None
+                    if fb is not None and fb is not st:  # a fallback answers: go there
+                        return res, Passage(ticket.routed_from, "rerouted")
                     wait = st.breaker.open_until - now \
                         if st.breaker.state is BreakerState.OPEN else 0.0
                     return res, Passage(ticket.routed_from, "unreachable",

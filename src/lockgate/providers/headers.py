@@ -1,5 +1,8 @@
 """What a provider's response says about its limits: ``retry-after-ms`` / ``retry-after``
-and the ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
+and the ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers (OpenAI's, and
+most gateways'); :func:`rate_headers` reads the other forms into those: the IETF
+``RateLimit`` / ``RateLimit-Policy`` fields and the older ``RateLimit-Limit``,
+``-Remaining``, ``-Reset`` triple, and Anthropic's ``anthropic-ratelimit-*``.
 
 Providers send these inconsistently: durations as ``6m0s``, ``1.5s``, ``250ms`` or bare
 seconds, ``-1`` for "unknown", ``0`` with a reset of ``0s``, or nothing at all. Every
@@ -15,8 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-#: Longest pause any header may impose (a day): a longer reset is treated as junk, a
-#: longer Retry-After is shortened to it.
+#: Longest pause any header may impose (a day): a longer reset or Retry-After is junk
+#: (``retry-after: 9999999999`` must not stop every worker for a day).
 MAX_PAUSE_MS = 24 * 3600 * 1000
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?"
@@ -64,9 +67,8 @@ def parse_count(raw: str | None) -> int | None:
 def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
     """``retry-after-ms`` (ms), else ``retry-after``: seconds, or an HTTP date (counted
     from the response's own ``Date``, so a clock apart from the server's does not
-    matter; from this machine's clock without one). A pause longer than a day is
-    shortened to a day (then the endpoint is asked again); an unreadable, negative or
-    zero value gives None."""
+    matter; from this machine's clock without one). An unreadable, negative or zero
+    value gives None, and so does one beyond a day (:data:`MAX_PAUSE_MS`)."""
     for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
         raw = headers.get(name)
         if raw is None:
@@ -75,8 +77,8 @@ def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
             value = float(raw) * scale
         except ValueError:
             value = _date_ms(raw, headers.get("date")) if scale == 1000.0 else float("nan")
-        if 0 < value < float("inf"):  # NaN, inf and -inf are no pause
-            return int(min(value, MAX_PAUSE_MS) + 0.999)  # never before the time named
+        if 0 < value <= MAX_PAUSE_MS:  # NaN, inf and junk beyond a day are no pause
+            return int(value + 0.999)  # never before the time named
     return None
 
 
@@ -92,6 +94,117 @@ def _date_ms(raw: str, now_raw: str | None) -> float:
     if when.tzinfo is None or now.tzinfo is None:  # "-0000": UTC, as RFC 9110 says
         when, now = when.replace(tzinfo=UTC), now.replace(tzinfo=UTC)
     return (when - now).total_seconds() * 1000
+
+
+#: The names :func:`read_signals` reads; :func:`rate_headers` writes the others as these.
+RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
+def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The limit headers of a response (keys lower-case) as ``x-ratelimit-*`` headers.
+
+    Those themselves are kept as sent. Without them:
+
+    * the IETF fields: ``RateLimit: limit=100, remaining=5, reset=30`` (drafts 6-7) or
+      ``RateLimit: "day";r=5;t=30`` with ``RateLimit-Policy: "day";q=100;w=60``
+      (draft 8 on; of several policies the one with the fewest remaining, a policy
+      whose name says ``token`` counting tokens), and the older ``RateLimit-Limit`` /
+      ``-Remaining`` / ``-Reset`` (seconds). Otherwise they count requests. A limit is
+      taken only with its window (a policy's ``w``): a per-minute figure is
+      ``q * 60 / w``; without one, only remaining and reset are;
+    * Anthropic's ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``,
+      per minute, the reset an RFC 3339 time (counted from the response's ``Date``).
+
+    Values it cannot read are left out, never guessed."""
+    out = {k: headers[k] for k in RATE_HEADERS if k in headers}
+    if out:
+        return out
+    if "ratelimit" in headers or "ratelimit-remaining" in headers:
+        _ietf(headers, out)
+    elif "anthropic-ratelimit-requests-remaining" in headers \
+            or "anthropic-ratelimit-tokens-remaining" in headers:
+        for kind in ("requests", "tokens"):
+            for part in ("limit", "remaining"):
+                v = headers.get(f"anthropic-ratelimit-{kind}-{part}")
+                if v is not None:
+                    out[f"x-ratelimit-{part}-{kind}"] = v
+            ms = _until_ms(headers.get(f"anthropic-ratelimit-{kind}-reset"),
+                           headers.get("date"))
+            if ms is not None:
+                out[f"x-ratelimit-reset-{kind}"] = f"{ms}ms"
+    return out
+
+
+def _params(item: str) -> tuple[str, dict[str, str]]:
+    """``"name";k=v;k=v`` (or ``k=v, k=v``) -> (name, {k: v}), quotes dropped."""
+    name, params = "", {}
+    for i, part in enumerate(re.split(r"[;,]", item)):
+        key, eq, value = part.strip().partition("=")
+        if eq:
+            params[key.strip().lower()] = value.strip().strip('"')
+        elif i == 0:
+            name = key.strip().strip('"')
+    return name, params
+
+
+def _ietf(headers: Mapping[str, str], out: dict[str, str]) -> None:
+    field = headers.get("ratelimit")
+    windows: dict[str, tuple[str | None, str | None]] = {}  # policy -> (quota, window s)
+    for item in (headers.get("ratelimit-policy") or "").split(","):
+        name, p = _params(item)
+        q = p.get("q") or (name if parse_count(name) is not None else None)
+        windows.setdefault(name, (q, p.get("w")))
+    first_window = next(iter(windows.values()), (None, None))[1]
+    if field is None:  # the older triple
+        _put(out, "requests", headers.get("ratelimit-limit"), first_window,
+             headers.get("ratelimit-remaining"), headers.get("ratelimit-reset"))
+    elif "remaining=" in field.lower() or "limit=" in field.lower():  # drafts 6-7
+        _name, p = _params(field)
+        _put(out, "requests", p.get("limit"), first_window, p.get("remaining"),
+             p.get("reset"))
+    else:  # draft 8: a list of policies, each "name";r=...;t=...
+        fewest: dict[str, tuple[int, str, dict[str, str]]] = {}
+        for item in field.split(","):
+            name, p = _params(item)
+            r = parse_count(p.get("r"))
+            kind = "tokens" if "token" in name.lower() else "requests"
+            if r is not None and (kind not in fewest or r < fewest[kind][0]):
+                fewest[kind] = (r, name, p)
+        for kind, (_r, name, p) in fewest.items():
+            limit, window = windows.get(name, (None, None))
+            _put(out, kind, limit, window, p.get("r"), p.get("t"))
+
+
+def _put(out: dict[str, str], kind: str, limit: str | None, window: str | None,
+         remaining: str | None, reset: str | None) -> None:
+    """One kind's IETF figures as ``x-ratelimit-*-{kind}`` (a limit only with its
+    window, per minute)."""
+    if remaining is not None and parse_count(remaining) is not None:
+        out[f"x-ratelimit-remaining-{kind}"] = remaining.strip()
+    reset_ms = parse_duration_ms(reset)
+    if reset_ms is not None:
+        out[f"x-ratelimit-reset-{kind}"] = f"{reset_ms}ms"
+    quota, window_ms = parse_count(limit), parse_duration_ms(window)
+    if quota and window_ms:
+        out[f"x-ratelimit-limit-{kind}"] = str(int(quota * 60_000 / window_ms))
+
+
+def _until_ms(raw: str | None, now_raw: str | None) -> int | None:
+    """Milliseconds until the RFC 3339 time ``raw`` (from the HTTP ``Date``, else this
+    machine's clock), within a day; None if it is not one."""
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+        now = parsedate_to_datetime(now_raw) if now_raw else datetime.now(UTC)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None or now.tzinfo is None:
+        when, now = when.replace(tzinfo=UTC), now.replace(tzinfo=UTC)
+    ms = (when - now).total_seconds() * 1000
+    return int(ms + 0.999) if 0 <= ms <= MAX_PAUSE_MS else None
 
 
 @dataclass(frozen=True, slots=True)

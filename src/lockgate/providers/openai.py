@@ -26,16 +26,7 @@ except ImportError:  # pragma: no cover - checked by check_http_client
 
 from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
-from lockgate.providers.headers import parse_retry_after_ms
-
-_RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
-                 "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
-                 "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
-
-
-def _rate_limit(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: headers[k] for k in _RATE_HEADERS if k in headers}
-
+from lockgate.providers.headers import parse_retry_after_ms, rate_headers
 
 #: The largest response body kept as returned (for exports); beyond it only the parsed
 #: answer is kept.
@@ -87,7 +78,7 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
     else:
         cls = ErrorClass.INVALID_REQUEST
     return ProviderError(cls, f"HTTP {status}: {message}", http_status=status,
-                         retry_after_ms=retry_after, rate_limit=_rate_limit(headers),
+                         retry_after_ms=retry_after, rate_limit=rate_headers(headers),
                          request_id=headers.get("x-request-id"), body=_kept_body(raw))
 
 
@@ -338,7 +329,7 @@ class OpenAICompatible:
             prompt_tokens=token_count(usage.get("prompt_tokens")),
             completion_tokens=token_count(usage.get("completion_tokens")),
             finish_reason=finish if isinstance(finish, str) else None,
-            request_id=headers.get("x-request-id"), rate_limit=_rate_limit(headers))
+            request_id=headers.get("x-request-id"), rate_limit=rate_headers(headers))
 
     async def close(self) -> None:
         """Close the HTTP session (and its connections)."""

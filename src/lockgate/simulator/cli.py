@@ -53,9 +53,10 @@ def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.Argumen
     p.add_argument("--enforce-s", type=float,
                    help="also enforce the limits, scaled, in any window of this many seconds "
                         "(e.g. --rpm 60000 --enforce-s 1: 1,000 in any second)")
-    p.add_argument("--header-style", choices=("openai", "gateway", "none"),
+    p.add_argument("--header-style", choices=("openai", "gateway", "ietf", "anthropic", "none"),
                    help="rate-limit headers: openai (limit, remaining, reset), gateway "
-                        "(limit, remaining; no reset), none (default openai)")
+                        "(limit, remaining; no reset), ietf (RateLimit, RateLimit-Policy), "
+                        "anthropic (anthropic-ratelimit-*), none (default openai)")
     p.add_argument("--retry-hint", choices=("both", "seconds", "none"),
                    help="retry headers of a 429: retry-after-ms and retry-after, "
                         "retry-after only, or none (default both)")

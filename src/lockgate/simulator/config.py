@@ -119,9 +119,10 @@ class SimulatorConfig(BaseModel):
         None, gt=0.0, le=3600.0,
         description="also enforce rpm/tpm scaled to any sliding window of this length "
                     "(at most window_s; the headers still advertise window_s)")
-    header_style: Literal["openai", "gateway", "none"] = Field(
+    header_style: Literal["openai", "gateway", "ietf", "anthropic", "none"] = Field(
         "openai", description="rate-limit headers: openai (limit, remaining, reset), "
-                              "gateway (limit, remaining), none")
+                              "gateway (limit, remaining), ietf (RateLimit and "
+                              "RateLimit-Policy), anthropic (anthropic-ratelimit-*), none")
     retry_hint: Literal["both", "seconds", "none"] = Field(
         "both", description="retry headers of a 429: retry-after-ms and retry-after, "
                             "retry-after only (whole seconds), or none")

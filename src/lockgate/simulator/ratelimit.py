@@ -17,13 +17,15 @@ the advertised window only, as a provider's do.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 _COMPACT_AT = 4096
 
-HeaderStyle = Literal["openai", "gateway", "none"]
+HeaderStyle = Literal["openai", "gateway", "ietf", "anthropic", "none"]
 
 
 def format_duration(seconds: float) -> str:
@@ -180,21 +182,28 @@ class RateLimiter:
     @staticmethod
     def headers(win: _Window, now: float, rpm: int | None, tpm: int | None, window: float,
                 style: HeaderStyle = "openai") -> dict[str, str]:
-        """The rate-limit headers of the advertised window, in one of three styles:
+        """The rate-limit headers of the advertised window, in one of these styles:
 
         * ``openai``: ``x-ratelimit-limit-``, ``-remaining-`` and ``-reset-`` for
           ``requests`` and ``tokens`` (each configured limit);
         * ``gateway``: limit and remaining only, no reset (as LiteLLM's proxy sends them);
+        * ``ietf``: the IETF fields, ``RateLimit: "requests";r=R;t=T`` (and ``"tokens"``)
+          with ``RateLimit-Policy: "requests";q=LIMIT;w=WINDOW`` (whole seconds);
+        * ``anthropic``: ``anthropic-ratelimit-{requests,tokens}-{limit,remaining}`` and
+          ``-reset`` as an RFC 3339 time;
         * ``none``: nothing.
         """
         headers: dict[str, str] = {}
         if style == "none" or (rpm is None and tpm is None):
             return headers
+        wait = win.ts[win.head] + window - now if win.requests else 0.0
+        if style in ("ietf", "anthropic"):
+            return _other_headers(style, win, wait, rpm, tpm, window)
         reset = ""
         if style == "openai":
             # Reset = time until the oldest admitted request leaves the window, i.e. when
             # the window next gains capacity; "0s" when nothing is in it.
-            reset = format_duration(win.ts[win.head] + window - now if win.requests else 0.0)
+            reset = format_duration(wait)
         if rpm is not None:
             headers["x-ratelimit-limit-requests"] = str(rpm)
             headers["x-ratelimit-remaining-requests"] = str(max(0, rpm - win.requests))
@@ -206,3 +215,23 @@ class RateLimiter:
             if reset:
                 headers["x-ratelimit-reset-tokens"] = reset
         return headers
+
+
+def _other_headers(style: HeaderStyle, win: _Window, wait: float, rpm: int | None,
+                   tpm: int | None, window: float) -> dict[str, str]:
+    """The ``ietf`` and ``anthropic`` header styles (see :meth:`RateLimiter.headers`)."""
+    limits = [(kind, limit, used) for kind, limit, used in (
+        ("requests", rpm, win.requests), ("tokens", tpm, win.tokens)) if limit is not None]
+    if style == "ietf":
+        return {
+            "ratelimit": ", ".join(f'"{kind}";r={max(0, limit - used)};t={math.ceil(wait)}'
+                                   for kind, limit, used in limits),
+            "ratelimit-policy": ", ".join(f'"{kind}";q={limit};w={math.ceil(window)}'
+                                          for kind, limit, _used in limits)}
+    at = datetime.fromtimestamp(time.time() + wait, UTC).isoformat().replace("+00:00", "Z")
+    out: dict[str, str] = {}
+    for kind, limit, used in limits:
+        out[f"anthropic-ratelimit-{kind}-limit"] = str(limit)
+        out[f"anthropic-ratelimit-{kind}-remaining"] = str(max(0, limit - used))
+        out[f"anthropic-ratelimit-{kind}-reset"] = at
+    return out
