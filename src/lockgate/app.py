@@ -27,7 +27,14 @@ import orjson
 from lockgate import runtime
 from lockgate.config import Settings, load_settings
 from lockgate.durations import parse_duration
-from lockgate.errors import LockgateError, NotFound, SpecError, StateConflict
+from lockgate.errors import (
+    ErrorClass,
+    LockgateError,
+    NotFound,
+    SpecError,
+    StateConflict,
+    cannot,
+)
 from lockgate.files import (
     Checks,
     Format,
@@ -57,6 +64,7 @@ from lockgate.spec import TaskConfig, TaskSpec, load_config, registry_reference
 from lockgate.states import CircuitState, TaskStatus
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
+from lockgate.store.types import NewTask
 
 # The worker, the gate's and the quality loop's services, the alerts and the quality
 # reports are imported where they are used (deferred for start-up time: they bring
@@ -74,8 +82,28 @@ def _rejects_file(path: str | Path | None) -> Iterator[TextIO | None]:
     if not path:
         yield None
         return
-    with open(path, "w", encoding="utf-8") as sink:
+    try:
+        sink = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise cannot("write", path, exc) from None
+    with sink:
         yield sink
+
+
+def _into(rows: Iterable[NewTask], batch_id: str | None,
+          moved: list[int]) -> Iterator[NewTask]:
+    """``rows``, all into ``batch_id`` when the caller named one (it wins over a line's
+    own ``batch_id``; ``moved[0]`` counts the lines that named another), else as they
+    are."""
+    if batch_id is None:
+        yield from rows
+        return
+    for row in rows:
+        if row.batch_id is not None:
+            if row.batch_id != batch_id:
+                moved[0] += 1
+            row = row._replace(batch_id=None)
+        yield row
 
 
 class Lockgate:
@@ -116,14 +144,19 @@ class Lockgate:
         self.close()
 
     def submit(self, tasks: Iterable[TaskSpec | dict[str, Any]], *,
-               batch_id: str = "default", plan: BatchPlan | None = None) -> SubmitReport:
+               batch_id: str | None = None, plan: BatchPlan | None = None) -> SubmitReport:
         """Validate every task, then insert them (idempotent on task id) in committed
-        chunks, as :meth:`submit_file` does. ``plan`` sets the batch's weight, deadline
-        or time window (docs/flow.md)."""
+        chunks, as :meth:`submit_file` does: into ``batch_id`` if given (it wins over a
+        task's own ``batch_id``), else each into its own ``batch_id`` or ``"default"``.
+        ``plan`` sets the weight, deadline or time window (docs/flow.md) of the batches
+        written."""
         intake = Intake(self._checks(), self._pool_of)
         rows = [intake.task(t, i) for i, t in enumerate(tasks, start=1)]
-        return self._planned(self.store.submit_rows(
-            rows, batch_id=batch_id, batch_fields=plan.fields() if plan else None), plan)
+        moved = [0]
+        report = self.store.submit_rows(
+            _into(rows, batch_id, moved), batch_id=batch_id or "default",
+            batch_fields=plan.fields() if plan else None)
+        return self._settled(report, plan, moved[0])
 
     def _checks(self) -> Checks:
         """A submit's checks; each distinct registry reference is looked up once."""
@@ -154,13 +187,28 @@ class Lockgate:
     def _pool_of(self, spec: TaskSpec) -> str:
         return self.settings.pool_of(spec.model)
 
-    def _planned(self, report: SubmitReport, plan: BatchPlan | None) -> SubmitReport:
-        """A window without a target throughput gets tasks / length."""
-        w = plan.window if plan else None
-        total = report.inserted + report.duplicates - sum(report.elsewhere.values())
-        if w is not None and w.target_per_s is None and total:
-            FlowStore(self.store).set_batch(report.batch_id,
-                                            target_per_s=total * 1000.0 / w.length_ms)
+    def _settled(self, report: SubmitReport, plan: BatchPlan | None,
+                 moved: int) -> SubmitReport:
+        """The report naming the batches written (the submit's own batch is dropped when
+        every line named another), with the plan set on each of them: a window without
+        a target throughput gets the batch's tasks / length."""
+        written = report.batches
+        if len(written) > 1:  # the lines named batches: keep those that hold tasks
+            written = tuple(b for b in written if sum(self.store.batch_counts(b).values()))
+        report = dataclasses.replace(report, batches=written, moved=moved)
+        if plan is None:
+            return report
+        flow = FlowStore(self.store)
+        fields = plan.fields()
+        w = plan.window
+        for b in written:
+            if b != report.batch_id and fields:  # the submit's own batch has them
+                flow.set_batch(b, **fields)
+            if w is not None and w.target_per_s is None:
+                total = (report.inserted + report.duplicates - sum(report.elsewhere.values())
+                         if len(written) == 1 else sum(self.store.batch_counts(b).values()))
+                if total:
+                    flow.set_batch(b, target_per_s=total * 1000.0 / w.length_ms)
         return report
 
     def submit_file(self, path: str | Path, *, format: Format = "tasks",
@@ -182,7 +230,7 @@ class Lockgate:
         bid = batch_id or p.stem
         if stream:
             return self._submit_streamed(p, format, intake, bid, skip_invalid, rejects,
-                                         progress, plan, on_bad_line)
+                                         progress, plan, on_bad_line, batch_id is not None)
         with Spool(p.parent) as spool:
             with _rejects_file(rejects) as sink:
                 checked = check_file(p, format, reject_sink=sink, intake=intake,
@@ -192,19 +240,25 @@ class Lockgate:
             skip = {n for n, _ in checked.rejected}
             # The rows the check kept on disk; the file again if it could not keep them.
             rows = spool.rows() if spool.finish() else valid_tasks(p, format, skip, intake)
-            return self._planned(self.store.submit_rows(
-                rows, batch_id=bid, source=str(p), progress=progress,
-                batch_fields=plan.fields() if plan else None), plan)
+            moved = [0]
+            return self._settled(self.store.submit_rows(
+                _into(rows, batch_id, moved), batch_id=bid, source=str(p),
+                progress=progress, batch_fields=plan.fields() if plan else None),
+                plan, moved[0])
 
     def _submit_streamed(self, p: Path, format: Format, intake: Intake, bid: str,
                          skip_invalid: bool, rejects: str | Path | None,
                          progress: Callable[[int], None] | None, plan: BatchPlan | None,
-                         on_bad_line: Literal["keep", "cancel"]) -> SubmitReport:
+                         on_bad_line: Literal["keep", "cancel"], named: bool) -> SubmitReport:
+        moved = [0]
         with _rejects_file(rejects) as sink:
             reading = Reading()
             since = self.store.db_now() if on_bad_line == "cancel" else 0
-            rows = read_tasks(p, format, intake, reading, reject_sink=sink,
-                              on_bad="skip" if skip_invalid else "stop")
+            rows = _into(read_tasks(p, format, intake, reading, reject_sink=sink,
+                                    on_bad="skip" if skip_invalid else "stop"),
+                         bid if named else None, moved)
+            if named:
+                reading.batches = {None}  # every line goes to the named batch
             try:
                 report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
                                                 progress=progress,
@@ -214,7 +268,7 @@ class Lockgate:
                     raise
                 raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
                     reading, bid, since if on_bad_line == "cancel" else None)) from None
-        return self._planned(report, plan)
+        return self._settled(report, plan, moved[0])
 
     def _stopped(self, reading: Reading, batch_id: str, since: int | None) -> str:
         """What a streamed submit stopped by a bad line left, cancelling it if asked."""
@@ -244,9 +298,9 @@ class Lockgate:
         from lockgate.worker import Worker
 
         settings = self.settings
-        if overrides:
+        if overrides:  # checked as the config file is (SpecError naming the setting)
             settings = settings.model_copy(update={
-                "worker": settings.worker.model_copy(update=overrides)})
+                "worker": settings.worker.with_changes(**overrides)})
         g = settings.gate
         services: list[SideService] = [GateService(
             self.store, lease_s=g.lease_s or settings.worker.lease_s, poll_s=g.poll_s,
@@ -272,6 +326,7 @@ class Lockgate:
         from lockgate.worker.processes import run_processes
 
         if processes > 1:
+            self.settings.worker.with_changes(**overrides)  # refused here, not in a child
             plan = WorkerPlan(self.url, self.settings, burst=burst, gate=gate,
                               overrides=dict(overrides))
             return run_processes(processes, plan, log_level=log_level, tick=tick,
@@ -409,7 +464,14 @@ class Lockgate:
                     error_class: str | None = None) -> int:
         """Run again every task of a batch in one of ``statuses`` (and, if given, with
         ``error_class``, e.g. ``"connection_error"``), in one transaction; returns how
-        many. Idempotent: a second call finds nothing more."""
+        many. Idempotent: a second call finds nothing more. An ``error_class`` that is
+        no :class:`ErrorClass` is refused (:class:`SpecError`, with the likely one)."""
+        known = [e.value for e in ErrorClass]
+        if error_class is not None and error_class not in known:
+            close = difflib.get_close_matches(error_class, known, n=1, cutoff=0.6)
+            raise SpecError(f"{error_class!r} is not an error class; "
+                            + (f"did you mean '{close[0]}'?" if close else
+                               f"one of {', '.join(known)}"), field="error_class")
         return self.store.retry_batch(batch_id, statuses=statuses, error_class=error_class)
 
     def cancel(self, task_id: str) -> None:
@@ -476,7 +538,7 @@ class AsyncLockgate:
         self.sync = sync
 
     async def submit(self, tasks: Iterable[TaskSpec | dict[str, Any]], *,
-                     batch_id: str = "default") -> SubmitReport:
+                     batch_id: str | None = None) -> SubmitReport:
         return await asyncio.to_thread(self.sync.submit, list(tasks), batch_id=batch_id)
 
     async def submit_file(self, path: str | Path, **kwargs: Any) -> SubmitReport:

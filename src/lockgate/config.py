@@ -26,8 +26,10 @@ Example ``lockgate.toml``::
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,9 +42,10 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
-from lockgate.durations import duration_field
-from lockgate.errors import ConfigError
+from lockgate.durations import EXAMPLES, duration_field, format_duration
+from lockgate.errors import ConfigError, SpecError
 from lockgate.spec import ModelConfig, load_config
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
@@ -145,6 +148,16 @@ class WorkerSettings(_Strict):
     http_client: Literal["aiohttp", "pyreqwest"] = Field(
         "aiohttp", description="HTTP client of the calls: pyreqwest (the fast-http extra) "
                                "spends less CPU per call")
+
+    def with_changes(self, **changes: Any) -> WorkerSettings:
+        """These settings with ``changes`` (command-line flags, API overrides), checked
+        as strictly as the config file: :class:`SpecError` names the setting."""
+        try:
+            return WorkerSettings.model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            raise SpecError(explain(WorkerSettings, e),
+                            field=str(e["loc"][0]) if e["loc"] else None) from None
 
 
 class FlowSettings(_Strict):
@@ -418,6 +431,11 @@ class Settings(_Strict):
         names = {e.name: e for e in self.endpoint}
         if len(names) != len(self.endpoint):
             raise ValueError("two endpoints have the same name")
+        known = {e.name for e in self.endpoints()}
+        if self.default_endpoint is not None and self.default_endpoint not in known:
+            raise ValueError(f"default_endpoint '{self.default_endpoint}' is not a defined "
+                             f"endpoint (defined: {', '.join(sorted(known))}); name one of "
+                             "them, or add an [[endpoint]] of that name")
         for e in self.endpoint:
             seen = {e.name}
             cur = e
@@ -430,7 +448,6 @@ class Settings(_Strict):
                     raise ValueError(f"fallbacks of endpoint '{e.name}' form a loop")
                 seen.add(nxt.name)
                 cur = nxt
-        known = {e.name for e in self.endpoints()}
         for c in self.quality.circuit:
             if c.fallback_endpoint is not None and c.fallback_endpoint not in known:
                 raise ValueError(f"circuit '{c.prompt}' falls back to endpoint "
@@ -508,7 +525,10 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
         p = Path(chosen)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
-        raw = p.read_bytes()
+        try:
+            raw = p.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -525,5 +545,77 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
     except ValidationError as exc:
         e = exc.errors()[0]
         where = ".".join(str(x) for x in e["loc"])
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"config {chosen or '(defaults)'}: '{where}': {msg}") from None
+        at = f"'{where}': " if where else ""
+        raise ConfigError(f"config {chosen or '(defaults)'}: {at}"
+                          f"{explain(Settings, e)}") from None
+
+
+def _nested(annotation: Any) -> type[BaseModel] | None:
+    """The settings model inside a field's type (``tuple[Endpoint, ...]``: Endpoint)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _nested(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _located(model: type[BaseModel], loc: tuple[int | str, ...]
+             ) -> tuple[type[BaseModel] | None, Any]:
+    """The model holding the setting at ``loc``, and that setting's field (or None)."""
+    holder: type[BaseModel] | None = model
+    fld: Any = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if holder is None:
+            return None, None
+        fld = holder.model_fields.get(part)
+        if fld is None:
+            return holder, None
+        if part != loc[-1]:
+            holder = _nested(fld.annotation)
+    return holder, fld
+
+
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"),
+           "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+
+
+def explain(model: type[BaseModel], e: ErrorDetails) -> str:
+    """A settings error in the user's terms: a misspelt setting with the likely one, a
+    table that should be an array of tables, a duration's bounds as durations."""
+    loc = tuple(e["loc"])
+    name = str(loc[-1]) if loc else ""
+    holder, fld = _located(model, loc)
+    if e["type"] == "extra_forbidden" and holder is not None:
+        names = [*holder.model_fields, *(a for f in holder.model_fields.values()
+                                           if isinstance(f.validation_alias, AliasChoices)
+                                           for a in f.validation_alias.choices
+                                           if isinstance(a, str))]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        what = "section or setting" if holder is Settings else "setting"
+        return f"unknown {what}" + (f"; did you mean '{close[0]}'?" if close else
+                                    f" (known: {', '.join(holder.model_fields)})")
+    if (e["type"] == "tuple_type" and isinstance(e["input"], dict) and fld is not None
+            and _nested(fld.annotation) is not None):
+        table = ".".join(str(x) for x in loc)
+        return (f"use [[{table}]] (an array of tables), not [{table}]: one [[{table}]] "
+                "per item")
+    seconds = fld is not None and any(getattr(m, "func", None) is duration_field
+                                      for m in fld.metadata)
+    if e["type"] in _BOUNDS:
+        key, words = _BOUNDS[e["type"]]
+        bound = (e.get("ctx") or {}).get(key)
+        if seconds and isinstance(bound, int | float):
+            got = e["input"]
+            shown = (format_duration(got) if isinstance(got, int | float) and got > 0
+                     else repr(got))
+            return (f"{shown}: must be {words} {format_duration(bound)}; it is a duration, "
+                    f"{EXAMPLES}")
+        return f"{e['input']!r}: must be {words} {bound}"
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if seconds and "duration" not in msg:
+        msg += f"; it is a duration, {EXAMPLES}"
+    return msg

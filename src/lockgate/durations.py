@@ -5,7 +5,8 @@ file (every setting whose name ends in ``_s``).
 A duration is a plain number of seconds (``90``, ``1.5``), or one or more parts of a
 number and a unit, largest first: ``250ms``, ``45s``, ``90m``, ``1h30m``, ``1.5h``,
 ``30d``, ``2w``, ``1d12h``. Spaces between parts are allowed; the units are ``ms``,
-``s``, ``m``, ``h``, ``d`` and ``w``.
+``s``, ``m``, ``h``, ``d`` and ``w``. A duration has no sign (``--deadline +90m``
+means "90m from now", read by :func:`lockgate.flow.window.parse_when`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from lockgate.errors import SpecError
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _ORDER = ["w", "d", "h", "m", "s", "ms"]
 _PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
-_NUMBER = re.compile(r"\s*[+-]?(\d+(?:\.\d+)?|\.\d+)\s*")
+_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*")
 EXAMPLES = "e.g. 45s, 90m, 1h30m, 1.5h or 30d (a plain number is seconds)"
 
 
@@ -41,6 +42,9 @@ def parse_duration(value: str | float, *, field: str | None = None,
 def _parse_text(text: str, field: str | None) -> float:
     if text.strip().startswith("-"):
         raise SpecError(f"{text!r} is not a duration: it must not be negative", field=field)
+    if text.strip().startswith("+"):  # a sign, refused whatever follows it
+        raise SpecError(f"{text!r} is not a duration: write it without '+'; {EXAMPLES}",
+                        field=field)
     if _NUMBER.fullmatch(text):
         return float(text)
     total, pos, last = 0.0, 0, -1

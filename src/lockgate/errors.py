@@ -104,6 +104,12 @@ class DatabaseUnavailable(StoreError):
         super().__init__(message, transient=True)
 
 
+def cannot(verb: str, path: object, exc: OSError) -> LockgateError:
+    """A file the user named that cannot be read or written, as one line:
+    ``cannot read PATH: Is a directory``."""
+    return LockgateError(f"cannot {verb} {path}: {exc.strerror or exc}")
+
+
 class ErrorClass(StrEnum):
     """Why an attempt failed. Stored on attempts and tasks; named by ``stop_on``."""
 

@@ -25,7 +25,7 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
-from lockgate.errors import LockgateError, SpecError
+from lockgate.errors import LockgateError, SpecError, cannot
 from lockgate.results import ReviewItem, TaskResult, iso
 from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import (
@@ -288,7 +288,11 @@ class Intake:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb") as fh:
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise cannot("read", path, exc) from None
+    with fh:
         for n, raw in enumerate(fh, start=1):
             if raw.strip():
                 yield n, raw

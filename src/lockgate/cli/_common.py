@@ -73,7 +73,10 @@ ReasonOpt = Annotated[str | None, typer.Option(
 FLAGS = {"older_than": "--older-than", "window": "--window", "cron": "--cron",
          "duration": "--duration", "deadline": "--deadline", "target": "--target",
          "weight": "--weight", "status": "--status", "lease": "--lease", "grace": "--grace",
-         "timeout": "--timeout", "processes": "--processes"}
+         "timeout": "--timeout", "processes": "--processes", "since": "--since",
+         "by": "--by", "concurrency": "--concurrency", "claim_batch": "--claim-batch",
+         "lease_s": "--lease", "shutdown_grace_s": "--grace",
+         "error_class": "--error-class"}
 
 
 def fail(exc: BaseException) -> None:
@@ -86,14 +89,18 @@ def fail(exc: BaseException) -> None:
 
 
 def handles_errors(fn: Callable[P, T]) -> Callable[P, T]:
-    """The CLI's one error boundary: a :class:`LockgateError` becomes one clear
-    message and exit code 2 (never a traceback); Ctrl-C ends with exit code 130."""
+    """The CLI's one error boundary: a :class:`LockgateError` (or an ``OSError`` on a
+    path the user gave) becomes one clear message and exit code 2 (never a traceback);
+    Ctrl-C ends with exit code 130."""
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except LockgateError as exc:
             fail(exc)
+        except OSError as exc:  # a file or folder the user named that cannot be used
+            fail(LockgateError(f"cannot use {exc.filename}: {exc.strerror}"
+                               if exc.filename is not None else str(exc)))
         except KeyboardInterrupt:
             console.print("interrupted", markup=False)
             raise typer.Exit(INTERRUPTED) from None

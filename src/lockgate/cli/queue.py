@@ -28,12 +28,14 @@ from rich.progress import (
 from lockgate.app import Lockgate
 from lockgate.cli._common import (
     DURATION_HELP,
+    INTERRUPTED,
     ConfigOpt,
     DbOpt,
     JsonOpt,
     app,
     command,
     console,
+    fail,
     opened,
     opened_for_change,
     out,
@@ -45,7 +47,8 @@ from lockgate.cli._common import (
 from lockgate.cli.circuit import circuit_table
 from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
-from lockgate.errors import LockgateError
+from lockgate.durations import parse_duration
+from lockgate.errors import LockgateError, SpecError, cannot
 from lockgate.files import REVIEW_WRITERS, WRITERS, Format
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
@@ -58,7 +61,9 @@ InputFormatOpt = Annotated[str, typer.Option(
     "--input-format", metavar="FORMAT",
     help="the file's format: tasks (lockgate's JSONL) or openai-batch")]
 BatchNameOpt = Annotated[str | None, typer.Option(
-    "--batch", metavar="ID", help="batch id [default: the file's name without extension]")]
+    "--batch", metavar="ID",
+    help="batch id of every task, over any batch_id the lines give [default: each "
+         "line's batch_id, else the file's name without extension]")]
 SkipOpt = Annotated[bool, typer.Option(
     "--skip-invalid", help="submit the good lines and write the bad ones to a rejects file "
                            "(--rejects) instead of refusing the whole file")]
@@ -98,6 +103,7 @@ def processes_from(value: str) -> int:
                         f"auto (one per core), not {value!r}")
 
 INPUT_FORMATS = ("tasks", "openai-batch")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _progress(auto_refresh: bool = True) -> Progress:
@@ -138,8 +144,13 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
                                 progress=lambda n: prog.advance(bar, n), plan=plan,
                                 stream=stream,
                                 on_bad_line="cancel" if on_bad_line == "cancel" else "keep")
-    console.print(f"batch {report.batch_id}: {report.inserted:,} submitted, "
-                  f"{report.duplicates:,} already present (skipped)", markup=False)
+    names = report.batches or (report.batch_id,)
+    console.print(f"{'batch' if len(names) == 1 else 'batches'} {', '.join(names)}: "
+                  f"{report.inserted:,} submitted, {report.duplicates:,} already present "
+                  "(skipped)", markup=False)
+    if report.moved:
+        console.print(f"{report.moved:,} line(s) named another batch (batch_id); --batch "
+                      f"{report.batch_id} took them", markup=False)
     if report.elsewhere:
         where = ", ".join(f"{n:,} in batch '{b}'" for b, n in sorted(report.elsewhere.items()))
         console.print(f"{sum(report.elsewhere.values()):,} task id(s) already belong to "
@@ -228,11 +239,21 @@ def _check_endpoints(settings: Settings, pool: str | None, *, refuse: bool) -> N
         raise LockgateError(
             f"{'every endpoint is' if len(bad) > 1 else 'the only endpoint is'} "
             f"unreachable, so no task could run: {what}. Start the provider (the "
-            "simulator: lockgate simulate) or fix base_url in the config file (--config), "
-            "then run again; nothing was submitted")
+            f"simulator: lockgate simulate) or {_where_base_url(settings)}, then run "
+            "again; nothing was submitted")
     for u in bad:
         console.print(f"WARNING: {u.describe()}; its tasks wait until it answers",
                       markup=False)
+
+
+def _where_base_url(settings: Settings) -> str:
+    """Where the unreachable endpoints' URL came from, to be fixed there."""
+    if settings.endpoint:
+        return "fix base_url in the config file (--config)"
+    if os.environ.get("LOCKGATE_BASE_URL"):
+        return "fix $LOCKGATE_BASE_URL (the endpoint's URL comes from it)"
+    return ("set $LOCKGATE_BASE_URL, or add an [[endpoint]] to the config file (--config): "
+            "without either, lockgate calls the simulator's default address")
 
 
 class _ConsoleLog(logging.Handler):
@@ -255,12 +276,15 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
            log_level: Annotated[str, typer.Option(
                help="logging level: DEBUG, INFO, WARNING, ERROR")] = "WARNING") -> None:
     """Work tasks until SIGTERM/Ctrl-C. Run any number, on any number of machines."""
+    if log_level.upper() not in LOG_LEVELS:
+        raise LockgateError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not "
+                            f"{log_level!r}")
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = _overrides(concurrency, claim_batch, lease, grace, pool)
     procs = processes_from(processes)
     with opened(db, config, create=True) as lg:
-        ws = lg.settings.worker.model_copy(update=overrides)
+        ws = lg.settings.worker.with_changes(**overrides)  # refuses a flag out of range
         console.print(f"{procs} worker process(es) on {redact_url(lg.store.url)}: "
                       f"concurrency {ws.concurrency} each, lease {ws.lease_s:g}s"
                       if procs > 1 else
@@ -343,21 +367,30 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         skip_invalid: SkipOpt = False, rejects: RejectsOpt = None,
         concurrency: ConcOpt = None, claim_batch: ClaimOpt = None, lease: LeaseOpt = None,
         processes: ProcOpt = "1") -> None:
-    """Submit FILE and work until every task is finished (one machine), with progress."""
+    """Submit FILE and work until every task is finished (one machine), with progress.
+    Stopped before (Ctrl-C, SIGTERM), it exits with code 130: run it again to finish."""
     procs = processes_from(processes)
     handler = _ConsoleLog(logging.WARNING)
     logging.getLogger("lockgate").addHandler(handler)
     logging.getLogger("lockgate").setLevel(logging.WARNING)
+    overrides = _overrides(concurrency, claim_batch, lease)
     with opened(db, config, create=True) as lg:
+        lg.settings.worker.with_changes(**overrides)  # a flag out of range: nothing submitted
         _check_endpoints(lg.settings, None, refuse=True)
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects)
         # The tasks' own batches, when their lines name them (the submit's own batch is
         # then left empty, and not kept).
         batches = [b for b in report.batches or (report.batch_id,)
                    if sum(lg.store.batch_counts(b).values())] or [report.batch_id]
-        elapsed = run_batch(lg, batches, procs, **_overrides(concurrency, claim_batch, lease))
+        elapsed = run_batch(lg, batches, procs, **overrides)
         for b in batches:
             out.print(summary_table(lg.store.summary(b, elapsed)))
+        # A burst worker stops with tasks PENDING only when told to (Ctrl-C, SIGTERM).
+        left = _counts(lg, batches).get("PENDING", 0)
+    if left:
+        console.print(f"interrupted: {left:,} task(s) not finished; run the same command "
+                      "again to finish them (tasks already done are skipped)", markup=False)
+        raise typer.Exit(INTERRUPTED)
 
 
 @command(app)
@@ -485,7 +518,10 @@ def export(batch: Annotated[str | None, typer.Argument(
     with opened(db, config) as lg:
         # NotFound for a batch never submitted, before any output
         rows: Any = lg.review(batch) if review else lg.results(batch)
-        fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+        try:
+            fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+        except OSError as exc:
+            raise cannot("write", output, exc) from None
         try:
             n = writers[fmt](rows, fh)
         finally:
@@ -527,4 +563,37 @@ def simulate(ctx: typer.Context) -> None:
     """Run the built-in OpenAI-compatible simulator (`lockgate simulate --help` for flags)."""
     from lockgate.simulator.cli import main as simulator_main  # only this command needs it
 
-    raise typer.Exit(simulator_main(list(ctx.args), prog="lockgate simulate"))
+    try:
+        args = _simulator_args(list(ctx.args))
+    except LockgateError as exc:
+        fail(exc)
+    raise typer.Exit(simulator_main(args, prog="lockgate simulate"))
+
+
+#: The simulator's flags in seconds: `lockgate simulate` reads them in the duration
+#: grammar (the simulator itself, standalone, takes plain seconds).
+SIMULATOR_DURATIONS = ("--window-s", "--hang-s", "--enforce-s")
+
+
+def _simulator_args(args: list[str]) -> list[str]:
+    """``args`` with each duration flag's value in plain seconds (``1m`` -> ``60``)."""
+    out: list[str] = []
+    flag: str | None = None
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if flag is not None:
+            out.append(_plain_seconds(flag, arg))
+            flag = None
+        elif name in SIMULATOR_DURATIONS and eq:
+            out.append(f"{name}={_plain_seconds(name, value)}")
+        else:
+            out.append(arg)
+            flag = arg if arg in SIMULATOR_DURATIONS else None
+    return out
+
+
+def _plain_seconds(flag: str, value: str) -> str:
+    try:
+        return repr(parse_duration(value, allow_zero=flag == "--hang-s"))
+    except SpecError as exc:
+        raise LockgateError(f"{flag}: {exc.reason}") from None

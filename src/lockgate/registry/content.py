@@ -18,7 +18,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from lockgate.errors import SpecError
 from lockgate.runtime import check_delivery_rule, placeholders
-from lockgate.spec import DeliveryRule, Message, ModelConfig, config_hash, registry_reference
+from lockgate.spec import (
+    DeliveryRule,
+    Message,
+    ModelConfig,
+    check_model_keys,
+    config_hash,
+    registry_reference,
+)
 from lockgate.store.registry import VersionContent
 
 _TEMPLATE = TypeAdapter(str | tuple[Message, ...])
@@ -56,6 +63,7 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
         title = exc.title
         raise spec_error_at(exc, "model_config" if title == "ModelConfig"
                           else "delivery_rule") from None
+    check_model_keys(model)  # a misspelt key, as a task line's is refused
     check_delivery_rule(rule, model_modules=model_modules)
     doc_template: Any = tpl if isinstance(tpl, str) else [m.model_dump() for m in tpl]
     doc = {"template": doc_template,

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from lockgate.errors import SpecError
+from lockgate.errors import SpecError, cannot
 from lockgate.spec import canonical_json
 from lockgate.store.registry import DatasetItem
 
@@ -94,27 +94,46 @@ def read_csv(path: Path, *, expected_column: str | None = None,
              id_column: str = "id") -> Iterator[DatasetItem]:
     """Items of a CSV file with a header row."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        header = list(reader.fieldnames or [])
-        fields = [h for h in header if h.startswith("expected.")]
-        column = expected_column or next((c for c in ("expected", "label") if c in header),
-                                         None)
-        if column is not None and column not in header:
-            raise SpecError(f"no column '{column}' in {path} (columns: {header})")
-        if column is None and not fields:
-            raise SpecError(f"{path} needs an 'expected' or 'label' column, or "
-                            "'expected.FIELD' columns")
-        skip = {column, id_column, *fields}
-        for n, row in enumerate(reader, start=2):
-            if column is not None:
-                expected: Any = _cell(row[column])
-            else:
-                expected = {f.split(".", 1)[1]: _cell(row[f]) for f in fields}
-            inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
-            if not inputs:
-                raise SpecError("no input columns", line=n)
-            key = _key(row[id_column], n) if row.get(id_column) else _default_id(inputs)
-            yield DatasetItem(key, inputs, expected)
+        reader = csv.DictReader(fh, strict=True)  # strict: an unterminated quote is refused
+        read = [1]  # the lines read by the last whole row (the header: 1)
+        try:
+            yield from _csv_items(path, reader, expected_column, id_column, read)
+        except csv.Error as exc:
+            raise SpecError(f"not valid CSV ({exc}): a quoted field must end with a "
+                            "closing quote", line=read[0] + 1) from None
+
+
+def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | None,
+               id_column: str, read: list[int]) -> Iterator[DatasetItem]:
+    header = list(reader.fieldnames or [])
+    fields = [h for h in header if h.startswith("expected.")]
+    column = expected_column or next((c for c in ("expected", "label") if c in header),
+                                     None)
+    if column is not None and column not in header:
+        raise SpecError(f"no column '{column}' in {path} (columns: {header})")
+    if column is None and not fields:
+        raise SpecError(f"{path} needs an 'expected' or 'label' column, or "
+                        "'expected.FIELD' columns")
+    skip = {column, id_column, *fields}
+    for row in reader:
+        n, read[0] = read[0] + 1, reader.line_num
+        extra = row.get(None)  # the values past the header (DictReader's restkey)
+        if extra:
+            raise SpecError(f"{len(header) + len(extra)} fields, the header has "
+                            f"{len(header)}", line=n)
+        missing = [k for k, v in row.items() if v is None]
+        if missing:
+            raise SpecError(f"{len(header) - len(missing)} field(s), the header has "
+                            f"{len(header)} (no {', '.join(missing)})", line=n)
+        if column is not None:
+            expected: Any = _cell(row[column])
+        else:
+            expected = {f.split(".", 1)[1]: _cell(row[f]) for f in fields}
+        inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
+        if not inputs:
+            raise SpecError("no input columns", line=n)
+        key = _key(row[id_column], n) if row.get(id_column) else _default_id(inputs)
+        yield DatasetItem(key, inputs, expected)
 
 
 def read_items(path: str | Path, *, expected_column: str | None = None) -> list[DatasetItem]:
@@ -122,6 +141,9 @@ def read_items(path: str | Path, *, expected_column: str | None = None) -> list[
     p = Path(path)
     if not p.exists():
         raise SpecError(f"file {p} does not exist")
-    if p.suffix.lower() == ".csv":
-        return list(read_csv(p, expected_column=expected_column))
-    return list(read_jsonl(p))
+    try:
+        if p.suffix.lower() == ".csv":
+            return list(read_csv(p, expected_column=expected_column))
+        return list(read_jsonl(p))
+    except OSError as exc:
+        raise cannot("read", p, exc) from None

@@ -171,6 +171,9 @@ class SubmitReport:
     #: The batches the submitted tasks were written to: this one, then those the tasks
     #: named themselves (``batch_id`` on a line), in the order met (at most 64).
     batches: tuple[str, ...] = ()
+    #: Tasks whose line named another batch, written to this one because the submit
+    #: named it (``--batch``): a batch named by the caller wins over the lines'.
+    moved: int = 0
 
 
 class Store(TaskViews):
