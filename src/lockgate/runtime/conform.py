@@ -283,8 +283,8 @@ def _to_bool(value: Any) -> tuple[bool, Any]:
 def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = value.strip()
-        if not text:
-            return False, value  # nothing said: not a one-element list
+        if not text or text.lower() in _NULL:
+            return False, value  # nothing said ("", "N/A"): not a one-element list
         if text.startswith("["):
             try:
                 parsed = orjson.loads(text)
@@ -297,7 +297,26 @@ def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
             return True, [p for p in _LIST_SPLIT_RE.split(text) if p]
     if value is None or isinstance(value, list):
         return False, value
+    items = node.items
+    if items is not None and items.types and _json_type(value) not in items.types \
+            and not (isinstance(value, int) and not isinstance(value, bool)
+                     and "number" in items.types):
+        # A lone value of another type than the items ("tags": false, "tags": 3): a
+        # one-element list of it would be a value the model never gave.
+        return False, value
     return True, [value]
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object" if isinstance(value, dict) else "array"
 
 
 #: What may end a one-word answer as a sentence (after NFKC: ASCII forms).
@@ -324,7 +343,8 @@ def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> 
             num_ok, num = _to_number(value)
             matches = [m for m in enum if num_ok and not isinstance(m, bool | str) and m == num]
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        text = orjson.dumps(value).decode()
+        # str() for an int of any size (orjson writes 64 bits and raised on more)
+        text = str(value) if isinstance(value, int) else orjson.dumps(value).decode()
         matches = [m for m in enum if isinstance(m, str) and m.strip() == text]
     else:
         matches = []

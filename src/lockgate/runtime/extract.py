@@ -30,9 +30,14 @@ _JSON_LANGS = frozenset({"", "json", "jsonc", "json5", "javascript", "js"})
 def fenced_blocks(text: str) -> list[str]:
     """Bodies of Markdown code fences that may hold JSON (that begin with a bracket),
     in order."""
+    return [body for _start, _end, body in fenced_spans(text)]
+
+
+def fenced_spans(text: str) -> list[tuple[int, int, str]]:
+    """:func:`fenced_blocks` with where each fence starts and ends in ``text``."""
     if "```" not in text:
         return []
-    return [m.group(2) for m in _FENCE.finditer(text)
+    return [(m.start(), m.end(), m.group(2)) for m in _FENCE.finditer(text)
             if m.group(1).lower() in _JSON_LANGS and m.group(2).lstrip()[:1] in ("{", "[")]
 
 

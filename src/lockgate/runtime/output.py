@@ -5,8 +5,9 @@ usable output:
 
 1. **strict** - ``orjson.loads`` of the whole reply. A reply that is valid and already
    conforms returns here (the fast path: no further work).
-2. **find** - reasoning (``<think>`` blocks, a block cut off at the end, a headless
-   one) is set aside and never searched; full-width punctuation and
+2. **find** - reasoning (``<think>`` blocks and the other forms models write, a block
+   cut off at the end, a headless one) is set aside and never searched; an answer
+   container (``<answer>``, ``<final>`` ...) is read first; full-width punctuation and
    curly quotes are turned to ASCII where they stand as JSON syntax, never inside
    values (:func:`.scan.ascii_syntax`); then the bodies of Markdown code fences, else
    every top-level object in the text, in the order written (:func:`.scan.regions`).

@@ -14,7 +14,7 @@ from typing import Any, overload
 import orjson
 
 from lockgate.runtime.conform import Fixes
-from lockgate.runtime.extract import fenced_blocks, lenient_json, python_literal, repair
+from lockgate.runtime.extract import fenced_spans, lenient_json, python_literal, repair
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -54,6 +54,8 @@ def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
         return unusable(ParseStatus.INVALID_JSON, plan,
                         f"the output is not JSON as a whole and too long to search "
                         f"({len(text)} characters; the limit is {MAX_SEARCH})")
+    if "stripped:think" not in fixes.applied and _OTHER_REASONING.search(text) is not None:
+        text = _as_think_tags(text)
     if _REASONING_TAG.search(text) is not None and "stripped:think" not in fixes.applied:
         # Reasoning models put their scratch work first; it may hold drafts of the
         # answer, which are never the answer.
@@ -111,26 +113,98 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
 
 def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
                  first_strict: bool = False) -> Parsed | None:
-    """Fences, then the whole text. ``first_strict``: only a usable first object that
-    is strict JSON and that no full-width bracket precedes, else None."""
+    """An answer container, then fences, then the whole text. ``first_strict``: only a
+    usable first object that is strict JSON and that no full-width bracket precedes,
+    else None."""
     start_at = ANY_START if plan.expect == "array" else OBJECT_START
-    for block in fenced_blocks(text):
+    if not first_strict and "extracted:answer" not in fixes.applied:
+        for m in _ANSWER_TAG.finditer(text):
+            inner = fixes.copy()
+            inner.repair("extracted:answer")
+            found = _search_text(m.group(2) if m.group(1) else m.group(4), plan, inner)
+            if found.usable:
+                return found
+    picks: list[Pick] = []
+    for start, end, block in fenced_spans(text):
         inner = fixes.copy()
         inner.repair("extracted:fence")
         if first_strict:
-            return _first_strict(block, plan, inner, start_at)
+            return None if _cued(text, start, end) else \
+                _first_strict(block, plan, inner, start_at)
         found = _search_regions(block, plan, inner, start_at)
         if found.usable:
-            return found
+            picks.append((start, end, found))
+            if not _more_wanted(text, picks):
+                break
+    if picks:
+        return _chosen(text, picks)
     if first_strict:
         return _first_strict(text, plan, fixes, start_at)
     return _search_regions(text, plan, fixes, start_at)
 
 
+#: A usable candidate, and where it stands in the text searched.
+Pick = tuple[int, int, Parsed]
+#: Words that introduce a value as not the answer (an example of the format, a draft),
+#: and words that introduce a later one as the answer (a correction, the final one).
+_NOT_THE_ANSWER = re.compile(
+    r"(?i)\b(?:examples?|e\.g\.|for instance|such as|draft|template|sample|placeholder"
+    r"|(?:output|response|answer|expected) format(?: is| would be| looks like)?"
+    r"|formatted like)\b|例如|示例|样例|格式为|草稿")
+_THE_ANSWER = re.compile(
+    r"(?i)\b(?:final(?:ly)?|correct(?:ed|ion)|actually|revised|on second thought"
+    r"|in conclusion|my answer|the answer is|the correct (?:answer|output|result|label|json)"
+    r"|I (?:pick|choose|select|go with))\b|最终|更正|修正|正确(?:的)?(?:答案|输出|结果)|实际上"
+    r"|结论")
+#: How far before a value its introduction is looked for (characters).
+_INTRO = 160
+_MAX_PICKS = 8
+
+
+def _intro(text: str, picks: list[Pick], i: int) -> tuple[int, int]:
+    """The stretch of text that introduces pick ``i``: after the pick before it, at
+    most :data:`_INTRO` characters."""
+    start = picks[i][0]
+    return max(picks[i - 1][1] if i else 0, start - _INTRO), start
+
+
+def _more_wanted(text: str, picks: list[Pick]) -> bool:
+    """Whether to look past the usable values found so far: the first was introduced
+    as an example or a draft, or words after the last introduce another as the answer.
+    Otherwise the first usable value is the answer (a later one never replaces it)."""
+    if len(picks) >= _MAX_PICKS:
+        return False
+    if _NOT_THE_ANSWER.search(text, *_intro(text, picks, 0)) is not None:
+        return True
+    return _THE_ANSWER.search(text, picks[-1][1]) is not None
+
+
+def _cued(text: str, start: int, end: int) -> bool:
+    """Whether words around the value at ``start``-``end`` may make another the answer
+    (see :func:`_more_wanted`)."""
+    return _NOT_THE_ANSWER.search(text, max(0, start - _INTRO), start) is not None \
+        or _THE_ANSWER.search(text, end) is not None
+
+
+def _chosen(text: str, picks: list[Pick]) -> Parsed:
+    """The answer among usable values: the values introduced as examples or drafts are
+    left out (unless that leaves none), then the last one introduced as a correction or
+    the final answer, else the first."""
+    kept = [i for i in range(len(picks))
+            if _NOT_THE_ANSWER.search(text, *_intro(text, picks, i)) is None] \
+        or list(range(len(picks)))
+    chosen = kept[0]
+    for i in kept[1:]:
+        if _THE_ANSWER.search(text, *_intro(text, picks, i)) is not None:
+            chosen = i
+    return picks[chosen][2]
+
+
 def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
                   start_at: re.Pattern[str]) -> Parsed | None:
     found = regions(text, start_at, limit=1)
-    if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start):
+    if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start) \
+            or _cued(text, found[0].start, found[0].end):
         return None
     for value, labels, repaired, _ in _candidates(text, found[0], plan):
         inner = fixes.copy()
@@ -147,6 +221,7 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
     if not found:
         return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
     failures: list[Parsed] = []
+    picks: list[Pick] = []
     for region in found:
         for value, labels, repaired, cut in _candidates(text, region, plan):
             inner = fixes.copy()
@@ -154,8 +229,14 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                 inner.repair(label)
             parsed = finish(value, plan, inner, repaired=repaired, cut=cut)
             if parsed.usable:
-                return parsed
+                picks.append((region.start, region.end if region.closed else len(text),
+                              parsed))
+                break
             failures.append(parsed)
+        if picks and not _more_wanted(text, picks):
+            break
+    if picks:
+        return _chosen(text, picks)
     if not failures:
         if not found[-1].closed:
             return unusable(ParseStatus.INVALID_JSON, plan,
@@ -243,13 +324,48 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
             yield value, (*labels, "repaired:json"), True, cut
 
 
+#: The tags that hold the answer itself (searched first, in order).
+_ANSWER_TAG = re.compile(r"(?is)<(answer|final_answer|final|output|result)>(.*?)</\1>"
+                         r"|<\|begin_of_solution\|>()(.*?)<\|end_of_solution\|>")
 #: The tags reasoning models wrap their scratch work in.
-_REASONING_TAG = re.compile(r"(?i)</?(?:think|thinking|reasoning)>")
-_CLOSE_TAG = re.compile(r"(?i)</(?:think|thinking|reasoning)>")
+_TAGS = r"think|thinking|thought|thoughts|reasoning|scratchpad|analysis|seed:think"
+_REASONING_TAG = re.compile(rf"(?i)</?(?:{_TAGS})>")
+_CLOSE_TAG = re.compile(rf"(?i)</(?:{_TAGS})>")
 #: A reasoning block that opens a line (or follows another): closed, or cut off at the
 #: end of the output.
 _THINK_BLOCK = re.compile(
-    r"(?im)(?:^|(?<=>))[ \t]*<(think|thinking|reasoning)>(?s:.*?)(?:</\1>|\Z)")
+    rf"(?im)(?:^|(?<=>))[ \t]*<({_TAGS})>(?s:.*?)(?:</\1>|\Z)")
+#: Reasoning marked otherwise than by a tag, each read as ``<think>...</think>``:
+#: Kimi's ``◁think▷``, Magistral's ``[THINK]``, ``<|begin_of_thought|>``, the
+#: analysis channel of gpt-oss's harmony format left unparsed (and its other tokens),
+#: and Ollama's ``Thinking...`` / ``...done thinking.`` lines.
+_OTHER_REASONING = re.compile(
+    r"◁/?think▷|\[/?THINK\]|<\|(?:begin|end)_of_thought\|>|<\|channel\|>"
+    r"|(?m:^[ \t]*(?:Thinking\.\.\.|\.\.\.done thinking\.)[ \t]*$)")
+_HARMONY_ANALYSIS = re.compile(
+    r"(?s)<\|channel\|>\s*(?:analysis|commentary)\b[^<]*<\|message\|>(.*?)"
+    r"(?:<\|end\|>|(?=<\|start\|>)|\Z)")
+_HARMONY_TOKENS = re.compile(
+    r"<\|start\|>\s*assistant|<\|channel\|>\s*final\b[^<]*<\|message\|>|<\|(?:return|end|call)\|>")
+#: A block in one of the bracketed forms: its opener begins a line, and it is closed.
+_MARKED_BLOCK = re.compile(
+    r"(?m)^[ \t]*(?:◁think▷(?s:(.*?))◁/think▷|\[THINK\](?s:(.*?))\[/THINK\]"
+    r"|<\|begin_of_thought\|>(?s:(.*?))<\|end_of_thought\|>)")
+_OLLAMA = re.compile(r"(?m)^[ \t]*Thinking\.\.\.[ \t]*\n(?s:(.*?))"
+                     r"^[ \t]*\.\.\.done thinking\.[ \t]*$")
+
+
+def _as_think_tags(text: str) -> str:
+    """``text`` with the reasoning markers of :data:`_OTHER_REASONING` as ``<think>``
+    tags, and the harmony format's other tokens removed."""
+    text = _MARKED_BLOCK.sub(
+        lambda m: f"<think>{next(g for g in m.groups() if g is not None)}</think>", text)
+    if "<|channel|>" in text:
+        text = _HARMONY_ANALYSIS.sub(lambda m: f"<think>{m.group(1)}</think>\n", text)
+        text = _HARMONY_TOKENS.sub("\n", text)
+    if "done thinking." in text:
+        text = _OLLAMA.sub(lambda m: f"<think>{m.group(1)}</think>", text)
+    return text
 
 
 def _set_aside_reasoning(text: str) -> tuple[str, bool] | None:
