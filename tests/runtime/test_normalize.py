@@ -82,3 +82,10 @@ def test_normalised_text_has_no_format_characters(text: str) -> None:
 def test_nothing_to_do_returns_same_text(text: str) -> None:
     assert normalize_text(text, DEFAULT) == text
     assert strip_invisible(text) == text
+
+
+def test_a_mark_parted_from_its_letter_by_an_invisible_character_composes_once() -> None:
+    # NFKC ran before the zero-width space went: normalising the result again composed
+    # "N" and the grave accent, so the normalisation was not idempotent.
+    out = normalize_text("N\u200b\u0300", DEFAULT)
+    assert out == "\u01f8" and normalize_text(out, DEFAULT) == out

@@ -149,3 +149,18 @@ def test_a_lone_item_of_the_item_type_is_still_a_list_of_one() -> None:
 def test_an_integer_beyond_64_bits_against_an_enum_is_no_internal_error() -> None:
     p = parse_output("{'label': 123456789012345678901234567890}", LABEL)
     assert not p.usable and "internal error" not in (p.error or "")
+
+
+@pytest.mark.parametrize(("raw", "want"), [
+    ('```json\n{\n  "answer": "no", // the user did not ask for a refund\n'
+     '  "reason": "only thanks" // short\n}\n```', {"answer": "no", "reason": "only thanks"}),
+    ('{"reason": "asks for money back", // evidence\n  "answer": "yes" // decision\n}',
+     {"answer": "yes", "reason": "asks for money back"}),
+    ('{\n  "answer": "yes" // clear request\n}', {"answer": "yes"}),
+    ('{"answer": "no" /* final */}', {"answer": "no"}),
+])
+def test_a_comment_after_a_string_is_no_cut_off(raw: str, want: dict[str, Any]) -> None:
+    # The scan took the closing quote before a comment for text inside the string, so a
+    # reply that had finished counted as cut off: fields dropped, `truncated` set.
+    p = parse_output(raw, YESNO)
+    assert p.usable and p.value == want and not p.truncated, (p.status, p.value, p.fixes)

@@ -201,10 +201,15 @@ def normalize_text(text: str, rule: InputRule) -> str:
         return strip_invisible(text) if rule.strip_invisible else text
     if not _has_suspects(text):
         return text
+    before = text
     if rule.emoji != "keep":
         text = replace_emoji(text, tag=rule.emoji == "tag")
     if rule.strip_invisible:
         text = strip_invisible(text, keep_joiners=rule.emoji == "keep")
+    if rule.nfkc and text != before and not unicodedata.is_normalized("NFKC", text):
+        # What stood between a letter and its combining mark is gone ("N\u200b\u0300"):
+        # they compose now, so normalising the result again changes nothing.
+        text = unicodedata.normalize("NFKC", text)
     return text
 
 

@@ -32,11 +32,13 @@ import orjson
 NOT_READ: Any = object()
 
 #: After a closing quote: what may follow the end of a JSON string (full-width forms
-#: included, for :func:`ascii_syntax`). A comma must be followed by something that can
-#: start a key or a value, else the quote is taken as part of the text.
+#: included, for :func:`ascii_syntax`), a ``//`` or ``/*`` comment included (the lenient
+#: reading takes those out). A comma must be followed by something that can start a key
+#: or a value (or a comment), else the quote is taken as part of the text.
 _CLOSES = re.compile(
-    r"""[ \t\u3000]*+(?:[\r\n]|[:：}｝\]］]|\Z|[,，]\s*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]|\Z
-        |(?:true|false|null|True|False|None)\b|[^\W\d][\w.\- ]{0,40}?["”’]?[ \t]*[:：]))""",
+    r"""[ \t\u3000]*+(?:[\r\n]|[:：}｝\]］]|\Z|//|/\*|[,，]\s*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]
+        |\Z|//|/\*|(?:true|false|null|True|False|None)\b
+        |[^\W\d][\w.\- ]{0,40}?["”’]?[ \t]*[:：]))""",
     re.X)
 _DQ = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
 _SQ = re.compile(r"[^'\\]*+(?:\\.[^'\\]*+)*+'", re.S)
