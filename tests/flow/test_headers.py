@@ -129,6 +129,10 @@ DATE = "Sun, 06 Dec 2026 10:00:00 GMT"
      {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": "40",
       "x-ratelimit-reset-requests": "1000ms", "x-ratelimit-limit-tokens": "9000",
       "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "2000ms"}),
+    # the older triple whose limit names its window
+    ({"ratelimit-limit": "50, 50;w=1", "ratelimit-remaining": "3", "ratelimit-reset": "1"},
+     {"x-ratelimit-limit-requests": "3000", "x-ratelimit-remaining-requests": "3",
+      "x-ratelimit-reset-requests": "1000ms"}),
     # the older triple, and a limit without its window: remaining and reset only
     ({"ratelimit-limit": "100", "ratelimit-remaining": "0", "ratelimit-reset": "7"},
      {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "7000ms"}),

@@ -110,10 +110,11 @@ def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
     * the IETF fields: ``RateLimit: limit=100, remaining=5, reset=30`` (drafts 6-7) or
       ``RateLimit: "day";r=5;t=30`` with ``RateLimit-Policy: "day";q=100;w=60``
       (draft 8 on; of several policies the one with the fewest remaining, a policy
-      whose name says ``token`` counting tokens), and the older ``RateLimit-Limit`` /
-      ``-Remaining`` / ``-Reset`` (seconds). Otherwise they count requests. A limit is
-      taken only with its window (a policy's ``w``): a per-minute figure is
-      ``q * 60 / w``; without one, only remaining and reset are;
+      whose name says ``token`` counting tokens), and the older ``RateLimit-Limit``
+      (``100`` or ``100, 100;w=60``) / ``-Remaining`` / ``-Reset`` (seconds).
+      Otherwise they count requests. A limit is taken only with its window (a
+      policy's ``w``): a per-minute figure is ``q * 60 / w``; without one, only
+      remaining and reset are;
     * Anthropic's ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``,
       per minute, the reset an RFC 3339 time (counted from the response's ``Date``).
 
@@ -157,8 +158,13 @@ def _ietf(headers: Mapping[str, str], out: dict[str, str]) -> None:
         q = p.get("q") or (name if parse_count(name) is not None else None)
         windows.setdefault(name, (q, p.get("w")))
     first_window = next(iter(windows.values()), (None, None))[1]
-    if field is None:  # the older triple
-        _put(out, "requests", headers.get("ratelimit-limit"), first_window,
+    if field is None:  # the older triple; its limit may name its window ("10, 10;w=1")
+        limit = headers.get("ratelimit-limit")
+        if limit is not None and "w=" in limit:
+            quota, _sep, policy = limit.partition(",")
+            first_window = _params(policy)[1].get("w") or first_window
+            limit = quota
+        _put(out, "requests", limit, first_window,
              headers.get("ratelimit-remaining"), headers.get("ratelimit-reset"))
     elif "remaining=" in field.lower() or "limit=" in field.lower():  # drafts 6-7
         _name, p = _params(field)
