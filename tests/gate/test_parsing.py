@@ -18,6 +18,7 @@ from lockgate.gate.binding import (
     settings_from,
 )
 from lockgate.gate.compare import Comparator, load_scorer
+from lockgate.gate.metrics import Sample, compute
 from lockgate.registry.content import diff, make_content, read_json_option, read_template
 from lockgate.registry.datasets import read_items
 from lockgate.registry.refs import PromptRef, check_label, parse_ref
@@ -59,6 +60,26 @@ def test_exact_label_and_fields_comparisons() -> None:
     assert not fields({"category": "refund", "emotion": 3},
                       {"category": "refund", "emotion": "3"}).match
     assert not fields("refund", {"category": "refund"}).match
+
+
+@pytest.mark.parametrize(("expected", "actual"), [
+    ({"ok": True}, {"ok": 1}), ({"ok": False}, {"ok": 0}), (True, 1), ([0, 1], [False, True]),
+    ({"a": {"b": [True]}}, {"a": {"b": [1.0]}}),
+])
+def test_a_boolean_is_never_a_number(expected: Any, actual: Any) -> None:
+    # Python's == took true for 1: an answer of 1 where true was expected scored a match.
+    for kind in ("exact", "label"):
+        spec = Comparison(kind="label", field="ok") if kind == "label" else Comparison()
+        got = actual if kind == "exact" else {"ok": actual}
+        assert not Comparator(spec)(expected, got).match
+    assert Comparator(Comparison())({"n": 1}, {"n": 1.0}).match  # one JSON number
+
+
+def test_a_boolean_positive_label_counts_booleans_only() -> None:
+    samples = [Sample("MATCH", predicted=True, truth=True),
+               Sample("MISMATCH", predicted=1, truth=False)]
+    m = compute(samples, positive=True)
+    assert (m["counts"]["tp"], m["counts"]["fp"]) == (1, 0)
 
 
 def test_scorers_are_imported_by_path_and_must_return_bool_or_number() -> None:

@@ -42,6 +42,18 @@ def _norm(value: Any, ignore_case: bool) -> Any:
     return value.casefold() if ignore_case and isinstance(value, str) else value
 
 
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: as Python's ``==`` (``1 == 1.0``), except that a boolean is never
+    a number (``true`` is not ``1``, ``false`` not ``0``), at any depth."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def _get(value: Any, field: str) -> Any:
     return value.get(field) if isinstance(value, dict) else None
 
@@ -68,10 +80,10 @@ class Comparator:
             assert s.field is not None
             truth = self.truth(expected)
             predicted = _get(actual, s.field) if isinstance(actual, dict) else actual
-            return Scored(_norm(predicted, ic) == _norm(truth, ic), predicted, truth)
+            return Scored(same(_norm(predicted, ic), _norm(truth, ic)), predicted, truth)
         if s.kind == "fields":
             ok = isinstance(expected, dict) and isinstance(actual, dict) and all(
-                _norm(actual.get(f), ic) == _norm(expected.get(f), ic) for f in s.fields)
+                same(_norm(actual.get(f), ic), _norm(expected.get(f), ic)) for f in s.fields)
             return Scored(ok)
         if s.kind == "scorer":
             assert self._scorer is not None
@@ -82,4 +94,4 @@ class Comparator:
                 return Scored(float(result) >= 0.5)
             raise TypeError(f"scorer {s.scorer} returned {type(result).__name__}; "
                             "return a bool or a number")
-        return Scored(_norm(actual, ic) == _norm(expected, ic))
+        return Scored(same(_norm(actual, ic), _norm(expected, ic)))

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
+from lockgate.gate.compare import same
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -85,8 +87,8 @@ def compute(samples: Sequence[Sample], *, positive: Any = None,
     if positive is not None:
         tp = fp = fn = 0
         for s in samples:
-            pred = s.verdict != "ERROR" and s.predicted == positive
-            true = s.truth == positive
+            pred = s.verdict != "ERROR" and same(s.predicted, positive)
+            true = same(s.truth, positive)
             tp += pred and true
             fp += pred and not true
             fn += true and not pred
