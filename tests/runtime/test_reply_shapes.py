@@ -164,3 +164,9 @@ def test_a_comment_after_a_string_is_no_cut_off(raw: str, want: dict[str, Any]) 
     # reply that had finished counted as cut off: fields dropped, `truncated` set.
     p = parse_output(raw, YESNO)
     assert p.usable and p.value == want and not p.truncated, (p.status, p.value, p.fixes)
+
+
+def test_an_answer_after_many_brace_groups_is_found() -> None:
+    # 80 brace groups of LaTeX first: only the first 64 regions were tried.
+    working = " + ".join(f"\\frac{{{i}}}{{{i + 1}}}" for i in range(40))
+    assert _value(f"Let x = {working}. So the answer: {json.dumps(POS)}") == POS

@@ -108,11 +108,11 @@ def _string_end(text: str, start: int) -> int | None:
             return pos
 
 
-def regions(text: str, start_at: re.Pattern[str], limit: int = 64) -> list[Region]:
-    """The top-level regions of ``text`` in order (at most ``limit``); only the last
-    one can be cut."""
+def regions(text: str, start_at: re.Pattern[str], limit: int = 64, *,
+            pos: int = 0) -> list[Region]:
+    """The top-level regions of ``text`` from ``pos`` in order (at most ``limit``);
+    only the last one can be cut."""
     out: list[Region] = []
-    pos = 0
     while len(out) < limit:
         m = start_at.search(text, pos)
         if m is None:

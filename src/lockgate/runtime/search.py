@@ -37,6 +37,11 @@ MAX_REPAIR = 128 << 10
 #: An object at the start of a line (after text without JSON syntax, if any).
 _LINE_START = re.compile(r"\n[^\n\"'{}\[\],]*\{")
 _MAX_RESTARTS = 16
+#: Regions tried in order; past them, the last :data:`_LAST_REGIONS` of at most
+#: :data:`_MORE_REGIONS` more (the time per output stays bounded).
+_REGIONS = 64
+_MORE_REGIONS = 1024
+_LAST_REGIONS = 8
 #: One level of string escaping over quotes and backslashes.
 _ESCAPED = re.compile(r'\\(["\\])')
 #: What an object inside the answer follows: an array's start, a comma, a key (quoted,
@@ -217,7 +222,11 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
 
 def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                     start_at: re.Pattern[str]) -> Parsed:
-    found = regions(text, start_at)
+    found = regions(text, start_at, _REGIONS)
+    if len(found) == _REGIONS and found[-1].closed:
+        # Many brace groups first (LaTeX's \frac{a}{b}, a list of examples): the answer
+        # usually ends the reply, so the last few regions are tried as well.
+        found += regions(text, start_at, _MORE_REGIONS, pos=found[-1].end)[-_LAST_REGIONS:]
     if not found:
         return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
     failures: list[Parsed] = []
