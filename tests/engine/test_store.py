@@ -692,7 +692,9 @@ def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
     store.finish([Finish(id=c.id, lease_token=c.lease_token, status="FAILED",
                          result='{"label": "other"}', parse_status="invalid_json",
                          error_class="invalid_output", error_message="no JSON",
-                         attempt=trace(c, "failed"))], worker_id="w1")
+                         attempt=trace(c, "failed"), model="m", input_tokens=10,
+                         output_tokens=3, latency_ms=5.2, http_status=200,
+                         request_id="req-1", response='{"id": "x"}')], worker_id="w1")
     failed = task_row(store, ids[2])
     assert (failed["status"], failed["result"], failed["error_class"]) == (
         "FAILED", '{"label": "other"}', "invalid_output")
@@ -701,10 +703,51 @@ def test_cancel_and_retry_are_conditional_transitions(store: Store) -> None:
     assert (row["status"], row["result"], row["parse_status"], row["error_class"],
             row["error_message"], row["attempts"], row["lease_token"],
             row["finished_at"]) == ("PENDING", None, None, None, None, 0, None, None)
+    # ... and the call it ended with: the new run has made none yet
+    assert [row[k] for k in ("model", "input_tokens", "output_tokens", "latency_ms",
+                             "http_status", "request_id", "response")] == [None] * 7
     store.cancel(ids[1])  # leased by w1 above: cancelled all the same
     store.retry(ids[1])
     claimed = store.claim(10, lease_ms=60_000, worker_id="w2")
     assert {c.task_id for c in claimed} == {ids[1], ids[2]}  # ids[0] is w1's
+
+
+def test_retention_keeps_the_traces_of_tasks_not_finished(store: Store) -> None:
+    # A PENDING task's retries are what its next claim counts lost leases against:
+    # deleted by `cleanup --older-than 1s` while it backed off, its next claim took
+    # them for lost leases and ended it DEAD (lease_expired) instead of server_error.
+    submit(store, 2)
+    a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
+    store.finish([
+        Finish(id=a.id, lease_token=a.lease_token, status="PENDING", delay_ms=0,
+               error_class="server_error", error_message="HTTP 500",
+               attempt=trace(a, "retry", latency_ms=1.0)),
+        Finish(id=b.id, lease_token=b.lease_token, status="FAILED",
+               error_class="invalid_request", error_message="HTTP 400",
+               attempt=trace(b, "failed", latency_ms=1.0)),
+    ], worker_id="w1")
+    assert store.cleanup(older_than_ms=0)["attempts"] == 1  # the finished task's
+    assert store.retries_before(a.id, 2) == 1
+    assert [r["task_pk"] for r in rows(store, "SELECT task_pk FROM task_attempt")] == [a.id]
+
+
+def test_a_summary_counts_the_calls_sent_and_knows_its_batches(store: Store) -> None:
+    # A claim ended without a call (lost leases), a review hold and a resolution by hand
+    # were counted as calls made.
+    submit(store, 2)
+    a, b = store.claim(2, lease_ms=60_000, worker_id="w1")
+    store.finish([
+        succeed(a, {"label": "yes"}),
+        Finish(id=b.id, lease_token=b.lease_token, status="DEAD",
+               error_class="lease_expired", error_message="lost",
+               attempt=trace(b, "dead", error_class="lease_expired")),
+    ], worker_id="w1")
+    with store.engine.begin() as c:  # the call of the success had a latency
+        c.execute(text("UPDATE task_attempt SET latency_ms = 12.5 WHERE outcome = 'succeeded'"))
+    s = store.summary("b")
+    assert (s.calls, s.outcomes) == (1, {"succeeded": 1, "dead": 1})
+    with pytest.raises(NotFound, match="no batch 'nope'"):
+        store.summary("nope")
 
 
 # -- migrations ----------------------------------------------------------------------------

@@ -49,9 +49,12 @@ _COUNTS = sql("SELECT batch_id, status, COUNT(*) FROM task GROUP BY batch_id, st
 #: the run's Finalize scores (tokens, latency, cost), so retention leaves them.
 _EVALUATING = ("SELECT batch_id FROM prompt_run "
                "WHERE status IN ('MATERIALIZING', 'EXECUTING')")
-#: The trace of a task held for review stays: the export hands its prompt to a person.
+#: The trace of a task not yet finished stays: a PENDING task's retries are what its
+#: next claim counts its lost leases against (and what it failed with so far), and the
+#: export of a task held for review hands its prompt to a person.
 _DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c AND task_pk NOT IN "
-                       "(SELECT id FROM task WHERE status = 'REVIEW') AND task_pk NOT IN "
+                       "(SELECT id FROM task WHERE status IN ('PENDING', 'REVIEW')) "
+                       "AND task_pk NOT IN "
                        f"(SELECT id FROM task WHERE batch_id IN ({_EVALUATING}))")
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
                        f"'CANCELLED') AND finished_at < :c AND batch_id NOT IN ({_EVALUATING})")
@@ -61,7 +64,9 @@ _LEASED = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
 _RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at = :now, "
              "attempts = 0, lease_token = NULL, leased_by = NULL, finished_at = NULL, "
              "result = NULL, parse_status = NULL, error_class = NULL, "
-             "error_message = NULL, version = version + 1 "
+             "error_message = NULL, model = NULL, input_tokens = NULL, "
+             "output_tokens = NULL, latency_ms = NULL, http_status = NULL, "
+             "request_id = NULL, response = NULL, version = version + 1 "
              "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
 _RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
                                       "('FAILED', 'DEAD', 'CANCELLED')",
@@ -265,11 +270,12 @@ class TaskViews:
         errors: dict[str, int] = {}
         parse: dict[str, int] = {}
         comp_sum = 0.0
-        comp_n = 0
+        comp_n = calls = 0
         with self.read() as tx:
             for outcome, lat, comp, err, ps in tx.stream(q, rows=5000):
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 if lat is not None:
+                    calls += 1
                     latencies.append(float(lat))
                 if err:
                     errors[err] = errors.get(err, 0) + 1
@@ -278,14 +284,19 @@ class TaskViews:
                 if outcome == "succeeded" and comp is not None:
                     comp_sum += comp
                     comp_n += 1
-        return {"calls": sum(outcomes.values()), "outcomes": outcomes, "errors": errors,
+        # A call is an attempt that was sent: a review hold, a resolution by hand and a
+        # claim ended without a call (lost leases, a configuration error) have no latency.
+        return {"calls": calls, "outcomes": outcomes, "errors": errors,
                 "parse_status": parse, "latencies_ms": latencies,
                 "completeness": comp_sum / comp_n if comp_n else None}
 
     def summary(self, batch_id: str | None = None,
                 elapsed_s: float | None = None) -> BatchSummary:
         """What happened to one batch (or to everything): states, calls, retries,
-        duplicate calls, errors, parse statuses, latency percentiles, completeness."""
+        duplicate calls, errors, parse statuses, latency percentiles, completeness.
+        :class:`NotFound` for a batch never submitted."""
+        if batch_id is not None and not self.batch_exists(batch_id):
+            raise NotFound(f"no batch '{batch_id}'; `lockgate status` lists them")
         states: dict[str, int] = {}
         for b, counts in self.status().batches.items():
             if batch_id is None or b == batch_id:
