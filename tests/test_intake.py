@@ -73,7 +73,11 @@ def test_a_task_of_a_known_config_comes_out_as_the_full_check_makes_it(
     got = warm.line(orjson.dumps(obj), 9)
     want = _full(obj, 9, checks)
     assert got == want
-    assert got == new_task(parse_task(copy.deepcopy(obj)))
+    direct = new_task(parse_task(copy.deepcopy(obj)))
+    if obj.get("metadata") == {}:
+        # An intake keeps an empty metadata object (store.new_task alone writes NULL).
+        direct = direct._replace(metadata_json="{}")
+    assert got == direct
     if obj["input_data"] == _line(0)["input_data"] | {"text": obj["input_data"]["text"]}:
         assert got.config is first.config  # one config object for the whole file
 

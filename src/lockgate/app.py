@@ -401,7 +401,9 @@ class Lockgate:
                     last_output=last["raw_output"] if last else None,
                     last_parse_status=last["parse_status"] if last else None,
                     last_error=error,
-                    output_schema=config.delivery_rule.json_schema if config else None)
+                    output_schema=config.delivery_rule.json_schema if config else None,
+                    model_config=config.model.model_dump(mode="json", exclude_none=True)
+                    if config else None)
         return items()
 
     def _review_config(self, config_hash: str, version: str | None) -> TaskConfig | None:

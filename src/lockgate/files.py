@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import logging
 import marshal
 import tempfile
@@ -32,6 +33,8 @@ from lockgate.spec import (
     MAX_INPUT_BYTES,
     MAX_TASK_ID,
     RESERVED_ID_PREFIX,
+    RESERVED_REQUEST_FIELDS,
+    ModelConfig,
     TaskSpec,
     check_model_keys,
     check_storable,
@@ -85,16 +88,102 @@ def openai_batch_task(obj: Any, line: int | None = None) -> dict[str, Any]:
                             "supported)", field=f"body.messages[{i}]", line=line)
         template.append({"role": m.get("role", "user"), "content": _escape(m["content"])})
     params = {k: v for k, v in body.items() if k not in ("messages", "model")}
-    rf = params.pop("response_format", None)
-    json_mode = isinstance(rf, dict) and rf.get("type") == "json_object"
-    model = {"name": body.get("model") or "", **params}
-    if json_mode:
-        model["response_format"] = "json_object"
+    model: dict[str, Any] = {"name": body.get("model") or "", **params}
+    rule = _response_format(model, line)
     return {
         "task_id": obj["custom_id"], "prompt_template": template, "input_data": {},
-        "model_config": model, "delivery_rule": {"format": "json" if json_mode else "text"},
-        "retry_policy": {},
+        "model_config": model, "delivery_rule": rule, "retry_policy": {},
     }
+
+
+def _response_format(model: dict[str, Any], line: int | None) -> dict[str, Any]:
+    """Move a line's ``response_format`` into its model config (``model``, in place),
+    where it is sent to the provider, and return the delivery rule it calls for.
+
+    ``json_object`` is the model config's own ``response_format``; a ``json_schema``
+    one is kept as given under ``provider_params`` (sent verbatim), and its ``schema``
+    becomes the delivery rule's; ``text`` is the default. Anything else is refused
+    rather than dropped."""
+    rf = model.pop("response_format", None)
+    if rf is None:
+        return {"format": "text"}
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return {"format": "text"}
+    if kind == "json_object":
+        model["response_format"] = "json_object"
+        return {"format": "json"}
+    if kind != "json_schema":
+        raise SpecError('must be {"type": "json_object"}, {"type": "json_schema", '
+                        '"json_schema": {...}} or {"type": "text"}',
+                        field="body.response_format", line=line)
+    js = rf.get("json_schema")
+    if not isinstance(js, dict):
+        raise SpecError('must be an object ({"name": ..., "schema": {...}}) with type '
+                        "json_schema", field="body.response_format.json_schema", line=line)
+    schema = js.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise SpecError("must be a JSON Schema object",
+                        field="body.response_format.json_schema.schema", line=line)
+    extra = model.get("provider_params")
+    if extra is not None and not isinstance(extra, dict):
+        raise SpecError("must be a JSON object", field="body.provider_params", line=line)
+    model["provider_params"] = {**(extra or {}), "response_format": rf}
+    return {"format": "json"} if schema is None else {"format": "json", "schema": schema}
+
+
+#: A line's digits and minus signs as "0", every other byte as a space: a run of 20
+#: zeros then marks where an integer orjson cannot read exactly may be (beyond 64 bits,
+#: which it reads as a float: 20 digits, or a minus sign and 19). A translation and a
+#: find cost about a microsecond a line; a regular expression, several.
+_DIGIT_RUNS = bytes(48 if chr(b) in "-0123456789" else 32 for b in range(256))
+_LONG_RUN = b"0" * 20
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+class _BigInt(str):
+    """An integer literal too long to be worth converting (the stdlib's second read)."""
+
+
+def _int_or_big(text: str) -> int | _BigInt:
+    return int(text) if len(text) <= 24 else _BigInt(text)
+
+
+def loads_line(raw: bytes, line: int) -> Any:
+    """One line of a task file as JSON; :class:`SpecError` naming the line (and the
+    field) when it is not JSON, or when it holds an integer beyond 64 bits, which
+    orjson would read as a float (the stdlib reads such a line again to find it)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SpecError(f"not valid JSON ({exc})", line=line) from None
+    if raw.translate(_DIGIT_RUNS).find(_LONG_RUN) >= 0:
+        try:
+            exact = json.loads(raw, parse_int=_int_or_big)
+        except (ValueError, RecursionError):  # nested past what a task may be: refused
+            return obj
+        where = _big_int_field(exact)
+        if where is not None:
+            raise SpecError("holds an integer beyond 64 bits, which would be read as a "
+                            "float and lose digits: write it as a string",
+                            field=where or None, line=line)
+    return obj
+
+
+def _big_int_field(value: Any) -> str | None:
+    """The path (``input_data.n[1].x``) of the first integer beyond 64 bits, in the
+    order of the text; None when there is none ("" for the line itself)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if type(v) is dict:
+            stack.extend((x, f"{path}.{k}" if path else str(k))
+                         for k, x in reversed(v.items()))
+        elif type(v) is list:
+            stack.extend((v[i], f"{path}[{i}]") for i in range(len(v) - 1, -1, -1))
+        elif type(v) is _BigInt or (type(v) is int and not _INT_MIN <= v <= _INT_MAX):
+            return path
+    return None
 
 
 @dataclass(frozen=True)
@@ -112,10 +201,7 @@ class Checks:
 
 def validate_line(raw: bytes, line: int, fmt: Format, checks: Checks = Checks()) -> TaskSpec:
     """Parse and fully check one line (JSON, fields, placeholders against the input)."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise SpecError(f"not valid JSON ({exc})", line=line) from None
+    obj = loads_line(raw, line)
     spec = (from_openai_batch(obj, line, checks.max_input_bytes) if fmt == "openai-batch"
             else parse_task(obj, line, max_input_bytes=checks.max_input_bytes))
     try:
@@ -194,10 +280,7 @@ class Intake:
     def line(self, raw: bytes, line: int, fmt: Format = "tasks") -> NewTask:
         """One line of a task file (JSON) as a row; :class:`SpecError` naming the line
         and the field if it is bad."""
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise SpecError(f"not valid JSON ({exc})", line=line) from None
+        obj = loads_line(raw, line)
         if fmt == "openai-batch":
             obj = openai_batch_task(obj, line)
         return self.mapping(obj, line)
@@ -264,7 +347,7 @@ class Intake:
             return None
         try:
             raw = orjson.dumps(data)
-            meta_json = orjson.dumps(meta).decode() if meta else None
+            meta_json = None if meta is None else orjson.dumps(meta).decode()
         except (TypeError, orjson.JSONEncodeError):
             return None
         if len(raw) > self.checks.max_input_bytes:
@@ -277,6 +360,8 @@ class Intake:
             row = new_task(spec, self.pool_of(spec) if self.pool_of else "default")
         except (TypeError, orjson.JSONEncodeError) as exc:
             raise SpecError(f"cannot be encoded as JSON: {exc}", field="metadata") from None
+        if spec.metadata is not None and row.metadata_json is None:
+            row = row._replace(metadata_json="{}")  # an empty object stays one
         known = self._rows.get(row.config.hash)
         if known is None:
             if len(self._rows) >= _REMEMBERED:
@@ -601,30 +686,81 @@ REVIEW_CSV_COLUMNS = ["task_id", "batch_id", "prompt", "held_at", "reason", "inp
                       "last_error_message", "output_schema"]
 
 
+#: What a spreadsheet takes a cell starting with for a formula (or the start of one).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(text: str | None) -> str:
+    """A text cell of the review CSV as a spreadsheet may open it: one that starts like
+    a formula (``=cmd|' /C calc'!A0``, from a model's output, say) gets a leading
+    single quote, so it is shown as text and never run."""
+    if not text:
+        return ""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def write_review_csv(rows: Iterable[ReviewItem], out: TextIO) -> int:
-    """CSV for a spreadsheet: JSON columns for the input, the prompt and the schema."""
+    """CSV for a spreadsheet: JSON columns for the input, the prompt and the schema.
+    Text cells that start like a formula (=, +, -, @, tab, carriage return) are given a
+    leading single quote (the JSON columns start with ``{``, ``[`` or ``"``); this CSV
+    is for people, unlike :func:`write_csv`'s, which is an exact round trip."""
     w = csv.writer(out)
     w.writerow(REVIEW_CSV_COLUMNS)
     n = 0
     for row in rows:
         err = row.last_error
-        w.writerow([row.task_id, row.batch_id, row.prompt or "", iso(row.held_at) or "",
-                    row.reason or "", _json(row.input), _json(row.messages),
-                    row.last_output or "", row.last_parse_status or "",
-                    (err.error_class or "") if err else "", (err.message or "") if err else "",
-                    _json(row.output_schema)])
+        w.writerow([_cell(row.task_id), _cell(row.batch_id), _cell(row.prompt),
+                    iso(row.held_at) or "", _cell(row.reason), _json(row.input),
+                    _json(row.messages), _cell(row.last_output),
+                    _cell(row.last_parse_status), _cell(err.error_class if err else None),
+                    _cell(err.message if err else None), _json(row.output_schema)])
         n += 1
     return n
 
 
+#: Model config fields that configure lockgate itself (runtime.sampling never sends
+#: them), left out of an OpenAI batch request body.
+_LOCAL_MODEL_FIELDS = frozenset({"endpoint", "timeout_ms", "max_input_tokens",
+                                 "temperature_jitter", "tokenizer"})
+
+
+def openai_batch_body(model: ModelConfig | dict[str, Any]) -> dict[str, Any]:
+    """A model config as the ``body`` of an OpenAI batch request line carries it (the
+    messages aside): ``model`` from its name, and the parameters a call sends (the
+    declared ones, its extra keys, then ``provider_params`` as given), without the
+    fields that configure lockgate itself. :func:`openai_batch_task` reads it back."""
+    doc = model.model_dump(exclude_none=True) if isinstance(model, ModelConfig) \
+        else dict(model)
+    body: dict[str, Any] = {"model": doc.get("name")}
+    for key, value in doc.items():
+        if key in _LOCAL_MODEL_FIELDS or key in ("name", "provider_params") \
+                or value is None:
+            continue
+        if key == "response_format" and isinstance(value, str):
+            value = {"type": value}
+        body[key] = value
+    extra = doc.get("provider_params")
+    if isinstance(extra, dict):
+        body.update(extra)
+    for key in RESERVED_REQUEST_FIELDS - {"model"}:
+        body.pop(key, None)
+    return body
+
+
 def write_review_openai_batch(rows: Iterable[ReviewItem], out: TextIO) -> int:
     """The OpenAI Batch API *input* format (``custom_id``, ``method``, ``url``, ``body``
-    with the rendered messages): the held prompts, to be answered elsewhere."""
+    with the rendered messages): the held prompts, to be answered elsewhere, or
+    submitted again with ``--input-format openai-batch``. ``body`` carries the task's
+    model and its parameters (:func:`openai_batch_body`) when the item has its model
+    config (a ``model_config`` attribute)."""
     n = 0
     for row in rows:
+        model = getattr(row, "model_config", None)
+        body = openai_batch_body(model) if model is not None else {}
+        body["messages"] = row.messages
         out.write(orjson.dumps({"custom_id": row.task_id, "method": "POST",
                                 "url": "/v1/chat/completions",
-                                "body": {"messages": row.messages}}).decode() + "\n")
+                                "body": body}).decode() + "\n")
         n += 1
     return n
 

@@ -372,6 +372,8 @@ class ReviewItem(_Row):
     last_error: TaskError | None
     #: The output schema a resolution is checked against (JSON Schema), if any.
     output_schema: Any
+    #: The model config it would have run under (name and parameters), if known.
+    model_config: Any = None
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

@@ -137,7 +137,16 @@ def test_review_from_the_command_line(db_url: str, simulator: SimulatorProcess,
     assert [r["task_id"] for r in table] == ["b-0", "b-1", "b-2"]
     assert orjson.loads(table[2]["input"]) == {"text": "order 2"}
     result = lockgate("export", "--review", "--format", "openai-batch", "--db", db_url)
-    assert orjson.loads(result.stdout.splitlines()[0])["custom_id"] == "b-0"
+    first = orjson.loads(result.stdout.splitlines()[0])
+    assert first["custom_id"] == "b-0"
+    # a request line the Batch API (and lockgate's own openai-batch input) takes: the
+    # body names the model (it held only the messages)
+    assert first["body"]["model"] and first["body"]["messages"]
+    again_in = tmp_path / "again.jsonl"
+    again_in.write_text(result.stdout)
+    checked = lockgate("submit", again_in, "--input-format", "openai-batch", "--batch",
+                       "again", "--db", db_url)
+    assert checked.exit_code == 0, checked.output
 
     answer = write_jsonl(tmp_path / "answer.json", [{"label": "no"}])
     result = lockgate("tasks", "resolve", "b-0", "--result", f"@{answer}", "--actor", "carol",

@@ -641,7 +641,7 @@ def new_task(spec: TaskSpec, pool: str = "default") -> NewTask:
     """A validated spec as the row a submit writes (its config hashed here: a file's
     submit hashes each distinct config once, see ``lockgate.files.Intake``)."""
     doc = spec.config_document()
-    meta = orjson.dumps(spec.metadata).decode() if spec.metadata else None
+    meta = orjson.dumps(spec.metadata).decode() if spec.metadata is not None else None
     return NewTask(spec.task_id, spec.batch_id,
                    ConfigRow(config_hash(doc), canonical_json(doc).decode()),
                    spec.input_json().decode(), meta, spec.priority, pool)
