@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from lockgate.flow.window import (
     next_cron,
     paced_rate,
     parse_when,
+    plan_from_options,
     project,
 )
 
@@ -102,3 +104,37 @@ def test_batch_plan_fields() -> None:
     with pytest.raises(SpecError) as err:
         BatchPlan(base_weight=0).fields()
     assert err.value.field == "weight"
+
+
+def test_a_target_is_the_least_pace_while_the_window_is_open() -> None:
+    # --target was stored and shown, never used: 600 tasks with --target 20 in a 2 min
+    # window ran at 5/s and finished at the window's end.
+    w = Window(0, 120_000, target_per_s=20.0)
+    assert paced_rate(w, 600, 0) == 20.0  # the target, above the 600 / 116.4 s needed
+    assert paced_rate(w, 5_000, 60_000) == pytest.approx(5_000 / 56.4)  # behind: faster
+    assert paced_rate(w, 0, 1_000) == 0.0
+    assert paced_rate(w, 600, -1) is None
+
+
+@pytest.mark.parametrize("expr", ["0 2 30 2 *", "0 2 31 4 *"])
+def test_a_cron_expression_that_never_fires_is_refused(expr: str) -> None:
+    # It searched until the year could not be held, then raised OverflowError (a
+    # traceback of the command line).
+    with pytest.raises(SpecError, match="never fires") as err:
+        next_cron(expr, at(1))
+    assert err.value.field == "cron"
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"weight": math.nan}, "weight"), ({"weight": math.inf}, "weight"),
+    ({"window": "02:00-03:00", "target": -5.0}, "target"),
+    ({"window": "02:00-03:00", "target": math.nan}, "target"),
+    ({"window": "02:00-03:00", "target": math.inf}, "target"),
+])
+def test_weights_and_targets_are_finite_positive_numbers(kw: dict[str, Any],
+                                                         field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        plan_from_options(now=at(1), **kw)
+    assert err.value.field == field
+    with pytest.raises(SpecError):
+        BatchPlan(base_weight=math.nan).fields()

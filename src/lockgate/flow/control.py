@@ -277,6 +277,10 @@ class FlowControl:
         last_tick = time.monotonic()
         try:
             await self.budget.lease(self.cfg.lease_interval_s)
+            # The lanes before the first claim: a window batch already submitted is paced
+            # from the start (a plain claim knows no windows).
+            await self.lanes.refresh()
+            next_lanes = time.monotonic() + self.cfg.lanes_refresh_s
             self.admission.ready.set()
             while True:
                 if stopping.is_set() and not self._stopping:

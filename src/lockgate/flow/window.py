@@ -45,7 +45,8 @@ class Window:
 
 def paced_rate(window: Window, remaining: int, now_ms: int) -> float | None:
     """Tasks/s to claim now: None before the window opens, ``inf`` once it is late (the
-    end minus the margin has passed: go as fast as the endpoint allows)."""
+    end minus the margin has passed: go as fast as the endpoint allows); else what
+    finishes the rest in time, and at least the window's target."""
     if now_ms < window.start_ms:
         return None
     if remaining <= 0:
@@ -53,7 +54,7 @@ def paced_rate(window: Window, remaining: int, now_ms: int) -> float | None:
     left_ms = window.end_ms - window.margin_ms() - now_ms
     if left_ms <= 0:
         return math.inf
-    return remaining * 1000.0 / left_ms
+    return max(remaining * 1000.0 / left_ms, window.target_per_s or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +194,16 @@ def next_cron(expr: str, after: datetime) -> datetime:
         raise SpecError(f"{expr!r}: {exc}", field="cron") from None
     dom_any, dow_any = fields[2] == "*", fields[4] == "*"
     t = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    try:
+        return _next_match(t, minute, hour, dom, month, dow, dom_any, dow_any)
+    except OverflowError:  # "0 2 30 2 *": searched to the last year a date can hold
+        pass
+    raise SpecError(f"{expr!r} never fires", field="cron")
+
+
+def _next_match(t: datetime, minute: frozenset[int], hour: frozenset[int], dom: frozenset[int],
+                month: frozenset[int], dow: frozenset[int], dom_any: bool,
+                dow_any: bool) -> datetime:
     for _ in range(366 * 24 * 60 * 5):
         if t.month not in month:
             t = (t.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
@@ -210,7 +221,7 @@ def next_cron(expr: str, after: datetime) -> datetime:
             t += timedelta(minutes=1)
             continue
         return t
-    raise SpecError(f"{expr!r} never fires", field="cron")
+    raise OverflowError("no match in five years")
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,17 +236,22 @@ class BatchPlan:
         """The ``batch`` columns this plan sets (only those it names)."""
         out: dict[str, float | int | None] = {}
         if self.base_weight is not None:
-            if self.base_weight <= 0:
-                raise SpecError("must be positive", field="weight")
+            if not (math.isfinite(self.base_weight) and self.base_weight > 0):
+                raise SpecError(f"must be a positive number (got {self.base_weight})",
+                                field="weight")
             out["base_weight"] = float(self.base_weight)
         if self.deadline_ms is not None:
             out["deadline_at"] = int(self.deadline_ms)
         if self.window is not None:
             if self.window.end_ms <= self.window.start_ms:
                 raise SpecError("must end after it starts", field="window")
+            target = self.window.target_per_s
+            if target is not None and not (math.isfinite(target) and target > 0):
+                raise SpecError(f"must be a positive number of tasks/s (got {target})",
+                                field="target")
             out["window_start"] = self.window.start_ms
             out["window_end"] = self.window.end_ms
-            out["target_per_s"] = self.window.target_per_s
+            out["target_per_s"] = target
             if self.deadline_ms is None:
                 out["deadline_at"] = self.window.end_ms
         return out
@@ -268,6 +284,10 @@ def plan_from_options(*, window: str | None = None, cron: str | None = None,
     """
     if window and cron:
         raise SpecError("goes with a window or a cron start, not both", field="cron")
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise SpecError(f"must be a positive number of tasks/s (got {target})", field="target")
+    if weight is not None and not (math.isfinite(weight) and weight > 0):
+        raise SpecError(f"must be a positive number (got {weight})", field="weight")
     if cron and not duration:
         raise SpecError("is needed with a cron start (e.g. 90m)", field="duration")
     if duration and not cron:
