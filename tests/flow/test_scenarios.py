@@ -164,16 +164,10 @@ def test_a_heavier_weight_batch_finishes_first_and_the_light_one_keeps_its_share
 
 def test_a_window_batch_starts_at_its_window_and_is_paced_to_finish_inside_it(
         stores: Callable[[], Store], simulator: SimulatorProcess) -> None:
-    simulator.configure(latency={"kind": "fixed", "mean_ms": 10})
     store = stores()
     now = store.db_now()
     start, end = now + 1500, now + 7500
-    submit(store, tasks(150), "w", BatchPlan(window=Window(start, end)))
-    cfg = settings([{"name": "sim", "base_url": simulator.url}],
-                   flow={"pace_every_s": 0.5}, concurrency=32)
-    asyncio.run(run_workers([Worker(stores(), cfg, burst=True)], timeout=60))
-    assert status_counts(store) == {"SUCCEEDED": 150}
-    fin = sorted(r["finished_at"] for r in rows(store, "SELECT finished_at FROM task"))
+    fin = _paced_run(stores, simulator, store, start, end)
     assert fin[0] >= start, "a task ran before its window opened"
     assert fin[-1] <= end, "the batch did not finish inside its window"
     first_half = sum(1 for t in fin if t < start + (end - start) / 2)
@@ -186,18 +180,24 @@ def test_a_window_already_open_when_a_worker_starts_is_paced_from_its_first_clai
         stores: Callable[[], Store], simulator: SimulatorProcess) -> None:
     # A worker's first claims came before it had read the lanes: a plain claim, which
     # knows no windows, took the whole backlog of a window batch open at its start.
-    simulator.configure(latency={"kind": "fixed", "mean_ms": 10})
     store = stores()
     now = store.db_now()
     start, end = now - 1000, now + 9000
+    fin = _paced_run(stores, simulator, store, start, end)
+    first_half = sum(1 for t in fin if t < start + (end - start) / 2)
+    assert first_half <= 0.75 * len(fin), "not paced: nearly everything ran at the start"
+
+
+def _paced_run(stores: Callable[[], Store], simulator: SimulatorProcess, store: Store,
+               start: int, end: int) -> list[int]:
+    """150 tasks of window batch ``w`` run by one burst worker; their finish times."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 10})
     submit(store, tasks(150), "w", BatchPlan(window=Window(start, end)))
     cfg = settings([{"name": "sim", "base_url": simulator.url}],
                    flow={"pace_every_s": 0.5}, concurrency=32)
     asyncio.run(run_workers([Worker(stores(), cfg, burst=True)], timeout=60))
     assert status_counts(store) == {"SUCCEEDED": 150}
-    fin = sorted(r["finished_at"] for r in rows(store, "SELECT finished_at FROM task"))
-    first_half = sum(1 for t in fin if t < start + (end - start) / 2)
-    assert first_half <= 0.75 * len(fin), "not paced: nearly everything ran at the start"
+    return sorted(r["finished_at"] for r in rows(store, "SELECT finished_at FROM task"))
 
 
 def test_a_pool_worker_serves_only_its_pool(stores: Callable[[], Store],

@@ -298,25 +298,13 @@ def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     if value is None or isinstance(value, list):
         return False, value
     items = node.items
-    if items is not None and items.types and _json_type(value) not in items.types \
+    if items is not None and items.types and json_type(value) not in items.types \
             and not (isinstance(value, int) and not isinstance(value, bool)
                      and "number" in items.types):
         # A lone value of another type than the items ("tags": false, "tags": 3): a
         # one-element list of it would be a value the model never gave.
         return False, value
     return True, [value]
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "object" if isinstance(value, dict) else "array"
 
 
 #: What may end a one-word answer as a sentence (after NFKC: ASCII forms).
