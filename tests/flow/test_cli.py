@@ -3,6 +3,7 @@ flow part of ``lockgate status``."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner, Result
 
+import lockgate.cli.queue as queue
 from lockgate.cli import app
 from lockgate.store import Store
 from lockgate.store.flow import BucketSpec, FlowStore
@@ -124,3 +126,28 @@ def test_status_shows_endpoints_and_warns_of_an_infeasible_window(
     hosted = next(e for e in doc["flow"]["endpoints"] if e["endpoint"] == "hosted")
     assert hosted["pool"] == "fast" and hosted["fallback"] == "local"
     assert hosted["paused_s"] > 20
+
+
+def test_a_window_submitted_the_evening_before_summer_time_is_at_its_wall_time(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command placed tomorrow's window with today's offset (a fixed zone from
+    # astimezone()): submitted at 23:30 before the clocks went on, 04:00-05:00 was
+    # stored as 05:00-06:00.
+    class Evening(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> Evening:  # type: ignore[override]
+            return cls(2026, 3, 28, 23, 30)
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    monkeypatch.setattr(queue, "datetime", Evening)
+    try:
+        r = lockgate("submit", write(tmp_path / "dst.jsonl", 3), "--db", db_url,
+                     "--window", "04:00-05:00")
+        assert r.exit_code == 0, r.output
+        (b,) = rows(store, "SELECT window_start, window_end FROM batch WHERE id = 'dst'")
+        assert [datetime.fromtimestamp(b[k] / 1000).hour
+                for k in ("window_start", "window_end")] == [4, 5]
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -138,3 +140,30 @@ def test_weights_and_targets_are_finite_positive_numbers(kw: dict[str, Any],
     assert err.value.field == field
     with pytest.raises(SpecError):
         BatchPlan(base_weight=math.nan).fields()
+
+
+@pytest.fixture
+def berlin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is Europe/Berlin (summer time from 2026-03-29
+    02:00, back on 2026-10-25 03:00)."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("day", [datetime(2026, 3, 28, 23, 30), datetime(2026, 10, 24, 23, 30)])
+def test_local_windows_and_deadlines_keep_their_wall_time_across_summer_time(
+        berlin: None, day: datetime) -> None:
+    # `lockgate submit` placed tomorrow's 04:00-05:00 with today's fixed offset: an
+    # hour off when summer time began or ended overnight.
+    plan = plan_from_options(window="04:00-05:00", deadline="2026-03-29T12:00", now=day)
+    assert plan is not None and plan.window is not None and plan.deadline_ms is not None
+    local = [datetime.fromtimestamp(ms / 1000) for ms in (
+        plan.window.start_ms, plan.window.end_ms, plan.deadline_ms)]
+    assert [(t.hour, t.minute) for t in local] == [(4, 0), (5, 0), (12, 0)]
+    # a duration from now is elapsed time: 2 h after 01:30 on the day the clocks go on
+    later = plan_from_options(deadline="+2h", now=datetime(2026, 3, 29, 1, 30))
+    assert later is not None and later.deadline_ms is not None
+    assert later.deadline_ms / 1000 - datetime(2026, 3, 29, 1, 30).timestamp() == 7200

@@ -201,7 +201,7 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
     --skip-invalid); idempotent on task_id."""
     plan = plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
                              deadline=deadline, target=target,
-                             now=datetime.now().astimezone())
+                             now=datetime.now())  # local wall time: see clock_window
     with opened(db, config, create=True) as lg:
         _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream, on_bad_line)
     if plan is not None and plan.window is not None:

@@ -127,7 +127,10 @@ _CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 def clock_window(spec: str, now: datetime) -> tuple[datetime, datetime]:
     """``"02:00-03:30"`` in ``now``'s time zone: the window in progress, else the next.
 
-    An end before the start crosses midnight (``23:00-01:00``).
+    An end before the start crosses midnight (``23:00-01:00``). A naive ``now`` is this
+    machine's local time, and so are the times returned: each is placed with the
+    offset of its own day (a window after a change to or from summer time is not an
+    hour off, as one placed with today's fixed offset was).
     """
     m = _CLOCK.match(spec)
     if m is None:
@@ -269,6 +272,8 @@ def parse_when(spec: str, now: datetime, *, field: str = "deadline") -> datetime
         except SpecError:
             raise SpecError(f"{spec!r} is neither a time (ISO 8601, e.g. 2026-03-10T03:30) "
                             f"nor a duration from now ({EXAMPLES})", field=field) from None
+        if now.tzinfo is None:  # local wall time: the duration is elapsed time
+            return datetime.fromtimestamp(now.timestamp() + seconds)
         return now + timedelta(seconds=seconds)
     return t if t.tzinfo is not None else t.replace(tzinfo=now.tzinfo)
 
