@@ -3,8 +3,11 @@ the duplicate calls stay within what the killed workers held when they died."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -14,7 +17,8 @@ import pytest
 from helpers import kill_settled
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
-from lockgate.store import Store
+from lockgate.store import Finish, Store
+from lockgate.worker import Worker
 
 from .support import (
     WorkerPool,
@@ -27,6 +31,7 @@ from .support import (
     task_row,
     tasks,
     wait_for,
+    worker_settings,
 )
 
 CRASH_TASKS = 2000
@@ -200,3 +205,44 @@ def test_after_a_lost_lease_the_retry_budget_counts_calls(
     assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
         (2, "retry"), (3, "dead")]
     assert simulator.stats()["requests"] == 2
+
+
+def test_a_frozen_worker_does_not_call_the_tasks_it_kept_ready_once_their_leases_ran_out(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """A worker frozen past its lease (SIGSTOP, a VM paused) while holding tasks it had
+    claimed ahead: another worker takes them over and finishes them. Resumed, the frozen
+    worker called each of them again (duplicate calls, their write-backs discarded);
+    it lets them go uncalled."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 1500})
+    store.submit([parse_task(t) for t in tasks(6)], batch_id="b")
+    taken: list[str] = []
+
+    def other_worker() -> None:  # takes the expired leases over while the first sleeps
+        deadline = time.monotonic() + 20
+        while len(taken) < 6 and time.monotonic() < deadline:
+            got = store.claim(10, lease_ms=60_000, worker_id="other")
+            store.finish([Finish(id=c.id, lease_token=c.lease_token, status="SUCCEEDED",
+                                 result='{"label": "x"}', parse_status="valid",
+                                 attempt={"attempt": c.attempt, "outcome": "succeeded",
+                                          "started_at": 0}) for c in got], worker_id="other")
+            taken.extend(c.task_id for c in got)
+            time.sleep(0.1)
+
+    async def main() -> None:
+        worker = Worker(store, worker_settings(concurrency=1, prefetch=5, lease_s=2.0,
+                                               claim_batch=6), burst=True)
+        job = asyncio.create_task(worker.run())
+        while worker.stats.claimed < 6:
+            await asyncio.sleep(0.05)
+        helper = threading.Thread(target=other_worker)
+        time.sleep(0.2)
+        helper.start()
+        time.sleep(4.0)  # the whole process frozen: no renewal, the leases run out
+        await asyncio.to_thread(helper.join)
+        await asyncio.wait_for(job, 60)
+
+    asyncio.run(main())
+    assert len(taken) == 6, taken  # every lease ran out, the one in flight's too
+    called = set(simulator.stats(detail=True)["task_successes"])
+    # only the call already under way when it froze: not the five kept ready
+    assert len(called) <= 1, called

@@ -69,12 +69,33 @@ class Calls(WorkerCore):
             docs = await self._db_retry("reading task configs", self.store.configs, missing)
             for h, doc in docs.items():
                 entries[h] = self._configs[h] = load(h, doc)
+        claimed = time.monotonic()
         for r in rows:
             entry = entries[r.config_hash]
             if len(self._running) < self.ws.concurrency:
                 self._launch(r, entry)
             else:
                 self._ready.append((r, entry))
+                self._ready_at[r.id, r.lease_token] = claimed
+
+    def _lapsed(self, t: ClaimedTask) -> bool:
+        """Whether the lease of a task kept ready has run out unrenewed (the process was
+        frozen or cut off from the database for longer than a lease): another worker
+        may hold the task now, so calling it would only duplicate that call. It is let
+        go, without a write-back (its lease is no longer this worker's to fence)."""
+        key = (t.id, t.lease_token)
+        claimed = self._ready_at.pop(key, 0.0)
+        if time.monotonic() - max(claimed, self._renewed_at) < self.ws.lease_s:
+            return False
+        self._held.pop(key, None)
+        self.stats.lapsed += 1
+        if self.stats.lapsed == 1 or self.stats.lapsed % 100 == 0:
+            log.warning("%d task(s) kept ready outlived their lease unrenewed (the worker "
+                        "was frozen or cut off from the database): let go uncalled",
+                        self.stats.lapsed)
+        if not self._held:
+            self._held_empty.set()
+        return True
 
     def _launch(self, t: ClaimedTask, entry: Entry) -> None:
         self._running[t.id, t.lease_token] = asyncio.create_task(self._execute(t, entry))
@@ -104,8 +125,11 @@ class Calls(WorkerCore):
                                      "error_class": str(ErrorClass.INTERNAL_ERROR)})
         self._buffer.append(finish)
         self._running.pop((t.id, t.lease_token), None)
-        if self._ready and not self._stopping.is_set():
-            self._launch(*self._ready.popleft())
+        while self._ready and not self._stopping.is_set():
+            nxt, entry = self._ready.popleft()
+            if not self._lapsed(nxt):
+                self._launch(nxt, entry)
+                break
         self._ended += 1
         if self._ended >= self._wake_after:
             self._slot_free.set()

@@ -57,6 +57,8 @@ class WorkerStats:
     released: int = 0
     #: Tasks held for review by an open completeness circuit (not finished).
     review: int = 0
+    #: Tasks kept ready whose lease ran out unrenewed (a frozen worker): let go uncalled.
+    lapsed: int = 0
     claims: int = 0
     flushes: int = 0
 
@@ -112,6 +114,11 @@ class WorkerCore:
         #: Claimed, held and not started yet: each starts the moment a call ends, so
         #: the calls in flight stay at ``concurrency`` while the next claim is made.
         self._ready: collections.deque[tuple[ClaimedTask, Entry]] = collections.deque()
+        #: When each task kept ready was claimed, and when the last renewal of every
+        #: held lease began (monotonic seconds): a ready task whose lease ran out since
+        #: both is not called (:meth:`Calls._lapsed`).
+        self._ready_at: dict[tuple[int, str], float] = {}
+        self._renewed_at = 0.0
         self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
             self.ws.claim_batch, self.ws.concurrency // 4)
         self._buffer: list[Finish] = []

@@ -92,6 +92,7 @@ class Upkeep(WorkerCore):
         attempt is spent), and let in-flight calls finish within the grace period."""
         while self._ready:
             r, _entry = self._ready.popleft()
+            self._ready_at.pop((r.id, r.lease_token), None)
             self._buffer.append(Finish(
                 id=r.id, lease_token=r.lease_token, status=TaskStatus.PENDING,
                 error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
@@ -140,7 +141,9 @@ class Upkeep(WorkerCore):
                 held.setdefault(t.lease_token, []).append(t.id)
             try:
                 if held:
+                    began = time.monotonic()
                     await self._db(self.store.renew, held, lease_ms=self._lease_ms)
+                    self._renewed_at = began
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
                     asked = self._wall()
