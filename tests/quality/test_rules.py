@@ -168,12 +168,17 @@ def test_a_week_old_baseline_of_a_minute_window_does_not_change_with_the_cleanup
     # days: the week-old baseline (healthy) was read while they lasted, then the rule
     # silently compared with the window just before (as bad as now) and stopped firing.
     s = settings(window="1h")
-    feed(store, 150, ago_ms=7 * 24 * HOUR + 10 * 60_000)  # a week ago: healthy
-    feed(store, 150, ago_ms=90 * 60_000, completeness=0.5)  # the window before: bad too
-    feed(store, 150, ago_ms=60_000, completeness=0.5)
+    now = store.db_now()
+    # The rules run at :20 past an hour, so the week-old window starts at :20 of the
+    # hour before and its calls (at :15) lie in the next hour: the hour rows read must
+    # be all those the window overlaps, not the one nearest its start.
+    t = now - (now - 20 * 60_000) % HOUR
+    feed(store, 150, ago_ms=now - t + 7 * 24 * HOUR + 5 * 60_000)  # a week ago: healthy
+    feed(store, 150, ago_ms=now - t + 90 * 60_000, completeness=0.5)  # the hour before
+    feed(store, 150, ago_ms=now - t + 5 * 60_000, completeness=0.5)  # the window
 
     def collapse() -> list[tuple[float | None, bool]]:
-        return [(f.baseline, f.fired) for f in check_rules(store, s.quality)
+        return [(f.baseline, f.fired) for f in check_rules(store, s.quality, now_ms=t)
                 if f.rule == "completeness_collapse"]
 
     assert collapse() == [(1.0, True)]

@@ -133,17 +133,15 @@ def _week_ago(qstore: QualityStore, res: str, since: int, until: int, now: int,
               settings: QualitySettings, prompt: str | None
               ) -> dict[tuple[str, str], Rollup]:
     """The window ``since``-``until`` a week earlier. Minute rows of a week ago outlive
-    no default ``keep_minutes``: once that old, the hour rows nearest to it are read
-    instead (whole hours, as many as the window holds, at least one), whether or not
-    a cleanup has deleted the minute rows yet, so the baseline does not change with
-    it."""
+    no default ``keep_minutes``: once that old, the hour rows that overlap it are read
+    instead (the whole hours around it: a baseline of a little more than the window),
+    whether or not a cleanup has deleted the minute rows yet, so the baseline does not
+    change with it."""
     start, end = since - WEEK_MS, until - WEEK_MS
     if res != "m" or start >= now - int(settings.keep_minutes * 1000):
         return _merged(qstore, res, start, end, prompt)
     hour = SPANS["h"]
-    first = (start + hour // 2) // hour * hour
-    hours = max(1, round((end - start) / hour))
-    return _merged(qstore, "h", first, first + hours * hour, prompt)
+    return _merged(qstore, "h", start - start % hour, -(-end // hour) * hour, prompt)
 
 
 def check_rules(store: Store, settings: QualitySettings, prompt: str | None = None, *,
