@@ -177,16 +177,12 @@ def _more_wanted(text: str, picks: list[Pick]) -> bool:
     """Whether to look past the usable values found so far: the first was introduced
     as an example or a draft, or words after the last introduce another as the answer.
     Otherwise the first usable value is the answer (a later one never replaces it)."""
-    if len(picks) >= _MAX_PICKS:
-        return False
-    if _NOT_THE_ANSWER.search(text, *_intro(text, picks, 0)) is not None:
-        return True
-    return _THE_ANSWER.search(text, picks[-1][1]) is not None
+    return len(picks) < _MAX_PICKS and _cued(text, picks[0][0], picks[-1][1])
 
 
 def _cued(text: str, start: int, end: int) -> bool:
-    """Whether words around the value at ``start``-``end`` may make another the answer
-    (see :func:`_more_wanted`)."""
+    """Whether words before ``start`` introduce what follows as an example or a draft,
+    or words after ``end`` introduce another value as the answer."""
     return _NOT_THE_ANSWER.search(text, max(0, start - _INTRO), start) is not None \
         or _THE_ANSWER.search(text, end) is not None
 
