@@ -355,13 +355,16 @@ class BackgroundWorker:
     """A real worker on its own event loop in a thread of this process (starts in
     milliseconds, unlike a subprocess), stopped gracefully by :meth:`stop`."""
 
-    def __init__(self, store: Store, *, gate: bool = False, **overrides: Any) -> None:
+    def __init__(self, store: Store, *, gate: bool = False,
+                 endpoints: tuple[Endpoint, ...] = (), **overrides: Any) -> None:
         import threading
 
         ws = {"concurrency": 32, "lease_s": 10.0, "poll_max_s": 0.1, **overrides}
         services = [GateService(store, lease_s=ws["lease_s"], poll_s=0.05, idle_max_s=0.2)] \
             if gate else []
-        self.worker = Worker(store, Settings(worker=WorkerSettings(**ws)), services=services)
+        self.worker = Worker(store, Settings(endpoint=endpoints,
+                                             worker=WorkerSettings(**ws)),
+                             services=services)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self.error: BaseException | None = None

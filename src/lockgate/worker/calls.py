@@ -9,7 +9,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -37,6 +37,13 @@ from lockgate.worker.execute import (
 log = logging.getLogger("lockgate.worker")
 #: How long a worker takes a circuit's missing fallback version for missing.
 MISSING_FALLBACK_RECHECK_S = 30.0
+#: How many times an attempt starts again because the registry version it resolved was
+#: replaced while it waited for admission; the last start sends whatever it resolved.
+MAX_RESOLVES = 3
+
+
+class _VersionMoved(Exception):
+    """The version a waiting call resolved is no longer what its reference names."""
 
 def max_lost_leases(max_retries: int) -> int:
     """The lost leases after which a claim ends its task DEAD (``lease_expired``) without
@@ -161,6 +168,21 @@ class Calls(WorkerCore):
         return call_no
 
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
+        """The attempt's write-back. A call that names a prompt by a moving reference
+        (``NAME``, ``NAME@label``) may wait behind a rate limit or a full endpoint for
+        longer than a rollback takes to reach the worker: when it is admitted, the
+        reference is resolved again (cached, re-read at most every ``refresh_s``), and
+        if it names another version now, the call gives its admission back unsent and
+        the attempt starts again on that version."""
+        for _ in range(MAX_RESOLVES - 1):
+            try:
+                return await self._attempt_on(t, entry, started, recheck=True)
+            except _VersionMoved:
+                self.stats.version_moves += 1
+        return await self._attempt_on(t, entry, started, recheck=False)
+
+    async def _attempt_on(self, t: ClaimedTask, entry: Entry, started: int, *,
+                          recheck: bool) -> Finish:
         if isinstance(entry, Fixed):  # no coroutine for the common case
             config, prompt_version = entry.config, entry.version
             prompt_key = entry.prompt_key
@@ -172,6 +194,7 @@ class Calls(WorkerCore):
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
                                  f"prompt registry: {exc}", str(exc))
             prompt_key = prompt_version
+        resolved = prompt_version  # (before a circuit's detour)
         fallback_endpoint = None
         if self._circuits.circuits:  # decided here, once per attempt: a call under way
             # finishes on the path it started on
@@ -226,7 +249,10 @@ class Calls(WorkerCore):
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
-        res, passage = await self.flow.call(t, config, endpoint, call)
+        fn = functools.partial(self._if_current, call, entry, resolved) \
+            if recheck and isinstance(entry, RegistryRef) and entry.ref.version is None \
+            else call
+        res, passage = await self.flow.call(t, config, endpoint, fn)
         d = decide(config, call_no, res, self._rng)
         unspent = passage.unspent is not None
         if unspent:  # not the task's fault (e.g. refused before any work, a fallback
@@ -248,6 +274,21 @@ class Calls(WorkerCore):
             output_tokens=c.completion_tokens if c else None,
             latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
             request_id=res.request_id, response=res.response_body)
+
+    async def _if_current(self, call: Callable[[Endpoint, Provider],
+                                               Coroutine[Any, Any, AttemptResult]],
+                          entry: Entry, version: str | None, ep: Endpoint,
+                          provider: Provider) -> AttemptResult:
+        """``call``, unless the reference ``entry`` names no longer resolves to
+        ``version`` (raises :class:`_VersionMoved` before anything is sent)."""
+        try:
+            _config, now = await self._prompts.resolve(
+                entry, functools.partial(self._db_retry, "reading the prompt registry"))
+        except LockgateError:  # gone meanwhile: the attempt starts again and says so
+            raise _VersionMoved from None
+        if now != version:
+            raise _VersionMoved
+        return await call(ep, provider)
 
     async def _detour(self, t: ClaimedTask, entry: Entry, config: TaskConfig,
                       version: str | None, prompt_key: str | None, started: int

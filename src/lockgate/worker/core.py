@@ -59,6 +59,9 @@ class WorkerStats:
     review: int = 0
     #: Tasks kept ready whose lease ran out unrenewed (a frozen worker): let go uncalled.
     lapsed: int = 0
+    #: Admitted calls sent back to resolve again: their prompt's version was replaced
+    #: (a rollback, an activation) while they waited for admission.
+    version_moves: int = 0
     claims: int = 0
     flushes: int = 0
 
