@@ -62,6 +62,20 @@ def test_exact_label_and_fields_comparisons() -> None:
     assert not fields("refund", {"category": "refund"}).match
 
 
+def test_ignore_case_folds_text_at_any_depth() -> None:
+    # Only a top-level string was folded: exact and fields comparisons of objects stayed
+    # case-sensitive under --ignore-case.
+    for spec in (Comparison(ignore_case=True),
+                 Comparison(kind="fields", fields=("answer", "tags"), ignore_case=True)):
+        c = Comparator(spec)
+        assert c({"answer": "b", "tags": ["X", {"k": "Yes"}]},
+                 {"answer": "B", "tags": ["x", {"k": "yes"}]}).match
+        assert not c({"answer": "b", "tags": []}, {"answer": "c", "tags": []}).match
+    # Keys are names: {"A": 1} is not {"a": 1}.
+    assert not Comparator(Comparison(ignore_case=True))({"A": 1}, {"a": 1}).match
+    assert not Comparator(Comparison())({"answer": "b"}, {"answer": "B"}).match
+
+
 @pytest.mark.parametrize(("expected", "actual"), [
     ({"ok": True}, {"ok": 1}), ({"ok": False}, {"ok": 0}), (True, 1), ([0, 1], [False, True]),
     ({"a": {"b": [True]}}, {"a": {"b": [1.0]}}),

@@ -64,7 +64,9 @@ class Gate:
         if settings.comparison.kind == "scorer":
             assert settings.comparison.scorer is not None
             load_scorer(settings.comparison.scorer)  # refuse an unimportable scorer now
-        self.gs.bind(prompt, dataset, settings.model_dump(mode="json"))
+        self.gs.bind(prompt, dataset, settings.model_dump(mode="json"),
+                     expected_fields=settings.comparison.fields
+                     if settings.comparison.kind == "fields" else ())
         return settings
 
     def unbind(self, prompt: str, dataset: str) -> bool:

@@ -39,7 +39,17 @@ def load_scorer(path: str) -> Scorer:
 
 
 def _norm(value: Any, ignore_case: bool) -> Any:
-    return value.casefold() if ignore_case and isinstance(value, str) else value
+    """``value`` with its strings case-folded at any depth when ``ignore_case`` (object
+    keys are names, not text: kept)."""
+    if not ignore_case:
+        return value
+    if isinstance(value, str):
+        return value.casefold()
+    if isinstance(value, dict):
+        return {k: _norm(v, True) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_norm(v, True) for v in value]
+    return value
 
 
 def same(a: Any, b: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import TextClause
 
-from lockgate.errors import NotFound, StateConflict
+from lockgate.errors import NotFound, SpecError, StateConflict
 from lockgate.spec import config_hash
 from lockgate.states import (
     ACTIVE_RUNS,
@@ -63,7 +63,9 @@ K = TypeVar("K", str, int)
 # ``Dialect.insert_ignore``; status changes through ``GateRows._move``).
 
 # -- bindings of datasets to prompts
-_DATASET_ID = sql("SELECT id FROM dataset WHERE name = :n")
+_DATASET_ID = sql("SELECT id, revision FROM dataset WHERE name = :n")
+_EXPECTED_AT = sql("SELECT expected FROM dataset_item WHERE dataset_id = :d AND added_rev "
+                   "<= :rev AND (retired_rev IS NULL OR retired_rev > :rev)")
 _SET_BINDING = sql("UPDATE prompt_dataset SET settings = :s, updated_at = :now, "
                    "version = version + 1 WHERE prompt_id = :p AND dataset_id = :d")
 _UNBIND = sql("DELETE FROM prompt_dataset WHERE prompt_id = :p AND dataset_id = "
@@ -115,14 +117,22 @@ class GateStore(RunSteps):
 
     # -- bindings -------------------------------------------------------------------------
 
-    def bind(self, prompt: str, dataset: str, settings: dict[str, Any]) -> None:
-        """Bind a dataset to a prompt with its thresholds (insert or replace)."""
+    def bind(self, prompt: str, dataset: str, settings: dict[str, Any], *,
+             expected_fields: Sequence[str] = ()) -> None:
+        """Bind a dataset to a prompt with its thresholds (insert or replace).
+        ``expected_fields``: fields the comparison reads from expected objects; each
+        must be held by at least one expected value of the dataset (a misspelt field
+        would be absent from both sides of every item, and so match everywhere)."""
 
         def work(tx: Tx) -> None:
             now = tx.now
             p = self.registry.prompt_row(tx, prompt)
-            d = tx.one(_DATASET_ID, {"n": dataset}, missing=NotFound(
-                f"no dataset '{dataset}'; add it with `lockgate dataset add`"))["id"]
+            row = tx.one(_DATASET_ID, {"n": dataset}, missing=NotFound(
+                f"no dataset '{dataset}'; add it with `lockgate dataset add`"))
+            d = row["id"]
+            if expected_fields:
+                _check_expected_fields(tx, dataset, int(d), int(row["revision"]),
+                                       expected_fields)
             doc = dumps(settings)
             tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
                 "prompt_id": p["id"], "dataset_id": d, "settings": doc, "created_at": now,
@@ -381,3 +391,23 @@ def _version_doc(v: Any) -> dict[str, Any]:
 
 
 __all__ = ["GateStore", "Outcome", "Proposal", "RunPlan", "VersionContent", "batch_id_for"]
+
+
+def _check_expected_fields(tx: Tx, dataset: str, dataset_id: int, revision: int,
+                           fields: Sequence[str]) -> None:
+    """SpecError naming the ``fields`` no expected object of the dataset's revision holds
+    (and the fields they do hold)."""
+    wanted = set(fields)
+    seen: set[str] = set()
+    for r in tx.execute(_EXPECTED_AT, {"d": dataset_id, "rev": revision}):
+        expected = orjson.loads(r.expected)
+        if isinstance(expected, dict):
+            seen.update(expected)
+            if wanted <= seen:
+                return
+    missing = [f for f in fields if f not in seen]
+    held = ", ".join(sorted(seen)[:20]) or "none: its expected values are not objects"
+    raise SpecError(
+        f"comparison: no expected value of dataset '{dataset}' holds field"
+        f"{'s' if len(missing) > 1 else ''} {', '.join(repr(f) for f in missing)} "
+        f"(fields held: {held}); name fields of the expected objects after fields:")
