@@ -4,7 +4,9 @@ pause, breaker, concurrency slot and budget allow (all in memory, no I/O).
 A call passes by one function, :meth:`Admission.admit`, whether it finds the way free
 (:meth:`Admission.acquire`) or is let go from the queue (:meth:`Admission.dispatch`).
 The queue is FIFO per endpoint; when the endpoint becomes unusable and a fallback is
-usable, its waiting calls are sent back to be routed again.
+usable, its waiting calls are sent back to be routed again, except pinned calls (a
+release-gate evaluation's: a candidate is judged on its own model's answers), which
+never take a fallback and wait for their endpoint.
 
 Before an answer has taught a task type's token estimate, at most :data:`COLD_CALLS`
 of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`).
@@ -113,14 +115,16 @@ class Admission:
         self.waiting = 0
 
     async def acquire(self, task: ClaimedTask, config: TaskConfig,
-                      primary: Endpoint) -> Ticket:
-        """Wait until a call for ``task`` may go; reserve its budget and slot."""
+                      primary: Endpoint, *, pinned: bool = False) -> Ticket:
+        """Wait until a call for ``task`` may go; reserve its budget and slot. A
+        ``pinned`` call goes to ``primary`` only, never to a fallback."""
         input_chars = len(task.input_data)
         if not self.ready.is_set():  # a worker starting during a pause must honour it
             await self.ready.wait()
         while True:
             now = time.monotonic()
-            st, routed_from = self.router.route(primary, now)
+            st, routed_from = (self.router.state(primary), None) if pinned \
+                else self.router.route(primary, now)
             model = self.models.get(st.ep, config, task.config_hash) if st.tok_limited \
                 else None
             cold: Cold | None = None
@@ -140,7 +144,7 @@ class Admission:
                     cold.in_flight += 1
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
                               input_chars, cold)
-            w = self._enqueue(st, tokens, now)
+            w = self._enqueue(st, tokens, now, pinned)
             if cold is not None:
                 cold.in_flight += 1  # held while it waits for budget, so others wait too
             try:
@@ -156,9 +160,10 @@ class Admission:
             self.cold.done(cold, None)
             # rerouted: the endpoint became unusable while the call waited; route again
 
-    def _enqueue(self, st: EndpointState, tokens: float, now: float) -> Waiter:
+    def _enqueue(self, st: EndpointState, tokens: float, now: float,
+                 pinned: bool = False) -> Waiter:
         """Queue a call; dispatch what can go, and lease early if the bucket had room."""
-        w = Waiter(asyncio.get_running_loop().create_future(), tokens)
+        w = Waiter(asyncio.get_running_loop().create_future(), tokens, pinned=pinned)
         st.waiters.append(w)
         st.waiting_tokens += tokens
         self.waiting += 1
@@ -206,7 +211,8 @@ class Admission:
         now = time.monotonic()
         if not self.router.usable(st, now) and self.router.fallback(st.ep, now) is not None:
             self._reroute(st)
-            return
+            if not st.waiters:
+                return
         if st.paused(now):
             self._timer(st, st.paused_until - now)
             return
@@ -230,11 +236,15 @@ class Admission:
             w.fut.set_result(True)
 
     def _reroute(self, st: EndpointState) -> None:
-        while st.waiters:
-            w = st.waiters.popleft()
-            self._drop(st, w)
-            if not w.fut.done():
-                w.fut.set_result(False)
+        """Send the waiting calls back to routing; pinned ones stay, in their order."""
+        kept = [w for w in st.waiters if w.pinned and not w.fut.done()]
+        for w in st.waiters:
+            if not (w.pinned and not w.fut.done()):
+                self._drop(st, w)
+                if not w.fut.done():
+                    w.fut.set_result(False)
+        st.waiters.clear()
+        st.waiters.extend(kept)
 
     def _timer(self, st: EndpointState, delay: float, *, wake: bool = True) -> None:
         """Dispatch again after ``delay``; with ``wake``, also ask for a grant then if

@@ -42,7 +42,7 @@ from lockgate.providers.base import (
     Provider,
     ProviderError,
 )
-from lockgate.spec import TaskConfig
+from lockgate.spec import RESERVED_ID_PREFIX, TaskConfig
 from lockgate.store.flow import BucketSpec
 from lockgate.store.types import ClaimedTask
 
@@ -128,6 +128,17 @@ class _Recorder:
         await self.inner.close()
 
 
+def pinned(task: ClaimedTask) -> bool:
+    """Whether ``task``'s calls must go to its own endpoint: a release-gate evaluation
+    judges a candidate (and the live version it is compared with) on the answers of the
+    model it names, so its calls wait for that endpoint instead of taking a fallback."""
+    return task.batch_id.startswith(RESERVED_ID_PREFIX)
+
+
+def _never(_ep: Endpoint, _now: float) -> bool:
+    return False
+
+
 class FlowControl:
     """Flow control for one worker (see the module docstring)."""
 
@@ -189,12 +200,14 @@ class FlowControl:
     async def call(self, task: ClaimedTask, config: TaskConfig, primary: Endpoint,
                    fn: Callable[[Endpoint, Provider], Awaitable[T]]) -> tuple[T, Passage]:
         """Acquire, call ``fn`` on the chosen endpoint (it calls the provider it is given
-        at most once), release; returns what ``fn`` returned and the :class:`Passage`."""
+        at most once), release; returns what ``fn`` returned and the :class:`Passage`.
+        A release-gate evaluation's call never takes a fallback (:func:`pinned`)."""
+        pin = pinned(task)
         while True:
-            ticket = await self.admission.acquire(task, config, primary)
+            ticket = await self.admission.acquire(task, config, primary, pinned=pin)
             st = ticket.state
             rec = _Recorder(self._provider(st.ep), st, self.cfg.fallback_after_s,
-                            self._fallback_ready)
+                            _never if pin else self._fallback_ready)
             try:
                 res = await fn(st.ep, rec)
             except _Reroute:  # never sent: the budget goes back, the call is routed anew
@@ -210,13 +223,14 @@ class FlowControl:
                 raise
             self.release(ticket, rec.outcome)
             ec = rec.outcome.error_class if rec.outcome is not None else None
-            if self.reroutes(primary, ec):  # refused before any work: the fallback takes it
+            # Refused before any work: the fallback takes it.
+            if not pin and self.reroutes(primary, ec):
                 return res, Passage(ticket.routed_from, "rerouted")
             if ec is ErrorClass.CONNECTION_ERROR:
                 now = time.monotonic()
                 if self.feedback.down(st, now):  # not the task's fault
                     fb = self.router.fallback(primary, now) \
-                        if primary.fallback is not None else None
+                        if primary.fallback is not None and not pin else None
                     if fb is not None and fb is not st:  # a fallback answers: go there
                         return res, Passage(ticket.routed_from, "rerouted")
                     wait = st.breaker.open_until - now \

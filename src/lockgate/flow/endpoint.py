@@ -26,11 +26,13 @@ RECENT_KEPT = 16_384
 @dataclass(slots=True)
 class Waiter:
     """A call waiting for passage; its future says whether it may go (False: route it
-    again), and ``probe`` whether it went as a half-open breaker's probe."""
+    again), and ``probe`` whether it went as a half-open breaker's probe. A ``pinned``
+    call never takes a fallback: it waits for its own endpoint."""
 
     fut: asyncio.Future[bool]
     tokens: float
     probe: bool = False
+    pinned: bool = False
 
 
 @dataclass(slots=True)
