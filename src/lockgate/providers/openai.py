@@ -6,11 +6,13 @@ Rust thread, less of the event loop's CPU per call)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -196,6 +198,23 @@ def check_http_client(name: HttpClient) -> None:
                           "install lockgate[fast-http], or set http_client = 'aiohttp'")
 
 
+def _credentials(name: str, base_url: str) -> tuple[str, str | None]:
+    """``base_url`` without the ``user:password@`` it may carry, and those credentials
+    as an HTTP Basic ``Authorization`` value (None without them). The clients are not
+    left to read them from the URL: aiohttp refuses a URL with credentials beside an
+    Authorization header (every call failed), pyreqwest would send them its own way."""
+    parts = urlsplit(base_url)
+    if "@" not in parts.netloc:
+        return base_url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    if not host:
+        raise ConfigError(f"endpoint '{name}': base_url names no host after its "
+                          "credentials (user:password@host)")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    return urlunsplit(parts._replace(netloc=host)), f"Basic {token}"
+
+
 class OpenAICompatible:
     """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
 
@@ -206,10 +225,20 @@ class OpenAICompatible:
         check_http_client(http_client)
         self.name = name
         self.http_client = http_client
+        base_url, basic = _credentials(name, base_url)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        if basic is not None:
+            if any(k.lower() == "authorization" for k in self._headers):
+                other = "an API key (api_key_env) is set" if api_key \
+                    else "its headers set Authorization"
+                raise ConfigError(
+                    f"endpoint '{name}': base_url carries a user and password and {other}: "
+                    "a request carries one Authorization header. Remove the credentials "
+                    "from base_url, or the other one")
+            self._headers["Authorization"] = basic
         self._send_key = send_idempotency_key
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
