@@ -26,6 +26,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -68,6 +69,11 @@ REQUIRED_FIELDS = ("task_id", "prompt_template", "input_data", "model_config",
 REGISTRY_PREFIX = "@registry:"
 _REFERENCE = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,190}(@([1-9][0-9]*|[A-Za-z][A-Za-z0-9_.\-]{0,63}))?$")
+
+
+#: The ``name`` a registry task's model-config overrides hold when they give none (the
+#: version's is used; routing at submit sees no model of its own, as with no overrides).
+_VERSION_MODEL = "(the prompt version's model)"
 
 
 def registry_reference(template: object) -> str | None:
@@ -216,7 +222,8 @@ class TaskSpec(BaseModel):
     prompt_template: str | tuple[Message, ...]
     input_data: dict[str, Any]
     #: Required, except with a registry reference (the prompt version supplies it;
-    #: keys given here override the version's, e.g. another model for an A/B test).
+    #: keys given here override the version's, e.g. another model for an A/B test, or
+    #: only the temperature: ``name`` may then be left out).
     model: ModelConfig | None = Field(None, alias="model_config", validate_default=True)
     delivery_rule: DeliveryRule = Field(default_factory=DeliveryRule)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -226,12 +233,23 @@ class TaskSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     metadata: dict[str, Any] | None = None
 
-    @field_validator("model")
+    @field_validator("model", mode="wrap")
     @classmethod
-    def _model_required(cls, v: ModelConfig | None, info: ValidationInfo) -> ModelConfig | None:
-        if v is None and registry_reference(info.data.get("prompt_template")) is None:
+    def _model_required(cls, v: Any, handler: ValidatorFunctionWrapHandler,
+                        info: ValidationInfo) -> ModelConfig | None:
+        reference = registry_reference(info.data.get("prompt_template")) is not None
+        if v is None and not reference:
             raise PydanticCustomError("missing", "Field required")
-        return v
+        if reference and isinstance(v, dict) and "name" not in v:
+            # Overrides of the version's model config without a model name: the other
+            # keys are checked as usual, and the name, left out of the fields set, is
+            # not part of the stored overrides (``config_document``), so the worker's
+            # merge keeps the version's.
+            model: ModelConfig = handler({**v, "name": _VERSION_MODEL})
+            model.__pydantic_fields_set__.discard("name")
+            return model
+        result: ModelConfig | None = handler(v)
+        return result
 
     _input_json: bytes | None = PrivateAttr(None)
 

@@ -14,6 +14,7 @@ import pytest
 
 from lockgate.config import Endpoint, Settings
 from lockgate.errors import ConfigError
+from lockgate.gate.binding import BindingSettings
 from lockgate.states import ARROWS, TERMINAL_RUNS, TERMINAL_UPDATES, RunStatus, UpdateStatus
 from lockgate.store.gate import GateStore
 
@@ -241,7 +242,11 @@ def test_the_snapshot_is_frozen_at_submission(env: Env) -> None:
     assert len(u["snapshot_hash"]) == 64
     # later changes: more items, an unreachable threshold, an unbound dataset
     env.datasets.add("p-set", items(80, "p-set"))
-    env.gate.bind("p", "p-set", thresholds=["accuracy>=2"])
+    # (bound past the check that refuses it today: the point is that no later binding,
+    # however strict, reaches a snapshot already frozen)
+    strict = BindingSettings.model_validate({"thresholds": [{"metric": "accuracy",
+                                                              "op": ">=", "value": 2.0}]})
+    env.gate.gs.bind("p", "p-set", strict.model_dump(mode="json"))
     assert drive(env, p.update_id) == "ACTIVATED"
     (run,) = runs(env, p.update_id)
     assert run["expected_items"] == run["materialized"] == 40

@@ -8,6 +8,7 @@ Threshold strings, as the command line takes them: ``accuracy>=0.9``,
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -21,6 +22,9 @@ LOWER_IS_BETTER = ("error_ratio", "latency_p50_ms", "latency_p95_ms", "cost_per_
 METRICS = HIGHER_IS_BETTER + LOWER_IS_BETTER
 #: Metrics that are a share of successes k/n (the Wilson bound applies).
 PROPORTIONS = ("accuracy", "precision", "recall", "error_ratio")
+#: Metrics whose value lies in [0, 1] (shares, and F1, a ratio of counts): a threshold
+#: outside that range can never be met.
+BOUNDED = ("accuracy", "precision", "recall", "f1", "error_ratio")
 #: Metrics that need a declared positive label.
 NEEDS_POSITIVE = ("precision", "recall", "f1")
 
@@ -120,12 +124,34 @@ class BindingSettings(_Strict):
             named.add(self.non_inferiority.metric)
         wanting = sorted(named & set(NEEDS_POSITIVE))
         if wanting and self.positive_label is None:
-            raise ValueError(f"{', '.join(wanting)} need a positive label (positive)")
+            raise ValueError(f"{', '.join(wanting)} {_need(wanting)} a positive label: give "
+                             "the expected value that counts as positive with --positive "
+                             "(the `positive` argument in Python), e.g. --positive yes")
         if wanting and self.comparison.kind != "label":
-            raise ValueError(f"{', '.join(wanting)} need a label comparison (label:FIELD)")
+            raise ValueError(f"{', '.join(wanting)} {_need(wanting)} a label comparison "
+                             "(--compare label:FIELD)")
         if "cost_per_item" in named and self.prices is None:
             raise ValueError("cost_per_item needs prices (input and output per 1M tokens)")
         return self
+
+
+def _need(metrics: Sequence[str]) -> str:
+    return "needs" if len(metrics) == 1 else "need"
+
+
+def unreachable(t: Threshold) -> str | None:
+    """Why no value of a metric bounded to [0, 1] can meet ``t`` (``accuracy>=1.5``,
+    ``error_ratio<0``), or None. Such a bar would reject every candidate, which reads
+    as a bad candidate rather than a typo in the binding."""
+    if t.metric not in BOUNDED:
+        return None  # latency, tokens and cost have no upper bound
+    v = t.value
+    never = {">=": v > 1, ">": v >= 1, "<=": v < 0, "<": v <= 0,
+             "==": not 0 <= v <= 1}[t.op]
+    if not never:
+        return None
+    return (f"{t.metric} lies between 0 and 1, so '{t.metric} {t.op} {v:g}' can never be "
+            "met: give a value in that range (e.g. 0.95 for 95%)")
 
 
 _THRESHOLD = re.compile(r"^\s*([a-z0-9_]+)\s*(>=|<=|==|>|<)\s*([-+0-9.eE]+)\s*$")
@@ -141,11 +167,15 @@ def parse_threshold(text: str) -> Threshold:
         raise ConfigError(f"unknown metric {metric!r} in threshold {text!r}; metrics: "
                           f"{', '.join(METRICS)}")
     try:
-        return Threshold(metric=metric, op=op, value=float(value))
+        t = Threshold(metric=metric, op=op, value=float(value))
     except ValidationError as exc:
         raise ConfigError(f"threshold {text!r}: {exc.errors()[0]['msg']}") from None
     except ValueError as exc:
         raise ConfigError(f"threshold {text!r}: {exc}") from None
+    why = unreachable(t)
+    if why is not None:
+        raise ConfigError(f"threshold {text!r}: {why}")
+    return t
 
 
 def parse_comparison(text: str) -> Comparison:
@@ -170,8 +200,18 @@ def parse_comparison(text: str) -> Comparison:
 def settings_from(doc: Any) -> BindingSettings:
     """Validate a settings document; ConfigError with the first problem otherwise."""
     try:
-        return BindingSettings.model_validate(doc)
+        settings = BindingSettings.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"binding{' ' + where if where else ''}: {err['msg']}") from None
+        msg = err["msg"]
+        if err["type"] == "value_error":  # our own validator's words, without pydantic's
+            msg = str(err.get("ctx", {}).get("error", msg))
+        raise ConfigError(f"binding{' ' + where if where else ''}: {msg}") from None
+    # Checked here, where a binding is made, not in the model: a snapshot frozen before
+    # this check must still load.
+    for t in settings.thresholds:
+        why = unreachable(t)
+        if why is not None:
+            raise ConfigError(f"binding threshold: {why}")
+    return settings

@@ -26,7 +26,14 @@ from lockgate.errors import NotFound, SpecError
 from lockgate.registry.callpath import execution_path
 from lockgate.registry.content import diff, make_content, render_text, spec_error_at
 from lockgate.registry.datasets import item_from, read_items
-from lockgate.registry.refs import PRODUCTION, check_label, check_name, parse_ref
+from lockgate.registry.refs import (
+    PRODUCTION,
+    check_name,
+    check_new_label,
+    check_tag,
+    parse_ref,
+    reads_as_version,
+)
 from lockgate.runtime import placeholders
 from lockgate.spec import Message, RetryPolicy
 from lockgate.store import Store
@@ -57,6 +64,7 @@ class Prompts:
         """A new prompt; its version 1 is live at once (the first version has nothing to
         be compared against). Every later change goes through :meth:`propose`."""
         check_name(name)
+        check_tag(tag)
         content = make_content(template, model_config, delivery_rule,
                                model_modules=self.settings.runtime.model_modules)
         return self.registry.create_prompt(name, content, tag=tag,
@@ -71,6 +79,7 @@ class Prompts:
         """Submit a candidate to the release gate; returns at once with the tracking id
         (``update_id``). Parts not given are the live version's. Evaluation runs in the
         workers; a newer proposal for the same prompt cancels this one."""
+        check_tag(tag)
         live = self.version(name)
         content = make_content(live.template if template is None else template,
                                live.model_config if model_config is None else model_config,
@@ -108,18 +117,37 @@ class Prompts:
         if isinstance(selector, int):
             return self.registry.version(name, selector)
         text = selector.strip()
-        digits = text[1:] if text[:1] in ("v", "V") else text
-        if digits.isdigit():
-            return self.registry.version(name, int(digits))
+        if reads_as_version(text):
+            return self.registry.version(name, int(text.lstrip("vV")))
         labels = self.registry.prompt(name)["labels"]
         if text in labels:
             return self.registry.version(name, labels[text])
-        return self.registry.version_by_tag(name, text)
+        try:
+            return self.registry.version_by_tag(name, text)
+        except NotFound:
+            raise NotFound(f"prompt '{name}' has no label or tag '{text}' "
+                           f"({_labels_of(labels)}; `lockgate prompt history {name}` "
+                           "lists the versions and their tags)") from None
 
     def resolve(self, ref: str) -> VersionRow:
-        """What a reference (``NAME``, ``NAME@canary``, ``NAME@3``) names now."""
+        """What a reference (``NAME``, ``NAME@canary``, ``NAME@3``) names now. After
+        ``@`` comes a version number or a label, never a tag: a worker follows labels
+        only (:mod:`.resolver`), so a reference is checked the way it will run."""
         r = parse_ref(ref)
-        return self.version(r.name, r.version if r.version is not None else r.label)
+        if r.pointer is None:
+            return self.version(r.name, r.version)
+        labels = self.registry.prompt(r.name)["labels"]
+        if r.pointer in labels:
+            return self.registry.version(r.name, labels[r.pointer])
+        try:
+            tagged = self.registry.version_by_tag(r.name, r.pointer)
+        except NotFound:
+            hint = f"`lockgate prompt label {r.name} {r.pointer} VERSION` sets it"
+        else:
+            hint = (f"'{r.pointer}' is the tag of version {tagged.version}: pin it as "
+                    f"{r.name}@{tagged.version}")
+        raise NotFound(f"prompt '{r.name}' has no label '{r.pointer}' "
+                       f"({_labels_of(labels)}); {hint}")
 
     def show(self, name: str, selector: int | str | None = None) -> dict[str, Any]:
         """The prompt (live version, generation, labels) and one version's content."""
@@ -157,10 +185,15 @@ class Prompts:
     def label(self, name: str, label: str, version: int | str, *, actor: str | None = None,
               reason: str | None = None) -> int | None:
         """Point a custom label (``canary``, …) at a version; returns the previous one."""
-        check_label(label)
+        check_new_label(label)
         v = self.version(name, version)
         return self.registry.set_label(name, label, v.version, actor=actor or default_actor(),
                                        reason=reason)
+
+
+def _labels_of(labels: dict[str, int]) -> str:
+    """The labels a prompt has, for a message about one it lacks."""
+    return "its labels: " + ", ".join(sorted(labels)) if labels else "it has no labels"
 
 
 class Datasets:

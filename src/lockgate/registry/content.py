@@ -28,7 +28,7 @@ from lockgate.spec import (
 )
 from lockgate.store.registry import VersionContent
 
-_TEMPLATE = TypeAdapter(str | tuple[Message, ...])
+_MESSAGES = TypeAdapter(tuple[Message, ...])
 _MARKERS = ("[system]", "[user]", "[assistant]", "[developer]")
 
 
@@ -44,12 +44,20 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
                  model_modules: tuple[str, ...] = ()) -> VersionContent:
     """Validate and normalise a version's three parts; SpecError naming the field.
     ``model_modules`` are the modules a pydantic output model may come from."""
+    if not isinstance(template, str | list | tuple):
+        raise SpecError("must be text or a list of {\"role\", \"content\"} messages, not "
+                        f"{type(template).__name__}", field="template")
     try:
-        tpl = _TEMPLATE.validate_python(template)
+        # Messages validated as messages alone: against the union, pydantic's first
+        # error would be that the list is not a string.
+        tpl = (template if isinstance(template, str) else
+               _MESSAGES.validate_python(template))
     except ValidationError as exc:
         raise spec_error_at(exc, "template") from None
     if isinstance(tpl, str) and not tpl.strip():
         raise SpecError("must not be empty", field="template")
+    if not tpl:
+        raise SpecError("must hold at least one message", field="template")
     if registry_reference(tpl) is not None:
         raise SpecError("a version holds a template, not a registry reference",
                         field="template")
@@ -73,6 +81,30 @@ def make_content(template: Any, model_config: dict[str, Any] | None,
                           config_hash(doc))
 
 
+def not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError, *, base: int = 0,
+             line: int | None = None) -> SpecError:
+    """The one-line error for a file that is not UTF-8 text: the file, the line and the
+    byte offset of its first bad byte (``data`` starts at ``base`` in the file, on
+    ``line`` when given), and the fix."""
+    if line is None:
+        line = data.count(b"\n", 0, exc.start) + 1
+    return SpecError(f"{path}: line {line}: not UTF-8 text (byte {data[exc.start]:#04x} at "
+                     f"byte offset {base + exc.start}); save the file as UTF-8")
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file the user named; SpecError naming it (``what`` says which
+    file) when it cannot be read or is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, data, exc) from None
+
+
 def read_template(path: str | Path) -> Any:
     """A template from a file.
 
@@ -81,10 +113,7 @@ def read_template(path: str | Path) -> Any:
     * other text: the whole file is one user message.
     """
     p = Path(path)
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read template file {p}: {exc.strerror}") from None
+    raw = read_text(p, "template file")
     if p.suffix.lower() == ".json":
         try:
             return orjson.loads(raw)
@@ -113,10 +142,7 @@ def read_json_option(value: str | None, what: str) -> dict[str, Any] | None:
         return None
     text = value
     if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecError(f"cannot read {what} file {value[1:]}: {exc.strerror}") from None
+        text = read_text(Path(value[1:]), f"{what} file")
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 
 from lockgate.errors import SpecError, cannot
+from lockgate.registry.content import not_utf8
 from lockgate.spec import canonical_json
 from lockgate.store.registry import DatasetItem
 
@@ -66,19 +68,26 @@ def item_from(obj: Any, line: int) -> DatasetItem:
         if not inputs:
             raise SpecError("no input fields (give 'input' or other keys)", field="input",
                             line=line)
-    key = _key(obj["id"], line) if "id" in obj else _default_id(inputs)
-    return DatasetItem(key, inputs, expected)
+    if "id" in obj:
+        return DatasetItem(_key(obj["id"], line), inputs, expected, line)
+    return DatasetItem(_default_id(inputs), inputs, expected, line, derived_key=True)
 
 
 def read_jsonl(path: Path) -> Iterator[DatasetItem]:
     """Items of a JSONL file."""
     with path.open("rb") as fh:
+        offset = 0  # of the line in the file, for a byte that is not UTF-8
         for n, raw in enumerate(fh, start=1):
+            start, offset = offset, offset + len(raw)
             if not raw.strip():
                 continue
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    raise not_utf8(path, raw, bad, base=start, line=n) from None
                 raise SpecError(f"not valid JSON ({exc})", line=n) from None
             yield item_from(obj, n)
 
@@ -101,11 +110,26 @@ def read_csv(path: Path, *, expected_column: str | None = None,
         except csv.Error as exc:
             raise SpecError(f"not valid CSV ({exc}): a quoted field must end with a "
                             "closing quote", line=read[0] + 1) from None
+        except UnicodeDecodeError:
+            # The text layer decodes in chunks, so its error's offset is not the file's:
+            # the bytes are decoded again (once, on this error path) to find the byte.
+            data = path.read_bytes()
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise not_utf8(path, data, bad) from None
+            raise SpecError(f"{path}: not UTF-8 text; save the file as UTF-8") from None
 
 
 def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | None,
                id_column: str, read: list[int]) -> Iterator[DatasetItem]:
     header = list(reader.fieldnames or [])
+    repeated = [(c, k) for c, k in Counter(header).items() if k > 1]
+    if repeated:  # DictReader would keep the last of them and drop the others silently
+        name, times = repeated[0]
+        raise SpecError(f"{path}: column '{name}' appears "
+                        f"{'twice' if times == 2 else f'{times} times'} in the header "
+                        "(line 1); rename the repeats so that each column has its own name")
     fields = [h for h in header if h.startswith("expected.")]
     column = expected_column or next((c for c in ("expected", "label") if c in header),
                                      None)
@@ -132,8 +156,10 @@ def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | N
         inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
         if not inputs:
             raise SpecError("no input columns", line=n)
-        key = _key(row[id_column], n) if row.get(id_column) else _default_id(inputs)
-        yield DatasetItem(key, inputs, expected)
+        if row.get(id_column):
+            yield DatasetItem(_key(row[id_column], n), inputs, expected, n)
+        else:
+            yield DatasetItem(_default_id(inputs), inputs, expected, n, derived_key=True)
 
 
 def read_items(path: str | Path, *, expected_column: str | None = None) -> list[DatasetItem]:
@@ -141,8 +167,13 @@ def read_items(path: str | Path, *, expected_column: str | None = None) -> list[
     p = Path(path)
     if not p.exists():
         raise SpecError(f"file {p} does not exist")
+    is_csv = p.suffix.lower() == ".csv"
+    if expected_column is not None and not is_csv:
+        raise SpecError(f"--expected-column applies to CSV files only, and {p} is read as "
+                        "JSONL (any name but *.csv): there the expected value is the "
+                        "'expected' (or 'label') key of each line")
     try:
-        if p.suffix.lower() == ".csv":
+        if is_csv:
             return list(read_csv(p, expected_column=expected_column))
         return list(read_jsonl(p))
     except OSError as exc:

@@ -11,14 +11,15 @@ dataset revision that replaced it, so every past revision can be read back exact
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from sqlalchemy.exc import IntegrityError
 
-from lockgate.errors import NotFound, StateConflict
+from lockgate.errors import NotFound, SpecError, StateConflict
 from lockgate.spec import canonical_json
 from lockgate.store import schema
 from lockgate.store.store import Store
@@ -138,6 +139,10 @@ class DatasetItem:
     key: str
     input: dict[str, Any]
     expected: Any
+    #: Where the item was read (its file line, or its place in a list), for errors.
+    line: int | None = field(default=None, compare=False)
+    #: Whether ``key`` was derived from the input (the item gave no id).
+    derived_key: bool = field(default=False, compare=False)
 
     @property
     def content_hash(self) -> str:
@@ -155,6 +160,46 @@ def items_hash(pairs: Sequence[tuple[str, str]]) -> str:
         h.update(content.encode())
         h.update(b"\n")
     return h.hexdigest()
+
+
+def check_unique(items: Sequence[DatasetItem]) -> None:
+    """StateConflict naming the first id that several items share and where they are
+    (one pass with a Counter: counting each key in the list was quadratic)."""
+    counts = Counter(i.key for i in items)
+    if len(counts) == len(items):
+        return
+    dups = [k for k, n in counts.items() if n > 1]  # in the order they first appear
+    key = dups[0]
+    at = [(n, it) for n, it in enumerate(items, start=1) if it.key == key]
+    on_lines = all(it.line is not None for _n, it in at)
+    places = [str(it.line if on_lines else n) for n, it in at]
+    shown = ", ".join(places[:-1][:9]) + (", …" if len(places) > 10 else "")
+    times = "twice" if len(places) == 2 else f"{len(places)} times"
+    text = (f"item id '{key}' appears {times} in the input "
+            f"({'lines' if on_lines else 'items'} {shown} and {places[-1]})")
+    if any(it.derived_key for _n, it in at):
+        text += (": the id is derived from the input, as the items give none, so these "
+                 "items have the same input; give each an 'id', or drop the repeats")
+    else:
+        text += ": item ids must be unique; rename or drop the repeats"
+    if len(dups) > 1:
+        text += f" ({len(dups) - 1} more id(s) repeat too)"
+    raise StateConflict(text)
+
+
+def _encoded(item: DatasetItem, position: int, limit: int) -> tuple[str, str]:
+    """(input, expected) as stored JSON text; SpecError naming the item when together
+    they exceed ``limit`` bytes: the bound a submit puts on a task's input
+    (:meth:`Store.max_input_bytes`), which an evaluation makes of the item."""
+    input_data, expected = canonical_json(item.input), canonical_json(item.expected)
+    size = len(input_data) + len(expected)
+    if size > limit:
+        where = "" if item.line is not None else f"item {position}: "
+        raise SpecError(f"{where}item '{item.key}' is {size:,} bytes as JSON (input and "
+                        f"expected); this database takes at most {limit:,} bytes per item "
+                        "(its bound on a task's input): split it, or store the content "
+                        "elsewhere and pass a reference", line=item.line)
+    return input_data.decode(), expected.decode()
 
 
 def _version_row(name: str, r: Mapping[str, Any]) -> VersionRow:
@@ -382,9 +427,12 @@ class RegistryStore:
         ``dataset.items_hash``, which evaluation snapshots freeze.
         """
         keys = [i.key for i in items]
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise StateConflict(f"item id '{dup}' appears twice in the input")
+        check_unique(items)
+        # Encoded once, and measured before anything is written: a row past the server's
+        # packet limit (MariaDB) would otherwise fail mid-insert, reported as a lost
+        # connection.
+        limit = self.store.max_input_bytes()
+        encoded = [_encoded(it, n, limit) for n, it in enumerate(items, start=1)]
 
         def work(tx: Tx) -> dict[str, Any]:
             now = tx.now
@@ -400,7 +448,7 @@ class RegistryStore:
             new_rows: list[dict[str, Any]] = []
             retire: list[int] = []
             unchanged = 0
-            for it in items:
+            for it, (input_data, expected) in zip(items, encoded, strict=True):
                 h = it.content_hash
                 old = active.get(it.key)
                 if old is not None and old[1] == h:
@@ -409,7 +457,7 @@ class RegistryStore:
                 if old is not None:
                     retire.append(old[0])
                 new_rows.append({"dataset_id": did, "item_key": it.key, "content_hash": h,
-                                 "input_data": dumps(it.input), "expected": dumps(it.expected),
+                                 "input_data": input_data, "expected": expected,
                                  "added_rev": rev, "retired_rev": None, "created_at": now})
             if replace:
                 given = set(keys)
