@@ -89,13 +89,13 @@ def main() -> None:
 
     def sdk_spans() -> None:  # what the worker's loop did per attempt before
         sdk_keep.spans.clear()
-        for (_t, _r, _c, start, end, name, run_attrs, _e, call_name, call_attrs,
+        for (_t, _r, _c, start, end, sent, name, run_attrs, _e, call_name, call_attrs,
              _ce) in built:
             run = tracer.start_span(name, context=_ROOT, kind=SpanKind.INTERNAL,
                                     start_time=start)
             run.set_attributes(_sdk_attributes(run_attrs))
             call = tracer.start_span(call_name, context=set_span_in_context(run),
-                                     kind=SpanKind.CLIENT, start_time=start,
+                                     kind=SpanKind.CLIENT, start_time=sent,
                                      attributes=_sdk_attributes(call_attrs))
             call.end(end_time=end)
             run.end(end_time=end)

@@ -90,11 +90,13 @@ class Received:
 @dataclass
 class Receiver:
     """A local HTTP server: answers the statuses of ``script`` in turn, then 200; with
-    ``hang`` it holds the first request that long before answering."""
+    ``hang`` it holds the first request that long before answering; with ``block`` it
+    holds every request until that event is set (a webhook that does not answer)."""
 
     secret: bytes
     script: list[int] = field(default_factory=list)
     hang: float = 0.0
+    block: threading.Event | None = None
     got: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
@@ -115,6 +117,8 @@ class Receiver:
                                         hmac.compare_digest(want, sig)))
                 if rec.hang and len(rec.got) == 1:
                     time.sleep(rec.hang)
+                if rec.block is not None:
+                    rec.block.wait(120)
                 status = rec.script.pop(0) if rec.script else 200
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -129,6 +133,8 @@ class Receiver:
         return self
 
     def stop(self) -> None:
+        if self.block is not None:
+            self.block.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 
 import orjson
 import pytest
@@ -19,6 +20,7 @@ from lockgate.cli import app
 from lockgate.config import QualitySettings, Settings, Webhook
 from lockgate.errors import ConfigError
 from lockgate.quality.alerts import Evaluator, get_alert
+from lockgate.quality.service import AlertService
 from lockgate.quality.webhooks import Sender, signature, verify
 from lockgate.store import Store
 
@@ -227,3 +229,44 @@ def test_an_ack_is_announced_to_the_webhooks_once(store: Store, db_url: str,
     assert len(acked) == 2
     assert all(a["acked_by"] == "ops@example.com" and a["ack_reason"] ==
                "known: model upgrade" for a in acked)
+
+
+def test_a_webhook_that_does_not_answer_holds_up_no_other(store: Store, db_url: str) -> None:
+    """The worker's sender claims and posts each delivery on its own: while a webhook
+    holds its post unanswered (for up to its 30 s timeout), a later event still reaches
+    the webhook that answers."""
+    stuck = Receiver(SECRET, block=threading.Event()).start()
+    fine = Receiver(SECRET).start()
+    s = settings(webhook=(stuck.webhook(name="stuck", timeout_s=30.0),
+                          fine.webhook(name="fine")))
+    collapse(store)
+    service = AlertService(store, s, send_poll_s=0.05)
+    loop = asyncio.new_event_loop()
+    stopping = asyncio.Event()
+    runner = threading.Thread(target=loop.run_until_complete,
+                              args=(service.run(stopping, "w1"),))
+    runner.start()
+
+    def events(rec: Receiver) -> list[str]:
+        return [orjson.loads(r.body)["event"] for r in list(rec.got)]
+
+    try:
+        wait_for(lambda: events(stuck) == ["open"] and events(fine) == ["open"],
+                 "the open event posted to both webhooks", timeout=60)
+        with Lockgate(db_url, settings=s, migrate=False) as lg:
+            [alert] = lg.alerts()
+            lg.ack_alert(alert.id, actor="ops@example.com")
+        wait_for(lambda: "ack" in events(fine), "the ack at the webhook that answers",
+                 timeout=120)
+        # ... while the first post to the other one is still waiting for its answer
+        [held] = rows(store, "SELECT status, attempts, last_error FROM alert_delivery "
+                             "WHERE target = 'stuck' AND event = 'open'")
+        assert (held["status"], held["attempts"], held["last_error"]) == ("PENDING", 1, None)
+        assert events(stuck)[0] == "open"
+    finally:
+        stuck.stop()  # answers what it holds
+        loop.call_soon_threadsafe(stopping.set)
+        runner.join(60)
+        loop.close()
+        fine.stop()
+    assert not runner.is_alive()

@@ -3,7 +3,8 @@ ExportProcess`): ``python -m lockgate.quality.otel_child``, started by a worker 
 exports spans over OTLP/HTTP. Reads batches of attempts on stdin, builds, encodes and
 posts their spans with the exporter the ``OTEL_*`` environment configures, and answers
 each batch with the counts of spans exported and failed; ends at the end of its input
-(the worker stopped, or closed it)."""
+(the worker stopped, or closed it), and quietly when the worker is gone (a closed pipe)
+or its exporter cannot be built (the worker, left to export itself, says why)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ def main() -> None:
     # goes to stderr, never into them.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    tracing = Tracing.from_env(lambda _name: None, {**os.environ, EXPORT_PROCESS: "0"})
+    try:
+        tracing = Tracing.from_env(lambda _name: None, {**os.environ, EXPORT_PROCESS: "0"},
+                                   quiet=True)
+    except Exception:  # the worker finds this process gone, tries to build the exporter
+        sys.exit(2)  # itself and logs why it cannot: one message, not a traceback here
     if tracing is None:  # the environment asks for no traces: nothing to export
         return
 
@@ -32,6 +37,11 @@ def main() -> None:
         answers.flush()
     try:
         serve(tracing, sys.stdin.buffer.read, write)
+    except BrokenPipeError:
+        # The worker died (or was killed) with a batch in flight: nobody reads the
+        # answer. Not a traceback in the worker's log; and the answer still buffered
+        # goes nowhere when the interpreter flushes it at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
     finally:
         tracing.shutdown()
 

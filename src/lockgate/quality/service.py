@@ -4,8 +4,8 @@ evaluates the anomaly rules every ``[quality] evaluate_every`` and sends the web
 outbox. The others try to take the role at the same pace, so a killed holder is
 replaced once its lease (``evaluator_lease_s``) has run out; a stopping holder gives the
 role up at once. Database trouble is retried at the next tick; the webhooks are posted
-by a task of their own, so a slow or failing webhook never holds the evaluator or the
-worker."""
+by a task of their own, each delivery on its own, so a slow or failing webhook never
+holds the evaluator or the worker, nor the deliveries of another webhook."""
 
 from __future__ import annotations
 
@@ -66,18 +66,9 @@ class AlertService:
 
     async def _send(self, stopping: asyncio.Event, ev: Evaluator) -> None:
         assert self.sender is not None
-        while not stopping.is_set():
-            n = 0
-            if ev.holding:
-                try:
-                    n = await self.sender.pass_once()
-                except (StoreError, DBAPIError) as exc:
-                    log.warning("quality webhooks: step failed, retrying: %s", exc)
-                except Exception:  # a webhook never stops the worker
-                    log.exception("quality webhooks: sending failed, retrying")
-            if not n:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=self.send_poll_s)
+        # claims while this process holds the role, and goes on claiming while posts
+        # are under way: a webhook that does not answer holds up only its own posts
+        await self.sender.run(lambda: ev.holding, stopping, self.send_poll_s)
 
     async def busy(self) -> bool:
         """Never keeps a burst worker up: alerts are about traffic, not part of it."""

@@ -4,19 +4,25 @@ Off unless the standard environment asks for it: ``OTEL_TRACES_EXPORTER`` (``otl
 ``console``) or an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), and not ``OTEL_SDK_DISABLED=true``. The
 exporter speaks OTLP/HTTP (protobuf) and reads its own ``OTEL_EXPORTER_OTLP_*``
-settings; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the service
-(``lockgate`` by default); ``OTEL_TRACES_SAMPLER=traceidratio`` with
-``OTEL_TRACES_SAMPLER_ARG`` keeps a share of the tasks (decided per task: its trace id is
-derived from the task id).
+settings: another exporter or protocol asked for is named in a warning at start, and a
+malformed entry of ``OTEL_EXPORTER_OTLP_HEADERS`` is named (never its value: it is
+usually a credential) and left out. ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES`` name the service (``lockgate`` when neither does);
+``OTEL_TRACES_SAMPLER=traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` keeps a share of
+the tasks (decided per task: its trace id is derived from the task's row).
 
 Spans are made when a write-back has committed, from the attempt rows it wrote, with the
-attempt's own times (database clock): a span ``lockgate.task {task_id}`` per run of a
-task (one claim: render, call, parse), and under it the call, ``chat {model}``, of kind
-CLIENT with the ``gen_ai.*`` attributes. Every run of a task is in the task's own trace
-(its id is derived from the task id), so retries on other workers line up in one trace.
-Prompt and answer texts are added only when
-``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is true; no API key or header is
-ever an attribute, and ``server.address`` is the endpoint's host alone.
+attempt's own times (database clock): a span ``lockgate.task`` per run of a task (one
+claim: render, call, parse; from the attempt's start to the end of its call, a wait for
+the endpoint's rate limit included), and under it the call, ``chat {model}``, of kind
+CLIENT with the ``gen_ai.*`` attributes, from the moment the request was sent (when the
+worker says when that was: :attr:`CallSpan.sent_at`) to its answer. Every run of a task
+is in the task's own trace (its id is derived from the task id, its batch and its row's
+primary key), so retries on other workers line up in one trace, and the same task id
+in another database, or submitted again after a cleanup, is another trace. Prompt and
+answer texts are added only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+is true (at most :data:`MAX_CONTENT` bytes each); no API key or header is ever an
+attribute, and ``server.address`` is the endpoint's host alone.
 
 Cost. The worker's event loop only appends the written attempts to a bounded queue
 (``OTEL_BSP_MAX_QUEUE_SIZE`` spans, two per attempt); one exporter thread per
@@ -27,16 +33,19 @@ from the attempts (no SDK span object, no per-span attribute validation or copy;
 resource and instrumentation scope are encoded once), for any other exporter or span
 processor (the console, an in-memory exporter) the SDK's :class:`ReadableSpan` objects
 are built. A full queue drops the attempt's spans (counted in :attr:`Tracing.dropped`
-and logged), so a slow or absent collector never holds a worker up.
+and logged), so a slow or absent collector never holds a worker up; at exit the queue is
+exported within ``OTEL_BSP_EXPORT_TIMEOUT``, one deadline for the whole shutdown.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -50,7 +59,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
@@ -72,12 +81,27 @@ CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 EXPORT_PROCESS = "LOCKGATE_OTEL_EXPORT_PROCESS"
 #: An empty context: the run span is a root whatever span the caller is in.
 _ROOT = Context()
-#: Longest text a span keeps of a prompt or an answer (characters).
+#: Largest value of ``gen_ai.input.messages`` or ``gen_ai.output.messages``, in bytes of
+#: its JSON (the longest texts are cut to fit, and say so).
 MAX_CONTENT = 16_384
+#: The name of every run span (the task id is an attribute: a span name stays one of a
+#: few, as OpenTelemetry asks of span names).
+RUN_SPAN = "lockgate.task"
 #: The instrumentation scope of every span.
 SCOPE = InstrumentationScope("lockgate")
 #: Seconds between two warnings about dropped spans.
 _DROP_LOG_EVERY = 10.0
+#: Seconds the shutdown waits, after killing an exporter process that outlived its
+#: deadline, for the exporter thread to see it gone (the end of its output, at once).
+_AFTER_KILL_S = 1.0
+#: The values of ``OTEL_TRACES_EXPORTER`` lockgate knows, and the one OTLP protocol.
+_EXPORTERS = ("otlp", "console", "none")
+_PROTOCOL = "http/protobuf"
+#: ``server.port`` of an endpoint URL that names none.
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+#: The key of an attempt handed to the exporter process saying whether a completion
+#: came back (its text, ``raw_output``, goes along only when content is captured).
+_ANSWERED = "answered"
 
 
 def _true(value: str | None) -> bool:
@@ -113,10 +137,115 @@ class _NoSink(SpanExporter):
 def _exporter(env: Mapping[str, str]) -> SpanExporter:
     if _console(env):
         return ConsoleSpanExporter()
+    # The SDK's exporter parses OTEL_EXPORTER_OTLP_HEADERS itself (from os.environ) and
+    # would print a malformed entry whole: a credential, more often than not.
+    _redact_sdk_header_warnings()
     # Imported only when traces are on: the exporter brings an HTTP client and protobuf
     # code that every other use of lockgate would load for nothing.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return OTLPSpanExporter()
+
+
+def _resource() -> Resource:
+    """The SDK's resource from the environment: ``OTEL_RESOURCE_ATTRIBUTES`` and
+    ``OTEL_SERVICE_NAME`` (which wins, as the specification has it), the service named
+    ``lockgate`` when neither names it."""
+    if OTELResourceDetector().detect().attributes.get(SERVICE_NAME):
+        return Resource.create()
+    return Resource.create({SERVICE_NAME: "lockgate"})
+
+
+# -- the environment, checked -----------------------------------------------------------
+
+#: The variables holding the exporter's headers (the second wins where both are set).
+_HEADER_VARS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+# What the SDK's exporter accepts as one header of those variables (its "liberal" parse,
+# opentelemetry.util.re): a token, "=", a value without '"', ',', ';' or '\'.
+_HEADER_NAME = r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"
+_HEADER = re.compile(
+    rf"{_HEADER_NAME}[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+#: The name of an entry, malformed or not: before its "=" or ":" (never its value).
+_ENTRY_NAME = re.compile(rf"[ \t]*({_HEADER_NAME})[ \t]*[:=]")
+_ENTRIES = re.compile(r"[ \t]*,[ \t]*")
+
+
+def _entry_name(entry: str, n: int | None = None) -> str:
+    """How a header entry is named in a message: its name, quoted, never its value (an
+    entry without a name before ``=`` or ``:`` is named by its place)."""
+    m = _ENTRY_NAME.match(entry)
+    if m:
+        return repr(m.group(1))
+    return "an entry without a name" if n is None else f"entry {n} (no name)"
+
+
+def _headers(value: str) -> tuple[str, list[str]]:
+    """A headers variable's ``value`` without its malformed entries, and their names."""
+    kept: list[str] = []
+    bad: list[str] = []
+    for n, entry in enumerate(_ENTRIES.split(value), 1):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if _HEADER.fullmatch(entry):
+            kept.append(entry)
+        else:
+            bad.append(_entry_name(entry, n))
+    return ",".join(kept), bad
+
+
+class _RedactHeaderEntries(logging.Filter):
+    """On the logger of the SDK's header parser: its warning about a malformed entry of
+    ``OTEL_EXPORTER_OTLP_HEADERS`` prints the entry whole, the value of an
+    ``Authorization`` header with it. The entry is replaced by its name."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(f"{_entry_name(a)}=***" if isinstance(a, str) else a
+                                for a in record.args)
+        return True
+
+
+def _redact_sdk_header_warnings() -> None:
+    sdk = logging.getLogger("opentelemetry.util.re")
+    if not any(isinstance(f, _RedactHeaderEntries) for f in sdk.filters):
+        sdk.addFilter(_RedactHeaderEntries())
+
+
+def _checked(env: Mapping[str, str], *, warn: bool) -> dict[str, str]:
+    """The environment the exporter is built from: ``env`` without the malformed entries
+    of its headers variables. With ``warn``, what lockgate does not do of what ``env``
+    asks is logged (once, at start: the exporter process is given the checked copy)."""
+    out = dict(env)
+    exporters = env.get("OTEL_TRACES_EXPORTER") or ""
+    unknown = [v for v in (x.strip().lower() for x in exporters.split(","))
+               if v and v not in _EXPORTERS]
+    if unknown and warn:
+        log.warning("OpenTelemetry: OTEL_TRACES_EXPORTER=%s: lockgate has no %s exporter "
+                    "(it has %s); its spans go out over OTLP/HTTP", exporters.strip(),
+                    ", ".join(unknown), ", ".join(_EXPORTERS))
+    if not _console(env) and warn:
+        # the traces' own variable wins over the general one, as for the SDK
+        for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+            protocol = (env.get(name) or "").strip()
+            if protocol:
+                if protocol.lower() != _PROTOCOL:
+                    log.warning("OpenTelemetry: %s=%s is not supported: lockgate exports "
+                                "over OTLP/HTTP with protobuf only (%s), to the "
+                                "collector's OTLP/HTTP port (4318 by default, not gRPC's "
+                                "4317)", name, protocol, _PROTOCOL)
+                break
+    for name in _HEADER_VARS:
+        value = env.get(name)
+        if not value:
+            continue
+        kept, bad = _headers(value)
+        if bad:
+            out[name] = kept
+            if warn:
+                log.warning("OpenTelemetry: %s: %s %s not name=value (values not shown); "
+                            "left out", name, ", ".join(bad),
+                            "is" if len(bad) == 1 else "are")
+    return out
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -161,6 +290,11 @@ class CallSpan:
     response_model: str | None
     response_body: str | None
     outcome: str
+    #: When the call's request was sent (ms, database clock): after the wait for the
+    #: endpoint's rate limit, which the run span covers and the call span does not.
+    #: None: not known (the call span starts with the attempt). Not a column of the
+    #: attempt row: it travels beside it.
+    sent_at: int | None = None
 
 
 #: A span's attributes: those whose values differ from attempt to attempt (the task id
@@ -169,9 +303,10 @@ class CallSpan:
 #: values with their OTLP encoding.
 Attrs = tuple[list[tuple[str, Any]], tuple[tuple[str, Any], ...], bytes]
 #: One attempt's spans, built: trace id, run span id, call span id (0: no call span),
-#: start and end (ns), run name, run attributes, run error (or None), call name, call
-#: attributes, call error (or None).
-Built = tuple[int, int, int, int, int, str, Attrs, str | None, str, Attrs, str | None]
+#: the run's start and end, the call's start (it ends with the run; ns), run name, run
+#: attributes, run error (or None), call name, call attributes, call error (or None).
+Built = tuple[int, int, int, int, int, int, str, Attrs, str | None, str, Attrs,
+              str | None]
 _NO_ATTRS: Attrs = ([], (), b"")
 
 
@@ -190,8 +325,7 @@ class Tracing:
                  sampler: Sampler | None = None,
                  batch: BatchSettings | None = None) -> None:
         self.sink = sink
-        self.resource = resource or Resource.create(
-            {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "lockgate"})
+        self.resource = resource or _resource()
         # The SDK's sampler from the environment (OTEL_TRACES_SAMPLER, ..._ARG).
         self.sampler = sampler or TracerProvider(shutdown_on_exit=False).sampler
         #: Every root span is kept (the default sampler): no decision to ask for.
@@ -210,6 +344,11 @@ class Tracing:
         self._cond = threading.Condition()
         self._flushes: list[threading.Event] = []
         self._stopping = False
+        #: The shutdown's deadline passed with an export in flight: it is given up, and
+        #: the thread exports nothing more (nor falls back to an exporter of its own).
+        self._abandoned = False
+        #: Attempts of the batch the thread is exporting (their fate not yet counted).
+        self._in_flight = 0
         self._thread: threading.Thread | None = None
         self._thread_pid = 0
         self._exporting = False
@@ -220,6 +359,11 @@ class Tracing:
         self.failed = 0
         #: Spans exported.
         self.exported = 0
+        #: Spans never exported otherwise: traces went off (no exporter could be built),
+        #: or the shutdown's deadline passed before they were.
+        self.lost = 0
+        #: Why traces went off for good (None: they are on).
+        self.off: str | None = None
         self._dropped_logged = 0
         self._drop_logged_at = 0.0
         self._otlp = _OtlpWriter.for_exporter(sink, self.resource) \
@@ -234,39 +378,69 @@ class Tracing:
 
     @classmethod
     def from_env(cls, endpoint: Callable[[str], Endpoint | None],
-                 env: Mapping[str, str] | None = None) -> Tracing | None:
-        """The tracing the environment configures, or None when it asks for none."""
+                 env: Mapping[str, str] | None = None, *,
+                 quiet: bool = False) -> Tracing | None:
+        """The tracing the environment configures, or None when it asks for none (or
+        its exporter cannot be built: logged). ``quiet`` is for the exporter process:
+        the worker has said what it makes of the environment, and an exporter that
+        cannot be built raises (the worker then says why)."""
         env = os.environ if env is None else env
         if not enabled(env):
             return None
+        checked = _checked(env, warn=not quiet)
         batch = BatchSettings.from_env(env)
         capture = _true(env.get(CAPTURE_CONTENT))
         if _console(env) or (env.get(EXPORT_PROCESS) or "").strip().lower() in (
                 "0", "false", "no", "off"):
-            return cls(_exporter(env), endpoint=endpoint, capture_content=capture,
-                       batch=batch)
+            try:
+                sink = _exporter(checked)
+            except Exception as exc:  # the SDK's or a plugin's error: traces only
+                if quiet:
+                    raise
+                log.error("OpenTelemetry: traces are off: the exporter cannot be built "
+                          "(%s: %s)", type(exc).__name__, exc)
+                return None
+            return cls(sink, endpoint=endpoint, capture_content=capture, batch=batch)
         # OTLP through an exporter process: this process builds no exporter of its own
         # (its HTTP client and protobuf code cost the worker's start a few hundred ms of
         # CPU) unless the process fails and the export comes back here.
         tracing = cls(_NoSink(), endpoint=endpoint, capture_content=capture, batch=batch)
-        tracing._fallback_env = dict(env)
-        tracing._child = ExportProcess(env, timeout_s=batch.export_timeout_ms / 1000)
+        tracing._fallback_env = checked
+        tracing._child = ExportProcess(checked, timeout_s=batch.export_timeout_ms / 1000)
         tracing._child.start()  # it loads while the worker starts
         return tracing
 
-    def _export_here(self) -> None:
-        """The exporter process is gone: build this process's own exporter."""
+    def _export_here(self) -> bool:
+        """The exporter process is gone: build this process's own exporter. False when
+        it cannot be built: traces are off from now on (logged once)."""
         self._child = None
-        if self._fallback_env is not None:
-            self.sink = _exporter(self._fallback_env)
-            self._otlp = _OtlpWriter.for_exporter(self.sink, self.resource)
-            self._fallback_env = None
+        env, self._fallback_env = self._fallback_env, None
+        if env is not None:
+            try:
+                sink = _exporter(env)
+            except Exception as exc:  # the SDK's or a plugin's error: traces only
+                self._go_off(f"the exporter process is gone and this process cannot "
+                             f"build an exporter ({type(exc).__name__}: {exc})")
+                return False
+            self.sink = sink
+            self._otlp = _OtlpWriter.for_exporter(sink, self.resource)
+        return True
+
+    def _go_off(self, why: str) -> None:
+        """No exporter is left: say so once, and queue no more spans (they are counted
+        in :attr:`lost`, and the total is logged at exit)."""
+        self.off = why
+        log.error("OpenTelemetry: traces are off: %s; the spans of later attempts are "
+                  "not exported (counted, the total is logged at exit)", why)
 
     # -- the caller's side (the worker's event loop) ---------------------------------
 
     def emit(self, calls: Sequence[CallSpan]) -> None:
         """Queue the spans of written attempts (a full queue drops them)."""
         if not calls or self._stopping:
+            return
+        if self.off is not None:
+            self.lost += 2 * len(calls)
             return
         queue = self._queue
         room = self._max_queued - len(queue)
@@ -306,17 +480,41 @@ class Tracing:
                          else timeout_s)
 
     def shutdown(self) -> None:
-        """Export what is queued (within the export timeout) and stop."""
+        """Export what is queued and stop, the whole within the export timeout
+        (``OTEL_BSP_EXPORT_TIMEOUT``): once it has passed, the export in flight is
+        given up (the exporter process killed) and the spans not exported are counted
+        in :attr:`lost` and logged."""
         if self._stopping:
             return
-        self.flush()
-        self._stopping = True
+        budget = self.batch.export_timeout_ms / 1000
+        deadline = time.monotonic() + budget
+        done = self.flush(budget)
         with self._cond:
+            self._stopping = True
+            self._abandoned = not done
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(self.batch.export_timeout_ms / 1000)
-        if self._child is not None:
-            self._child.close()
+        child, thread = self._child, self._thread
+        if not done and child is not None:
+            child.kill()  # the thread waiting for its answer sees the end of its output
+        if thread is not None and thread.is_alive():
+            thread.join(max(0.0, deadline - time.monotonic()) if done
+                        else _AFTER_KILL_S if child is not None else 0.0)
+        if child is not None:
+            child.close(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            left = 2 * (len(self._queue) + self._in_flight)
+            self._queue.clear()
+            self._in_flight = 0
+        self.lost += left
+        if not done and left:
+            log.warning("OpenTelemetry: the export did not finish within "
+                        "OTEL_BSP_EXPORT_TIMEOUT (%d ms): %d span(s) not exported%s",
+                        self.batch.export_timeout_ms, left,
+                        " (the exporter process was stopped)" if child is not None
+                        else "")
+        if self.off is not None and self.lost:
+            log.warning("OpenTelemetry: %d span(s) not exported in all: traces were off "
+                        "(%s)", self.lost, self.off)
         if self.dropped > self._dropped_logged:
             log.warning("OpenTelemetry: %d span(s) dropped in all (export queue full)",
                         self.dropped)
@@ -350,6 +548,8 @@ class Tracing:
                 self._export_queued()
             except Exception:  # never let the thread die: the next batch may pass
                 log.exception("OpenTelemetry: building or exporting spans failed")
+                with self._cond:
+                    self._in_flight = 0
             finally:
                 self._exporting = False
             for done in flushes:
@@ -360,19 +560,37 @@ class Tracing:
     def _export_queued(self) -> None:
         queue = self._queue
         size = self._batch_size
-        while queue:
-            batch = [queue.popleft() for _ in range(min(size, len(queue)))]
-            if self._child is not None:
-                done = self._child.export(batch, self._servers_of(batch),
-                                          self.capture_content)
-                if done is not None:
-                    self.exported += done[0]
-                    self.failed += done[1]
-                    continue
-                self._export_here()  # it failed to start or died: this thread exports
-            built = self.build(batch)
-            if built:
-                self._export(built)
+        while True:
+            with self._cond:
+                if self.off is not None:  # nothing can export them
+                    self.lost += 2 * len(queue)
+                    queue.clear()
+                if not queue or self._abandoned:
+                    return
+                batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+                self._in_flight = len(batch)
+            if not self._export_batch(batch):
+                return  # abandoned: the shutdown counts the batch
+            with self._cond:
+                self._in_flight = 0
+
+    def _export_batch(self, batch: list[CallSpan]) -> bool:
+        """Export one batch and count its spans; False when the shutdown gave it up."""
+        if self._child is not None:
+            done = self._child.export(batch, self._servers_of(batch), self.capture_content)
+            if done is not None:
+                self.exported += done[0]
+                self.failed += done[1]
+                return True
+            if self._abandoned:
+                return False  # the process was stopped at the deadline: no fallback
+            if not self._export_here():  # it failed to start or died: this thread
+                self.lost += 2 * len(batch)  # exports, if it can build an exporter
+                return True
+        built = self.build(batch)
+        if built:
+            self._export(built)
+        return True
 
     def _servers_of(self, batch: Sequence[CallSpan]) -> dict[str, tuple[str | None,
                                                                          int | None]]:
@@ -401,19 +619,20 @@ class Tracing:
         out: list[Built] = []
         bits = self._random.getrandbits
         sample = None if self._keep_all else self.sampler.should_sample
-        sha = hashlib.sha256
         lockgate_attrs = self._lockgate
         gen_ai_attrs = self._gen_ai
         for c in calls:
             a = c.attempt
-            name = f"lockgate.task {c.task_id}"
-            trace_id = int.from_bytes(sha(c.task_id.encode()).digest()[:16], "big") or 1
+            trace_id = trace_id_of(c)
             if sample is not None and not sample(
-                    _ROOT, trace_id, name, SpanKind.INTERNAL).decision.is_sampled():
+                    _ROOT, trace_id, RUN_SPAN, SpanKind.INTERNAL).decision.is_sampled():
                 continue  # sampled out (OTEL_TRACES_SAMPLER): the whole task is
             start = int(a.get("started_at") or 0) * 1_000_000
             latency = a.get("latency_ms")
-            end = start + int((latency or 0.0) * 1_000_000)
+            # The call starts when its request was sent (after any wait for the rate
+            # limit), never before the attempt; the run ends with the call.
+            sent = start if c.sent_at is None else max(start, int(c.sent_at) * 1_000_000)
+            end = sent + int((latency or 0.0) * 1_000_000)
             error = a.get("error_class") or None
             run_error = error if c.outcome in ("failed", "dead") else None
             if a.get("prompt_sha256") is not None and latency is not None:
@@ -422,7 +641,7 @@ class Tracing:
                 call_attrs = gen_ai_attrs(c)
             else:
                 call_id, call_name, call_attrs = 0, "", _NO_ATTRS
-            out.append((trace_id, bits(64) or 1, call_id, start, end, name,
+            out.append((trace_id, bits(64) or 1, call_id, start, end, sent, RUN_SPAN,
                         lockgate_attrs(c), run_error, call_name, call_attrs, error))
         return out
 
@@ -431,7 +650,7 @@ class Tracing:
         spans: list[ReadableSpan] = []
         flags = TraceFlags(TraceFlags.SAMPLED)
         resource = self.resource
-        for (trace_id, run_id, call_id, start, end, name, run_attrs, run_error,
+        for (trace_id, run_id, call_id, start, end, sent, name, run_attrs, run_error,
              call_name, call_attrs, error) in built:
             run = SpanContext(trace_id, run_id, is_remote=False, trace_flags=flags)
             spans.append(ReadableSpan(
@@ -444,7 +663,7 @@ class Tracing:
                     call_name, context=SpanContext(trace_id, call_id, is_remote=False,
                                                    trace_flags=flags),
                     parent=run, resource=resource, attributes=_sdk_attributes(call_attrs),
-                    kind=SpanKind.CLIENT, status=_status(error), start_time=start,
+                    kind=SpanKind.CLIENT, status=_status(error), start_time=sent,
                     end_time=end, instrumentation_scope=SCOPE))
         return spans
 
@@ -468,15 +687,17 @@ class Tracing:
     def _gen_ai(self, c: CallSpan) -> Attrs:
         get = c.attempt.get
         endpoint = get("endpoint") or ""
-        reasons = _finish_reasons(c.response_body)
+        response_model, response_id, reasons = _response(c)
         unique: list[tuple[str, Any]] = [("lockgate.task.id", c.task_id)]
-        if get("request_id") is not None:
-            unique.append((gen_ai.GEN_AI_RESPONSE_ID, str(get("request_id"))))
+        if response_id is not None:
+            unique.append((gen_ai.GEN_AI_RESPONSE_ID, response_id))
+        if get("request_id") is not None:  # the provider's x-request-id header
+            unique.append(("lockgate.request_id", str(get("request_id"))))
         for k, name in _TOKENS:  # they differ from call to call: not in the cached set
             value = get(k)
             if value is not None:
                 unique.append((name, int(value)))
-        key = (endpoint, get("model"), c.prompt, c.response_model, get("parse_status"),
+        key = (endpoint, get("model"), c.prompt, response_model, get("parse_status"),
                get("completeness"), get("error_class"), *reasons)
         same = self._call_same.get(key)
         if same is None:
@@ -486,8 +707,8 @@ class Tracing:
                 (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
                 (gen_ai.GEN_AI_REQUEST_MODEL, get("model") or ""),
                 ("lockgate.prompt.version", c.prompt)]
-            if c.response_model:
-                pairs.append((gen_ai.GEN_AI_RESPONSE_MODEL, c.response_model))
+            if response_model:
+                pairs.append((gen_ai.GEN_AI_RESPONSE_MODEL, response_model))
             for k, name, kind in _CALL_OPTIONAL:
                 value = get(k)
                 if value is not None:
@@ -502,13 +723,7 @@ class Tracing:
                 pairs.append(("error.type", str(get("error_class"))))
             same = _cache(self._call_same, key, tuple(pairs))
         if self.capture_content:
-            a = c.attempt
-            if a.get("prompt_snapshot"):
-                unique.append((gen_ai.GEN_AI_INPUT_MESSAGES, _messages(a["prompt_snapshot"])))
-            if a.get("raw_output") is not None:
-                unique.append((gen_ai.GEN_AI_OUTPUT_MESSAGES, orjson.dumps([{
-                    "role": "assistant", "parts": [{"type": "text", "content":
-                                                    a["raw_output"][:MAX_CONTENT]}]}]).decode()))
+            unique.extend(_captured(c.attempt, reasons))
         return unique, same[0], same[1]
 
     def _server(self, endpoint: str) -> tuple[str | None, int | None]:
@@ -519,9 +734,51 @@ class Tracing:
                 found = (None, None)
             else:
                 url = urlsplit(ep.base_url)
-                found = (url.hostname, url.port)  # never the user or password
+                # never the user or password; the scheme's port when the URL names none
+                found = (url.hostname, url.port or _DEFAULT_PORTS.get(url.scheme.lower()))
             self._servers[endpoint] = found
         return found
+
+
+def trace_id_of(c: CallSpan) -> int:
+    """The trace id of an attempt's task: derived from the task id, its batch and its
+    row's primary key (``task_pk``, which the store adds to every attempt row it
+    writes), so every attempt of the task is in it, and the same task id in another
+    database or submitted again after a cleanup (another row) is not. An attempt that
+    names no row (built by hand) has the task id and batch alone."""
+    pk = c.attempt.get("task_pk")
+    key = f"{c.task_id}\x00{c.batch_id}\x00{'' if pk is None else pk}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "big") or 1
+
+
+def _response(c: CallSpan) -> tuple[str | None, str | None, list[str]]:
+    """The response's model and id (the ``id`` of its body, the completion's own), and
+    its finish reasons. The model and id only when a completion came back: a failed
+    call's model is the one asked for, and its body (if any) an error's."""
+    body = _body(c.response_body)
+    reasons = _finish_reasons(body)
+    if not _answered(c.attempt):
+        return None, None, reasons
+    rid = body.get("id") if body is not None else None
+    return c.response_model or None, rid if isinstance(rid, str) and rid else None, reasons
+
+
+def _captured(attempt: Mapping[str, Any], reasons: Sequence[str]) -> list[tuple[str, Any]]:
+    """The prompt's and the answer's texts as the convention's message attributes."""
+    out: list[tuple[str, Any]] = []
+    if attempt.get("prompt_snapshot"):
+        out.append((gen_ai.GEN_AI_INPUT_MESSAGES,
+                    _input_messages(attempt["prompt_snapshot"])))
+    if attempt.get("raw_output") is not None:
+        out.append((gen_ai.GEN_AI_OUTPUT_MESSAGES,
+                    _output_messages(attempt["raw_output"], reasons)))
+    return out
+
+
+def _answered(attempt: Mapping[str, Any]) -> bool:
+    """Whether a completion came back (a call that failed has no answer's text)."""
+    said = attempt.get(_ANSWERED)
+    return attempt.get("raw_output") is not None if said is None else bool(said)
 
 
 # Optional attributes: the attempt row's key, the attribute, the type it is given (one
@@ -567,10 +824,22 @@ def _sdk_attributes(attrs: Attrs) -> dict[str, Any]:
 #: The attempt row's keys the spans read (the texts only when content is captured).
 _SPAN_KEYS = ("attempt", "started_at", "latency_ms", "endpoint", "model", "prompt_sha256",
               "input_tokens", "output_tokens", "parse_status", "completeness",
-              "error_class", "routed_from", "request_id")
+              "error_class", "routed_from", "request_id", "task_pk")
 _CONTENT_KEYS = ("prompt_snapshot", "raw_output")
 _FRAME = struct.Struct(">I")
 _COUNTS = struct.Struct(">QQ")
+
+
+def frame(calls: Sequence[CallSpan], servers: Mapping[str, tuple[str | None, int | None]],
+          capture_content: bool) -> bytes:
+    """One batch as the exporter process reads it: its length, then the JSON of the
+    endpoints' servers and the attempts (the keys their spans read)."""
+    keys = _SPAN_KEYS + _CONTENT_KEYS if capture_content else _SPAN_KEYS
+    payload = orjson.dumps([servers, [
+        (c.task_id, c.batch_id, c.prompt,
+         {**{k: c.attempt.get(k) for k in keys}, _ANSWERED: _answered(c.attempt)},
+         c.response_model, c.response_body, c.outcome, c.sent_at) for c in calls]])
+    return _FRAME.pack(len(payload)) + payload
 
 
 class ExportProcess:
@@ -587,6 +856,9 @@ class ExportProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid = os.getpid()
         self._broken = False
+        #: Being closed or killed by the shutdown: an export cut short is not a failure
+        #: to report (nor one to fall back from).
+        self._closing = False
 
     def _forked(self) -> None:
         """In a forked copy of the process that started the child: let go of the
@@ -594,6 +866,7 @@ class ExportProcess:
         proc, self._proc = self._proc, None
         self._pid = os.getpid()
         self._broken = False
+        self._closing = False
         if proc is not None:
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:
@@ -603,24 +876,23 @@ class ExportProcess:
                servers: Mapping[str, tuple[str | None, int | None]],
                capture_content: bool) -> tuple[int, int] | None:
         """Spans exported and failed for ``calls``; None when the process is unusable
-        (the caller exports them itself)."""
+        (the caller exports them itself) or was stopped by the shutdown."""
         if self._pid != os.getpid():
             self._forked()
-        if self._broken:
+        if self._broken or self._closing:
             return None
-        keys = _SPAN_KEYS + _CONTENT_KEYS if capture_content else _SPAN_KEYS
         try:
-            payload = orjson.dumps([servers, [
-                (c.task_id, c.batch_id, c.prompt, {k: c.attempt.get(k) for k in keys},
-                 c.response_model, c.response_body, c.outcome) for c in calls]])
+            data = frame(calls, servers, capture_content)
             proc = self._proc or self._spawn()
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(_FRAME.pack(len(payload)) + payload)
+            proc.stdin.write(data)
             proc.stdin.flush()
             reply = proc.stdout.read(_COUNTS.size)
             if len(reply) != _COUNTS.size:
                 raise OSError(f"the exporter process ended (exit status {proc.poll()})")
         except (OSError, ValueError, TypeError, orjson.JSONEncodeError) as exc:
+            if self._closing:  # killed at the shutdown's deadline: said there
+                return None
             log.warning("OpenTelemetry: the exporter process is unusable (%s); this "
                         "process exports its spans itself from now on", exc)
             self._broken = True
@@ -650,22 +922,35 @@ class ExportProcess:
             start_new_session=True)
         return self._proc
 
-    def close(self) -> None:
-        """Let the process finish (end of its input) and reap it."""
+    def kill(self) -> None:
+        """Stop the process now, whatever it is doing (the shutdown's deadline passed):
+        the thread waiting for its answer gets the end of its output."""
+        self._closing = True
+        proc = self._proc
+        if proc is not None and self._pid == os.getpid():
+            with contextlib.suppress(OSError):  # already gone
+                proc.kill()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Let the process finish (end of its input) within ``timeout_s`` (default the
+        export timeout), else kill it; and reap it."""
         if self._pid != os.getpid():
             self._forked()
+        self._closing = True
         proc, self._proc = self._proc, None
         if proc is None:
             return
         try:
-            if proc.stdin is not None:
+            if proc.poll() is None and proc.stdin is not None:
                 proc.stdin.close()
-            proc.wait(self._timeout_s)
+            proc.wait(self._timeout_s if timeout_s is None else timeout_s)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # a pipe to a process killed mid-write
+                    pipe.close()
 
 
 def serve(tracing: Tracing, read: Callable[[int], bytes], write: Callable[[bytes], Any]
@@ -763,7 +1048,7 @@ class _OtlpWriter:
         """The encoded ``ExportTraceServiceRequest`` of built attempts."""
         parts = [self._scope]
         append = parts.append
-        for (trace_id, run_id, call_id, start, end, name, run_attrs, run_error,
+        for (trace_id, run_id, call_id, start, end, sent, name, run_attrs, run_error,
              call_name, call_attrs, error) in built:
             ids = _TRACE_ID + trace_id.to_bytes(16, "big") + _SPAN_ID
             run = run_id.to_bytes(8, "big")
@@ -778,7 +1063,8 @@ class _OtlpWriter:
             if call_id:
                 append(b"\x12" + _ld(b"".join((
                     ids, call_id.to_bytes(8, "big"), _PARENT_ID, run, b"\x2a",
-                    _str(call_name), _CLIENT, tail, task,
+                    _str(call_name), _CLIENT,
+                    tail if sent == start else _times(0x39, sent, 0x41, end), task,
                     *[_attribute(k, v) for k, v in call_attrs[0][1:]], call_attrs[2],
                     _status_field(error), _FLAGS))))
         append(self._scope_tail)
@@ -848,27 +1134,122 @@ def _any(value: Any) -> bytes | None:
     return None
 
 
-def _finish_reasons(body: str | None) -> list[str]:
-    if not body:
-        return []
+def _body(text: str | None) -> dict[str, Any] | None:
+    """The response body's JSON object (None: no body, or not an object)."""
+    if not text:
+        return None
     try:
-        doc = orjson.loads(body)
+        doc = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return []
-    choices = doc.get("choices") if isinstance(doc, dict) else None
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _finish_reasons(body: dict[str, Any] | None) -> list[str]:
+    choices = body.get("choices") if body is not None else None
     if not isinstance(choices, list):
         return []
     return [str(c["finish_reason"]) for c in choices
             if isinstance(c, dict) and c.get("finish_reason")]
 
 
-def _messages(snapshot: str) -> str:
-    """The rendered messages in the convention's form (role and text parts)."""
+def _input_messages(snapshot: str) -> str:
+    """The rendered messages in the convention's form (role and text parts), at most
+    :data:`MAX_CONTENT` bytes."""
     try:
         messages = orjson.loads(snapshot)
     except orjson.JSONDecodeError:
         messages = [{"role": "user", "content": snapshot}]
-    out = [{"role": m.get("role", "user"), "parts": [
-        {"type": "text", "content": str(m.get("content", ""))[:MAX_CONTENT]}]}
-        for m in messages if isinstance(m, dict)]
-    return orjson.dumps(out).decode()
+    if not isinstance(messages, list):
+        messages = [{"role": "user", "content": snapshot}]
+    return _fitted([{"role": str(m.get("role", "user"))[:_MAX_ROLE], "parts": [
+        {"type": "text", "content": str(m.get("content", ""))}]}
+        for m in messages if isinstance(m, dict)])
+
+
+def _output_messages(text: str, reasons: Sequence[str]) -> str:
+    """The answer as the convention's output message (with its finish reason, when the
+    response said it), at most :data:`MAX_CONTENT` bytes."""
+    message: dict[str, Any] = {"role": "assistant",
+                               "parts": [{"type": "text", "content": text}]}
+    if reasons:
+        message["finish_reason"] = reasons[0]
+    return _fitted([message])
+
+
+#: The longest role a captured message keeps (characters; roles are words).
+_MAX_ROLE = 64
+
+
+def _cut_marker(n: int) -> str:
+    return f"\n[lockgate: {n:,} more characters not kept]"
+
+
+def _fitted(messages: list[dict[str, Any]]) -> str:
+    """``messages`` as JSON of at most :data:`MAX_CONTENT` bytes, valid whatever was cut.
+
+    The texts longer than a common length are cut to it, the longest length at which the
+    whole fits, and end with a marker saying how many characters they lost: a long
+    system prompt and a long input each keep their beginning. When that is not enough
+    (thousands of short messages), the oldest messages go, and a first part of the first
+    message kept says how many went. Sizes are added up, not encoded again: a string's
+    JSON is the same wherever it stands."""
+    out = orjson.dumps(messages)
+    size = len(out)
+    if size <= MAX_CONTENT:
+        return out.decode()
+    parts = [p for m in messages for p in m["parts"]]
+    texts = [str(p["content"]) for p in parts]
+    # each text's JSON bytes (without its quotes), and the most its marker can take
+    sizes = [len(orjson.dumps(t)) - 2 for t in texts]
+    marks = [len(orjson.dumps(_cut_marker(len(t)))) - 2 for t in texts]
+
+    def cut_to(level: int) -> int:
+        """The size of the whole with every text that gains from it cut to ``level``."""
+        return size - sum(max(0, n - level - m) for n, m in zip(sizes, marks, strict=True))
+
+    level, top = 0, max(sizes)
+    if cut_to(0) <= MAX_CONTENT:
+        while level < top:  # the longest level at which the whole fits
+            mid = (level + top + 1) // 2
+            if cut_to(mid) <= MAX_CONTENT:
+                level = mid
+            else:
+                top = mid - 1
+    for p, text, n, m in zip(parts, texts, sizes, marks, strict=True):
+        if n - level - m > 0:
+            k = _prefix(text, level)
+            p["content"] = text[:k] + _cut_marker(len(text) - k)
+    out = orjson.dumps(messages)
+    size = len(out)
+    if size <= MAX_CONTENT:
+        return out.decode()
+    each = [len(orjson.dumps(m)) + 1 for m in messages]  # each with its comma
+    note = len(orjson.dumps(_dropped_note(len(messages)))) + 1
+    gone = 0
+    while size + note > MAX_CONTENT and gone < len(messages) - 1:
+        size -= each[gone]
+        gone += 1
+    kept = messages[gone:]
+    first = {**kept[0], "parts": [_dropped_note(gone), *kept[0]["parts"]]}
+    out = orjson.dumps([first, *kept[1:]])
+    if len(out) > MAX_CONTENT:  # one message whose parts alone are too many
+        out = orjson.dumps([{**kept[-1], "parts": [_dropped_note(len(messages))]}])
+    return out.decode()
+
+
+def _dropped_note(n: int) -> dict[str, str]:
+    return {"type": "text", "content": f"[lockgate: {n:,} earlier message(s) not kept]"}
+
+
+def _prefix(text: str, room: int) -> int:
+    """The most characters of ``text`` whose JSON string (without its quotes) holds in
+    ``room`` bytes."""
+    lo, hi = 0, max(0, min(len(text), room))  # a character takes a byte at least
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(orjson.dumps(text[:mid])) - 2 <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -8,6 +8,12 @@ it FAILED (any other status, or ``max_attempts`` reached). A sender killed mid-p
 leaves its rows to be claimed again once the claim has passed: delivery is at least
 once, and every copy of an event carries the same ``X-Lockgate-Delivery`` id.
 
+Each claimed delivery is posted on its own, and the sender goes on claiming while posts
+are under way (at most ``batch`` at once): while a webhook that does not answer holds
+its posts for up to its timeout, the other webhooks' deliveries go out. (A claim takes
+due rows whatever their webhook, so ``batch`` posts to one silent webhook would still
+fill every place: an unlikely storm of events.)
+
 The body is signed: ``X-Lockgate-Signature: sha256=<hex>``, the HMAC-SHA256 of the raw
 body bytes with the webhook's secret (docs/quality.md shows how to check it).
 """
@@ -19,11 +25,14 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from sqlalchemy.exc import DBAPIError
 
 from lockgate.config import QualitySettings, Webhook
+from lockgate.errors import StoreError
 from lockgate.store.alerts import AlertStore
 from lockgate.store.store import Store
 
@@ -57,17 +66,95 @@ class Sender:
                             * 1000) + margin_ms
         #: (webhook name, key) read once: a missing secret stops the worker at start
         self.keys: dict[str, bytes | None] = {w.target: w.key() for w in settings.webhook}
+        #: the posts under way, one task per claimed delivery
+        self._posts: set[asyncio.Task[None]] = set()
+        #: set when a post ends: room for another claim (made by :meth:`run`, in its loop)
+        self._ended: asyncio.Event | None = None
 
     async def pass_once(self) -> int:
-        """Claim the due deliveries and post them concurrently; how many were tried."""
+        """Claim the due deliveries and post them concurrently; how many were tried
+        (returns when their posts have ended)."""
+        async with aiohttp.ClientSession() as session:
+            posts = await self._claim(session)
+            if posts:
+                await asyncio.wait(posts)
+        return len(posts)
+
+    async def run(self, ready: Callable[[], bool], stopping: asyncio.Event,
+                  poll_s: float = 1.0) -> None:
+        """Post due deliveries until ``stopping`` is set, while ``ready()`` (this process
+        holds the evaluator's role). A claim is made whenever fewer than ``batch`` posts
+        are under way, each delivery claimed is posted on its own, so the deliveries of
+        a webhook that answers go out while another's post waits for its timeout.
+        Database trouble is retried at the next poll; posts cut off by the stop are
+        claimed again once their claim has passed (at least once)."""
+        ended = self._ended = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+            try:
+                while not stopping.is_set():
+                    n = 0
+                    ended.clear()  # before the claim: a post ending from here on wakes
+                    if ready():
+                        try:
+                            n = len(await self._claim(session))
+                        except (StoreError, DBAPIError) as exc:
+                            log.warning("quality webhooks: step failed, retrying: %s", exc)
+                        except Exception:  # a webhook never stops the worker
+                            log.exception("quality webhooks: sending failed, retrying")
+                    if not n:
+                        await self._pause(stopping, poll_s)
+            finally:
+                posts = list(self._posts)
+                for task in posts:
+                    task.cancel()
+                await asyncio.gather(*posts, return_exceptions=True)
+
+    async def _claim(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+        """Claim what is due, as many as there is room for, and start their posts."""
+        room = self.batch - len(self._posts)
+        if room <= 0:
+            return []
         token = secrets.token_hex(16)
         rows = await asyncio.to_thread(self.astore.claim_deliveries, token, self.lease_ms,
-                                       self.batch)
-        if not rows:
-            return 0
-        async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(self._send(session, r, token) for r in rows))
-        return len(rows)
+                                       room)
+        posts = []
+        for row in rows:
+            task = asyncio.create_task(self._post(session, row, token))
+            self._posts.add(task)
+            task.add_done_callback(self._done)
+            posts.append(task)
+        return posts
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._posts.discard(task)
+        if self._ended is not None:
+            self._ended.set()
+
+    async def _pause(self, stopping: asyncio.Event, poll_s: float) -> None:
+        """Until the next poll, or sooner: a post ended (room for a claim), or stop."""
+        assert self._ended is not None
+        waits = [asyncio.ensure_future(stopping.wait()),
+                 asyncio.ensure_future(self._ended.wait())]
+        try:
+            await asyncio.wait(waits, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _post(self, session: aiohttp.ClientSession, row: dict[str, Any],
+                    token: str) -> None:
+        """One delivery, on its own: its failure to be recorded is logged, and the
+        delivery is claimed again once its claim has passed."""
+        try:
+            await self._send(session, row, token)
+        except (StoreError, DBAPIError) as exc:
+            log.warning("quality webhooks: delivery %s to %s not recorded, it is sent "
+                        "again once its claim has passed: %s", row["delivery_id"],
+                        row["target"], exc)
+        except Exception:  # a webhook never stops the worker
+            log.exception("quality webhooks: delivery %s to %s failed, it is sent again "
+                          "once its claim has passed", row["delivery_id"], row["target"])
 
     async def _send(self, session: aiohttp.ClientSession, row: dict[str, Any],
                     token: str) -> None:

@@ -219,7 +219,7 @@ class QualityObserver:
             self._pending = [
                 CallSpan(info.task_id, info.batch_id,
                          self.writer.prompt_of(info.config_hash, a), a, f.model,
-                         f.response, str(a.get("outcome") or ""))
+                         f.response, str(a.get("outcome") or ""), f.sent_at)
                 for f, a in written if (info := tasks.get(f.id)) is not None]
 
     def committed(self) -> None:

@@ -99,6 +99,9 @@ class Finish:
     http_status: int | None = None
     request_id: str | None = None
     response: str | None = None
+    #: When the call's request was sent (ms, the worker's database clock; None: no call
+    #: or not known): for the trace's call span only, not written to any column.
+    sent_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,7 +245,7 @@ class Calls(WorkerCore):
             # coroutine it returns is awaited directly, one frame fewer to resume at
             # every step of the HTTP call.
             return run_attempt(config, input_data, ep, provider,
-                               idempotency_key=key,
+                               idempotency_key=key, now_ms=self._now_ms,
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
@@ -273,7 +273,7 @@ class Calls(WorkerCore):
             model=c.model if c else res.model, input_tokens=c.prompt_tokens if c else None,
             output_tokens=c.completion_tokens if c else None,
             latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
-            request_id=res.request_id, response=res.response_body)
+            request_id=res.request_id, response=res.response_body, sent_at=res.sent_at)
 
     async def _if_current(self, call: Callable[[Endpoint, Provider],
                                                Coroutine[Any, Any, AttemptResult]],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,10 @@ class AttemptResult:
     #: The provider's request id and response body as returned (when it answered).
     request_id: str | None = None
     response_body: str | None = None
+    #: When the request was sent, on the clock of ``run_attempt``'s ``now_ms`` (None:
+    #: not asked for, or nothing sent): after any wait for the endpoint's rate limit,
+    #: so that the trace's call span starts there and not with the attempt.
+    sent_at: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -58,8 +63,10 @@ class Decision:
 
 async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: Endpoint,
                       provider: Provider, *, idempotency_key: str | None,
-                      params: dict[str, Any]) -> AttemptResult:
-    """Render the prompt, call the model once, parse and validate the answer."""
+                      params: dict[str, Any],
+                      now_ms: Callable[[], int] | None = None) -> AttemptResult:
+    """Render the prompt, call the model once, parse and validate the answer.
+    ``now_ms`` (the worker's database clock) stamps the moment the request is sent."""
     model = endpoint.model or config.model.name
     t0 = time.perf_counter()
     try:
@@ -70,27 +77,30 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
     timeout_s = endpoint.timeout_s or config.model.timeout_ms / 1000.0
     request = CompletionRequest(messages=rendered.messages, model=model, params=params,
                                 timeout_s=timeout_s, idempotency_key=idempotency_key)
+    sent = now_ms() if now_ms is not None else None
     try:
         completion = await provider.complete(request)
     except ProviderError as exc:
         return AttemptResult(rendered, None, None, exc.error_class, exc.message,
                              exc.retry_after_ms, (time.perf_counter() - t0) * 1000,
-                             exc.http_status, endpoint.name, model, exc.request_id, exc.body)
+                             exc.http_status, endpoint.name, model, exc.request_id, exc.body,
+                             sent)
     latency = (time.perf_counter() - t0) * 1000
     try:
         parsed = runtime.parse_output(completion.content, config.delivery_rule)
     except LockgateError as exc:  # the delivery rule itself is broken: not retryable
         return AttemptResult(rendered, completion, None, ErrorClass.INVALID_REQUEST,
                              f"delivery_rule: {exc}", None, latency, completion.http_status,
-                             endpoint.name, model, completion.request_id, completion.body)
+                             endpoint.name, model, completion.request_id, completion.body,
+                             sent)
     if not parsed.usable:
         return AttemptResult(rendered, completion, parsed, ErrorClass.INVALID_OUTPUT,
                              f"{parsed.status}: {parsed.error or 'unusable output'}", None,
                              latency, completion.http_status, endpoint.name, model,
-                             completion.request_id, completion.body)
+                             completion.request_id, completion.body, sent)
     return AttemptResult(rendered, completion, parsed, None, None, None, latency,
                          completion.http_status, endpoint.name, model, completion.request_id,
-                         completion.body)
+                         completion.body, sent)
 
 
 def decide(config: TaskConfig, attempt: int, res: AttemptResult,
