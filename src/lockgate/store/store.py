@@ -238,8 +238,12 @@ class Store(TaskViews):
             tx.execute("SELECT 1")
 
     def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision (safe to run concurrently).
-        A database already at :data:`SCHEMA_HEAD` costs one read: alembic is not loaded."""
+        """Create or upgrade the schema to the newest revision (safe to run concurrently,
+        and again after a run stopped part way: it finishes the revision that run was
+        making). A database already at :data:`SCHEMA_HEAD` costs one read: alembic is
+        not loaded. A database at a revision this lockgate does not know (a newer
+        lockgate's) is refused with :class:`ConfigError`; a revision that cannot be
+        applied is named in the error."""
         if self._revision() == SCHEMA_HEAD:
             return
         from alembic import command
@@ -247,12 +251,62 @@ class Store(TaskViews):
 
         cfg = Config()
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-        # The lock is released only after the upgrade committed, so the next process
-        # to take it sees the new revision (and does nothing).
-        with map_db_errors(self.url), self.engine.connect() as conn, \
-                self.dialect.migration_lock(conn), conn.begin():
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        try:
+            # The lock is released only after the upgrade committed, so the next process
+            # to take it sees the new revision (and does nothing).
+            with map_db_errors(self.url), self.engine.connect() as conn, \
+                    self.dialect.migration_lock(conn), conn.begin():
+                # Under the lock: a newer lockgate may have upgraded it meanwhile.
+                self._refuse_newer(Tx(conn, self.dialect.now).execute(_REVISION).scalar()
+                                   if inspect(conn).has_table("alembic_version") else None)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except (ConfigError, StoreError) as exc:
+            # migrations/env.py sets "start" once the run begins: errors before it (the
+            # lock, a newer revision) are not a revision's
+            if "start" not in cfg.attributes or getattr(exc, "transient", False):
+                raise
+            raise self._not_applied(cfg.attributes, exc) from exc
+
+    @staticmethod
+    def _known_revisions() -> list[str]:
+        """This lockgate's schema revisions, oldest first (loads alembic)."""
+        from alembic.script import ScriptDirectory
+
+        script = ScriptDirectory(str(Path(__file__).parent / "migrations"))
+        return [s.revision for s in reversed(list(script.walk_revisions()))]
+
+    def _refuse_newer(self, have: str | None) -> None:
+        """Raise :class:`ConfigError` if the database is at a revision none of this
+        lockgate's migrations makes: a newer lockgate upgraded it."""
+        if have is None or have == SCHEMA_HEAD or have in self._known_revisions():
+            return
+        raise ConfigError(
+            f"the database {redact_url(self.url)} is at schema revision {have}, newer than "
+            f"this lockgate (which knows revisions up to {SCHEMA_HEAD}): upgrade lockgate on "
+            "this machine; in a rolling upgrade every machine's lockgate must be at least "
+            "as new as the database")
+
+    def _not_applied(self, progress: Mapping[str, Any],
+                     exc: ConfigError | StoreError) -> ConfigError | StoreError:
+        """The error of a migration run that failed part way, naming the revision it
+        was applying (``progress``: what migrations/env.py recorded)."""
+        from lockgate.store.failures import cause
+
+        order = self._known_revisions()
+        done = progress.get("applied", progress["start"])
+        rev = order[min(order.index(done) + 1 if done in order else 0, len(order) - 1)]
+        where = redact_url(self.url)
+        if isinstance(exc, ConfigError):  # a step that cannot finish (migrations/steps.py)
+            return ConfigError(f"cannot finish schema revision {rev} of {where}: {exc}, "
+                               "then run `lockgate init` again")
+        kept = ("the revisions before it, and the part of it that ran, are kept (MySQL and "
+                "MariaDB commit each schema change at once)"
+                if self.dialect.name == "mysql" else
+                f"the database is left at revision {progress['start'] or '(none)'}")
+        return StoreError(f"schema revision {rev} could not be applied to {where}: "
+                          f"{cause(exc.__cause__ or exc)}; {kept}: fix the cause and run "
+                          "`lockgate init` again")
 
     def _revision(self) -> str | None:
         """The schema revision the database is at (None: none, or no table yet)."""
@@ -266,8 +320,9 @@ class Store(TaskViews):
 
     def check_schema(self, *, old_ok: bool = False) -> None:
         """Raise :class:`ConfigError` unless this database holds lockgate's tables at the
-        newest revision (or, with ``old_ok``, at any revision: a migration will upgrade
-        them); never creates anything (a SQLite file that does not exist is not made)."""
+        newest revision (or, with ``old_ok``, at any older revision: a migration will
+        upgrade them; a newer one is refused either way); never creates anything (a
+        SQLite file that does not exist is not made)."""
         where = redact_url(self.url)
         path = self.engine.url.database
         if self.dialect.name == "sqlite" and path not in (None, "", ":memory:") \
@@ -280,7 +335,10 @@ class Store(TaskViews):
                 raise ConfigError(f"the database {where} has no lockgate tables; create them "
                                   "with `lockgate init`")
             have = tx.execute(_REVISION).scalar()
-        if have != SCHEMA_HEAD and not old_ok:
+        if have == SCHEMA_HEAD:
+            return
+        self._refuse_newer(have)
+        if not old_ok:
             raise ConfigError(f"the database {where} is at schema revision {have}, this "
                               f"lockgate needs {SCHEMA_HEAD}; upgrade it with `lockgate init`")
 

@@ -8,6 +8,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from lockgate.store.migrations import steps
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -18,19 +20,19 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
-    op.create_table(
+    steps.create_table(
         "task_config",
         sa.Column("hash", sa.String(64), primary_key=True),
         sa.Column("document", LongText, nullable=False),
         sa.Column("created_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "batch",
         sa.Column("id", sa.String(191), primary_key=True),
         sa.Column("source", sa.String(1000)),
         sa.Column("created_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "task",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("task_id", sa.String(191), nullable=False, unique=True),
@@ -53,9 +55,9 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.Column("finished_at", sa.BigInteger),
     )
-    op.create_index("ix_task_claim", "task", ["status", "visible_at"])
-    op.create_index("ix_task_batch_status", "task", ["batch_id", "status"])
-    op.create_table(
+    steps.create_index("ix_task_claim", "task", ["status", "visible_at"])
+    steps.create_index("ix_task_batch_status", "task", ["batch_id", "status"])
+    steps.create_table(
         "task_attempt",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("task_pk", sa.BigInteger, nullable=False),
@@ -81,8 +83,8 @@ def upgrade() -> None:
         sa.Column("error_class", sa.String(32)),
         sa.Column("error_message", sa.Text),
     )
-    op.create_index("ix_task_attempt_task", "task_attempt", ["task_pk", "attempt"])
-    op.create_table(
+    steps.create_index("ix_task_attempt_task", "task_attempt", ["task_pk", "attempt"])
+    steps.create_table(
         "worker",
         sa.Column("id", sa.String(64), primary_key=True),
         sa.Column("hostname", sa.String(255), nullable=False),

@@ -10,6 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from lockgate.store.migrations import steps
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -25,8 +27,8 @@ def _id() -> sa.Column:
 
 
 def upgrade() -> None:
-    op.add_column("task_attempt", sa.Column("prompt_version", sa.String(KEY)))
-    op.create_table(
+    steps.add_columns("task_attempt", sa.Column("prompt_version", sa.String(KEY)))
+    steps.create_table(
         "prompt", _id(),
         sa.Column("name", sa.String(KEY), nullable=False, unique=True),
         sa.Column("live_version", sa.Integer),
@@ -36,7 +38,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger, nullable=False),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "prompt_version", _id(),
         sa.Column("prompt_id", sa.BigInteger, nullable=False),
         sa.Column("version", sa.Integer, nullable=False),
@@ -52,7 +54,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("prompt_id", "content_hash", name="uq_prompt_version_content"),
         sa.UniqueConstraint("prompt_id", "tag", name="uq_prompt_version_tag"),
     )
-    op.create_table(
+    steps.create_table(
         "prompt_label",
         sa.Column("prompt_id", sa.BigInteger, nullable=False),
         sa.Column("label", sa.String(64), nullable=False),
@@ -61,7 +63,7 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.PrimaryKeyConstraint("prompt_id", "label", name="pk_prompt_label"),
     )
-    op.create_table(
+    steps.create_table(
         "prompt_audit", _id(),
         sa.Column("prompt_id", sa.BigInteger, nullable=False),
         sa.Column("action", sa.String(16), nullable=False),
@@ -74,8 +76,8 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text),
         sa.Column("created_at", sa.BigInteger, nullable=False),
     )
-    op.create_index("ix_prompt_audit_prompt", "prompt_audit", ["prompt_id", "id"])
-    op.create_table(
+    steps.create_index("ix_prompt_audit_prompt", "prompt_audit", ["prompt_id", "id"])
+    steps.create_table(
         "dataset", _id(),
         sa.Column("name", sa.String(KEY), nullable=False, unique=True),
         sa.Column("description", sa.Text),
@@ -87,7 +89,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger, nullable=False),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "dataset_item", _id(),
         sa.Column("dataset_id", sa.BigInteger, nullable=False),
         sa.Column("item_key", sa.String(KEY), nullable=False),
@@ -99,8 +101,8 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger, nullable=False),
         sa.UniqueConstraint("dataset_id", "item_key", "added_rev", name="uq_dataset_item_rev"),
     )
-    op.create_index("ix_dataset_item_page", "dataset_item", ["dataset_id", "id"])
-    op.create_table(
+    steps.create_index("ix_dataset_item_page", "dataset_item", ["dataset_id", "id"])
+    steps.create_table(
         "prompt_dataset", _id(),
         sa.Column("prompt_id", sa.BigInteger, nullable=False),
         sa.Column("dataset_id", sa.BigInteger, nullable=False),
@@ -110,7 +112,7 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
         sa.UniqueConstraint("prompt_id", "dataset_id", name="uq_prompt_dataset"),
     )
-    op.create_table(
+    steps.create_table(
         "prompt_update", _id(),
         sa.Column("prompt_id", sa.BigInteger, nullable=False),
         sa.Column("seq", sa.Integer, nullable=False),
@@ -130,8 +132,8 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
         sa.UniqueConstraint("prompt_id", "seq", name="uq_prompt_update_seq"),
     )
-    op.create_index("ix_prompt_update_status", "prompt_update", ["status"])
-    op.create_table(
+    steps.create_index("ix_prompt_update_status", "prompt_update", ["status"])
+    steps.create_table(
         "prompt_run", _id(),
         sa.Column("update_id", sa.BigInteger, nullable=False),
         sa.Column("dataset_id", sa.BigInteger, nullable=False),
@@ -156,7 +158,7 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
         sa.UniqueConstraint("update_id", "dataset_id", "subject", name="uq_prompt_run"),
     )
-    op.create_table(
+    steps.create_table(
         "prompt_run_item", _id(),
         sa.Column("run_id", sa.BigInteger, nullable=False),
         sa.Column("item_id", sa.BigInteger, nullable=False),
@@ -175,7 +177,7 @@ def upgrade() -> None:
         sa.Column("decided_at", sa.BigInteger),
         sa.UniqueConstraint("run_id", "item_id", name="uq_prompt_run_item"),
     )
-    op.create_index("ix_prompt_run_item_verdict", "prompt_run_item",
+    steps.create_index("ix_prompt_run_item_verdict", "prompt_run_item",
                     ["run_id", "verdict", "item_id"])
 
 

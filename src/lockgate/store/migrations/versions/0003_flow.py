@@ -8,6 +8,8 @@ Revises: 0002
 import sqlalchemy as sa
 from alembic import op
 
+from lockgate.store.migrations import steps
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
@@ -17,7 +19,7 @@ KEY = 191
 
 
 def upgrade() -> None:
-    op.create_table(
+    steps.create_table(
         "rate_limit",
         sa.Column("name", sa.String(KEY), primary_key=True),
         sa.Column("kind", sa.String(12), nullable=False),
@@ -39,25 +41,26 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
     )
-    with op.batch_alter_table("task") as batch:
-        batch.add_column(sa.Column("pool", sa.String(100), nullable=False,
-                                   server_default="default"))
-    op.create_index("ix_task_lane", "task", ["pool", "status", "batch_id", "visible_at"])
-    with op.batch_alter_table("batch") as batch:
-        batch.add_column(sa.Column("base_weight", sa.Double, nullable=False,
-                                   server_default="1"))
-        batch.add_column(sa.Column("deadline_at", sa.BigInteger))
-        batch.add_column(sa.Column("window_start", sa.BigInteger))
-        batch.add_column(sa.Column("window_end", sa.BigInteger))
-        batch.add_column(sa.Column("target_per_s", sa.Double))
-    with op.batch_alter_table("task_attempt") as batch:
-        batch.add_column(sa.Column("routed_from", sa.String(100)))
-    with op.batch_alter_table("worker") as batch:
-        batch.add_column(sa.Column("pool", sa.String(100)))
-        batch.add_column(sa.Column("concurrency_limit", sa.Integer))
-        batch.add_column(sa.Column("latency_ms", sa.Double))
-        batch.add_column(sa.Column("failure_rate", sa.Double))
-        batch.add_column(sa.Column("flow", sa.Text))
+    steps.add_columns("task", sa.Column("pool", sa.String(100), nullable=False,
+                                        server_default="default"))
+    steps.create_index("ix_task_lane", "task", ["pool", "status", "batch_id", "visible_at"])
+    steps.add_columns(
+        "batch",
+        sa.Column("base_weight", sa.Double, nullable=False, server_default="1"),
+        sa.Column("deadline_at", sa.BigInteger),
+        sa.Column("window_start", sa.BigInteger),
+        sa.Column("window_end", sa.BigInteger),
+        sa.Column("target_per_s", sa.Double),
+    )
+    steps.add_columns("task_attempt", sa.Column("routed_from", sa.String(100)))
+    steps.add_columns(
+        "worker",
+        sa.Column("pool", sa.String(100)),
+        sa.Column("concurrency_limit", sa.Integer),
+        sa.Column("latency_ms", sa.Double),
+        sa.Column("failure_rate", sa.Double),
+        sa.Column("flow", sa.Text),
+    )
 
 
 def downgrade() -> None:

@@ -10,6 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from lockgate.store.migrations import steps
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -19,16 +21,17 @@ LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("task") as batch:
-        batch.add_column(sa.Column("model", sa.String(200)))
-        batch.add_column(sa.Column("input_tokens", sa.Integer))
-        batch.add_column(sa.Column("output_tokens", sa.Integer))
-        batch.add_column(sa.Column("latency_ms", sa.Float))
-        batch.add_column(sa.Column("http_status", sa.Integer))
-        batch.add_column(sa.Column("request_id", sa.String(128)))
-        batch.add_column(sa.Column("response", LongText))
-    with op.batch_alter_table("task_attempt") as batch:
-        batch.add_column(sa.Column("request_id", sa.String(128)))
+    steps.add_columns(
+        "task",
+        sa.Column("model", sa.String(200)),
+        sa.Column("input_tokens", sa.Integer),
+        sa.Column("output_tokens", sa.Integer),
+        sa.Column("latency_ms", sa.Float),
+        sa.Column("http_status", sa.Integer),
+        sa.Column("request_id", sa.String(128)),
+        sa.Column("response", LongText),
+    )
+    steps.add_columns("task_attempt", sa.Column("request_id", sa.String(128)))
     # Tasks finished before this revision: the figures of their succeeded attempt.
     op.execute(
         "UPDATE task SET model = (SELECT a.model FROM task_attempt a WHERE a.task_pk = "

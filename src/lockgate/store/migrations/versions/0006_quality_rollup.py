@@ -8,6 +8,8 @@ Revises: 0005
 import sqlalchemy as sa
 from alembic import op
 
+from lockgate.store.migrations import steps
+
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
@@ -22,7 +24,7 @@ def _count(name: str) -> sa.Column:
 
 
 def upgrade() -> None:
-    op.create_table(
+    steps.create_table(
         "quality_rollup",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("resolution", sa.String(1), nullable=False),
@@ -49,7 +51,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("resolution", "bucket", "prompt", "model", "endpoint", "shard",
                             name="uq_quality_rollup"),
     )
-    op.create_index("ix_quality_rollup_prompt", "quality_rollup",
+    steps.create_index("ix_quality_rollup_prompt", "quality_rollup",
                     ["resolution", "prompt", "bucket"])
 
 

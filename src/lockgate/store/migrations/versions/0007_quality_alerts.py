@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from lockgate.store.migrations import steps
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
@@ -22,7 +24,7 @@ LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def upgrade() -> None:
-    op.create_table(
+    steps.create_table(
         "role_lease",
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("holder", sa.String(64)),
@@ -31,7 +33,7 @@ def upgrade() -> None:
         sa.Column("acquired_at", sa.BigInteger),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "quality_alert",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("alert_key", sa.String(64), nullable=False),
@@ -60,9 +62,9 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer, nullable=False, server_default="0"),
         sa.UniqueConstraint("open_key", name="uq_quality_alert_open"),
     )
-    op.create_index("ix_quality_alert_key", "quality_alert", ["alert_key", "resolved_at"])
-    op.create_index("ix_quality_alert_status", "quality_alert", ["status", "id"])
-    op.create_table(
+    steps.create_index("ix_quality_alert_key", "quality_alert", ["alert_key", "resolved_at"])
+    steps.create_index("ix_quality_alert_status", "quality_alert", ["status", "id"])
+    steps.create_table(
         "quality_alert_sample",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("alert_id", sa.BigInteger, nullable=False),
@@ -81,7 +83,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger, nullable=False),
         sa.UniqueConstraint("alert_id", "attempt_id", name="uq_quality_alert_sample"),
     )
-    op.create_table(
+    steps.create_table(
         "alert_delivery",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("delivery_id", sa.String(32), nullable=False),
@@ -98,8 +100,8 @@ def upgrade() -> None:
         sa.Column("delivered_at", sa.BigInteger),
         sa.UniqueConstraint("delivery_id", name="uq_alert_delivery_id"),
     )
-    op.create_index("ix_alert_delivery_due", "alert_delivery", ["status", "next_at"])
-    op.create_index("ix_task_attempt_version", "task_attempt",
+    steps.create_index("ix_alert_delivery_due", "alert_delivery", ["status", "next_at"])
+    steps.create_index("ix_task_attempt_version", "task_attempt",
                     ["prompt_version", "started_at"],
                     mysql_length={"prompt_version": KEY},
                     mariadb_length={"prompt_version": KEY})

@@ -8,6 +8,8 @@ Revises: 0006
 import sqlalchemy as sa
 from alembic import op
 
+from lockgate.store.migrations import steps
+
 revision = "0008"
 down_revision = "0007"
 branch_labels = None
@@ -18,7 +20,7 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
-    op.create_table(
+    steps.create_table(
         "quality_circuit",
         sa.Column("prompt", sa.String(KEY), primary_key=True),
         sa.Column("state", sa.String(12), nullable=False),
@@ -30,7 +32,7 @@ def upgrade() -> None:
         sa.Column("changed_by", sa.String(64)),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    steps.create_table(
         "quality_circuit_event",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
         sa.Column("prompt", sa.String(KEY), nullable=False),

@@ -6,8 +6,14 @@ value: the unique index took the second task of a file for the first, already pr
 and skipped it. Other databases: nothing to do.
 
 Each table is rebuilt (ALTER TABLE ... CONVERT TO), which takes a while on a large
-``task`` or ``task_attempt``. A table added by a later migration names the same
-collation (``mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin"``).
+``task`` or ``task_attempt``, under ``LOCK=SHARED``: writers wait for the rebuild of their
+table, readers go on. Without it MariaDB 10.11 rebuilt
+``task`` online, applying the writes made meanwhile, and workers writing to it then
+left its secondary indexes corrupted (ERROR 1712 "Index task is corrupted"; repaired by
+``ALTER TABLE task FORCE`` with the workers stopped). A table added by a later migration
+names the same collation (``mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin"``).
+A table converted already is converted again at no harm, so a run stopped part way is
+finished by the next.
 
 Revision ID: 0009
 Revises: 0008
@@ -31,11 +37,13 @@ TABLES = (
 
 
 def _convert(collation: str) -> None:
-    if op.get_bind().dialect.name not in ("mysql", "mariadb"):
+    # The context's dialect, not the connection's: the SQL can be rendered offline too.
+    if op.get_context().dialect.name not in ("mysql", "mariadb"):
         return
     for table in TABLES:
+        # LOCK=SHARED (MariaDB >= 10.0, MySQL >= 5.6): no online rebuild under writes.
         op.execute(f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 "
-                   f"COLLATE {collation}")
+                   f"COLLATE {collation}, LOCK=SHARED")
 
 
 def upgrade() -> None:
