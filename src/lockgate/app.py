@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import IO, TYPE_CHECKING, Any, Literal, TextIO
 
 import orjson
 
@@ -88,6 +89,38 @@ def _rejects_file(path: str | Path | None) -> Iterator[TextIO | None]:
         raise cannot("write", path, exc) from None
     with sink:
         yield sink
+
+
+class _WrittenIds:
+    """The task ids a streamed submit wrote, kept in a temporary file (memory stays flat
+    in the file's size), and the ``created_at`` stamps of its chunks: what it cancels
+    when a bad line stops it (``on_bad_line="cancel"``)."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] | None = None
+        self.stamps: set[int] = set()
+
+    def __enter__(self) -> _WrittenIds:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def __call__(self, ids: list[str], at: int) -> None:
+        """A chunk committed (the submit's writer thread, one chunk at a time)."""
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="lockgate-submitted-")  # noqa: SIM115 (closed on exit)
+        self.stamps.add(at)
+        self._file.write(orjson.dumps(ids) + b"\n")
+
+    def ids(self) -> Iterator[str]:
+        if self._file is None:
+            return
+        self._file.flush()
+        self._file.seek(0)
+        for line in self._file:
+            yield from orjson.loads(line)
 
 
 def _into(rows: Iterable[NewTask], batch_id: str | None,
@@ -251,32 +284,34 @@ class Lockgate:
                          progress: Callable[[int], None] | None, plan: BatchPlan | None,
                          on_bad_line: Literal["keep", "cancel"], named: bool) -> SubmitReport:
         moved = [0]
-        with _rejects_file(rejects) as sink:
+        with _rejects_file(rejects) as sink, _WrittenIds() as written:
             reading = Reading()
-            since = self.store.db_now() if on_bad_line == "cancel" else 0
             rows = _into(read_tasks(p, format, intake, reading, reject_sink=sink,
                                     on_bad="skip" if skip_invalid else "stop"),
                          bid if named else None, moved)
             if named:
                 reading.batches = {None}  # every line goes to the named batch
             try:
-                report = self.store.submit_rows(rows, batch_id=bid, source=str(p),
-                                                progress=progress,
-                                                batch_fields=plan.fields() if plan else None)
+                report = self.store.submit_rows(
+                    rows, batch_id=bid, source=str(p), progress=progress,
+                    batch_fields=plan.fields() if plan else None,
+                    written=written if on_bad_line == "cancel" else None)
             except SpecError as exc:
                 if reading.stopped_at is None:
                     raise
                 raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
-                    reading, bid, since if on_bad_line == "cancel" else None)) from None
+                    reading, bid, written if on_bad_line == "cancel" else None)) from None
         return self._settled(report, plan, moved[0])
 
-    def _stopped(self, reading: Reading, batch_id: str, since: int | None) -> str:
-        """What a streamed submit stopped by a bad line left, cancelling it if asked."""
-        if since is None:
+    def _stopped(self, reading: Reading, batch_id: str,
+                 written: _WrittenIds | None) -> str:
+        """What a streamed submit stopped by a bad line left, cancelling it if asked:
+        the tasks it inserted itself, never those another submit wrote to the batch."""
+        if written is None:
             return (f"the {reading.valid:,} task(s) before it are submitted and batch "
                     f"{batch_id!r} is marked incomplete. Fix the line and submit the file "
                     "again to complete the batch (tasks already in are skipped)")
-        n = self.store.cancel_submitted({b or batch_id for b in reading.batches}, since,
+        n = self.store.cancel_submitted(written.ids(), written.stamps,
                                         f"cancelled: line {reading.stopped_at} of the "
                                         "file submitted with it is bad")
         return (f"{n:,} task(s) it had submitted that no worker had finished were cancelled "

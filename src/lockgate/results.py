@@ -319,6 +319,9 @@ class Status(_Row):
     incomplete_batches: list[str]
     #: The completeness circuits configured (docs/quality.md), each a :class:`CircuitView`.
     circuits: list[CircuitView] = field(default_factory=list)
+    #: The submits of each incomplete batch that did not finish: "FILE on HOST" (the
+    #: same command run again there completes it).
+    unfinished_submits: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def review(self) -> int:

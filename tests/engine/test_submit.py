@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import os
 import re
 import subprocess
 import threading
@@ -630,3 +631,88 @@ def test_inputs_ids_and_metadata_with_copy_s_special_characters_are_stored_as_gi
         assert orjson.loads(row["input_data"]) == t["input_data"]
         assert orjson.loads(row["metadata"]) == t["metadata"]
         assert (row["batch_id"], row["priority"]) == ("odd\\b", t["priority"])
+
+
+def _stopped_after(specs: list[TaskSpec], n: int) -> Iterator[TaskSpec]:
+    """``specs`` until ``n`` are given, then the error a bad line raises (the submit
+    stops there, as one killed would, its chunks before committed)."""
+    yield from specs[:n]
+    raise SpecError("stopped (test)")
+
+
+def test_an_interrupted_submit_keeps_its_batch_incomplete_whatever_else_completes(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """Shards of one batch from several files (or machines): one interrupted, another
+    finished. The finished one marked the batch complete, hiding the 29,000 tasks the
+    other never wrote; each submit is tracked on its own now."""
+    a, b = str(tmp_path / "shard-a.jsonl"), str(tmp_path / "shard-b.jsonl")
+    shard_a = [parse_task(t) for t in tasks(40, prefix="a")]
+    with pytest.raises(SpecError):
+        store.submit(_stopped_after(shard_a, 15), batch_id="nightly", source=a)
+    report = store.submit([parse_task(t) for t in tasks(10, prefix="b")],
+                          batch_id="nightly", source=b)
+    assert report.inserted == 10
+    with Lockgate(db_url, migrate=False) as lg:
+        st = lg.status()
+        assert st.incomplete_batches == ["nightly"]
+        (where,) = st.unfinished_submits["nightly"]
+        assert where.startswith(f"{a} on ")
+        # The same submit run again (here the file finished) completes the batch.
+        again = store.submit(shard_a, batch_id="nightly", source=a)
+        assert (again.inserted, again.duplicates) == (40 - 15, 15)
+        st = lg.status()
+        assert (st.incomplete_batches, st.unfinished_submits) == ([], {})
+
+
+def test_batches_the_lines_name_stay_incomplete_while_their_submit_is_unfinished(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """Lines naming their own batch, submitted without one: an interrupted submit left
+    the batch holding the tasks marked complete (only the file's batch was tracked)."""
+    lines = [parse_task({**t, "batch_id": "nightly"}) for t in tasks(20)]
+    source = str(tmp_path / "lines.jsonl")
+    with pytest.raises(SpecError):
+        store.submit(_stopped_after(lines, 5), batch_id="lines", source=source)
+    with Lockgate(db_url, migrate=False) as lg:
+        assert "nightly" in lg.status().incomplete_batches
+        store.submit(lines, batch_id="lines", source=source)
+        assert lg.status().incomplete_batches == []
+
+
+def test_a_stopped_streamed_submit_cancels_only_the_tasks_it_wrote(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--on-bad-line cancel`` while another submit writes to the same batch: the
+    stopped submit cancelled every task of the batch created since it started, the
+    other submit's included; it cancels the tasks it inserted, and no others."""
+    fifo = tmp_path / "a.jsonl"
+    os.mkfifo(fifo)
+    mine = tasks(30, prefix="a")
+    theirs = [parse_task(t) for t in tasks(10, prefix="b")]
+    # The same id as one of this file's lines, written first by the other submit.
+    theirs.append(parse_task(tasks(31, prefix="a")[30]))
+    mine.append(tasks(31, prefix="a")[30])
+
+    def feed() -> None:
+        with fifo.open("wb") as f:
+            for t in mine[:20]:
+                f.write(orjson.dumps(t) + b"\n")
+            f.flush()
+            # The first chunk (10 rows here) is committed alone, at once.
+            wait_for(lambda: scalar(store, "SELECT COUNT(*) FROM task") >= 10,
+                     "the first chunk committed", timeout=60)
+            store.submit(theirs, batch_id="b", source=str(tmp_path / "b.jsonl"))
+            for t in [*mine[20:], task("t-bad", model={"temperature": 9})]:
+                f.write(orjson.dumps(t) + b"\n")
+
+    with Lockgate(db_url, migrate=False) as lg:
+        _small_chunks(monkeypatch, store, lg)
+        writer = threading.Thread(target=feed)
+        writer.start()
+        result = lockgate("submit", fifo, "--db", db_url, "--batch", "b", "--stream",
+                          "--on-bad-line", "cancel")
+        writer.join(60)
+    assert result.exit_code == 2, result.output
+    assert "30 task(s) it had submitted" in " ".join(result.stderr.split())
+    pending = {r["task_id"] for r in rows(
+        store, "SELECT task_id FROM task WHERE status = 'PENDING'")}
+    assert pending == {t.task_id for t in theirs}
+    assert status_counts(store) == {"PENDING": 11, "CANCELLED": 30}

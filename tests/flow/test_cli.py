@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -83,6 +84,27 @@ def test_submit_with_cron_and_deadline(db_url: str, store: Store, tmp_path: Path
     assert lockgate("submit", g, "--db", db_url, "--deadline", "+30m").exit_code == 0
     (u,) = rows(store, "SELECT deadline_at, window_start FROM batch WHERE id = 'urgent'")
     assert u["window_start"] is None and u["deadline_at"] > store.db_now()
+
+
+def test_a_deadline_is_placed_on_the_database_clock(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submitting machine whose clock is 10 minutes fast stored ``--deadline 2h`` as
+    2 h 10 min ahead on the clock workers read (the database's)."""
+
+    class Fast(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return super().now(tz) + timedelta(minutes=10)
+
+    monkeypatch.setattr(queue, "datetime", Fast)
+    f = write(tmp_path / "urgent.jsonl", 2)
+    before = store.db_now()
+    r = lockgate("submit", f, "--db", db_url, "--deadline", "2h")
+    assert r.exit_code == 0, r.output
+    after = store.db_now()
+    (b,) = rows(store, "SELECT deadline_at FROM batch WHERE id = 'urgent'")
+    hours2 = 2 * 3600 * 1000
+    assert before + hours2 - 1000 <= b["deadline_at"] <= after + hours2 + 1000
 
 
 def test_bad_window_options_are_refused_with_the_reason(db_url: str, tmp_path: Path) -> None:

@@ -199,10 +199,16 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
            ) -> None:
     """Submit a task file: refused whole if a line is bad (unless --stream or
     --skip-invalid); idempotent on task_id."""
-    plan = plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
-                             deadline=deadline, target=target,
-                             now=datetime.now())  # local wall time: see clock_window
+    def plan_at(now: datetime) -> BatchPlan | None:  # local wall time: see clock_window
+        return plan_from_options(window=window, cron=cron, duration=duration, weight=weight,
+                                 deadline=deadline, target=target, now=now)
+
+    plan = plan_at(datetime.now())  # the options checked before the database is opened
     with opened(db, config, create=True) as lg:
+        if plan is not None:
+            # Placed on the database's clock, as workers read it: this machine's may be
+            # off (the local time zone still gives the wall time of a window).
+            plan = plan_at(datetime.fromtimestamp(lg.store.db_now() / 1000))
         _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream, on_bad_line)
     if plan is not None and plan.window is not None:
         w = plan.window
@@ -417,10 +423,12 @@ def _print_status(st: Status) -> None:
         t.add_row(b + (" (incomplete)" if b in st.incomplete_batches else ""),
                   *[f"{counts.get(s, 0):,}" for s in states])
     out.print(t)
-    if st.incomplete_batches:
-        console.print("incomplete: a submit of " + ", ".join(st.incomplete_batches)
-                      + " did not finish; run the same submit again to complete it",
-                      markup=False)
+    for b in st.incomplete_batches:
+        where = st.unfinished_submits.get(b)
+        console.print(f"incomplete: a submit of {b}"
+                      + (f" ({'; '.join(where)})" if where else "")
+                      + " did not finish; run the same submit again"
+                      + (" there" if where else "") + " to complete it", markup=False)
     out.print(f"leases in flight: {st.leased:,}   backing off: {st.backing_off:,}",
               markup=False)
     w = table(f"workers alive: {len(st.workers)}",

@@ -60,6 +60,22 @@ batch = Table(
     Column("complete", Integer, nullable=False, server_default="1"),
 )
 
+#: Submits writing a batch's tasks now, or interrupted (migration 0010): one row per
+#: batch and submit (``submit_key``: the file's absolute path and the machine's name,
+#: hashed), made when the submit starts writing to the batch and deleted when it ends.
+#: A batch is complete when no row of it is left, so a second file submitted to the
+#: same batch does not hide an interrupted first; the same submit run again removes
+#: its row.
+batch_submit = Table(
+    "batch_submit", metadata,
+    Column("batch_id", String(KEY), primary_key=True),
+    Column("submit_key", String(64), primary_key=True),
+    Column("source", String(1000)),
+    Column("host", String(255)),
+    Column("started_at", BigInteger, nullable=False),
+    mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin",
+)
+
 task = Table(
     "task", metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),

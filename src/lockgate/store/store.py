@@ -7,10 +7,13 @@ Every state transition is a conditional UPDATE whose affected-row count is check
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
+import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -68,10 +71,15 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _NEWEST_TASK = sql("SELECT MAX(id) FROM task")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
-SCHEMA_HEAD = "0009"
+SCHEMA_HEAD = "0010"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
-_BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id = :b")
+#: A batch is complete once no submit of it is left unfinished.
+_BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id IN :b AND NOT EXISTS "
+                      "(SELECT 1 FROM batch_submit s WHERE s.batch_id = batch.id)", "b")
+_SUBMIT_DONE = sql("DELETE FROM batch_submit WHERE submit_key = :k AND batch_id IN :b",
+                   "b")
+_BATCHES_INCOMPLETE = sql("UPDATE batch SET complete = 0 WHERE id IN :b", "b")
 _BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
                         "(SELECT 1 FROM task WHERE task.batch_id = :b)")
 _TASK_BATCHES = sql("SELECT task_id, batch_id FROM task WHERE task_id IN :ids", "ids")
@@ -174,6 +182,21 @@ class SubmitReport:
     #: Tasks whose line named another batch, written to this one because the submit
     #: named it (``--batch``): a batch named by the caller wins over the lines'.
     moved: int = 0
+
+
+#: This machine's name, recorded with the submits it makes.
+_HOST = socket.gethostname()[:255]
+
+
+def _untold(_ids: list[str], _at: int) -> None:
+    return None
+
+
+def submit_key(source: str | None) -> str:
+    """What tells one submit from another: the file's absolute path (None for tasks
+    given in memory) and this machine. Run again, the same submit has the same key."""
+    where = os.path.abspath(source) if source else ""
+    return hashlib.sha256(f"{_HOST}\0{where}".encode()).hexdigest()[:32]
 
 
 class Store(TaskViews):
@@ -372,7 +395,9 @@ class Store(TaskViews):
     def submit_rows(self, rows: Iterable[NewTask], *, batch_id: str,
                     source: str | None = None,
                     progress: Callable[[int], None] | None = None,
-                    batch_fields: Mapping[str, Any] | None = None) -> SubmitReport:
+                    batch_fields: Mapping[str, Any] | None = None,
+                    written: Callable[[list[str], int], None] | None = None
+                    ) -> SubmitReport:
         """Insert tasks; task ids that exist already are skipped (idempotent).
 
         Tasks are written in chunks (the first small, so that workers start at once,
@@ -381,7 +406,13 @@ class Store(TaskViews):
         written, and a SQLite writer lock is held only for one chunk's insert (``rows``
         is consumed, and validated, outside it, while the chunk before is written).
         The batch is marked incomplete until the last chunk is in: an interrupted submit
-        leaves it so (``status`` shows it), and the same submit run again completes it.
+        leaves it so (``status`` shows it, naming the file and the machine), and the
+        same submit run again completes it. Each submit is tracked on its own
+        (``batch_submit``, keyed by the file's absolute path and the machine): another
+        file submitted to the same batch, finished, leaves it incomplete while the
+        interrupted one is not run again. Batches the lines name themselves are tracked
+        the same way. ``written`` is told, after each chunk commits, the task ids it
+        held and its ``created_at`` (those it inserted bear it).
         Duplicates are found by the unique constraint on ``task_id``, never by a check
         before the insert. ``batch_fields`` sets the batch's weight, deadline or window,
         and a window's tasks become visible at its start. A batch left without tasks
@@ -395,19 +426,27 @@ class Store(TaskViews):
             raise SpecError(f"ids starting with '{RESERVED_ID_PREFIX}' are reserved for the "
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
-        created = self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields))
-        report = self._write_chunks(rows, batch_id, source, fields, progress)
-        self.transaction(lambda tx: self._close_batch(tx, batch_id, created))
+        key = submit_key(source)
+        created = self.transaction(
+            lambda tx: self._open_batch(tx, batch_id, source, fields, key))
+        seen: dict[str, None] = {batch_id: None}
+        report = self._write_chunks(rows, batch_id, source, fields, progress, key, seen,
+                                    written)
+        self.transaction(lambda tx: self._close_batch(tx, list(seen), key, created))
         return report
 
     def _write_chunks(self, rows: Iterable[NewTask], batch_id: str, source: str | None,
                       fields: dict[str, Any],
-                      progress: Callable[[int], None] | None) -> SubmitReport:
+                      progress: Callable[[int], None] | None, key: str,
+                      seen_batches: dict[str, None],
+                      written_ids: Callable[[list[str], int], None] | None
+                      ) -> SubmitReport:
         """Write ``rows`` in chunks, each committed in its own transaction, one chunk
-        written in a thread while the next is read."""
+        written in a thread while the next is read. ``seen_batches`` (ordered: this
+        batch, then those tasks name) gains the batches the lines name."""
         window_start = int(fields.get("window_start") or 0)
+        told = written_ids or _untold
         seen_configs: set[str] = set()
-        seen_batches = {batch_id: None}  # ordered: this batch, then those tasks name
         inserted = total = 0
         elsewhere: dict[str, int] = {}
         chunk: list[NewTask] = []
@@ -436,9 +475,10 @@ class Store(TaskViews):
 
         def write(args: tuple[list[NewTask], list[ConfigRow], list[str]]
                   ) -> tuple[int, dict[str, int]]:
-            got = self.transaction(lambda tx: self._insert_chunk(
-                tx, *args, source, window_start, batch_id))
+            got, at = self.transaction(lambda tx: (self._insert_chunk(
+                tx, *args, source, window_start, batch_id, key), tx.now))
             stats.grew(got[0])
+            told([t.task_id for t in args[0]], at)
             return got
 
         def flush() -> None:
@@ -478,19 +518,32 @@ class Store(TaskViews):
                             tuple(itertools.islice(seen_batches, _NAMED_BATCHES)))
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
-                    fields: dict[str, Any]) -> bool:
-        """Create the batch row (or find it) and mark it incomplete; True if created."""
+                    fields: dict[str, Any], key: str) -> bool:
+        """Create the batch row (or find it), mark it incomplete and record this submit
+        of it; True if created."""
         created = tx.execute(self.dialect.insert_ignore(schema.batch), [
             {"id": batch_id, "source": source, "created_at": tx.now, "complete": 0}]).rowcount
         tx.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
                    .values(complete=0, **fields))
+        self._record_submit(tx, [batch_id], source, key)
         return bool(created)
 
+    def _record_submit(self, tx: Tx, batch_ids: Sequence[str], source: str | None,
+                       key: str) -> None:
+        tx.execute(self.dialect.insert_ignore(schema.batch_submit), [
+            {"batch_id": b, "submit_key": key, "source": source, "host": _HOST,
+             "started_at": tx.now} for b in batch_ids])
+
     @staticmethod
-    def _close_batch(tx: Tx, batch_id: str, created: bool) -> None:
-        tx.execute(_BATCH_COMPLETE, {"b": batch_id})
+    def _close_batch(tx: Tx, batch_ids: list[str], key: str, created: bool) -> None:
+        """This submit is over: its batches are complete unless another submit of them
+        is unfinished; the batch it made is dropped if it holds no task."""
+        for i in range(0, len(batch_ids), 1000):
+            part = batch_ids[i:i + 1000]
+            tx.execute(_SUBMIT_DONE, {"k": key, "b": part})
+            tx.execute(_BATCH_COMPLETE, {"b": part})
         if created:  # a batch this submit made and left empty is not kept
-            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_id})
+            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_ids[0]})
 
     def _insert_configs(self, tx: Tx, configs: list[ConfigRow]) -> None:
         # Sorted: two submits never take the same keys in opposite orders.
@@ -500,16 +553,20 @@ class Store(TaskViews):
 
     def _insert_chunk(self, tx: Tx, rows: list[NewTask], configs: list[ConfigRow],
                       batches: list[str], source: str | None, window_start: int,
-                      batch_id: str) -> tuple[int, dict[str, int]]:
+                      batch_id: str, key: str) -> tuple[int, dict[str, int]]:
         """One chunk of a submit, in its transaction: the configs and batches it brings,
         then its tasks. Returns (rows inserted, batches holding the ids that existed,
         when not the batch asked for)."""
         now = tx.now
         if configs:
             self._insert_configs(tx, configs)
-        if batches:
+        if batches:  # named by lines: incomplete, like this submit's own, till it ends
+            ordered = sorted(batches)
             tx.execute(self.dialect.insert_ignore(schema.batch), [
-                {"id": b, "source": source, "created_at": now} for b in sorted(batches)])
+                {"id": b, "source": source, "created_at": now, "complete": 0}
+                for b in ordered])
+            tx.execute(_BATCHES_INCOMPLETE, {"b": ordered})
+            self._record_submit(tx, ordered, source, key)
         if not rows:
             return 0, {}
         if len({t.task_id for t in rows}) != len(rows):

@@ -3,6 +3,7 @@ and operator actions on tasks (cancel, retry, retention): mixed into :class:`Sto
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,6 +60,8 @@ _DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c AND task_
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
                        f"'CANCELLED') AND finished_at < :c AND batch_id NOT IN ({_EVALUATING})")
 _INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
+_UNFINISHED_SUBMITS = sql("SELECT batch_id, source, host FROM batch_submit "
+                          "ORDER BY batch_id, started_at")
 _LEASED = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
               "AND lease_token IS NOT NULL AND visible_at > :now")
 _RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at = :now, "
@@ -74,7 +77,7 @@ _RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
 _RETRY_BATCH_CLASS = sql(_RETRY_BATCH.text + " AND error_class = :ec", "st")
 _STATUS_OF = sql("SELECT status FROM task WHERE task_id = :tid")
 _CANCEL_SUBMITTED = sql(_CANCEL.text.replace("'cancelled by operator'", ":why").replace(
-    "WHERE task_id = :tid", "WHERE batch_id IN :b AND created_at >= :since"), "b")
+    "WHERE task_id = :tid", "WHERE task_id IN :ids AND created_at IN :at"), "ids", "at")
 
 
 class TaskViews:
@@ -106,11 +109,15 @@ class TaskViews:
                                 w.c.heartbeat_at >= tx.now - alive_within_ms)
                 .order_by(w.c.started_at))]
             incomplete = [str(b) for b in tx.execute(_INCOMPLETE).scalars()]
+            unfinished: dict[str, list[str]] = {}
+            for b, source, host in tx.execute(_UNFINISHED_SUBMITS):
+                unfinished.setdefault(str(b), []).append(
+                    f"{source or 'tasks given in memory'} on {host or 'an unknown host'}")
             now = utc(tx.now)
             assert now is not None
             return Status(now=now, batches=counts, leased=int(leased),
                           backing_off=int(waiting), workers=workers,
-                          incomplete_batches=incomplete)
+                          incomplete_batches=incomplete, unfinished_submits=unfinished)
 
     def task(self, task_id: str) -> TaskView:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
@@ -143,15 +150,24 @@ class TaskViews:
                 "raw_output": result, "error_message": reason}])
         self.transaction(work)
 
-    def cancel_submitted(self, batch_ids: Iterable[str], since: int, why: str) -> int:
-        """Cancel the tasks of these batches created at or after ``since`` (database
-        clock, ms) that are still PENDING (what a stopped submit wrote and no worker
-        finished); returns how many. A worker holding one finds its write-back fenced."""
-        wanted = sorted(set(batch_ids))
-        if not wanted:
+    def cancel_submitted(self, task_ids: Iterable[str], created_at: Iterable[int],
+                         why: str) -> int:
+        """Cancel what a stopped submit wrote that no worker finished: the tasks of
+        ``task_ids`` created at one of the ``created_at`` stamps of its chunks (a task
+        of the same id another submit wrote bears another) and still PENDING; returns
+        how many. A worker holding one finds its write-back fenced."""
+        stamps = sorted(set(created_at))
+        if not stamps:
             return 0
-        return int(self.transaction(lambda tx: tx.execute(_CANCEL_SUBMITTED, {
-            "b": wanted, "since": since, "why": why}).rowcount))
+        n = 0
+        ids = iter(task_ids)
+        while part := list(itertools.islice(ids, 1000)):
+
+            def cancel(tx: Tx, part: list[str] = part) -> int:
+                return int(tx.execute(_CANCEL_SUBMITTED, {
+                    "ids": part, "at": stamps, "why": why}).rowcount)
+            n += self.transaction(cancel)
+        return n
 
     def retry(self, task_id: str) -> None:
         """FAILED, DEAD or CANCELLED -> PENDING with a fresh attempt budget."""
