@@ -1,16 +1,21 @@
 """Helpers shared by the test packages (``from helpers import rows, wait_for``): read-only
-SQL, polling, and a clean environment for subprocesses."""
+SQL, polling, a clean environment for subprocesses, and a chat-completions endpoint of
+the test's own."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psutil
+from aiohttp import web
 from sqlalchemy import text
 
 from lockgate.store import Store
@@ -125,3 +130,35 @@ def check_openai_batch_line(line: dict[str, Any]) -> None:
     resp = line["response"]
     if resp is not None and resp["status_code"] == 200:
         ChatCompletion.model_validate(resp["body"])
+
+
+@contextlib.contextmanager
+def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> Iterator[str]:
+    """An OpenAI-compatible endpoint answering ``POST /v1/chat/completions`` with
+    ``handle``, on a thread's event loop; yields its base URL (``.../v1``)."""
+    state: dict[str, Any] = {}
+    started = threading.Event()
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handle)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        state["loop"], state["port"] = loop, runner.addresses[0][1]
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10), "the test's endpoint did not start"
+    try:
+        yield f"http://127.0.0.1:{state['port']}/v1"
+    finally:
+        state["loop"].call_soon_threadsafe(state["loop"].stop)
+        thread.join(10)

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from helpers import chat_server
 from lockgate import Lockgate
 from lockgate.config import Settings, WorkerSettings
 from lockgate.errors import ConfigError, ErrorClass
@@ -114,13 +116,14 @@ def test_a_worker_on_pyreqwest_runs_a_batch_to_the_end(
     assert simulator.stats()["requests"] == 50
 
 
-def _answering_server(seen: list[dict[str, str]]) -> tuple[Any, str]:
-    """A chat-completions endpoint in a thread that records each request's headers."""
-    import threading
+@pytest.mark.parametrize("client", CLIENTS)
+def test_credentials_in_the_base_url_are_sent_as_basic_auth(client: str) -> None:
+    # aiohttp refused every call of an endpoint whose base_url carried user:password@
+    # beside an API key ("Cannot combine AUTHORIZATION header with AUTH argument or
+    # credentials encoded in URL"): each task failed as an internal error.
+    seen: list[dict[str, str]] = []
 
-    from aiohttp import web
-
-    async def complete(request: web.Request) -> web.Response:
+    async def answer(request: web.Request) -> web.Response:
         seen.append(dict(request.headers))
         return web.json_response({
             "id": "c-1", "object": "chat.completion", "model": "m",
@@ -128,36 +131,9 @@ def _answering_server(seen: list[dict[str, str]]) -> tuple[Any, str]:
                          "message": {"role": "assistant", "content": "{}"}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-    loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-    return stop, f"127.0.0.1:{port}"
-
-
-@pytest.mark.parametrize("client", CLIENTS)
-def test_credentials_in_the_base_url_are_sent_as_basic_auth(client: str) -> None:
-    # aiohttp refused every call of an endpoint whose base_url carried user:password@
-    # beside an API key ("Cannot combine AUTHORIZATION header with AUTH argument or
-    # credentials encoded in URL"): each task failed as an internal error.
-    seen: list[dict[str, str]] = []
-    stop, host = _answering_server(seen)
-    try:
+    with chat_server(answer) as url:
+        host = url.split("//", 1)[1].removesuffix("/v1")
         (got,) = _call(f"http://gw%40user:p%3Ass@{host}/v1", client)
-    finally:
-        stop()
     assert isinstance(got, Completion), got
     assert seen[0]["Authorization"] == "Basic " + base64.b64encode(b"gw@user:p:ss").decode()
     with pytest.raises(ConfigError, match="base_url carries a user and password and an API "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from helpers import chat_server
 from lockgate.errors import ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.openai import OpenAICompatible
@@ -77,29 +77,8 @@ def provider_url() -> Iterator[str]:
         made: web.StreamResponse = ANSWERS[body["model"]]()
         return made
 
-    state: dict[str, Any] = {}
-    started = threading.Event()
-
-    def serve() -> None:
-        loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handle)
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        state["loop"], state["port"] = loop, runner.addresses[0][1]
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    yield f"http://127.0.0.1:{state['port']}/v1"
-    state["loop"].call_soon_threadsafe(state["loop"].stop)
-    thread.join(10)
+    with chat_server(handle) as url:
+        yield url
 
 
 def _call(url: str, model: str, client: str = "aiohttp") -> Completion | ProviderError:
