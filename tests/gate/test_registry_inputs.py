@@ -21,6 +21,7 @@ from lockgate.providers.base import Completion, CompletionRequest
 from lockgate.registry.content import make_content, read_template
 from lockgate.registry.datasets import read_items
 from lockgate.registry.resolver import PromptResolver, load
+from lockgate.spec import parse_task
 from lockgate.store import Store
 
 from .support import DELIVERY, GOOD, MEDIOCRE, MODEL, Env, LocalProvider, items, rows, run_worker
@@ -272,3 +273,20 @@ def test_precision_without_a_positive_label_names_the_option(cli: CliRunner,
                    "--compare", "label:answer")
     assert "precision, recall need a positive label: give the expected value that counts " \
            "as positive with --positive" in out
+
+
+def test_long_names_of_who_acted_and_long_sources_are_kept_cut_on_every_backend(
+        env: Env, store: Store) -> None:
+    # PostgreSQL refused an author or actor over 200 characters, and a source path over
+    # 1,000 ("value too long for type character varying"), after SQLite took them.
+    who = "a" * 300
+    env.prompts.create("p", MEDIOCRE, model_config=MODEL, delivery_rule=DELIVERY,
+                       author=who)
+    env.prompts.label("p", "canary", 1, actor=who, reason="long name")
+    trail = env.prompts.registry.audit_trail("p")
+    assert {r["actor"] for r in trail if r["actor"]} == {who[:200]}
+    source = "/" + "d" * 1200 + "/tasks.jsonl"
+    store.submit([parse_task({"task_id": "t1", "prompt_template": "@registry:p",
+                              "input_data": {"text": "x"}})], batch_id="b", source=source)
+    (b,) = rows(store, "SELECT source, complete FROM batch WHERE id = 'b'")
+    assert (b["source"], b["complete"]) == (source[-1000:], 1)
