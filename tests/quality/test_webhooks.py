@@ -22,7 +22,7 @@ from lockgate.errors import ConfigError
 from lockgate.quality.alerts import Evaluator, get_alert
 from lockgate.quality.service import AlertService
 from lockgate.quality.webhooks import Sender, signature, verify
-from lockgate.store import Store
+from lockgate.store import Store, schema
 
 from .alerting import Receiver, collapse, ids, settings
 
@@ -270,3 +270,36 @@ def test_a_webhook_that_does_not_answer_holds_up_no_other(store: Store, db_url: 
         loop.close()
         fine.stop()
     assert not runner.is_alive()
+
+
+def test_a_silent_webhook_takes_at_most_its_share_of_the_posts(store: Store) -> None:
+    """More events due for a webhook that does not answer than the sender posts at
+    once: a claim took them all (oldest first) and every place waited for their
+    timeouts while the other webhook's event stayed unsent. A webhook holds at most
+    ``per_webhook`` posts; the others' deliveries go out beside them."""
+    stuck = Receiver(SECRET, block=threading.Event()).start()
+    fine = Receiver(SECRET).start()
+    q = settings(webhook=(stuck.webhook(name="stuck", timeout_s=30.0),
+                          fine.webhook(name="fine"))).quality
+    now = store.db_now()
+    with store.engine.begin() as conn:
+        conn.execute(schema.alert_delivery.insert(), [
+            {"delivery_id": f"d{k:02d}", "alert_id": 1, "event": "open",
+             "target": "fine" if k == 10 else "stuck", "body": orjson.dumps({"n": k}),
+             "status": "PENDING", "next_at": now - 1000 + k, "created_at": now}
+            for k in range(11)])
+    sender = Sender(store, q, batch=4, per_webhook=2)
+    loop = asyncio.new_event_loop()
+    stopping = asyncio.Event()
+    runner = threading.Thread(target=loop.run_until_complete,
+                              args=(sender.run(lambda: True, stopping, poll_s=0.05),))
+    runner.start()
+    try:
+        wait_for(lambda: len(fine.got) == 1, "the answering webhook's delivery", timeout=20)
+        assert len(stuck.got) == 2, "the silent webhook holds two posts, no more"
+    finally:
+        stuck.stop()
+        loop.call_soon_threadsafe(stopping.set)
+        runner.join(60)
+        loop.close()
+        fine.stop()

@@ -9,10 +9,9 @@ leaves its rows to be claimed again once the claim has passed: delivery is at le
 once, and every copy of an event carries the same ``X-Lockgate-Delivery`` id.
 
 Each claimed delivery is posted on its own, and the sender goes on claiming while posts
-are under way (at most ``batch`` at once): while a webhook that does not answer holds
-its posts for up to its timeout, the other webhooks' deliveries go out. (A claim takes
-due rows whatever their webhook, so ``batch`` posts to one silent webhook would still
-fill every place: an unlikely storm of events.)
+are under way (at most ``batch`` at once, at most ``per_webhook`` to one webhook): while
+a webhook that does not answer holds its posts for up to its timeout, the other
+webhooks' deliveries go out, however many events wait for the silent one.
 
 The body is signed: ``X-Lockgate-Signature: sha256=<hex>``, the HMAC-SHA256 of the raw
 body bytes with the webhook's secret (docs/quality.md shows how to check it).
@@ -21,6 +20,7 @@ body bytes with the webhook's secret (docs/quality.md shows how to check it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -57,10 +57,11 @@ class Sender:
     """Posts due deliveries of the outbox (any number of senders may run)."""
 
     def __init__(self, store: Store, settings: QualitySettings, *, batch: int = 20,
-                 margin_ms: int = CLAIM_MARGIN_MS) -> None:
+                 per_webhook: int = 4, margin_ms: int = CLAIM_MARGIN_MS) -> None:
         self.astore = AlertStore(store)
         self.q = settings
         self.batch = batch
+        self.per_webhook = max(1, min(per_webhook, batch))
         #: how long a claim lasts: the longest webhook timeout plus ``margin_ms``
         self.lease_ms = int(max((w.timeout_s for w in settings.webhook), default=10.0)
                             * 1000) + margin_ms
@@ -68,6 +69,8 @@ class Sender:
         self.keys: dict[str, bytes | None] = {w.target: w.key() for w in settings.webhook}
         #: the posts under way, one task per claimed delivery
         self._posts: set[asyncio.Task[None]] = set()
+        #: posts under way per webhook (target)
+        self._posting: dict[str, int] = {}
         #: set when a post ends: room for another claim (made by :meth:`run`, in its loop)
         self._ended: asyncio.Event | None = None
 
@@ -115,18 +118,24 @@ class Sender:
         if room <= 0:
             return []
         token = secrets.token_hex(16)
-        rows = await asyncio.to_thread(self.astore.claim_deliveries, token, self.lease_ms,
-                                       room)
+        share = {w.target: self.per_webhook - self._posting.get(w.target, 0)
+                 for w in self.q.webhook}
+        rows = await asyncio.to_thread(
+            functools.partial(self.astore.claim_deliveries, token, self.lease_ms, room,
+                              room=share))
         posts = []
         for row in rows:
+            target = str(row["target"])
             task = asyncio.create_task(self._post(session, row, token))
             self._posts.add(task)
-            task.add_done_callback(self._done)
+            self._posting[target] = self._posting.get(target, 0) + 1
+            task.add_done_callback(functools.partial(self._done, target))
             posts.append(task)
         return posts
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, target: str, task: asyncio.Task[None]) -> None:
         self._posts.discard(task)
+        self._posting[target] -= 1
         if self._ended is not None:
             self._ended.set()
 

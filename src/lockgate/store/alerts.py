@@ -19,7 +19,7 @@ prompt version and a time span, newest first, with a LIMIT.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lockgate.errors import NotFound
@@ -96,8 +96,9 @@ _TOUCHED = (
     "JOIN task t ON t.id = a.task_pk")
 
 # -- outbox -----------------------------------------------------------------------------
-_DUE = sql("SELECT id FROM alert_delivery WHERE status = 'PENDING' AND next_at <= :now "
-           "ORDER BY next_at, id LIMIT :lim")
+_DUE = sql("SELECT id, target FROM alert_delivery WHERE status = 'PENDING' "
+           "AND next_at <= :now AND target NOT IN :full ORDER BY next_at, id LIMIT :lim",
+           "full")
 _CLAIM_DELIVERY = sql(
     "UPDATE alert_delivery SET lease_token = :t, next_at = :now + :ms, "
     "attempts = attempts + 1 WHERE id = :id AND status = 'PENDING' AND next_at <= :now")
@@ -302,15 +303,25 @@ class AlertStore:
             tx.execute(schema.alert_delivery.insert(), rows)
         return ids
 
-    def claim_deliveries(self, token: str, lease_ms: int, limit: int) -> list[dict[str, Any]]:
+    def claim_deliveries(self, token: str, lease_ms: int, limit: int, *,
+                         room: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
         """Claim up to ``limit`` due deliveries under ``token`` for ``lease_ms`` (a
-        sender that dies leaves them to be claimed again once that has passed)."""
+        sender that dies leaves them to be claimed again once that has passed).
+        ``room``: how many more a webhook (by target) may have claimed now; those not
+        named have ``limit``. A webhook with none left is not read at all."""
+        room = dict(room or {})
+        full = sorted(t for t, n in room.items() if n <= 0) or [""]
+
         def work(tx: Tx) -> list[dict[str, Any]]:
             out = []
-            for (did,) in tx.execute(_DUE, {"lim": limit}).all():
+            left = dict(room)
+            for did, target in tx.execute(_DUE, {"lim": limit, "full": full}).all():
+                if left.get(target, limit) <= 0:
+                    continue  # its share of this claim is taken: due at the next one
                 if tx.execute(_CLAIM_DELIVERY, {"id": did, "t": token,
                                                 "ms": lease_ms}).rowcount == 1:
                     out.append(tx.rows(_DELIVERY, {"id": did})[0])
+                    left[target] = left.get(target, limit) - 1
             return out
         return self.store.transaction(work)
 
