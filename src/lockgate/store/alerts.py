@@ -228,7 +228,7 @@ class AlertStore:
         the ack changed the alert (its webhooks are told so)."""
         def work(tx: Tx) -> bool:
             self.alert_row(tx, alert_id)
-            done = tx.execute(_ACK, {"id": alert_id, "by": (by or "")[:200] or None,
+            done = tx.execute(_ACK, {"id": alert_id, "by": schema.audit_name(by) or None,
                                      "reason": reason}).rowcount == 1
             if done and then is not None:
                 then(tx)

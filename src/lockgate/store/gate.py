@@ -174,7 +174,7 @@ class GateStore(RunSteps):
         for one prompt are serialised: each newer one sees, and cancels, the older
         ones. Refused when no dataset is bound or the content is already live.
         """
-        author = author[:200] if author else author  # the audit columns' length
+        author = schema.audit_name(author)
 
         def work(tx: Tx) -> Proposal:
             now = tx.now
@@ -248,7 +248,7 @@ class GateStore(RunSteps):
 
     def cancel(self, update_id: int, reason: str, *, actor: str | None = None) -> bool:
         """Withdraw a candidate: PENDING/EVALUATING -> CANCELLED. False if already final."""
-        actor = actor[:200] if actor else actor  # the audit column's length
+        actor = schema.audit_name(actor)
 
         def work(tx: Tx) -> bool:
             now = tx.now

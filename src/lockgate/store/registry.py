@@ -202,12 +202,6 @@ def _encoded(item: DatasetItem, position: int, limit: int) -> tuple[str, str]:
     return input_data.decode(), expected.decode()
 
 
-def _name(who: str | None) -> str | None:
-    """Who acted, as the audit columns hold it (200 characters, as the other audit
-    trails keep theirs): a longer name is cut, not refused (PostgreSQL refused it)."""
-    return who[:200] if who else who
-
-
 def _version_row(name: str, r: Mapping[str, Any]) -> VersionRow:
     return VersionRow(prompt=name, version=int(r["version"]),
                       template=orjson.loads(r["template"]),
@@ -282,7 +276,7 @@ class RegistryStore:
             prompt_id=prompt_id, version=number, template=dumps(content.template),
             model_config=dumps(content.model_config),
             delivery_rule=dumps(content.delivery_rule), content_hash=content.content_hash,
-            tag=tag, author=_name(author), note=note, created_at=now))
+            tag=tag, author=schema.audit_name(author), note=note, created_at=now))
         return number, True
 
     def _check_tag_free(self, tx: Tx, prompt_id: int, tag: str) -> None:
@@ -298,7 +292,7 @@ class RegistryStore:
         tx.execute(schema.prompt_audit.insert().values(
             prompt_id=prompt_id, action=action, from_version=from_version,
             to_version=to_version, label=label, update_id=update_id, generation=generation,
-            actor=_name(actor), reason=reason, created_at=now))
+            actor=schema.audit_name(actor), reason=reason, created_at=now))
 
     def _version(self, tx: Tx, name: str, prompt_id: int, version: int) -> VersionRow:
         return _version_row(name, tx.one(
@@ -365,7 +359,7 @@ class RegistryStore:
         if label == PRODUCTION:
             raise StateConflict("'production' is the live version: it moves only through "
                                 "the release gate or `lockgate prompt rollback`")
-        actor = _name(actor)
+        actor = schema.audit_name(actor)
 
         def work(tx: Tx) -> int | None:
             now = tx.now
@@ -391,7 +385,7 @@ class RegistryStore:
         of the live pointer. No evaluation runs: the target already passed the gate (or
         was the initial version). Returns from, to and the new generation.
         """
-        actor = _name(actor)
+        actor = schema.audit_name(actor)
 
         def work(tx: Tx) -> dict[str, Any]:
             now = tx.now
@@ -441,7 +435,7 @@ class RegistryStore:
         # connection.
         limit = self.store.max_input_bytes()
         encoded = [_encoded(it, n, limit) for n, it in enumerate(items, start=1)]
-        source = source[-1000:] if source else source  # the column's length: the path's end
+        source = schema.source_path(source)
 
         def work(tx: Tx) -> dict[str, Any]:
             now = tx.now

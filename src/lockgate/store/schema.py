@@ -31,6 +31,19 @@ LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 KEY = 191  # longest indexed VARCHAR that fits every MySQL row format in utf8mb4
+NAME = 200  # who acted (author, actor, updated_by, acked_by): audit columns
+SOURCE = 1000  # a file's path (batch, batch_submit, dataset)
+
+
+def audit_name(who: str | None) -> str | None:
+    """Who acted, as the audit columns hold it: a longer name is cut, not refused
+    (PostgreSQL and MariaDB refuse an over-long value, SQLite keeps it)."""
+    return who[:NAME] if who else who
+
+
+def source_path(path: str | None) -> str | None:
+    """A file's path as the ``source`` columns hold it: its end, where the file name is."""
+    return path[-SOURCE:] if path else path
 
 # On MySQL/MariaDB every table is utf8mb4 with the binary collation (migration 0009),
 # so identifiers compare as on PostgreSQL and SQLite: case and accents count. A table
@@ -47,7 +60,7 @@ task_config = Table(
 batch = Table(
     "batch", metadata,
     Column("id", String(KEY), primary_key=True),
-    Column("source", String(1000)),
+    Column("source", String(SOURCE)),
     Column("created_at", BigInteger, nullable=False),
     # flow control (migration 0003): SLA weight, deadline and time window
     Column("base_weight", Double, nullable=False, server_default="1"),
@@ -70,7 +83,7 @@ batch_submit = Table(
     "batch_submit", metadata,
     Column("batch_id", String(KEY), primary_key=True),
     Column("submit_key", String(64), primary_key=True),
-    Column("source", String(1000)),
+    Column("source", String(SOURCE)),
     Column("host", String(255)),
     Column("started_at", BigInteger, nullable=False),
     mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin",
@@ -201,7 +214,7 @@ prompt_version = Table(
     Column("delivery_rule", Text, nullable=False),
     Column("content_hash", String(64), nullable=False),
     Column("tag", String(100)),
-    Column("author", String(200)),
+    Column("author", String(NAME)),
     Column("note", Text),
     Column("created_at", BigInteger, nullable=False),
     UniqueConstraint("prompt_id", "version", name="uq_prompt_version_number"),
@@ -214,7 +227,7 @@ prompt_label = Table(
     Column("prompt_id", BigInteger, nullable=False),
     Column("label", String(64), nullable=False),
     Column("version", Integer, nullable=False),
-    Column("updated_by", String(200)),
+    Column("updated_by", String(NAME)),
     Column("updated_at", BigInteger, nullable=False),
     PrimaryKeyConstraint("prompt_id", "label", name="pk_prompt_label"),
 )
@@ -229,7 +242,7 @@ prompt_audit = Table(
     Column("label", String(64)),
     Column("update_id", BigInteger),
     Column("generation", BigInteger, nullable=False),
-    Column("actor", String(200)),
+    Column("actor", String(NAME)),
     Column("reason", Text),
     Column("created_at", BigInteger, nullable=False),
     Index("ix_prompt_audit_prompt", "prompt_id", "id"),
@@ -242,7 +255,7 @@ dataset = Table(
     Column("id", BigId, primary_key=True, autoincrement=True),
     Column("name", String(KEY), nullable=False, unique=True),
     Column("description", Text),
-    Column("source", String(1000)),
+    Column("source", String(SOURCE)),
     Column("revision", Integer, nullable=False, server_default="0"),
     Column("item_count", Integer, nullable=False, server_default="0"),
     Column("items_hash", String(64), nullable=False),
@@ -295,7 +308,7 @@ prompt_update = Table(
     Column("snapshot", LongText, nullable=False),
     Column("snapshot_hash", String(64), nullable=False),
     Column("decision", LongText),
-    Column("author", String(200)),
+    Column("author", String(NAME)),
     Column("created_at", BigInteger, nullable=False),
     Column("started_at", BigInteger),
     Column("decided_at", BigInteger),
@@ -471,7 +484,7 @@ quality_alert = Table(
     Column("notified_at", BigInteger, nullable=False),
     Column("resolved_at", BigInteger),
     Column("acked_at", BigInteger),
-    Column("acked_by", String(200)),
+    Column("acked_by", String(NAME)),
     Column("ack_reason", Text),
     Column("version", Integer, nullable=False, server_default="0"),
     UniqueConstraint("open_key", name="uq_quality_alert_open"),

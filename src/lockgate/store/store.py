@@ -427,7 +427,7 @@ class Store(TaskViews):
                             "release gate's evaluations", field="batch_id")
         fields = dict(batch_fields or {})
         key = submit_key(source)
-        source = source[-1000:] if source else source  # the column's length: the path's end
+        source = schema.source_path(source)
         created = self.transaction(
             lambda tx: self._open_batch(tx, batch_id, source, fields, key))
         seen: dict[str, None] = {batch_id: None}
