@@ -252,3 +252,26 @@ def test_idempotency_keys_never_repeat_after_an_operator_retry_or_a_reused_task_
     assert (stats["requests"], stats["idempotency_keys"]) == (3, 3)
     assert (stats["duplicate_keys"], stats["duplicate_key_counts"]) == (0, {})
     assert stats["task_successes"] == {"t1": 2}, "the key still names its task"
+
+
+def test_a_task_whose_every_attempt_hits_an_internal_error_ends_dead_saying_so(
+        store: Store, simulator: SimulatorProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the worker's own code is retried (it must not lose the task), within the
+    task's budget; when the budget is spent the task ends DEAD with the error it kept
+    hitting, not as if its lease had been lost."""
+    import lockgate.worker.calls as calls
+
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("renderer exploded")
+    monkeypatch.setattr(calls, "run_attempt", broken)
+    submit(store, task("t1", retry={"max_retries": 0}))
+    run_worker(store, concurrency=2)
+    row = task_row(store, "t1")
+    assert (row["status"], row["error_class"]) == ("DEAD", "internal_error")
+    assert "RuntimeError: renderer exploded" in row["error_message"]
+    assert "max_retries 0" in row["error_message"]
+    trace = attempts_of(store, "t1")
+    assert [a["outcome"] for a in trace] == ["retry", "dead"]
+    assert {a["error_class"] for a in trace} == {"internal_error"}
+    assert "renderer exploded" in trace[0]["error_message"]
+    assert simulator.stats()["requests"] == 0

@@ -89,6 +89,9 @@ _RENEW = sql("UPDATE task SET visible_at = :now + :lease_ms, updated_at = :now "
              "WHERE id IN :ids AND lease_token = :tok", "ids")
 _RETRIES_BEFORE = sql("SELECT COUNT(*) FROM task_attempt WHERE task_pk = :pk "
                       "AND attempt < :n AND outcome = 'retry'")
+_LAST_RETRY = sql("SELECT error_class, error_message FROM task_attempt WHERE task_pk = :pk "
+                  "AND attempt < :n AND outcome = 'retry' ORDER BY attempt DESC, id DESC "
+                  "LIMIT 1")
 _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
 
 
@@ -617,6 +620,13 @@ class Store(TaskViews):
         attempts were claims lost to workers that crashed or stalled."""
         with self.read() as tx:
             return int(tx.execute(_RETRIES_BEFORE, {"pk": pk, "n": attempt}).scalar_one())
+
+    def last_retry(self, pk: int, attempt: int) -> tuple[str | None, str | None]:
+        """The error class and message of the last attempt of task ``pk`` before
+        ``attempt`` that ended in a retry ((None, None): none did)."""
+        with self.read() as tx:
+            row = tx.execute(_LAST_RETRY, {"pk": pk, "n": attempt}).first()
+        return (None, None) if row is None else (row[0], row[1])
 
     def finish(self, rows: Sequence[Finish], *, worker_id: str,
                observe: AttemptObserver | None = None) -> FinishReport:

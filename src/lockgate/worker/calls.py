@@ -51,6 +51,9 @@ def max_lost_leases(max_retries: int) -> int:
     return max(3, max_retries + 1)
 
 
+_ERROR_CLASSES = frozenset(str(c) for c in ErrorClass)
+
+
 def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: ErrorClass,
               message: str, detail: str) -> Finish:
     """A terminal write-back for a task that ends before any call is made; ``detail`` is
@@ -129,7 +132,8 @@ class Calls(WorkerCore):
                             delay_ms=5000,
                             attempt={"attempt": t.attempt, "outcome": "retry",
                                      "started_at": started,
-                                     "error_class": str(ErrorClass.INTERNAL_ERROR)})
+                                     "error_class": str(ErrorClass.INTERNAL_ERROR),
+                                     "error_message": f"{type(exc).__name__}: {exc}"[:2000]})
         self._buffer.append(finish)
         self._running.pop((t.id, t.lease_token), None)
         while self._ready and not self._stopping.is_set():
@@ -163,8 +167,16 @@ class Calls(WorkerCore):
             return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
         call_no = t.attempt - lost
         if call_no > max_retries + 1:
-            msg = f"call {call_no} exceeds max_retries + 1"
-            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
+            # Its retries are spent by retries the policy did not decide (an internal
+            # error of the worker's own, or a config whose max_retries went down): the
+            # task ends DEAD with the error its last retry met.
+            cls, why = await self._db_retry("reading the task's attempts",
+                                            self.store.last_retry, t.id, t.attempt)
+            error = ErrorClass(cls) if cls in _ERROR_CLASSES else ErrorClass.INTERNAL_ERROR
+            msg = (f"retries spent: {call_no - 1} calls ended in a retry (max_retries "
+                   f"{max_retries}); the last: {cls or error}"
+                   + (f": {why}" if why else ""))[:2000]
+            return _uncalled(t, started, TaskStatus.DEAD, error, msg, msg)
         return call_no
 
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
