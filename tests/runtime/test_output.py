@@ -120,7 +120,9 @@ def test_ambiguous_misspelling_is_not_renamed() -> None:
     ('{"label": "positive", "score": 0.5, "count": "3.0"}', {"count": 3}),
     ('{"label": "positive", "score": 0.5, "flag": "是"}', {"flag": True}),
     ('{"label": "positive", "score": 0.5, "flag": "No"}', {"flag": False}),
-    ('{"label": "positive", "score": 0.5, "tags": "x, y"}', {"tags": ["x", "y"]}),
+    # a comma may belong to the value: one element, as written (not split)
+    ('{"label": "positive", "score": 0.5, "tags": "x, y"}', {"tags": ["x, y"]}),
+    ('{"label": "positive", "score": 0.5, "tags": "x、y"}', {"tags": ["x", "y"]}),
     ('{"label": "positive", "score": 0.5, "tags": "x"}', {"tags": ["x"]}),
     ('{"label": "positive", "score": 0.5, "tags": "[\\"x\\"]"}', {"tags": ["x"]}),
     ('{"label": "positive", "score": 0.5, "meta": "{\\"source\\": \\"web\\"}"}',

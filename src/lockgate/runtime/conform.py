@@ -12,8 +12,11 @@ One walk over the value, guided by the compiled schema (:class:`~.schema.Node`):
   lossless and unambiguous: ``"3"`` -> ``3``, ``"0.5"`` -> ``0.5``, ``3.0`` -> ``3``,
   ``"1,234"`` -> ``1234``, ``"true"``/``"yes"``/``"是"`` -> ``true``, ``3`` -> ``"3"``,
   ``"null"`` -> ``null``, a JSON text in a string -> the object/array it holds, a lone
-  value -> a one-element array, ``"a, b"`` -> ``["a", "b"]`` for arrays of strings; an
-  enum member written in another case or width -> the member.
+  value -> a one-element array (``"Washington, D.C."`` -> ``["Washington, D.C."]``), a
+  list written in a string split only where the split is the one reading (``"甲、乙"``,
+  ``"red, blue"`` for an enum of colours, ``"1, 2"`` for integers); an enum member
+  written in another case or width -> the member. Integers are read exactly, within
+  signed 64 bits.
 
 Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:...``).
 """
@@ -43,6 +46,9 @@ _MAX_DIGITS = 400
 #: "102").
 _WIDE_DIGITS = str.maketrans("０１２３４５６７８９＋－．，", "0123456789+-.,")
 _LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
+_ENUMERATION_SPLIT_RE = re.compile(r"\s*、\s*")
+#: The integers a JSON value may hold exactly (signed 64 bits).
+_MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
 _TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
 _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
 _NULL = frozenset({"null", "none", "nil", "n/a", ""})
@@ -245,12 +251,17 @@ def _clean_number(text: str) -> str:
 
 
 def _to_int(value: Any) -> tuple[bool, Any]:
+    """An integer read exactly, within signed 64 bits (beyond, it could only be stored
+    as an approximating float: refused)."""
     if isinstance(value, float) and value.is_integer():
-        return True, int(value)
+        number = int(value)
+        return (True, number) if _MIN_INT <= number <= _MAX_INT else (False, value)
     if isinstance(value, str):
         text = _clean_number(value)
         if len(text) <= _MAX_DIGITS and _INT_RE.fullmatch(text):
-            return True, int(text.split(".", 1)[0])  # "12.000": exactly 12
+            number = int(text.split(".", 1)[0])  # "12.000": exactly 12
+            if _MIN_INT <= number <= _MAX_INT:
+                return True, number
     return False, value
 
 
@@ -260,7 +271,9 @@ def _to_number(value: Any) -> tuple[bool, Any]:
         if len(text) > _MAX_DIGITS:
             return False, value
         if _INT_RE.fullmatch(text) and "." not in text:
-            return True, int(text)
+            whole = int(text)
+            # beyond 64 bits only an approximating float: refused
+            return (True, whole) if _MIN_INT <= whole <= _MAX_INT else (False, value)
         if _FLOAT_RE.fullmatch(text):
             number = float(text)
             if math.isfinite(number):  # "1e999" is no number JSON can hold
@@ -292,19 +305,51 @@ def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
                 parsed = None
             if isinstance(parsed, list):
                 return True, parsed
-        items = node.items
-        if items is not None and "string" in items.types and _LIST_SPLIT_RE.search(text):
-            return True, [p for p in _LIST_SPLIT_RE.split(text) if p]
+        parts = _split(text, node.items)
+        if parts is not None:
+            return True, parts
     if value is None or isinstance(value, list):
         return False, value
     items = node.items
     if items is not None and items.types and json_type(value) not in items.types \
             and not (isinstance(value, int) and not isinstance(value, bool)
-                     and "number" in items.types):
+                     and "number" in items.types) \
+            and not (isinstance(value, str) and any(
+                t in items.types and _to(value, t, items)[0] for t in ("integer", "number"))):
         # A lone value of another type than the items ("tags": false, "tags": 3): a
         # one-element list of it would be a value the model never gave.
         return False, value
     return True, [value]
+
+
+def _split(text: str, items: Node | None) -> list[str] | None:
+    """``text`` as the list it writes, where that reading is the only one: parts
+    separated by the enumeration comma ``、`` (which only ever separates items), or by
+    commas or semicolons when every part is a member of the items' enum or every part is
+    a number of the items' type and the whole is not one ("1,234"). Otherwise None: a
+    comma may belong to the value ("Washington, D.C.")."""
+    if items is None or _LIST_SPLIT_RE.search(text) is None:
+        return None
+    if "、" in text and (not items.types or "string" in items.types) and items.enum is None:
+        parts = [p for p in _ENUMERATION_SPLIT_RE.split(text) if p]
+        if not any(_LIST_SPLIT_RE.search(p) for p in parts):
+            return parts
+        return None
+    parts = [p for p in _LIST_SPLIT_RE.split(text) if p]
+    if len(parts) < 2:
+        return None
+    if items.enum is not None:
+        scratch = Fixes()
+        if all(p in items.enum or _enum_member(p, items.enum, scratch, "") in items.enum
+               for p in parts):
+            return parts
+        return None
+    for target in ("integer", "number"):
+        if target in items.types and "string" not in items.types \
+                and not _to(text, target, items)[0] \
+                and all(_to(p, target, items)[0] for p in parts):
+            return parts
+    return None
 
 
 #: What may end a one-word answer as a sentence (after NFKC: ASCII forms).

@@ -72,6 +72,44 @@ def python_literal(text: str) -> Any:
         return None
 
 
+#: What may follow the quote that ends a string: a colon, a closing bracket, the end,
+#: or a comma and then the start of a key or a value.
+_ENDS_STRING = re.compile(
+    r"""\s*(?:[:}\]]|\Z|,\s*(?:['"{\[\d\-]|(?:True|False|None|true|false|null)\b|\Z))""")
+
+
+def escape_apostrophes(text: str) -> str | None:
+    """A single-quoted literal with its apostrophes escaped: inside a single-quoted
+    string, a quote ends the string only where JSON syntax follows it (a colon, a
+    closing bracket, a comma and another key or value); elsewhere (``'don't know'``,
+    ``'the users' choice'``) it is an apostrophe. None when there is none."""
+    if "'" not in text:
+        return None
+    out: list[str] = []
+    quote = ""  # the quote of the string the walk is in, if any
+    changed = False
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote and c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if not quote:
+            if c in "'\"":
+                quote = c
+        elif c == quote:
+            if quote == "'" and _ENDS_STRING.match(text, i + 1) is None:
+                out.append("\\'")
+                changed = True
+                i += 1
+                continue
+            quote = ""
+        out.append(c)
+        i += 1
+    return "".join(out) if changed else None
+
+
 #: ``\/`` and ``\f`` after an even number of backslashes (so escaped themselves not).
 _REPAIR_ESCAPES = re.compile(r"(?<!\\)((?:\\\\)*)\\([/f])")
 

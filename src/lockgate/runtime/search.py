@@ -14,7 +14,13 @@ from typing import Any, overload
 import orjson
 
 from lockgate.runtime.conform import Fixes
-from lockgate.runtime.extract import fenced_spans, lenient_json, python_literal, repair
+from lockgate.runtime.extract import (
+    escape_apostrophes,
+    fenced_spans,
+    lenient_json,
+    python_literal,
+    repair,
+)
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -51,6 +57,18 @@ _IN_VALUE = re.compile(r"""(?:[\[,]|["']\s*:|[{,]\s*[A-Za-z_$][\w$]*\s*:)\s*\Z""
 
 def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
     """Steps 2-9 on a text that is not strict JSON as a whole."""
+    found = _search(text, plan, fixes)
+    if (found.truncated or not found.usable) and '\\"' in text \
+            and "decoded:string" not in fixes.applied and len(text) <= MAX_SEARCH:
+        # No answer as written, or one cut off: the answer may be a JSON string holding
+        # it (encoded twice), whose escaped quotes the scan read as cut off.
+        decoded = _encoded(text, plan, fixes)
+        if decoded is not None and not decoded.truncated:
+            return decoded
+    return found
+
+
+def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
     start_at = ANY_START if plan.expect == "array" else OBJECT_START
     if len(text) > MAX_SEARCH:
         if start_at.search(text) is None:
@@ -62,33 +80,12 @@ def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
     if "stripped:think" not in fixes.applied and _OTHER_REASONING.search(text) is not None:
         text = _as_think_tags(text)
     if _REASONING_TAG.search(text) is not None and "stripped:think" not in fixes.applied:
-        # Reasoning models put their scratch work first; it may hold drafts of the
-        # answer, which are never the answer.
-        aside = _set_aside_reasoning(text)
-        if aside is not None:
-            rest, sure = aside
-            inner = fixes.copy()
-            inner.repair("stripped:think")
-            if not rest.strip():
-                if sure:
-                    return unusable(
-                        ParseStatus.NO_JSON_FOUND, plan,
-                        "the output holds only reasoning (<think>...), no answer after "
-                        "it: the reply was cut off while thinking (raise max_tokens) "
-                        "or ended with its reasoning", (*inner.labels(), "truncated"))
-            else:
-                found = search(rest, plan, inner)
-                if found.usable or sure:
-                    return found
-    if '\\"' in text and '"' not in text.replace('\\"', "") \
-            and "unescaped" not in fixes.applied:
-        # JSON written as the inside of a JSON string ({\"a\": 1}), its quotes escaped
-        # and none bare: read with its escapes undone.
-        inner = fixes.copy()
-        inner.repair("unescaped")
-        found = search(_ESCAPED.sub(lambda m: m.group(1), text), plan, inner)
-        if found.usable:
+        found = _without_reasoning(text, plan, fixes)
+        if found is not None:
             return found
+    found = _unescaped(text, plan, fixes)
+    if found is not None:
+        return found
     if may_be_wide(text):
         # The usual reply, strict JSON after some chatter, needs no conversion; the
         # conversion could only matter where a full-width bracket came before it.
@@ -107,6 +104,91 @@ def search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
     return _search_text(text, plan, fixes)
 
 
+#: ``&quot;`` standing where JSON syntax is: after an opening bracket, a colon or a
+#: comma, or before a colon, a comma or a closing bracket.
+_HTML_SYNTAX = re.compile(r"[{\[:,]\s*&quot;|&quot;\s*[:,}\]]")
+_HTML_CHARS = {"&quot;": '"', "&#34;": '"', "&#x22;": '"', "&amp;": "&", "&lt;": "<",
+               "&gt;": ">", "&#39;": "'", "&#x27;": "'", "&apos;": "'"}
+_HTML_ENTITY = re.compile("|".join(_HTML_CHARS))
+#: A JSON string that holds an object or an array (the answer encoded twice), standing
+#: on its own: first on its line (after a fence's line, or words without JSON syntax).
+_ENCODED = re.compile(r'(?m)^[^\n"{}\[\],]*?("[ \t]*[{\[](?:[^"\\\n]|\\.)*")[ \t.]*$')
+
+
+def _encoded(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
+    """The answer in a JSON string that holds it (``"{\\"a\\": 1}"`` in a fence or after
+    some words), decoded; None when there is none."""
+    for m in _ENCODED.finditer(text):
+        try:
+            decoded = orjson.loads(m.group(1))
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(decoded, str):
+            continue
+        inner = fixes.copy()
+        inner.repair("decoded:string")
+        if m.group(1) != text.strip():
+            inner.repair("extracted:chatter")
+        found = search(decoded, plan, inner)
+        if found.usable:
+            return found
+    return None
+
+
+def _without_reasoning(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
+    """The answer after the reasoning is set aside (reasoning models put their scratch
+    work first; it may hold drafts of the answer, which are never the answer); None to
+    search the whole text."""
+    aside = _set_aside_reasoning(text)
+    if aside is None:
+        return None
+    rest, sure, cut = aside
+    inner = fixes.copy()
+    inner.repair("stripped:think")
+    if not rest.strip():
+        if not sure:
+            return None
+        return unusable(
+            ParseStatus.NO_JSON_FOUND, plan,
+            "the output holds only reasoning (<think>...), no answer after it: the reply "
+            "was cut off while thinking (raise max_tokens) or ended with its reasoning",
+            (*inner.labels(), "truncated"))
+    found = search(rest, plan, inner)
+    if not found.usable and cut and sure:
+        # A block the output ends inside: whatever came before it, the reply was cut
+        # off while thinking.
+        return unusable(
+            ParseStatus.NO_JSON_FOUND, plan,
+            "the output ends inside its reasoning (<think>...) with no answer before it: "
+            "the reply was cut off while thinking (raise max_tokens)",
+            (*inner.labels(), "truncated"))
+    return found if found.usable or sure else None
+
+
+def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
+    """The answer in JSON whose quotes are all escaped (as HTML entities, or as the
+    inside of a JSON string); None when there is none."""
+    if "&quot;" in text and '"' not in text and "repaired:html" not in fixes.applied \
+            and _HTML_SYNTAX.search(text) is not None:
+        # JSON written into HTML with its quotes as entities ({&quot;a&quot;: 1}), none
+        # bare: read with the entities undone.
+        inner = fixes.copy()
+        inner.repair("repaired:html")
+        found = search(_HTML_ENTITY.sub(lambda m: _HTML_CHARS[m.group()], text), plan, inner)
+        if found.usable:
+            return found
+    if '\\"' in text and '"' not in text.replace('\\"', "") \
+            and "unescaped" not in fixes.applied:
+        # JSON written as the inside of a JSON string ({\"a\": 1}), its quotes escaped
+        # and none bare: read with its escapes undone.
+        inner = fixes.copy()
+        inner.repair("unescaped")
+        found = search(_ESCAPED.sub(lambda m: m.group(1), text), plan, inner)
+        if found.usable:
+            return found
+    return None
+
+
 @overload
 def _search_text(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed: ...
 
@@ -123,12 +205,9 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
     else None."""
     start_at = ANY_START if plan.expect == "array" else OBJECT_START
     if not first_strict and "extracted:answer" not in fixes.applied:
-        for m in _ANSWER_TAG.finditer(text):
-            inner = fixes.copy()
-            inner.repair("extracted:answer")
-            found = _search_text(m.group(2) if m.group(1) else m.group(4), plan, inner)
-            if found.usable:
-                return found
+        tagged = _in_answer_tags(text, plan, fixes)
+        if tagged is not None:
+            return tagged
     picks: list[Pick] = []
     for start, end, block in fenced_spans(text):
         inner = fixes.copy()
@@ -137,66 +216,183 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
             return None if _cued(text, start, end) else \
                 _first_strict(block, plan, inner, start_at)
         found = _search_regions(block, plan, inner, start_at)
+        if found.usable and found.truncated and end < len(text.rstrip()):
+            # The fence closed inside the value ("```" on a line of a string that holds
+            # line breaks): the value is read from the text, across the fence's end.
+            whole = _search_regions(text[text.index(block, start):], plan, inner, start_at)
+            if whole.usable and not whole.truncated:
+                found = whole
         if found.usable:
             picks.append((start, end, found))
             if not _more_wanted(text, picks):
                 break
     if picks:
+        if all(_not_the_answer(text, s, picks[i - 1][1] if i else 0)
+               for i, (s, _e, _p) in enumerate(picks)):
+            # Every fenced value is an example (or a draft...): a value outside the
+            # fences may be the answer.
+            outside = _region_picks(text, plan, fixes, start_at)[0]
+            if any(not _not_the_answer(text, s, outside[i - 1][1] if i else 0)
+                   for i, (s, _e, _p) in enumerate(outside)):
+                return _chosen(text, outside)
         return _chosen(text, picks)
     if first_strict:
         return _first_strict(text, plan, fixes, start_at)
     return _search_regions(text, plan, fixes, start_at)
 
 
+def _in_answer_tags(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
+    """The answer in an answer container: the first usable one, unless a later one is
+    introduced as a correction ("Wait, correction: <answer>...</answer>")."""
+    picks: list[Pick] = []
+    for m in _ANSWER_TAG.finditer(text):
+        inner = fixes.copy()
+        inner.repair("extracted:answer")
+        found = _search_text(m.group(2) if m.group(1) else m.group(4), plan, inner)
+        if found.usable:
+            picks.append((m.start(), m.end(), found))
+            if not _more_wanted(text, picks):
+                break
+    return _chosen(text, picks) if picks else None
+
+
 #: A usable candidate, and where it stands in the text searched.
 Pick = tuple[int, int, Parsed]
-#: Words that introduce a value as not the answer (an example of the format, a draft),
-#: and words that introduce a later one as the answer (a correction, the final one).
-_NOT_THE_ANSWER = re.compile(
-    r"(?i)\b(?:examples?|e\.g\.|for instance|such as|draft|template|sample|placeholder"
-    r"|(?:output|response|answer|expected) format(?: is| would be| looks like)?"
-    r"|formatted like)\b|例如|示例|样例|格式为|草稿")
-_THE_ANSWER = re.compile(
-    r"(?i)\b(?:final(?:ly)?|correct(?:ed|ion)|actually|revised|on second thought"
-    r"|in conclusion|my answer|the answer is|the correct (?:answer|output|result|label|json)"
-    r"|I (?:pick|choose|select|go with))\b|最终|更正|修正|正确(?:的)?(?:答案|输出|结果)|实际上"
-    r"|结论")
-#: How far before a value its introduction is looked for (characters).
+#: How far before a value its introduction is looked for (characters), and how far
+#: before it a correction may stand (after the value before it).
 _INTRO = 160
+_CORRECTION_REACH = 320
 _MAX_PICKS = 8
+#: What may stand between an introduction and its value: space, a fence's opening
+#: line, an answer tag, Markdown emphasis, an opening quote.
+_LEAD_OUT = re.compile(r"(?:\s|```[\w+.-]*|<[A-Za-z_|][\w|:-]*>|[*_>#`\"'“(])*\Z")
+#: Where a sentence ends (its next one starts after the match).
+_SENTENCE_END = re.compile(r"[.!?…](?=[\s\"')*_]|\Z)|[。！？\n]")
+#: Where a clause starts: the start of the text, right after a value (a closing
+#: bracket, tag or fence), or after a sentence's end, a line break, a comma, a colon or
+#: a semicolon (space, Markdown and quotes skipped).
+_CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`]))[\s*_#>\"'“(\-]*"
+#: A value introduced as an example of the format, a draft or a template: the
+#: introduction (the sentence right before the value) is a label made of such words
+#: ("Example:", "Sample output:", "Draft:", "Example of the expected output:"), or it
+#: ends with them ("..., e.g.", "The output format is", "for instance:").
+_EXAMPLE_LABEL = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:(?:here(?:'s| is| are)|below is|this is)\s+)?"
+    r"(?:(?:an?|the|some|one|another|my)\s+)?"
+    r"(?:examples?|samples?|illustrations?|templates?|placeholders?|drafts?|dummy|mock"
+    r"|for (?:example|instance)|e\.g\.|(?:expected |output |response |answer |json )*"
+    r"format)\b(?:[\s,]+(?!(?:is|are|was|were|gives?|yields?|returns?|shows?)\b)"
+    r"[\w().-]+){0,4}?[\s*_]*[:：,]?[\s*_]*\Z")
+_EXAMPLE_END = re.compile(
+    r"(?i)(?:\bfor (?:example|instance)|\be\.g\.|\bi\.e\.|\bsuch as|\bas an example"
+    r"|\b(?:an?|another|one more|some|more)\s+examples?|\bsample (?:output|response|answer"
+    r"|json|result)s?|\bdrafts?|\b(?:output|response|answer|expected|json|required"
+    r"|following) format(?:\s+(?:is|would be|looks like|like|as follows|should be))?"
+    r"|\bformat(?:ted)? (?:like|as))[\s*_]*[:：,]?[\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:例如|比如|譬如|示例|样例|范例|草稿|举例)"
+    r"|(?:例如|比如|示例|样例|范例|格式为|格式如下|格式是|草稿)[\s*_]*[:：，,]?\s*\Z")
+#: A value introduced as the input (the model echoing what it was given), not its
+#: answer: "Input:", "Query:", "Given:", "User message:".
+_INPUT_LABEL = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:the\s+|your\s+)?(?:input|query|question|prompt|request|given"
+    r"|original|user(?: input| message| query)?|输入|问题|原文)(?:\s+(?:json|object|data|"
+    r"record|text|message|was|is))?[\s*_]*[:：][\s*_]*\Z")
+#: A value introduced by a condition, a counterfactual or a contrast: what the answer
+#: would be otherwise, not what it is.
+_HYPOTHETICAL = re.compile(
+    r"(?i)\b(?:if|unless|suppose|supposing|assuming|had (?:it|they|this|that|he|she|the"
+    r" \w+) been|were (?:it|they|this|that)|would(?:n't)?|would've|could(?: have)?"
+    r"|might|otherwise|opposite|(?:in|by|for) contrast|contrast(?:ing)?|instead of"
+    r"|for comparison|compared (?:to|with)|as opposed to|whereas|alternative(?:ly)?"
+    r"|another possib\w*|hypothetical(?:ly)?)\b|如果|假如|假设|要是|若是|否则|相反|对比|反之|的话")
+#: A correction, or the final answer: a phrase that starts a clause between the value
+#: before and this one ("Actually,", "Wait, I misread.", "Let me fix that:",
+#: "Updated answer:", "Final answer:", "On second thought", "更正：").
+_CORRECTION = re.compile(
+    _CLAUSE + r"(?i:(?:(?:and|so|but|ok(?:ay)?|hmm+|well|now|then|here(?:'s| is| are)"
+    r"|this is|the|my|a|an)[,\s]+)*"
+    r"(?:actually|correction|wait|hold on|oops|sorry|no,? wait|not quite"
+    r"|(?:that|this|it)(?:'s| is| was) (?:wrong|incorrect|not right)"
+    r"|(?:revised|corrected|updated|fixed|amended)\b"
+    r"|scratch that|ignore (?:that|this|the (?:above|previous|first|last)(?: one)?)"
+    r"|my (?:mistake|bad|apologies|error)|let me (?:fix|correct|redo|re-do|revise|update"
+    r"|try (?:that |this |it )?again|reconsider|re-?check|re-?evaluate|re-?examine)"
+    r"|I (?:misread|misunderstood|mislabel\w*|made (?:a|an) (?:mistake|error)"
+    r"|was wrong|got (?:it|that|this) wrong|need to (?:correct|fix|revise)|stand corrected)"
+    r"|on (?:second|further) (?:thought|reflection)|(?:upon|after|on) (?:re-?checking"
+    r"|re-?reading|reflection|review(?:ing)?|reconsider\w*|a closer look|closer inspection)"
+    r"|(?:final|correct|new|actual|right|real)\s+(?:answer|output|result|version|json"
+    r"|label|response|classification|object|list)|final(?:ly)?|in conclusion|to conclude"
+    r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
+    r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
+    r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
 
 
-def _intro(text: str, picks: list[Pick], i: int) -> tuple[int, int]:
-    """The stretch of text that introduces pick ``i``: after the pick before it, at
-    most :data:`_INTRO` characters."""
+def _lead(text: str, start: int, floor: int) -> str:
+    """The sentence that introduces the value at ``start``: the text before it back to
+    the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
+    without the fence line, tag or Markdown between it and the value."""
+    stretch = text[max(floor, start - _INTRO):start]
+    stretch = stretch[:_LEAD_OUT.search(stretch).start()]  # type: ignore[union-attr]
+    ends = list(_SENTENCE_END.finditer(stretch, 0, max(0, len(stretch) - 1)))
+    return stretch[ends[-1].end():] if ends else stretch
+
+
+def _not_the_answer(text: str, start: int, floor: int) -> bool:
+    """Whether the value at ``start`` is introduced as an example, a draft, a template,
+    the input, or as what the answer would be under a condition or in contrast."""
+    lead = _lead(text, start, floor)
+    return bool(lead) and (_EXAMPLE_LABEL.search(lead) is not None
+                           or _EXAMPLE_END.search(lead) is not None
+                           or _INPUT_LABEL.search(lead) is not None
+                           or _HYPOTHETICAL.search(lead) is not None)
+
+
+def _correction(text: str, begin: int, end: int) -> bool:
+    """Whether a correction phrase starts a clause in ``text[begin:end]``, in a
+    sentence that states no condition."""
+    for m in _CORRECTION.finditer(text, begin, end):
+        reach = min(end, m.end() + _INTRO)
+        cut = _SENTENCE_END.search(text, m.end(), reach)
+        sentence_end = cut.start() if cut is not None else reach
+        head = text[max(begin, m.start() - _INTRO):m.start()]
+        ends = list(_SENTENCE_END.finditer(head))
+        sentence = head[ends[-1].end():] if ends else head
+        if _HYPOTHETICAL.search(sentence + text[m.start():sentence_end]) is None:
+            return True
+    return False
+
+
+def _corrected(text: str, picks: list[Pick], i: int) -> bool:
+    """Whether pick ``i`` is introduced as a correction or the final answer."""
     start = picks[i][0]
-    return max(picks[i - 1][1] if i else 0, start - _INTRO), start
+    return _correction(text, max(picks[i - 1][1] if i else 0, start - _CORRECTION_REACH),
+                       start)
 
 
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
     """Whether to look past the usable values found so far: the first was introduced
-    as an example or a draft, or words after the last introduce another as the answer.
-    Otherwise the first usable value is the answer (a later one never replaces it)."""
+    as not the answer, or a correction follows the last. Otherwise the first usable
+    value is the answer (a later one never replaces it)."""
     return len(picks) < _MAX_PICKS and _cued(text, picks[0][0], picks[-1][1])
 
 
 def _cued(text: str, start: int, end: int) -> bool:
-    """Whether words before ``start`` introduce what follows as an example or a draft,
-    or words after ``end`` introduce another value as the answer."""
-    return _NOT_THE_ANSWER.search(text, max(0, start - _INTRO), start) is not None \
-        or _THE_ANSWER.search(text, end) is not None
+    """Whether the value at ``start`` is introduced as not the answer, or a correction
+    follows ``end``."""
+    return _not_the_answer(text, start, 0) or _correction(text, end, len(text))
 
 
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
-    """The answer among usable values: the values introduced as examples or drafts are
-    left out (unless that leaves none), then the last one introduced as a correction or
-    the final answer, else the first."""
+    """The answer among usable values: the values introduced as not the answer
+    (examples, drafts, the input, conditions) are left out (unless that leaves none),
+    then the last one introduced as a correction or the final answer, else the first."""
     kept = [i for i in range(len(picks))
-            if _NOT_THE_ANSWER.search(text, *_intro(text, picks, i)) is None] \
+            if not _not_the_answer(text, picks[i][0], picks[i - 1][1] if i else 0)] \
         or list(range(len(picks)))
     chosen = kept[0]
     for i in kept[1:]:
-        if _THE_ANSWER.search(text, *_intro(text, picks, i)) is not None:
+        if _corrected(text, picks, i):
             chosen = i
     return picks[chosen][2]
 
@@ -218,28 +414,9 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
 
 def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                     start_at: re.Pattern[str]) -> Parsed:
-    found = regions(text, start_at, _REGIONS)
-    if len(found) == _REGIONS and found[-1].closed:
-        # Many brace groups first (LaTeX's \frac{a}{b}, a list of examples): the answer
-        # usually ends the reply, so the last few regions are tried as well.
-        found += regions(text, start_at, _MORE_REGIONS, pos=found[-1].end)[-_LAST_REGIONS:]
+    picks, failures, found = _region_picks(text, plan, fixes, start_at)
     if not found:
         return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
-    failures: list[Parsed] = []
-    picks: list[Pick] = []
-    for region in found:
-        for value, labels, repaired, cut in _candidates(text, region, plan):
-            inner = fixes.copy()
-            for label in labels:
-                inner.repair(label)
-            parsed = finish(value, plan, inner, repaired=repaired, cut=cut)
-            if parsed.usable:
-                picks.append((region.start, region.end if region.closed else len(text),
-                              parsed))
-                break
-            failures.append(parsed)
-        if picks and not _more_wanted(text, picks):
-            break
     if picks:
         return _chosen(text, picks)
     if not failures:
@@ -254,6 +431,35 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
     # such one (max keeps the first of equals).
     return max(failures, key=lambda p: (p.completeness,
                                         p.status is ParseStatus.SCHEMA_VIOLATION))
+
+
+def _region_picks(text: str, plan: OutputPlan, fixes: Fixes, start_at: re.Pattern[str]
+                  ) -> tuple[list[Pick], list[Parsed], list[Region]]:
+    """The usable values of the regions of ``text`` (as many as :func:`_more_wanted`
+    asks for), the failures before them, and the regions."""
+    found = regions(text, start_at, _REGIONS)
+    if len(found) == _REGIONS and found[-1].closed:
+        # Many brace groups first (LaTeX's \frac{a}{b}, a list of examples): the answer
+        # usually ends the reply, so the last few regions are tried as well.
+        found += regions(text, start_at, _MORE_REGIONS, pos=found[-1].end)[-_LAST_REGIONS:]
+    failures: list[Parsed] = []
+    picks: list[Pick] = []
+    for region in found:
+        before = len(picks)
+        for value, labels, repaired, cut in _candidates(text, region, plan):
+            inner = fixes.copy()
+            for label in labels:
+                inner.repair(label)
+            parsed = finish(value, plan, inner, repaired=repaired, cut=cut)
+            if parsed.usable:
+                picks.append((region.start, region.end if region.closed else len(text),
+                              parsed))
+                break
+            failures.append(parsed)
+        # (asked again only when a value was added: the answer is the same otherwise)
+        if len(picks) > before and not _more_wanted(text, picks):
+            break
+    return picks, failures, found
 
 
 #: (value, fix labels, needed repair?, the cut region it was read from - or None)
@@ -319,7 +525,12 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
     if lenient is not None:
         yield lenient, (*labels, "repaired:json"), True, cut
         return
-    literal = python_literal(body)
+    # A quote inside a single-quoted string that no JSON syntax follows is an
+    # apostrophe ('don't know', 'the users' choice'): escaped first, as neither Python
+    # (which would join 'users' 'tis' into one string) nor json_repair (which keeps
+    # "don't know'") reads it so.
+    escaped = escape_apostrophes(body) if "'" in body else None
+    literal = python_literal(body if escaped is None else escaped)
     if literal is not None:
         yield literal, (*labels, "repaired:python"), True, cut
         return
@@ -373,14 +584,15 @@ def _as_think_tags(text: str) -> str:
     return text
 
 
-def _set_aside_reasoning(text: str) -> tuple[str, bool] | None:
+def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
     """The reply without its reasoning (``<think>...</think>`` blocks - or
     ``<thinking>``, ``<reasoning>`` -, one cut off at the end included, and a headless
     block: the part before a first closing tag that no opening tag opens, as when the
     chat template opened it in the prompt), and whether that is certain; None when
     there is no reasoning. Not certain: a headless block with JSON syntax in it, which
     might instead be an answer holding the text ``</think>`` (the caller then searches
-    the whole output if the rest holds no answer)."""
+    the whole output if the rest holds no answer). Third: whether the output ends inside
+    a block (cut off while thinking)."""
     rest, sure = text, True
     close = _CLOSE_TAG.search(text)
     end = -1 if close is None else close.start()
@@ -388,7 +600,13 @@ def _set_aside_reasoning(text: str) -> tuple[str, bool] | None:
         head = text[:end]
         sure = "{" not in head and "[" not in head
         rest = text[close.end():]
-    rest, blocks = _THINK_BLOCK.subn("", rest)
+    cut = False
+
+    def drop(m: re.Match[str]) -> str:
+        nonlocal cut
+        cut = cut or (m.end() == len(rest) and _CLOSE_TAG.search(m.group()) is None)
+        return ""
+    rest, blocks = _THINK_BLOCK.subn(drop, rest)
     if not blocks and close is None:
         return None
-    return rest, sure
+    return rest, sure, cut

@@ -147,6 +147,15 @@ def finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
     """Steps 4-9 on a value read from the output (``cut``: the region it was cut
     back from)."""
     value, where = unwrap(value, plan, fixes)
+    if cut is not None and isinstance(value, list) and plan.expect != "object" \
+            and where in cut.open_paths:
+        # The answer is a list the output was cut off in: never delivered in part (as a
+        # list field, which is dropped).
+        fixes.repair(f"truncated:{_place(where, ()) if where else '$'}")
+        return Parsed(ParseStatus.SCHEMA_VIOLATION, None, fixes.labels(), completeness=0.0,
+                      conforms=False, missing=plan.expected,
+                      error="the output was cut off inside the list that is the answer "
+                      "(a cut list is never delivered in part; raise max_tokens)")
     value = _drop_cut(value, where, cut, fixes)
     nothing = ParseStatus.INVALID_JSON if repaired else ParseStatus.SCHEMA_VIOLATION
     if repaired and plan.known and not declares(value, plan):
