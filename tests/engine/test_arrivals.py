@@ -5,6 +5,7 @@ id every 100 ms."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -56,6 +57,27 @@ def test_the_listener_listens_again_after_losing_its_connection(
     heard.clear()
     store.submit([parse_task(t) for t in tasks(2, prefix="after")], batch_id="b")
     wait_for(heard.is_set, "word of tasks submitted after the reconnection")
+
+
+@ON_POSTGRESQL
+def test_a_lost_listening_connection_is_one_warning_not_a_pool_traceback(
+        store: Store, listener: tuple[ArrivalListener, threading.Event],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The dead connection is not handed back to the pool to be reset: the pool's
+    failed rollback logged an ERROR with two chained tracebacks on every database
+    restart, beside lockgate's own one-line warning."""
+    found, _heard = listener
+    with caplog.at_level(logging.WARNING):
+        rows(store, "SELECT pg_terminate_backend(pid) AS k FROM pg_stat_activity "
+                    "WHERE query LIKE 'LISTEN lockgate_tasks%' AND "
+                    "datname = current_database()")
+        wait_for(lambda: found.connections >= 2, "the listener to connect again",
+                 timeout=30)
+    mine = [r for r in caplog.records if r.name.startswith(("lockgate", "sqlalchemy"))]
+    assert [(r.name, r.levelname) for r in mine] == [("lockgate.worker", "WARNING")], \
+        [(r.name, r.levelname, r.getMessage()[:80]) for r in mine]
+    assert mine[0].exc_info is None
+    assert "listening for new tasks failed" in mine[0].getMessage()
 
 
 def test_an_idle_worker_claims_announced_tasks_before_its_next_poll(

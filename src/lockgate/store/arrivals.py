@@ -72,15 +72,23 @@ class ArrivalListener:
 
     def _listen(self, engine: Any) -> None:
         with engine.connect() as conn:
-            raw = conn.connection.driver_connection
-            raw.autocommit = True
-            raw.execute(f"LISTEN {CHANNEL}")
-            self.connections += 1
-            # Tasks may have come while the connection was down: wake once for them.
-            self._arrived()
-            while not self._stop.is_set():
-                for _ in raw.notifies(timeout=_TICK_S):
-                    self.received += 1
-                    self._arrived()
-                    if self._stop.is_set():
-                        break
+            try:
+                self._heed(conn.connection.driver_connection)
+            except Exception:
+                # A broken link: the connection is thrown away, not handed back to the
+                # pool, whose reset of a dead connection logs a traceback of its own.
+                conn.invalidate()
+                raise
+
+    def _heed(self, raw: Any) -> None:
+        raw.autocommit = True
+        raw.execute(f"LISTEN {CHANNEL}")
+        self.connections += 1
+        # Tasks may have come while the connection was down: wake once for them.
+        self._arrived()
+        while not self._stop.is_set():
+            for _ in raw.notifies(timeout=_TICK_S):
+                self.received += 1
+                self._arrived()
+                if self._stop.is_set():
+                    break
