@@ -24,6 +24,7 @@ and carried by :class:`lockgate.providers.base.ProviderError`.
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 
 
@@ -145,3 +146,24 @@ RETRYABLE: frozenset[ErrorClass] = frozenset({
     ErrorClass.RELEASED_AT_SHUTDOWN,
     ErrorClass.INTERNAL_ERROR,
 })
+
+
+class Streak:
+    """The failures in a row of a duty that keeps being retried (a worker's lease
+    renewal, its budget grants, its reports...), and the level to log the latest at:
+    WARNING for the first three and every tenth, DEBUG for the others, so that a
+    database outage says what fails without filling the log."""
+
+    __slots__ = ("failures",)
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def failed(self) -> int:
+        """Count a failure; the logging level to report it at."""
+        self.failures += 1
+        n = self.failures
+        return logging.WARNING if n <= 3 or n % 10 == 0 else logging.DEBUG
+
+    def ok(self) -> None:
+        self.failures = 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from lockgate.config import Endpoint, FlowSettings, Settings
-from lockgate.errors import ErrorClass, StoreError
+from lockgate.errors import ErrorClass, StoreError, Streak
 from lockgate.flow.admission import Admission, Ticket
 from lockgate.flow.breaker import BreakerState
 from lockgate.flow.endpoint import EndpointState
@@ -148,6 +148,7 @@ class FlowControl:
         self.settings = settings
         self.cfg: FlowSettings = settings.flow
         self.worker_id = worker_id
+        self._reports = Streak()  # failed reports in a row
         self._db = db
         self._provider = provider
         self._wake = asyncio.Event()
@@ -375,7 +376,9 @@ class FlowControl:
             await self._db(self.rows.report, self.worker_id, pool=self.lanes.pool,
                            concurrency_limit=int(limit), latency_ms=latency,
                            failure_rate=failure, detail=self.detail())
+            self._reports.ok()
         except StoreError as exc:  # the database's condition, said in one line
-            log.warning("flow report failed; will retry: %s", exc)
+            log.log(self._reports.failed(), "flow report failed (%d in a row); will "
+                    "retry: %s", self._reports.failures, exc)
         except Exception:
             log.exception("flow report failed; will retry")

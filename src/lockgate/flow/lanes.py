@@ -20,7 +20,7 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from lockgate.config import FlowSettings
-from lockgate.errors import StoreError
+from lockgate.errors import StoreError, Streak
 from lockgate.flow.bucket import Ask
 from lockgate.flow.leasing import DbCall, LeaseRequest, LeaseResult
 from lockgate.flow.priority import Demand, FairShare, urgency, weight
@@ -93,6 +93,7 @@ class Lanes:
         self.pool = pool
         self.rows = rows
         self._db = db
+        self._refreshes = Streak()  # failed refreshes in a row
         self._lanes: dict[tuple[str, str], LaneState] = {}
         #: Per batch: tokens per task, a moving average.
         self.tokens: LRUCache[str, float] = LRUCache(BATCHES_KEPT)
@@ -150,8 +151,10 @@ class Lanes:
         """Find the lanes, weigh them, and recompute the pace of window batches."""
         try:
             lanes, now_ms = await self._db(self.rows.lanes, self.pool)
+            self._refreshes.ok()
         except StoreError as exc:
-            log.warning("lane discovery failed; keeping the last list: %s", exc)
+            log.log(self._refreshes.failed(), "lane discovery failed (%d in a row); "
+                    "keeping the last list: %s", self._refreshes.failures, exc)
             return
         except Exception:
             log.exception("lane discovery failed; keeping the last list")

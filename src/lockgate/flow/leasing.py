@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from lockgate.config import FlowSettings
-from lockgate.errors import StoreError
+from lockgate.errors import StoreError, Streak
 from lockgate.flow.bucket import Ask, Bucket, Grant, Limits, effective, lease
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import TokenModels
@@ -150,6 +150,7 @@ class Budget:
         self.starved = False
         self.stopping = False
         self.leases = 0
+        self._leasing = Streak()  # failed leases in a row
         self.last_lease = 0.0  # when (monotonic)
         self._period = cfg.lease_interval_s  # the real time between leases, smoothed
         #: The real time between two grants arriving, smoothed (a loaded machine or a
@@ -236,9 +237,11 @@ class Budget:
         self.last_lease = before = time.monotonic()
         try:
             results = await self._db(lease_buckets, self.rows, sent)
+            self._leasing.ok()
         except Exception as exc:
             if isinstance(exc, StoreError):  # the database's condition, in one line
-                log.warning("asking for budget grants failed; will retry: %s", exc)
+                log.log(self._leasing.failed(), "asking for budget grants failed (%d in a "
+                        "row); will retry: %s", self._leasing.failures, exc)
             else:
                 log.exception("asking for budget grants failed; will retry")
             for r in sent:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from lockgate.errors import StoreError
+from lockgate.errors import StoreError, Streak
 from lockgate.gate.roles import PAGE, GateRoles
 from lockgate.store import Store
 from lockgate.store.gate import GateStore
@@ -49,25 +49,24 @@ class GateService:
         loop = asyncio.get_running_loop()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lockgate-gate")
         delay = self.poll_s
-        failures = 0
+        steps = Streak()
         try:
             while not stopping.is_set():
                 try:
                     did = await loop.run_in_executor(pool, roles.tick)
-                    failures = 0
+                    steps.ok()
                 except (StoreError, DBAPIError) as exc:
-                    failures += 1
-                    log.warning("release gate step failed (%d in a row), retrying: %s",
-                                failures, exc)
+                    log.log(steps.failed(), "release gate step failed (%d in a row), "
+                            "retrying: %s", steps.failures, exc)
                     did = False
-                    delay = min(5.0, 0.1 * 2 ** failures)
+                    delay = min(5.0, 0.1 * 2 ** steps.failures)
                 except Exception:
                     # A defect of a step must not stop the worker's own tasks with it.
-                    failures += 1
+                    steps.failed()
                     log.exception("release gate step failed (%d in a row), retrying",
-                                  failures)
+                                  steps.failures)
                     did = False
-                    delay = min(30.0, 0.1 * 2 ** failures)
+                    delay = min(30.0, 0.1 * 2 ** steps.failures)
                 self.ticks += 1
                 delay = self.poll_s if did else min(self.idle_max_s, max(delay, self.poll_s)
                                                     * 1.5)

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 from cachetools import LRUCache
 
 from lockgate.config import Endpoint, Settings, WorkerSettings
-from lockgate.errors import StoreError
+from lockgate.errors import StoreError, Streak
 from lockgate.flow.control import FlowControl
 from lockgate.providers.base import Provider
 from lockgate.providers.openai import OpenAICompatible
@@ -170,18 +170,17 @@ class WorkerCore:
         """``fn`` on a database thread, tried again with back-off for as long as the
         database fails (unreachable, restarting, locked), until a hard stop. A worker
         never exits on a database error: it waits for the database."""
-        failures = 0
+        streak = Streak()
         while True:
             try:
                 return await self._db(fn, *args, **kwargs)
             except StoreError as exc:
-                failures += 1
+                level = streak.failed()
                 if self._hard.is_set():
                     raise
-                delay = min(5.0, 0.05 * 2 ** failures)
-                (log.warning if failures <= 3 or failures % 10 == 0 else log.debug)(
-                    "%s failed (%d in a row), retrying in %.1fs: %s", what, failures,
-                    delay, exc)
+                delay = min(5.0, 0.05 * 2 ** streak.failures)
+                log.log(level, "%s failed (%d in a row), retrying in %.1fs: %s", what,
+                        streak.failures, delay, exc)
                 await self._sleep_hard(delay)
 
     async def _sleep_hard(self, seconds: float) -> None:

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from lockgate.errors import ErrorClass, StoreError
+from lockgate.errors import ErrorClass, StoreError, Streak
 from lockgate.states import TaskStatus
 from lockgate.store import Finish
 from lockgate.worker.core import WorkerCore
@@ -128,6 +128,7 @@ class Upkeep(WorkerCore):
     async def _lease_loop(self) -> None:
         renew_every = self.ws.lease_s / 3
         last_beat = time.monotonic()
+        renewals = Streak()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=min(
@@ -152,7 +153,9 @@ class Upkeep(WorkerCore):
                         status="stopping" if self._stopping.is_set() else "running",
                         **self._counters())
                     self._set_clock(db_now, asked, self._wall())
+                renewals.ok()
             except StoreError as exc:
-                log.warning("lease renewal / heartbeat failed; will retry: %s", exc)
+                log.log(renewals.failed(), "lease renewal / heartbeat failed (%d in a row); "
+                        "will retry: %s", renewals.failures, exc)
             except Exception:
                 log.exception("lease renewal / heartbeat failed; will retry")
