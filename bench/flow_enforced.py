@@ -123,7 +123,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("configured", "learned"),
                     help="one case (default: every case)")
-    ap.add_argument("--headers", choices=("openai", "gateway"), default="openai")
+    ap.add_argument("--headers", choices=("openai", "gateway", "none"), default="openai",
+                    help="none: no rate-limit header, the limit shown by 429s alone")
     ap.add_argument("--workers", type=int, help="with --mode: worker processes [1]")
     ap.add_argument("--backend", default="postgresql")
     ap.add_argument("--tasks", type=int, default=30_000)

@@ -35,11 +35,13 @@ def most_in_a_second(times: list[float]) -> int:
 
 
 def run(stores: Callable[[], Store], simulator: SimulatorProcess, endpoint: dict[str, Any],
-        headers: str) -> tuple[list[dict[str, Any]], dict[str, Any], Store]:
+        headers: str, max_retries: int = 8) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                     Store]:
     simulator.configure(rpm=RPM, window_s=60.0, enforce_s=1.0, header_style=headers,
                         latency={"kind": "fixed", "mean_ms": 20})
     store = stores()
-    store.submit([parse_task(t) for t in tasks(N, retry={"max_retries": 8})], batch_id="b")
+    store.submit([parse_task(t) for t in tasks(N, retry={"max_retries": max_retries})],
+                 batch_id="b")
     cfg = settings([{"name": "sim", "base_url": simulator.url, **endpoint}],
                    concurrency=64)
     log: list[dict[str, Any]] = []
@@ -90,3 +92,27 @@ def test_a_limit_named_only_by_the_headers_is_learned_then_paced(
     assert most_in_a_second(later) <= PER_S * 1.25
     late_429 = [e for e in log if e.get("status") == 429 and e["sent"] > t0 + 1.5]
     assert len(late_429) <= 0.03 * len(later) + 3
+
+
+@pytest.mark.parametrize("hint", ["seconds", "none"])
+def test_a_limit_enforced_by_429s_alone_is_inferred_then_paced(
+        stores: Callable[[], Store], simulator: SimulatorProcess, hint: str) -> None:
+    """No limit configured, and the provider names none (no rate-limit header; a
+    Retry-After in seconds, or nothing): its 429s alone say the rate is too high. Each
+    worker paces its calls from what the provider answered before the first 429 and
+    adjusts the pace on later ones. Before, every pause ended with all waiting calls
+    sent at once (162-200 429s for 400 tasks here; with 512 calls in flight against 20
+    a second, most tasks of a batch ended DEAD ``rate_limited``)."""
+    simulator.configure(retry_hint=hint)
+    log, sim, store = run(stores, simulator, {}, "none", max_retries=3)
+    assert status_counts(store) == {"SUCCEEDED": N}, sim["by_outcome"]
+    assert sim["duplicate_successes"] == 0
+    assert sim["by_outcome"].get("rate_limited", 0) <= 0.25 * N, sim["by_outcome"]
+    # After the first 429s (the first second): paced, near the provider's limit.
+    t0 = min(e["sent"] for e in log)
+    later = [e["sent"] for e in log if e["sent"] > t0 + 1.5]
+    late_429 = [e for e in log if e.get("status") == 429 and e["sent"] > t0 + 1.5]
+    assert len(late_429) <= 0.1 * len(later) + 5, len(later)
+    assert most_in_a_second(later) <= PER_S * 1.5
+    assert rows(store, "SELECT learned_rpm FROM rate_limit WHERE name = 'sim'") in (
+        [], [{"learned_rpm": None}])

@@ -15,6 +15,7 @@ of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from lockgate.flow.estimate import TokenModel, TokenModels
 from lockgate.flow.routing import Router
 from lockgate.spec import TaskConfig
 from lockgate.store.types import ClaimedTask
+
+log = logging.getLogger("lockgate.flow")
 
 #: Calls of a task type a worker sends before its first answer has taught the token
 #: estimate (per endpoint). The untaught estimate is deliberately dear; reserving it
@@ -183,9 +186,18 @@ class Admission:
         st.adaptive.note_in_flight(st.in_flight)
         return probe
 
-    @staticmethod
-    def _room(st: EndpointState, tokens: float, now: float) -> bool:
+    def _room(self, st: EndpointState, tokens: float, now: float) -> bool:
+        if st.refused is not None and not st.paused(now):
+            self._infer_pace(st, now)
         return st.in_flight < st.adaptive.slots and st.has_budget(tokens, now)
+
+    def _infer_pace(self, st: EndpointState, now: float) -> None:
+        answered = st.infer_pace(now)
+        if answered is not None and st.pace is not None:
+            log.info("endpoint %s refuses calls for the rate and names no limit: its "
+                     "calls are paced at %.3g a second in this worker (%d accepted in "
+                     "the %g s before a 429); set rpm for it to pace by the limit "
+                     "instead", st.name, st.pace.rate, answered, st.ep.limit_enforced_s)
 
     def _free(self, st: EndpointState, tokens: float, now: float) -> bool:
         """Whether a call may pass at once (no call queued before it)."""
@@ -197,6 +209,8 @@ class Admission:
         st.in_flight -= 1
         if st.limited:
             st.ledger.refund(tokens)
+        if st.pace is not None:
+            st.pace.give_back()
         self.dispatch(st)
 
     def _drop(self, st: EndpointState, w: Waiter) -> None:

@@ -22,6 +22,86 @@ from lockgate.flow.concurrency import Adaptive, make_policy
 #: Send times kept while no limit is known.
 RECENT_KEPT = 16_384
 
+#: An inferred pace (:class:`Pace`): the share of the calls the provider answered in
+#: the last enforcement period it starts at, its cut on a later 429 (at most once per
+#: period), its rise per period in which calls waited for it without a 429, its least
+#: rate (calls per second), and the burst it allows (seconds of its rate).
+PACE_START = 0.9
+PACE_CUT = 0.85
+PACE_RISE = 0.02
+PACE_MIN_RATE = 0.2
+PACE_BURST_S = 0.1
+#: The fewest answered calls a pace is inferred from (none say nothing of the
+#: provider's limit: the pause alone holds the calls back, and the calls after it are
+#: the next sample).
+PACE_MIN_ANSWERED = 1
+
+
+@dataclass(slots=True)
+class Pace:
+    """A request rate (calls per second) one worker keeps to on an endpoint that
+    refuses calls for the rate (429) without naming a limit (no header, none
+    configured): without it, every pause ends with all the calls waiting sent at once,
+    and the next 429s spend the tasks' retries. Started from the calls the provider
+    answered in the last enforcement period, cut on each later 429, raised while calls
+    wait for it and no 429 comes (so several workers settle on shares of the provider's
+    limit, and a limit raised later is found). A limit configured or named by the
+    provider replaces it (the shared bucket paces from then on)."""
+
+    rate: float
+    period: float
+    allowance: float = 0.0  # calls that may go now (starts empty: no burst)
+    at: float = 0.0  # when the allowance was last refilled (monotonic)
+    cut_at: float = 0.0  # the last cut (or the start)
+    rose_at: float = 0.0  # the last rise
+
+    @classmethod
+    def inferred(cls, answered: int, period: float, now: float) -> Pace:
+        rate = max(PACE_MIN_RATE, PACE_START * answered / period)
+        return cls(rate, period, 0.0, now, now, now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.at:
+            cap = max(1.0, self.rate * PACE_BURST_S)
+            self.allowance = min(cap, self.allowance + (now - self.at) * self.rate)
+            self.at = now
+
+    def ready(self, now: float) -> bool:
+        self._refill(now)
+        return self.allowance >= 1.0 - 1e-9
+
+    def take(self, now: float) -> None:
+        self._refill(now)
+        self.allowance -= 1.0
+
+    def give_back(self) -> None:
+        """A call that passed was never sent."""
+        self.allowance = min(max(1.0, self.rate * PACE_BURST_S), self.allowance + 1.0)
+
+    def wait(self, now: float) -> float:
+        """Seconds until one more call may go."""
+        self._refill(now)
+        return max(0.0, (1.0 - self.allowance) / self.rate)
+
+    def cut(self, now: float) -> bool:
+        """A 429 for the rate: slow down (once per period, for the calls of one burst;
+        False when not cut)."""
+        if now - self.cut_at < self.period:
+            return False
+        self._refill(now)
+        self.rate = max(PACE_MIN_RATE, self.rate * PACE_CUT)
+        self.allowance = min(self.allowance, 0.0)
+        self.cut_at = now
+        return True
+
+    def rise(self, now: float) -> None:
+        """An answer while calls wait for the pace: a period without a cut or a rise
+        raises it."""
+        if now - max(self.cut_at, self.rose_at) >= self.period:
+            self._refill(now)
+            self.rate *= 1.0 + PACE_RISE
+            self.rose_at = now
+
 
 @dataclass(slots=True)
 class Waiter:
@@ -130,9 +210,10 @@ class Health:
 class EndpointState:
     """One endpoint in one worker (see the module docstring)."""
 
-    __slots__ = ("adaptive", "breaker", "ep", "factor", "health", "in_flight", "ledger",
-                 "limited", "name", "pause_reason", "paused_until", "recent", "req_limited",
-                 "timer", "tok_limited", "waiters", "waiting_tokens")
+    __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "health", "in_flight",
+                 "ledger", "limited", "name", "pace", "pause_reason", "paused_until",
+                 "recent", "refused", "req_limited", "timer", "tok_limited", "waiters",
+                 "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
         self.ep = ep
@@ -142,6 +223,15 @@ class EndpointState:
         self.tok_limited = ep.tpm is not None
         #: Send times while no limit is known (charged to the bucket once one is).
         self.recent: deque[float] = deque(maxlen=RECENT_KEPT)
+        #: When the calls the provider answered were sent, while no request limit is
+        #: known and no pace is kept: what it accepted before its first 429.
+        self.answered: deque[float] = deque(maxlen=RECENT_KEPT)
+        #: When the first call it refused for the rate was sent (no limit known, no
+        #: pace yet): a pace is inferred when the pause ends, once the calls accepted
+        #: beside it (slower to answer than a 429) have answered.
+        self.refused: float | None = None
+        #: The pace kept after 429s on an endpoint that names no limit (None: none).
+        self.pace: Pace | None = None
         self.waiters: deque[Waiter] = deque()
         self.waiting_tokens = 0.0
         self.in_flight = 0
@@ -166,12 +256,30 @@ class EndpointState:
     def paused(self, now: float) -> bool:
         return now < self.paused_until
 
+    def infer_pace(self, now: float) -> int | None:
+        """After the pause of a first 429 for the rate: pace the calls at what the
+        provider accepted in the enforcement period up to that call's sending. Returns
+        the calls counted when a pace was started (None: not enough to go on)."""
+        refused, self.refused = self.refused, None
+        if refused is None or self.pace is not None or self.req_limited:
+            return None
+        period = self.ep.limit_enforced_s
+        answered = sum(1 for t in self.answered if refused - period < t <= refused + 1e-3)
+        self.answered.clear()
+        if answered < PACE_MIN_ANSWERED:
+            return None
+        self.pace = Pace.inferred(answered, period, now)
+        return answered
+
     def learned(self, rpm: float | None, tpm: float | None, now: float) -> None:
         """The shared row names limits (configured, or learned from the provider's
         headers): an endpoint without a configured limit becomes limited, and the calls
         it sent in the last enforcement period are charged to the bucket."""
         if rpm is not None and not self.req_limited:
             self.req_limited = True
+            self.pace = None  # the shared bucket paces from now on
+            self.refused = None
+            self.answered.clear()
             since = now - self.ep.limit_enforced_s
             self.ledger.debt_req += sum(1 for t in self.recent if t > since)
         if tpm is not None and not self.tok_limited:
@@ -183,6 +291,8 @@ class EndpointState:
     def has_budget(self, tokens: float, now: float | None = None) -> bool:
         """Whether the budget held covers one more call of ``tokens`` (at ``now``: the
         budget usable then; without, all that is held, scheduled or not)."""
+        if self.pace is not None and now is not None and not self.pace.ready(now):
+            return False
         if not self.limited:
             return True
         led = self.ledger
@@ -200,7 +310,9 @@ class EndpointState:
     def usable_in(self, now: float) -> float:
         """Seconds until scheduled budget frees one more call (0: none scheduled)."""
         led = self.ledger
-        return max(_next_ms(led.sched_req, now), _next_ms(led.sched_tok, now)) / 1000.0
+        pace = self.pace.wait(now) if self.pace is not None else 0.0
+        return max(_next_ms(led.sched_req, now) / 1000.0,
+                   _next_ms(led.sched_tok, now) / 1000.0, pace)
 
     def spend(self, tokens: float, now: float = 0.0) -> None:
         """One call goes: it spends budget and takes a slot."""
@@ -209,6 +321,8 @@ class EndpointState:
             self.ledger.tok -= tokens
         else:
             self.recent.append(now)
+        if self.pace is not None:
+            self.pace.take(now)
         self.in_flight += 1
         self.health.dispatched += 1
 
@@ -234,6 +348,7 @@ class EndpointState:
             "retry_in_s": round(max(0.0, self.breaker.open_until - now), 1)
             if self.breaker.state is BreakerState.OPEN else None,
             "rate_factor": round(self.factor, 3),
+            "pace_per_s": round(self.pace.rate, 2) if self.pace is not None else None,
         }
 
 

@@ -93,6 +93,12 @@ class Feedback:
         else:  # an answer, whatever it says: the endpoint is reachable
             h.last_answer = now
             h.failing_since = None
+        if completion is not None:  # the provider took the call
+            if st.pace is not None:
+                if st.waiters:  # the pace holds calls back, and no 429 came
+                    st.pace.rise(now)
+            elif not st.req_limited:
+                st.answered.append(now - out.latency_ms / 1000.0)  # when it was sent
         if throttled:
             st.breaker.unjudged(t.probe)
             if st.limited:  # the provider did not count it: the reservation goes back
@@ -180,12 +186,26 @@ class Feedback:
             self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
         elif ec is ErrorClass.RATE_LIMITED:
             led.cut = st.limited  # over the limit: every worker's rate goes down a step
+            if not st.req_limited:  # refused for the rate, with no limit known
+                self._pace(st, now - out.latency_ms / 1000.0, now)
             self._pause(st, sig.pause_ms() or int(self.cfg.default_pause_s * 1000),
                         "rate_limited", now)
         else:
             ms = sig.pause_ms()
             if ms:
                 self._pause(st, ms, "exhausted", now)
+
+    def _pace(self, st: EndpointState, sent: float, now: float) -> None:
+        """A 429 for the rate (of a call sent at ``sent``) from an endpoint that names no
+        request limit: note when, for a pace to be inferred when the pause ends
+        (:meth:`~lockgate.flow.endpoint.EndpointState.infer_pace`), or slow the pace
+        down (:class:`~lockgate.flow.endpoint.Pace`)."""
+        if st.pace is None:
+            if st.refused is None:
+                st.refused = sent
+        elif st.pace.cut(now):
+            log.debug("worker %s: endpoint %s paced at %.3g a second after a 429",
+                      self.worker_id, st.name, st.pace.rate)
 
     def _pause(self, st: EndpointState, ms: int, reason: str, now: float) -> None:
         until = now + ms / 1000.0
