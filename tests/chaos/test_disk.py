@@ -113,7 +113,8 @@ def test_a_submit_that_fills_the_disk_says_so_and_completes_when_space_returns(
     file = write_jsonl(tmp_path / "tasks.jsonl", [
         task(f"t-{i:05d}", text_for(i) + " " + "x" * 5000) for i in range(300)])
     done = cli(db, "submit", str(file), "--batch", "b", cwd=tmp_path)
-    assert_one_clear_line(done, "disk is full", "Free space")
+    assert_one_clear_line(done, "disk is full", "Free space",
+                          "run the same command again: it completes the batch")
     assert integrity(path) == "ok"
     disk.remount("size=64m")
     with lockgate.connect(db) as lg:  # the same submit again completes the batch

@@ -48,7 +48,7 @@ from lockgate.cli.circuit import circuit_table
 from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
 from lockgate.durations import parse_duration
-from lockgate.errors import LockgateError, SpecError, cannot
+from lockgate.errors import LockgateError, SpecError, StoreError, cannot
 from lockgate.files import REVIEW_WRITERS, WRITERS, Format
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
@@ -139,11 +139,15 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
     fmt_: Format = "openai-batch" if fmt == "openai-batch" else "tasks"
     with _progress() as prog:
         bar = prog.add_task("submitting", total=None, rate="")
-        report = lg.submit_file(file, format=fmt_, batch_id=batch,
-                                skip_invalid=skip_invalid, rejects=rejects,
-                                progress=lambda n: prog.advance(bar, n), plan=plan,
-                                stream=stream,
-                                on_bad_line="cancel" if on_bad_line == "cancel" else "keep")
+        try:
+            report = lg.submit_file(
+                file, format=fmt_, batch_id=batch, skip_invalid=skip_invalid,
+                rejects=rejects, progress=lambda n: prog.advance(bar, n), plan=plan,
+                stream=stream, on_bad_line="cancel" if on_bad_line == "cancel" else "keep")
+        except StoreError as exc:  # cut off part way: say how to finish the batch
+            exc.args = (f"{exc} Once it is fixed, run the same command again: it "
+                        "completes the batch (tasks already written are skipped).",)
+            raise
     names = report.batches or (report.batch_id,)
     console.print(f"{'batch' if len(names) == 1 else 'batches'} {', '.join(names)}: "
                   f"{report.inserted:,} submitted, {report.duplicates:,} already present "
