@@ -101,18 +101,21 @@ def test_a_limit_enforced_by_429s_alone_is_inferred_then_paced(
     Retry-After in seconds, or nothing): its 429s alone say the rate is too high. Each
     worker paces its calls from what the provider answered before the first 429 and
     adjusts the pace on later ones. Before, every pause ended with all waiting calls
-    sent at once (162-200 429s for 400 tasks here; with 512 calls in flight against 20
-    a second, most tasks of a batch ended DEAD ``rate_limited``)."""
+    sent at once (after the first second and a half, 429s for more than a tenth of the
+    calls here; with 512 calls in flight against 20 a second, most tasks of a batch
+    ended DEAD ``rate_limited``)."""
     simulator.configure(retry_hint=hint)
     log, sim, store = run(stores, simulator, {}, "none", max_retries=3)
     assert status_counts(store) == {"SUCCEEDED": N}, sim["by_outcome"]
     assert sim["duplicate_successes"] == 0
-    assert sim["by_outcome"].get("rate_limited", 0) <= 0.25 * N, sim["by_outcome"]
-    # After the first 429s (the first second): paced, near the provider's limit.
+    # After the first 429s (the first second and a half): paced, near the provider's
+    # limit. (The first second's 429s depend on how the machine spaces the workers'
+    # first calls: not counted.)
     t0 = min(e["sent"] for e in log)
     later = [e["sent"] for e in log if e["sent"] > t0 + 1.5]
     late_429 = [e for e in log if e.get("status") == 429 and e["sent"] > t0 + 1.5]
-    assert len(late_429) <= 0.1 * len(later) + 5, len(later)
+    assert len(late_429) <= 0.1 * len(later) + 5, (len(late_429), len(later),
+                                                   sim["by_outcome"])
     assert most_in_a_second(later) <= PER_S * 1.5
     assert rows(store, "SELECT learned_rpm FROM rate_limit WHERE name = 'sim'") in (
         [], [{"learned_rpm": None}])
