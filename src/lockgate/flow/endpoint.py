@@ -60,10 +60,13 @@ class Pace:
         rate = max(PACE_MIN_RATE, PACE_START * answered / period)
         return cls(rate, period, 0.0, now, now, now)
 
+    def _cap(self) -> float:
+        """The most calls that may go at once."""
+        return max(1.0, self.rate * PACE_BURST_S)
+
     def _refill(self, now: float) -> None:
         if now > self.at:
-            cap = max(1.0, self.rate * PACE_BURST_S)
-            self.allowance = min(cap, self.allowance + (now - self.at) * self.rate)
+            self.allowance = min(self._cap(), self.allowance + (now - self.at) * self.rate)
             self.at = now
 
     def ready(self, now: float) -> bool:
@@ -76,7 +79,7 @@ class Pace:
 
     def give_back(self) -> None:
         """A call that passed was never sent."""
-        self.allowance = min(max(1.0, self.rate * PACE_BURST_S), self.allowance + 1.0)
+        self.allowance = min(self._cap(), self.allowance + 1.0)
 
     def wait(self, now: float) -> float:
         """Seconds until one more call may go."""
