@@ -402,3 +402,60 @@ def test_per_task_type_caches_stay_bounded_however_many_types_pass() -> None:
     assert models <= MODELS_KEPT and cold <= COLD_KEPT and batches <= BATCHES_KEPT
     assert cold > 0 and batches > 0
     assert taught == 1, "the most recent task type was evicted"
+
+
+class Hanging:
+    """A provider whose calls are sent and never answered."""
+
+    name = "hanging"
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_probe_cancelled_while_it_was_sent_frees_its_place_in_the_half_open_breaker() -> None:
+    """A half-open breaker lets ``probes`` calls through at a time. A probe cancelled
+    mid-send (its lease lost, the worker stopping a task) has no verdict on the
+    endpoint; it kept its place, and once every place had leaked that way no call of
+    the endpoint ever passed again: the worker's tasks waited for nothing."""
+    async def main() -> bool:
+        settings = Settings.model_validate({
+            "endpoint": [ep("a")],
+            "flow": {"breaker_consecutive": 1, "breaker_open_s": 0.1, "breaker_probes": 1}})
+        fc = FlowControl(FakeFlowStore(), settings, "w1", db=db,
+                         provider=lambda e: Hanging())
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        t = await fc.acquire(claimed(1), CONFIG, primary)
+        fc.release(t, result(ErrorClass.TIMEOUT))  # the breaker opens
+        assert fc.detail()["a"]["breaker"] == "open"
+
+        async def fn(e: Endpoint, provider: Any) -> Completion:
+            req = CompletionRequest(messages=[{"role": "user", "content": "x"}], model="m",
+                                    params={}, timeout_s=5)
+            comp: Completion = await provider.complete(req)
+            return comp
+
+        probe = asyncio.create_task(fc.call(claimed(2), CONFIG, primary, fn))
+        await asyncio.sleep(0.3)  # half-open; the probe is sent and hangs
+        assert fc.states["a"].breaker.probes_in_flight == 1
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        try:
+            t = await asyncio.wait_for(fc.acquire(claimed(3), CONFIG, primary), 2)
+        except TimeoutError:
+            passed = False
+        else:
+            passed = t.probe
+            fc.release(t, result())
+        stop.set()
+        await loop
+        return passed
+
+    assert asyncio.run(main()), "no call passed the half-open breaker after a probe was cancelled"

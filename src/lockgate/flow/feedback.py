@@ -53,8 +53,10 @@ class Feedback:
 
     def abandoned(self, t: Ticket) -> None:
         """A call was cancelled or crashed while it was being sent: its budget counts
-        as spent (the provider may have counted it)."""
+        as spent (the provider may have counted it); it says nothing of the endpoint's
+        health, so a half-open breaker's probe place is free again."""
         t.state.in_flight -= 1
+        t.state.breaker.unjudged(t.probe)
         self.admission.cold.done(t.cold, None)
         self.admission.dispatch(t.state)
 
