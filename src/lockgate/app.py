@@ -474,8 +474,15 @@ class Lockgate:
         if config is not None:
             runtime.check_result(config.delivery_rule, result,
                                  model_modules=self.settings.runtime.model_modules)
+        observe = None
+        if self.settings.quality.rollups:  # the task ends: counted under its prompt
+            from lockgate.quality.writer import RollupWriter  # deferred: start-up time
+            observe = RollupWriter(self.store, shard="resolve",
+                                   endpoint=self.settings.endpoint_named,
+                                   keywords=self.settings.quality.keywords).record
         self.store.resolve(task_id, orjson.dumps(result).decode(),
-                           actor=actor_of(actor), reason=reason)
+                           actor=actor_of(actor), reason=reason, prompt_version=version,
+                           observe=observe)
 
     def results(self, batch_id: str | None = None) -> Iterator[TaskResult]:
         """Every task of a batch (all batches if None) with its result or error,

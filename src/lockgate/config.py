@@ -340,6 +340,9 @@ class QualitySettings(_Strict):
                             description="the window a rule compares with its baseline")
     completeness_drop: float = Field(0.15, gt=0, lt=1, description="relative drop that fires")
     drift_drop: float = Field(0.5, gt=0, lt=1, description="relative drop of a watched share")
+    drift_min_expected: float = Field(
+        10.0, ge=1.0, description="times a watched value must be expected in the window "
+        "at its baseline share before its drop may fire (a rare value's share is noise)")
     invalid_json_share: float = Field(0.03, gt=0, lt=1,
                                       description="invalid_json share of each minute")
     pollution_minutes: int = Field(5, ge=1, le=60, description="consecutive minutes")

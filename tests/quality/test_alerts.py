@@ -237,6 +237,22 @@ def test_an_inline_template_alerts_under_its_key_with_its_own_samples(store: Sto
     assert len(a.samples) == 100 and {s.batch_id for s in a.samples} == {"mine"}
 
 
+def test_a_busier_inline_template_on_the_same_model_leaves_the_samples_to_the_alert(
+        store: Store) -> None:
+    """The samples and the touched batches were read among the newest attempts of every
+    inline template on the model, then filtered: with 2,100 later attempts of another
+    template, the collapsing one's alert kept no sample and counted no batch."""
+    ours, other = "Label this: {x}", "Classify this other thing: {x}"
+    feed(store, 150, ago_ms=30 * HOUR, template=ours)
+    feed(store, 150, ago_ms=90_000, completeness=0.5, template=ours, batch="mine")
+    feed(store, 2100, ago_ms=60_000, template=other, batch="theirs")
+    [e] = Evaluator(store, settings(), worker_id="w1").tick()
+    key = "inline:" + hashlib.sha256(canonical_json(ours)).hexdigest()[:12]
+    assert (e.alert.prompt, e.alert.tasks, e.alert.batches) == (key, 150, 1)
+    a = get_alert(store, e.alert.id)
+    assert len(a.samples) == 100 and {s.batch_id for s in a.samples} == {"mine"}
+
+
 def test_a_worker_runs_the_evaluator(store: Store, db_url: str) -> None:
     collapse(store)
     with Lockgate(db_url, settings=settings(), migrate=False) as lg:

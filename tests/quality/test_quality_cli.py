@@ -73,7 +73,8 @@ def test_quality_prints_one_row_per_version(store: Store, db_url: str,
     assert result.exit_code == 0, result.output
     # 4 tasks (the duplicate call's write-back was discarded), 6 calls; completeness
     # (1+1+1+0+1+0.5)/6; each call costs 100 x 1/1k + 10 x 2/1k = 0.12, six per 4 tasks;
-    # watched over the 5 delivered outputs; p50/p95 within the sketch's 2%.
+    # watched over the 4 delivered outputs (not the discarded duplicate's); p50/p95
+    # within the sketch's 2%.
     assert [line.rstrip() for line in result.stdout.splitlines()] == EXPECTED.splitlines()
 
 

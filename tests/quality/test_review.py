@@ -80,6 +80,10 @@ def test_review_is_held_exported_resolved_and_cancelled(
             lg.resolve("b-0", {"label": "maybe"})
         with pytest.raises(SpecError, match=r"result\.label.*missing"):
             lg.resolve("b-0", {})
+        # refused as a worker refuses a model's answer: a required field null or blank
+        for empty in (None, "", "  "):
+            with pytest.raises(SpecError, match=r"result\.label.*empty"):
+                lg.resolve("b-0", {"label": empty})
         assert task_row(lg.store, "b-0")["status"] == "REVIEW"
 
         lg.resolve("b-0", {"label": "yes"}, actor="bob", reason="checked by hand")
@@ -93,6 +97,9 @@ def test_review_is_held_exported_resolved_and_cancelled(
             ("bob", "checked by hand")
         [res] = [r for r in lg.results("b") if r.task_id == "b-0"]
         assert res.result == {"label": "yes"} and res.error is None
+        # the rollups count it as a task of the prompt it was held under
+        [q] = lg.quality(KEY, since="1h")
+        assert (q.prompt, q.tasks, q.attempts, q.calls) == (KEY, 1, 5, 0)
 
         with pytest.raises(StateConflict, match="it is SUCCEEDED, and resolve needs REVIEW"):
             lg.resolve("b-0", {"label": "no"})

@@ -148,7 +148,7 @@ def _recompute(store: Store) -> dict[tuple[Any, ...], dict[str, Any]]:
                      a["endpoint"] or "")]
             e["attempts"] += 1
             e["outcomes"][a["outcome"]] += 1
-            e["tasks"] += a["outcome"] in ("succeeded", "failed", "dead")
+            e["tasks"] += a["outcome"] in ("succeeded", "failed", "dead", "resolved")
             e["retries"] += a["outcome"] == "retry"
             e["discarded"] += a["outcome"] == "discarded"
             e["fallbacks"] += a["routed_from"] is not None
@@ -171,6 +171,8 @@ def _recompute(store: Store) -> dict[tuple[Any, ...], dict[str, Any]]:
             e["completeness"].append(a["completeness"])
             if a["parse_status"] in ("valid", "repaired", "coerced", "filled_fallback"):
                 e["conforming"] += 1
+                if a["outcome"] == "discarded":  # not delivered: its values not watched
+                    continue
                 value = orjson.loads(a["raw_output"])
                 e["watch_n"] += 1
                 if value.get("label") in ("yes", "no"):

@@ -10,9 +10,11 @@ from typer.testing import CliRunner, Result
 
 from engine.support import run_worker, tasks, write_jsonl
 from helpers import rows
+from lockgate import Lockgate
 from lockgate.cli import app
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.store import Store
+from lockgate.worker.calls import max_lost_leases
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string",
                                                      "enum": ["yes", "no"]}},
@@ -58,3 +60,27 @@ def test_a_run_is_rolled_up_per_prompt_with_its_watched_values(
     assert sum(r["tasks"] for r in by_hour) == n
     assert lockgate("quality", "nosuch", "--db", db_url).stdout.strip() == \
         "no attempts recorded in the last 24h"
+
+
+def test_a_registry_task_ended_without_a_call_counts_under_its_version(
+        db_url: str, store: Store, simulator: SimulatorProcess) -> None:
+    """A task of ``p@1`` whose leases were lost (its workers killed) ends DEAD without a
+    call; its attempt row named no prompt, and the rollups filed it under no prompt at
+    all: the version's tasks and error mix never showed it."""
+    with Lockgate(db_url) as lg:
+        lg.prompts.create("p", [{"role": "user", "content": "{text}"}],
+                          model_config={"name": "sim-small"})
+        lg.submit([{"task_id": f"t{i}", "prompt_template": "@registry:p@1",
+                    "input_data": {"text": "hello"}, "retry_policy": {"max_retries": 0}}
+                   for i in range(2)], batch_id="b")
+    for _ in range(max_lost_leases(0)):  # claimed and lost, no write-back
+        assert len(store.claim(10, lease_ms=0, worker_id="killed")) == 2
+    run_worker(store, concurrency=2)
+    attempts = rows(store, "SELECT outcome, error_class, prompt_version, model "
+                           "FROM task_attempt")
+    assert [(a["outcome"], a["error_class"], a["prompt_version"], a["model"])
+            for a in attempts] == [("dead", "lease_expired", "p@1", "sim-small")] * 2
+    [row] = orjson.loads(lockgate("quality", "--db", db_url, "--json").stdout)
+    assert (row["prompt"], row["tasks"], row["calls"], row["errors"]) == \
+        ("p@1", 2, 0, {"lease_expired": 2})
+    assert simulator.stats()["requests"] == 0

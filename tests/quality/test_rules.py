@@ -52,7 +52,8 @@ HEALTHY = [_call(label="yes" if i % 2 else "no") for i in range(200)]
 
 
 def test_healthy_figures_fire_nothing() -> None:
-    found = evaluate(KEY, _rollup(HEALTHY), _rollup(HEALTHY), [_rollup(HEALTHY[:30])] * 5, S)
+    found = evaluate(KEY, _rollup(HEALTHY), None, _rollup(HEALTHY),
+                     [_rollup(HEALTHY[:30])] * 5, S)
     assert {f.rule for f in found} == {"completeness_collapse", "semantic_drift",
                                        "format_pollution", "performance_degradation"}
     assert _fired(found) == set()
@@ -60,32 +61,33 @@ def test_healthy_figures_fire_nothing() -> None:
 
 def test_completeness_down_more_than_15_percent_fires() -> None:
     now = _rollup([{**c, "completeness": 0.8} for c in HEALTHY])
-    assert "completeness_collapse" in _fired(evaluate(KEY, now, _rollup(HEALTHY), [], S))
+    assert "completeness_collapse" in _fired(evaluate(KEY, now, None, _rollup(HEALTHY), [], S))
     close = _rollup([{**c, "completeness": 0.86} for c in HEALTHY])
-    assert "completeness_collapse" not in _fired(evaluate(KEY, close, _rollup(HEALTHY), [], S))
+    assert "completeness_collapse" not in _fired(
+        evaluate(KEY, close, None, _rollup(HEALTHY), [], S))
 
 
 def test_a_watched_share_halved_is_drift() -> None:
     now = _rollup([_call(label="yes" if i % 5 == 0 else "no") for i in range(200)])
-    assert _fired(evaluate(KEY, now, _rollup(HEALTHY), [], S)) == {
+    assert _fired(evaluate(KEY, now, None, _rollup(HEALTHY), [], S)) == {
         "semantic_drift:label=yes"}
 
 
 def test_invalid_json_above_3_percent_for_5_minutes_fires() -> None:
     bad = _rollup([_call(status="invalid_json" if i < 2 else "valid") for i in range(40)])
     good = _rollup([_call() for _ in range(40)])
-    assert _fired(evaluate(KEY, Rollup(), None, [bad] * 5, S)) == {"format_pollution"}
-    assert _fired(evaluate(KEY, Rollup(), None, [bad] * 4 + [good], S)) == set()
+    assert _fired(evaluate(KEY, Rollup(), None, None, [bad] * 5, S)) == {"format_pollution"}
+    assert _fired(evaluate(KEY, Rollup(), None, None, [bad] * 4 + [good], S)) == set()
     few = _rollup([_call(status="invalid_json")] * 3)
-    assert _fired(evaluate(KEY, Rollup(), None, [few] * 5, S)) == set()
+    assert _fired(evaluate(KEY, Rollup(), None, None, [few] * 5, S)) == set()
 
 
 def test_latency_doubled_at_the_same_input_fires_but_not_with_longer_inputs() -> None:
     slow = _rollup([{**c, "latency_ms": 250.0} for c in HEALTHY])
-    assert _fired(evaluate(KEY, slow, _rollup(HEALTHY), [], S)) == {
+    assert _fired(evaluate(KEY, slow, None, _rollup(HEALTHY), [], S)) == {
         "performance_degradation"}
     longer = _rollup([{**c, "latency_ms": 250.0, "input_tokens": 100} for c in HEALTHY])
-    assert _fired(evaluate(KEY, longer, _rollup(HEALTHY), [], S)) == set()
+    assert _fired(evaluate(KEY, longer, None, _rollup(HEALTHY), [], S)) == set()
 
 
 @pytest.mark.parametrize(("before", "after"), [(1.0, 0.85), (0.9, 0.765), (0.6, 0.51),
@@ -96,7 +98,8 @@ def test_a_drop_of_exactly_15_percent_is_not_more_than_15_percent(before: float,
     # the bound, the rule fired at the boundary the documentation keeps quiet.
     now = _rollup([{**c, "completeness": after} for c in HEALTHY[:150]])
     base = _rollup([{**c, "completeness": before} for c in HEALTHY[:150]])
-    [f] = [f for f in evaluate(KEY, now, base, [], S) if f.rule == "completeness_collapse"]
+    [f] = [f for f in evaluate(KEY, now, None, base, [], S)
+           if f.rule == "completeness_collapse"]
     assert not f.fired, (f.value, f.threshold)
 
 
@@ -106,7 +109,8 @@ def test_completeness_fires_exactly_when_the_drop_is_more_than_its_share(
     after = before * (1 - S.completeness_drop) * (0.99 if more else 1.0)
     now = _rollup([{**_call(), "completeness": after}] * n)
     base = _rollup([{**_call(), "completeness": before}] * n)
-    [f] = [f for f in evaluate(KEY, now, base, [], S) if f.rule == "completeness_collapse"]
+    [f] = [f for f in evaluate(KEY, now, None, base, [], S)
+           if f.rule == "completeness_collapse"]
     assert f.fired is more
 
 
@@ -116,18 +120,60 @@ def test_the_other_rules_at_their_exact_bounds_do_not_fire() -> None:
     half = _rollup([_call(label="yes" if i % 4 == 0 else "no") for i in range(200)])
     at_3 = _rollup([_call(status="invalid_json" if i < 3 else "valid") for i in range(100)])
     doubled = _rollup([{**c, "latency_ms": 200.0} for c in HEALTHY])
-    assert _fired(evaluate(KEY, half, _rollup(HEALTHY), [at_3] * 5, S)) == set()
-    assert _fired(evaluate(KEY, doubled, _rollup(HEALTHY), [], S)) == set()
+    assert _fired(evaluate(KEY, half, None, _rollup(HEALTHY), [at_3] * 5, S)) == set()
+    assert _fired(evaluate(KEY, doubled, None, _rollup(HEALTHY), [], S)) == set()
     # input tokens exactly 10% longer are still "within 10%": the latency rise counts
     slower = _rollup([{**c, "latency_ms": 250.0, "input_tokens": 55} for c in HEALTHY])
-    assert _fired(evaluate(KEY, slower, _rollup(HEALTHY), [], S)) == {
+    assert _fired(evaluate(KEY, slower, None, _rollup(HEALTHY), [], S)) == {
         "performance_degradation"}
+
+
+def test_a_rare_watched_value_going_rarer_by_chance_is_not_drift() -> None:
+    """3 of 150 in the baseline, 1 of 150 now: a two-thirds drop of a value expected
+    three times is what chance does. It fired."""
+    base = _rollup([_call(label="yes" if i < 3 else "no") for i in range(150)])
+    now = _rollup([_call(label="yes" if i < 1 else "no") for i in range(150)])
+    assert _fired(evaluate(KEY, now, None, base, [], S)) == set()
+    # expected drift_min_expected times (10 of 150), and gone: that is drift
+    base = _rollup([_call(label="yes" if i < 10 else "no") for i in range(150)])
+    now = _rollup([_call(label="no") for i in range(150)])
+    assert _fired(evaluate(KEY, now, None, base, [], S)) == {"semantic_drift:label=yes"}
+
+
+@given(share=st.floats(0.0, 1.0), n=st.integers(100, 1000), kept=st.floats(0.0, 1.0))
+def test_drift_fires_only_on_a_value_expected_often_enough(share: float, n: int,
+                                                             kept: float) -> None:
+    seen = round(share * n)
+    base = _rollup([_call(label="yes" if i < seen else "no") for i in range(n)])
+    now_seen = round(seen * kept)
+    now = _rollup([_call(label="yes" if i < now_seen else "no") for i in range(n)])
+    fired = "semantic_drift:label=yes" in _fired(evaluate(KEY, now, None, base, [], S))
+    if seen < S.drift_min_expected:
+        assert not fired
+    elif now_seen < seen * (1 - S.drift_drop) - 1e-9:
+        assert fired
+
+
+def test_a_week_old_window_of_calls_without_outputs_does_not_mute_the_output_rules() -> None:
+    """A week ago the provider failed every call: that window has calls but no parsed
+    or watched outputs. It was taken as the baseline (it had the calls), and the
+    completeness and drift rules, with nothing to compare, said nothing."""
+    outage = _rollup([{"outcome": "failed", "prompt_sha256": "h", "latency_ms": 100.0,
+                       "input_tokens": 50, "error_class": "server_error"}] * 150)
+    assert outage.calls >= S.min_calls and outage.completeness_n == 0
+    now = _rollup([_call(completeness=0.5, label="no") for _ in range(200)])
+    assert _fired(evaluate(KEY, now, outage, _rollup(HEALTHY), [], S)) == {
+        "completeness_collapse", "semantic_drift:label=yes"}
+    # a week-old window with the outputs is the baseline, as before
+    week = _rollup([{**c, "completeness": 0.5} for c in HEALTHY])
+    assert "completeness_collapse" not in _fired(
+        evaluate(KEY, now, week, _rollup(HEALTHY), [], S))
 
 
 def test_no_rule_fires_on_three_calls() -> None:
     three = _rollup([_call(latency=900.0, completeness=0.0, label="no")] * 3)
-    assert evaluate(KEY, three, _rollup(HEALTHY), [], S) == []
-    assert evaluate(KEY, _rollup(HEALTHY), three, [], S) == []
+    assert evaluate(KEY, three, None, _rollup(HEALTHY), [], S) == []
+    assert evaluate(KEY, _rollup(HEALTHY), None, three, [], S) == []
 
 
 def test_check_reads_the_rollups_of_the_window_and_its_baseline(store: Store,

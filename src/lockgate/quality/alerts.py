@@ -346,12 +346,11 @@ class Evaluator:
         model = None if f.model == ANY_MODEL else f.model
         batches: set[str] = set()
         exact = True
+        configs = self._inline_configs(tx, f)
         for version in self._versions(f, onset, tx.now):
-            rows = AlertStore.touched(tx, version, model, onset, TOUCHED)
+            rows = AlertStore.touched(tx, version, model, onset, TOUCHED,
+                                      configs=configs if version is None else None)
             exact = exact and len(rows) < TOUCHED
-            if f.prompt.startswith("inline:"):
-                rows = [r for r in rows
-                        if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
             batches.update(r["batch_id"] for r in rows)
         return len(batches), exact
 
@@ -365,19 +364,26 @@ class Evaluator:
             return
         since = tx.now - int(self._window_s(f) * 1000) - SPANS["m"]
         model = None if f.model == ANY_MODEL else f.model
+        configs = self._inline_configs(tx, f)
         rows = [r for version in self._versions(f, since, tx.now)
-                for r in AlertStore.candidates(tx, version, model, since,
-                                               tx.now + SPANS["m"], CANDIDATES,
-                                               with_result=f.rule == "semantic_drift")]
-        if f.prompt.startswith("inline:"):
-            rows = [r for r in rows
-                    if self._writer.key_of(tx, r["config_hash"], None) == f.prompt]
+                for r in AlertStore.candidates(
+                    tx, version, model, since, tx.now + SPANS["m"], CANDIDATES,
+                    with_result=f.rule == "semantic_drift",
+                    configs=configs if version is None else None)]
         rows = [r for r in rows if int(r["id"]) not in have and self._failing(tx, f, r)]
         if f.rule == "performance_degradation":
             rows.sort(key=lambda r: -float(r["latency_ms"]))
         chosen = [int(r["id"]) for r in rows[:room]]
         AlertStore.add_samples(tx, alert_id, (self._kept(a) for a in
                                               AlertStore.attempts(tx, chosen)))
+
+    def _inline_configs(self, tx: Tx, f: Finding) -> list[str] | None:
+        """For a finding on an inline prompt, the configs of its tasks: its attempts
+        are read among theirs, not among every inline prompt's (a busier one on the
+        same model would fill the newest rows read). None for a registry prompt."""
+        if not f.prompt.startswith("inline:"):
+            return None
+        return self._writer.configs_of(tx, f.prompt)
 
     def _failing(self, tx: Tx, f: Finding, r: Mapping[str, Any]) -> bool:
         """Whether an attempt shows what the rule saw."""

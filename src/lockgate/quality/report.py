@@ -169,12 +169,10 @@ def check_rules(store: Store, settings: QualitySettings, prompt: str | None = No
         slot[r.bucket] = slot[r.bucket].merge(one) if r.bucket in slot else one
     findings: list[Finding] = []
     for key in sorted(current.keys() | per_minute.keys()):
-        week_r = week.get(key)
-        base = week_r if week_r is not None and week_r.calls >= settings.min_calls \
-            else trailing.get(key)
         slots = per_minute.get(key, {})
         minutes = [slots.get(b, Rollup()) for b in range(first, minute, SPANS["m"])]
-        findings += evaluate(key, current.get(key, Rollup()), base, minutes, settings)
+        findings += evaluate(key, current.get(key, Rollup()), week.get(key),
+                             trailing.get(key), minutes, settings)
     return findings
 
 

@@ -12,15 +12,17 @@ What counts (one attempt row = one observation, :meth:`Rollup.observe`):
 
 * ``attempts``: every attempt row written, including discarded duplicates (a call whose
   write-back lost its lease) and attempts that made no call;
-* ``tasks``: attempts that ended their task (succeeded, failed, dead) and were not
-  discarded: each task counts once, where its last attempt ran;
+* ``tasks``: attempts that ended their task (succeeded, failed, dead, or resolved by a
+  person after a review hold) and were not discarded: each task counts once, where its
+  last attempt ran;
 * ``calls``: attempts that rendered a prompt and sent it (a trace with the prompt's hash
   and a latency), discarded ones included: they cost tokens too;
 * completeness is the output's field completeness *before* fallback values were filled,
   over calls whose output was parsed; conformance is the share of parsed outputs that
   were usable (valid, repaired, coerced or filled from fallbacks);
-* watched values: for each usable output of a call that delivered it, which members of
-  the output schema's enums it holds, and which declared keywords appear in its texts;
+* watched values: for each usable output of a call that delivered it (not a discarded
+  duplicate's), which members of the output schema's enums it holds, and which declared
+  keywords appear in its texts;
   ``watch_n`` is the number of outputs looked at (the share's denominator);
 * cost: the configured price of each call's tokens (None while no call was priced).
 """
@@ -42,7 +44,7 @@ from lockgate.runtime import USABLE
 #: Relative accuracy of the latency quantiles (2%: a p99 of 1,000 ms reads 980-1,020).
 LATENCY_ACCURACY = 0.02
 #: Outcomes that end a task.
-TERMINAL = frozenset({"succeeded", "failed", "dead"})
+TERMINAL = frozenset({"succeeded", "failed", "dead", "resolved"})
 #: Spans kept, by resolution code: a minute, an hour, a day (ms).
 SPANS: dict[str, int] = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

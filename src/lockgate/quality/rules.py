@@ -9,15 +9,18 @@ against its baseline, per prompt version and model.
 * performance degradation: latency p50 up more than ``latency_rise`` while input tokens
   per call stay within ``tokens_band``.
 
-The baseline is the same window a week earlier when it holds at least ``min_calls``
-calls, else the window just before. A comparison needs ``min_calls`` calls on both sides
-(a minute of pollution needs ``min_calls_minute``): no rule fires on three calls.
+The baseline is the same window a week earlier when it holds enough of what the rule
+compares (``min_calls`` calls, parsed outputs or watched outputs), else the window just
+before. A comparison needs ``min_calls`` of them on both sides (a minute of pollution
+needs ``min_calls_minute``): no rule fires on three calls. A watched value's drift also
+needs the value to be expected ``drift_min_expected`` times in the window at its
+baseline share: 3 of 150 falling to 1 of 150 is noise, not a drift.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from lockgate.config import QualitySettings
@@ -83,8 +86,9 @@ def semantic_drift(now: Rollup, base: Rollup, s: QualitySettings,
         before = base.watched[name] / base.watch_n
         value = now.watched.get(name, 0) / now.watch_n
         bound = before * (1 - s.drift_drop)
-        out.append(Finding("semantic_drift", *key, under(value, bound), value, before, bound,
-                           now.calls, name))
+        enough = before * now.watch_n >= s.drift_min_expected
+        out.append(Finding("semantic_drift", *key, enough and under(value, bound), value,
+                           before, bound, now.calls, name))
     return out
 
 
@@ -117,15 +121,28 @@ def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,
                    before, bound, now.calls)
 
 
-def evaluate(key: tuple[str, str], now: Rollup, base: Rollup | None,
-             minutes: Sequence[Rollup], s: QualitySettings) -> list[Finding]:
+def baseline(week: Rollup | None, trailing: Rollup | None, enough: Callable[[Rollup], bool]
+             ) -> Rollup | None:
+    """The week-old window when it has enough of what a rule compares, else the window
+    just before: a week-old outage (calls, but no outputs) must not mute a rule."""
+    return week if week is not None and enough(week) else trailing
+
+
+def evaluate(key: tuple[str, str], now: Rollup, week: Rollup | None,
+             trailing: Rollup | None, minutes: Sequence[Rollup],
+             s: QualitySettings) -> list[Finding]:
     """Every rule's finding for one prompt version and model (rules without enough
-    calls give none)."""
+    calls give none), each against its own baseline (:func:`baseline`)."""
     found: list[Finding | None] = [format_pollution(minutes, s, key)]
     drift: Iterable[Finding] = ()
+    base = baseline(week, trailing, lambda r: r.completeness_n >= s.min_calls)
     if base is not None:
-        found += [completeness_collapse(now, base, s, key),
-                  performance_degradation(now, base, s, key)]
+        found.append(completeness_collapse(now, base, s, key))
+    base = baseline(week, trailing, lambda r: r.calls >= s.min_calls)
+    if base is not None:
+        found.append(performance_degradation(now, base, s, key))
+    base = baseline(week, trailing, lambda r: r.watch_n >= s.min_calls)
+    if base is not None:
         drift = semantic_drift(now, base, s, key)
     return [f for f in (*found, *drift) if f is not None]
 

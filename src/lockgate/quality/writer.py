@@ -114,7 +114,9 @@ class RollupWriter:
                     self._watch_for(tx, h, version))
             key, watch = known
             output = None
-            if watch and f.status == succeeded and f.result is not None:
+            # the watched values are those delivered: not a discarded duplicate's
+            if watch and f.status == succeeded and f.result is not None \
+                    and a.get("outcome") != "discarded":
                 output = orjson.loads(f.result)
             started = int(a.get("started_at") or now)
             rk = ("m", started - started % 60_000, key.prompt, key.model, key.endpoint)
@@ -139,6 +141,12 @@ class RollupWriter:
         merged = {k: (Rollup.from_row(stored[k]).merge(d) if k in stored else d).to_row()
                   for k, d in deltas.items()}
         self.qstore.write(tx, self.shard, merged, stored.keys())
+
+    def configs_of(self, tx: Tx, inline_key: str) -> list[str]:
+        """The hashes of the configs whose inline template has this key (the configs
+        not seen before are read once)."""
+        self._learn(tx, set(self.qstore.config_hashes(tx)))
+        return sorted(h for h, (inline, _doc) in self._configs.items() if inline == inline_key)
 
     def key_of(self, tx: Tx, config_hash: str, version: str | None) -> str:
         """The prompt key of an attempt of a task with this config and prompt version."""

@@ -292,6 +292,12 @@ def check_delivery_rule(rule: DeliveryRule, *, model_modules: Collection[str] = 
     output_plan(rule)
 
 
+def blank(value: Any) -> bool:
+    """A required field's value that does not count as given: null, or a string of
+    whitespace only."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[str] = ()) -> None:
     """Refuse a result given by a person (``lockgate tasks resolve``) that the task's
     delivery rule would not deliver: the wrong format, a required key missing, or a value
@@ -314,6 +320,9 @@ def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[st
         for k in plan.required:
             if k not in value:
                 raise SpecError(f"required key '{k}' is missing", field=f"result.{k}")
+            if blank(value[k]):  # as a worker judges a model's answer
+                raise SpecError(f"required key '{k}' is empty: give it a value",
+                                field=f"result.{k}")
     if plan.errors is not None:
         errs = plan.errors(value)
         if errs:

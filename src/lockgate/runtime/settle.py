@@ -18,7 +18,7 @@ import orjson
 from lockgate.errors import ErrorClass
 from lockgate.runtime.conform import Fixes, conform, json_type
 from lockgate.runtime.scan import Path, Region
-from lockgate.runtime.schema import Node, OutputPlan
+from lockgate.runtime.schema import Node, OutputPlan, blank
 from lockgate.runtime.unwrap import declares, unwrap
 
 
@@ -68,10 +68,6 @@ class Parsed:
 _MISSING = object()
 
 
-def _blank(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
-
-
 def unusable(status: ParseStatus, plan: OutputPlan, error: str,
              fixes: tuple[str, ...] = ()) -> Parsed:
     return Parsed(status, None, fixes, completeness=0.0, conforms=False, error=error,
@@ -83,12 +79,12 @@ def fast_ok(value: Any, plan: OutputPlan) -> bool:
         if not isinstance(value, dict):
             return False
         for k in plan.required:
-            if _blank(value.get(k)):
+            if blank(value.get(k)):
                 return False
         for k in plan.fallback:
             if value.get(k) is None:
                 return False
-        if plan.fields and all(_blank(value.get(k)) for k in plan.fields):
+        if plan.fields and all(blank(value.get(k)) for k in plan.fields):
             return False
         if not _keys_known(value, plan.root):
             return False
@@ -182,7 +178,7 @@ def finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
             completeness, missing = _completeness_after(value, plan, completeness, missing,
                                                         refilled)
     if plan.expect == "object" and plan.fields and isinstance(own, dict) and not any(
-            k in own and k not in filled and not _blank(own[k]) for k in plan.fields):
+            k in own and k not in filled and not blank(own[k]) for k in plan.fields):
         return Parsed(nothing, value, fixes.labels(), completeness=completeness,
                       conforms=False, missing=missing, error=_cut(
                           f"no declared field ({', '.join(plan.fields[:8])}) holds a "
@@ -275,7 +271,7 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
 def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
     if not plan.expected or not isinstance(value, dict):
         return 1.0, ()
-    missing = tuple(k for k in plan.expected if _blank(value.get(k)))
+    missing = tuple(k for k in plan.expected if blank(value.get(k)))
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
@@ -294,7 +290,7 @@ def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
     out = value
     for k, fallback in plan.fallback.items():
         current = value.get(k, _MISSING)
-        if current is _MISSING or current is None or (k in plan.required and _blank(current)):
+        if current is _MISSING or current is None or (k in plan.required and blank(current)):
             if out is value:
                 out = dict(value)
             out[k] = copy.deepcopy(fallback)
@@ -307,7 +303,7 @@ def _violation(value: Any, plan: OutputPlan, filled: set[str]) -> str | None:
     """Why ``value`` breaks the rule; fields filled from fallbacks are the user's own
     answer and are not judged."""
     if isinstance(value, dict):
-        absent = [k for k in plan.required if k not in filled and _blank(value.get(k))]
+        absent = [k for k in plan.required if k not in filled and blank(value.get(k))]
         if absent:
             return f"missing required field(s) {absent} and no fallback value"
     if plan.is_valid is not None and not plan.is_valid(value):

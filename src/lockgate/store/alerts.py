@@ -90,10 +90,25 @@ _HEAVY = sql(
     "ids")
 #: Batches touched since onset: over the newest ``lim`` attempts of the version.
 _TOUCHED = (
-    "SELECT t.batch_id, t.config_hash, a.prompt_version FROM (SELECT task_pk, "
-    "prompt_version FROM task_attempt WHERE {version} AND started_at >= :since "
-    "{model} ORDER BY started_at DESC LIMIT :lim) a "
+    "SELECT t.batch_id, t.config_hash, a.prompt_version FROM (SELECT a.task_pk, "
+    "a.prompt_version FROM task_attempt a WHERE {version} AND a.started_at >= :since "
+    "{model} ORDER BY a.started_at DESC LIMIT :lim) a "
     "JOIN task t ON t.id = a.task_pk")
+#: The same for inline prompts, over the tasks of some configs (another inline prompt on
+#: the same model, however busy, does not use up the newest ``lim``).
+_TOUCHED_CONFIGS = (
+    "SELECT t.batch_id, t.config_hash, a.prompt_version FROM task_attempt a "
+    "JOIN task t ON t.id = a.task_pk WHERE a.prompt_version IS NULL "
+    "AND t.config_hash IN :cfg AND a.started_at >= :since {model} "
+    "ORDER BY a.started_at DESC LIMIT :lim")
+
+
+def _version_cond(version: str | None, configs: Sequence[str] | None) -> str:
+    if version is not None:
+        return "a.prompt_version = :v"
+    if configs is None:
+        return "a.prompt_version IS NULL"
+    return "a.prompt_version IS NULL AND t.config_hash IN :cfg"
 
 # -- outbox -----------------------------------------------------------------------------
 _DUE = sql("SELECT id, target FROM alert_delivery WHERE status = 'PENDING' "
@@ -247,16 +262,21 @@ class AlertStore:
 
     @staticmethod
     def candidates(tx: Tx, version: str | None, model: str | None, since: int, until: int,
-                   limit: int, *, with_result: bool = False) -> list[dict[str, Any]]:
-        """The newest ``limit`` attempts of a registry version (None: of inline prompts)
-        and model (None: every model) started in [since, until), light columns only
-        (with the task's result if asked)."""
-        cond = "a.prompt_version = :v" if version is not None else "a.prompt_version IS NULL"
-        query = sql(_CANDIDATES.format(version=cond,
-                                       result="t.result" if with_result else "NULL",
-                                       model="" if model is None else "AND a.model = :model"))
+                   limit: int, *, with_result: bool = False,
+                   configs: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The newest ``limit`` attempts of a registry version (None: of inline prompts,
+        of the tasks of ``configs`` if given) and model (None: every model) started in
+        [since, until), light columns only (with the task's result if asked)."""
+        if configs is not None and not configs:
+            return []
+        query = sql(_CANDIDATES.format(
+            version=_version_cond(version, configs),
+            result="t.result" if with_result else "NULL",
+            model="" if model is None else "AND a.model = :model"),
+            *(("cfg",) if configs is not None else ()))
         return tx.rows(query, {"v": version, "since": since, "until": until,
-                               "model": model, "lim": limit})
+                               "model": model, "lim": limit,
+                               **({"cfg": list(configs)} if configs is not None else {})})
 
     @staticmethod
     def attempts(tx: Tx, ids: Sequence[int]) -> list[dict[str, Any]]:
@@ -274,13 +294,21 @@ class AlertStore:
 
     @staticmethod
     def touched(tx: Tx, version: str | None, model: str | None, since: int,
-                limit: int) -> list[dict[str, Any]]:
+                limit: int, *, configs: Sequence[str] | None = None
+                ) -> list[dict[str, Any]]:
         """(batch, config hash, version) of the newest ``limit`` attempts of a version
-        (None: inline prompts) and model (None: every model) since ``since``."""
-        cond = "prompt_version = :v" if version is not None else "prompt_version IS NULL"
-        return tx.rows(sql(_TOUCHED.format(
-            version=cond, model="" if model is None else "AND model = :model")),
-                       {"v": version, "since": since, "model": model, "lim": limit})
+        (None: inline prompts, of the tasks of ``configs`` if given) and model (None:
+        every model) since ``since``."""
+        model_cond = "" if model is None else "AND a.model = :model"
+        if configs is None:
+            return tx.rows(sql(_TOUCHED.format(version=_version_cond(version, None),
+                                               model=model_cond)),
+                           {"v": version, "since": since, "model": model, "lim": limit})
+        if not configs:
+            return []
+        return tx.rows(sql(_TOUCHED_CONFIGS.format(model=model_cond), "cfg"),
+                       {"since": since, "model": model, "lim": limit,
+                        "cfg": list(configs)})
 
     # -- outbox ---------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ _VALUE_COLS = tuple(c.name for c in _T.columns
 
 _TASKS_SQL = "SELECT id, config_hash, task_id, batch_id FROM task WHERE id IN ({})"
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
+_CONFIG_HASHES = sql("SELECT hash FROM task_config")
 _PRUNE = sql("DELETE FROM quality_rollup WHERE resolution = :r AND bucket < :before")
 _VERSION_RULE = sql("SELECT v.delivery_rule FROM prompt_version v JOIN prompt p "
                     "ON p.id = v.prompt_id WHERE p.name = :name AND v.version = :version")
@@ -121,6 +122,11 @@ class QualityStore:
             out.update((int(pk), TaskInfo(str(h), str(t), str(b))) for pk, h, t, b in
                        tx.conn.exec_driver_sql(_TASKS_SQL.format(marks), params))
         return out
+
+    @staticmethod
+    def config_hashes(tx: Tx) -> list[str]:
+        """Every config's hash (configs are few: one per distinct task config)."""
+        return [str(h) for h in tx.execute(_CONFIG_HASHES).scalars()]
 
     @staticmethod
     def config_documents(tx: Tx, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:

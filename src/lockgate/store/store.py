@@ -40,7 +40,7 @@ from lockgate.store.arrivals import ArrivalListener
 from lockgate.store.dialects import Dialect, dialect_for
 from lockgate.store.engine import create, database_url
 from lockgate.store.failures import is_conflict, map_db_errors, translate
-from lockgate.store.tx import Tx, sql
+from lockgate.store.tx import AttemptObserver, Tx, sql
 from lockgate.store.types import (
     AttemptRow,
     ClaimedTask,
@@ -53,9 +53,6 @@ from lockgate.store.views import TaskViews
 
 log = logging.getLogger("lockgate.store")
 T = TypeVar("T")
-
-#: What :meth:`Store.finish` hands the attempt rows it wrote to, in its transaction.
-AttemptObserver = Callable[[Tx, Sequence[tuple[Finish, dict[str, Any]]]], None]
 
 #: How far one point of a task's ``priority`` moves it in the claim order.
 PRIORITY_STEP_MS = 1000

@@ -12,7 +12,7 @@ the clock expression inline.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -21,7 +21,7 @@ from sqlalchemy import bindparam as _bindparam
 from sqlalchemy.util.typing import TupleAny
 
 from lockgate.errors import NotFound
-from lockgate.store.types import row_dict
+from lockgate.store.types import Finish, row_dict
 
 _NOW = re.compile(r":now\b")
 
@@ -97,3 +97,8 @@ class Tx:
         """Run a query whose rows are fetched ``rows`` at a time (a server-side cursor
         where the driver has one), for results too large to hold."""
         return self.conn.execution_options(yield_per=rows).execute(statement, parameters)
+
+
+#: What :meth:`Store.finish` (and a review's resolution) hands the attempt rows it wrote
+#: to, in its transaction.
+AttemptObserver = Callable[[Tx, Sequence[tuple[Finish, dict[str, Any]]]], None]

@@ -22,8 +22,8 @@ from lockgate.results import (
     utc,
 )
 from lockgate.store import schema
-from lockgate.store.tx import Tx, sql
-from lockgate.store.types import row_dict
+from lockgate.store.tx import AttemptObserver, Tx, sql
+from lockgate.store.types import Finish, row_dict
 
 if TYPE_CHECKING:
     from lockgate.store.dialects import Dialect
@@ -136,18 +136,26 @@ class TaskViews:
         self._transition(task_id, _CANCEL, "PENDING or REVIEW", "cancel")
 
     def resolve(self, task_id: str, result: str, *, actor: str,
-                reason: str | None = None) -> None:
+                reason: str | None = None, prompt_version: str | None = None,
+                observe: AttemptObserver | None = None) -> None:
         """REVIEW -> SUCCEEDED with ``result`` (JSON text, already validated), one
         conditional UPDATE; the resolution is kept in the task's trace as an attempt row
         with outcome ``resolved`` (who: ``worker_id``, why: ``error_message``, the
-        result: ``raw_output``)."""
+        result: ``raw_output``; ``prompt_version``: the prompt it was held under).
+        ``observe`` sees that row in the transaction, as a write-back's (the rollups
+        count the task as ended)."""
         def work(tx: Tx) -> None:
             self._apply(tx, task_id, _RESOLVE, {"result": result}, "REVIEW", "resolve")
             pk, attempts = tx.execute(_TASK_KEY, {"tid": task_id}).one()
-            tx.execute(schema.task_attempt.insert(), [{
+            row: dict[str, Any] = {
                 "task_pk": int(pk), "attempt": int(attempts), "worker_id": actor[:64],
                 "lease_token": "", "outcome": "resolved", "started_at": tx.now,
-                "raw_output": result, "error_message": reason}])
+                "raw_output": result, "error_message": reason,
+                "prompt_version": prompt_version}
+            tx.execute(schema.task_attempt.insert(), [row])
+            if observe is not None:
+                observe(tx, [(Finish(id=int(pk), lease_token="", status="SUCCEEDED",
+                                     result=result, parse_status="resolved"), row)])
         self.transaction(work)
 
     def cancel_submitted(self, task_ids: Iterable[str], created_at: Iterable[int],

@@ -23,6 +23,7 @@ from lockgate.registry.resolver import Entry, Fixed, RegistryRef, load
 from lockgate.spec import TaskConfig
 from lockgate.states import TaskStatus
 from lockgate.store import ClaimedTask, Finish
+from lockgate.store.types import AttemptRow
 from lockgate.worker.core import WorkerCore
 from lockgate.worker.execute import (
     AttemptResult,
@@ -55,14 +56,20 @@ _ERROR_CLASSES = frozenset(str(c) for c in ErrorClass)
 
 
 def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: ErrorClass,
-              message: str, detail: str) -> Finish:
+              message: str, detail: str, config: TaskConfig | None = None,
+              prompt_version: str | None = None) -> Finish:
     """A terminal write-back for a task that ends before any call is made; ``detail`` is
-    the attempt row's message, ``message`` the task's."""
-    return Finish(id=t.id, lease_token=t.lease_token, status=status,
-                  error_class=str(error_class), error_message=message,
-                  attempt={"attempt": t.attempt, "outcome": str(status).lower(),
+    the attempt row's message, ``message`` the task's. Once its prompt is resolved
+    (``config``), the row names the prompt version and the model the call would have
+    used: the quality rollups count the task under them, not under no prompt."""
+    attempt: AttemptRow = {"attempt": t.attempt, "outcome": str(status).lower(),
                            "started_at": started, "error_message": detail,
-                           "error_class": str(error_class)})
+                           "error_class": str(error_class)}
+    if config is not None:
+        attempt["prompt_version"] = prompt_version
+        attempt["model"] = config.model.name
+    return Finish(id=t.id, lease_token=t.lease_token, status=status,
+                  error_class=str(error_class), error_message=message, attempt=attempt)
 
 
 class Calls(WorkerCore):
@@ -147,8 +154,8 @@ class Calls(WorkerCore):
         if len(self._buffer) == 1 or len(self._buffer) >= self.ws.flush_rows:
             self._flush_wake.set()  # the first row to write (the loop sleeps till then)
 
-    async def _call_number(self, t: ClaimedTask, max_retries: int, started: int
-                           ) -> int | Finish:
+    async def _call_number(self, t: ClaimedTask, config: TaskConfig,
+                           prompt_version: str | None, started: int) -> int | Finish:
         """This claim's call number in the task's retry budget, or its DEAD write-back.
 
         Each claim spends an attempt; those of earlier claims that wrote no retry were
@@ -156,6 +163,7 @@ class Calls(WorkerCore):
         its retries (a worker killed with its prefetched tasks would end them all at
         ``max_retries = 0``), but a task that keeps losing its lease (it kills its
         workers) ends DEAD instead of looping."""
+        max_retries = config.retry_policy.max_retries
         lost = 0
         if t.attempt > 1:
             retried = await self._db_retry("reading the task's attempts",
@@ -164,7 +172,8 @@ class Calls(WorkerCore):
         if lost >= max_lost_leases(max_retries):
             msg = (f"its lease was lost {lost} times (workers crashed or stalled holding "
                    "it): not called again")
-            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg)
+            return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg,
+                             config, prompt_version)
         call_no = t.attempt - lost
         if call_no > max_retries + 1:
             # Its retries are spent by retries the policy did not decide (an internal
@@ -176,7 +185,8 @@ class Calls(WorkerCore):
             msg = (f"retries spent: {call_no - 1} calls ended in a retry (max_retries "
                    f"{max_retries}); the last: {cls or error}"
                    + (f": {why}" if why else ""))[:2000]
-            return _uncalled(t, started, TaskStatus.DEAD, error, msg, msg)
+            return _uncalled(t, started, TaskStatus.DEAD, error, msg, msg, config,
+                             prompt_version)
         return call_no
 
     async def _attempt(self, t: ClaimedTask, entry: Entry, started: int) -> Finish:
@@ -221,9 +231,8 @@ class Calls(WorkerCore):
             msg = (f"delivery_rule.pydantic_model {model_path!r} is not in a module listed "
                    "under [runtime] model_modules; this worker does not import it")
             return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST, msg,
-                             msg)
-        policy = config.retry_policy
-        budget = await self._call_number(t, policy.max_retries, started)
+                             msg, config, prompt_version)
+        budget = await self._call_number(t, config, prompt_version, started)
         if isinstance(budget, Finish):
             return budget
         call_no = budget
@@ -237,7 +246,7 @@ class Calls(WorkerCore):
                          provider_params(config, endpoint, self.id))
             except ConfigError as exc:  # not retryable: the operator must fix the config
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
-                                 f"configuration: {exc}", str(exc))
+                                 f"configuration: {exc}", str(exc), config, prompt_version)
             self._routes[route_key] = route
         endpoint, _provider, params = route
         circuit_from = None
