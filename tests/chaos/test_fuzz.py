@@ -242,10 +242,10 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
         load_settings(path)
 
 
-def test_an_unknown_field_with_a_line_break_in_its_name_stays_one_line() -> None:
+def test_an_unknown_field_with_a_line_break_in_its_name_stays_one_line(tmp_path: Path) -> None:
     """Found by the fuzz: a key "\\n" split the error message over two lines."""
     spec = task("t-1")
     spec["a\nb\x00"] = 1
     with pytest.raises(SpecError) as caught:
-        lockgate.connect("sqlite:///:memory:").submit([spec])
+        lockgate.connect(f"sqlite:///{tmp_path / 'x.db'}").submit([spec])
     assert caught.value.field == "a\\nb\\x00" and "\n" not in str(caught.value)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from typer.testing import CliRunner, Result
 
 from lockgate.cli import app
@@ -22,6 +23,7 @@ from .support import (
     run_worker,
     scalar,
     status_counts,
+    task,
     task_row,
     tasks,
     text_for,
@@ -192,6 +194,30 @@ def test_cleanup_deletes_old_traces_and_finished_tasks_only(
     assert bad.exit_code == 2 and "--older-than: 'soon' is not a duration" in bad.stderr
     neg = lockgate("cleanup", "--db", db_url, "--older-than", "-1d")
     assert neg.exit_code == 2 and "must not be negative" in neg.stderr
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:",
+                                 "sqlite:///file::memory:?uri=true"])
+def test_a_database_that_would_not_outlive_the_command_is_refused(
+        url: str, tmp_path: Path) -> None:
+    """An in-memory SQLite URL (an unset variable in ``sqlite:///$DIR/x.db`` makes one)
+    took a submit's tasks and said so, then lost them with the process; a worker's
+    other connections saw no tables and logged errors without end."""
+    tasks = write_jsonl(tmp_path / "t.jsonl", [task("t1")])
+    for command in (["submit", tasks], ["run", tasks], ["init"], ["status"]):
+        result = lockgate(*command, "--db", url)
+        assert result.exit_code == 2, (command, result.output)
+        assert "names no file" in flat(result.stderr) and "Traceback" not in result.output
+
+
+def test_a_database_url_written_wrong_is_one_line_naming_the_fix() -> None:
+    result = lockgate("status", "--db", "sqlite://lockgate.db")  # two slashes
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "sqlite:///lockgate.db (a file here)" in flat(result.stderr)
+    result = lockgate("status", "--db", "mysql://root:pw@127.0.0.1:9/")  # no database
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    err = flat(result.stderr)
+    assert "names no database" in err and "CREATE DATABASE" in err and "pw" not in err
 
 
 def test_errors_say_what_is_wrong(tmp_path: Path) -> None:

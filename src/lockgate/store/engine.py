@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from lockgate.durations import parse_duration
 from lockgate.errors import ConfigError, SpecError
@@ -80,6 +80,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
                           f"{str(exc).replace(resolved, redact_url(resolved))}") from None
     kwargs: dict[str, Any] = {}
     backend = parsed.get_backend_name()
+    _check_target(parsed, database_url(url, with_driver=False), backend)
     timeout_s = DB_TIMEOUT_S if backend == "sqlite" else db_timeout_s()
     if backend == "sqlite":
         kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
@@ -105,6 +106,33 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     else:
         _postgres_setup(engine, timeout_s)
     return engine
+
+
+def _check_target(parsed: URL, given: str, backend: str) -> None:
+    """Refuse a URL that names no lasting database: a SQLite URL without a file (an
+    in-memory database belongs to one connection and ends with the process: tasks
+    submitted there are lost, and a worker's other connections see no tables), one
+    whose file was written as a host (two slashes), a MySQL URL without a database."""
+    shown = redact_url(given)
+    if backend == "sqlite":
+        path = parsed.database or ""
+        if parsed.host:
+            raise ConfigError(
+                f"database URL '{shown}' names '{parsed.host}' as a host; a SQLite file "
+                f"follows three slashes: sqlite:///{parsed.host} (a file here) or "
+                f"sqlite:////var/lib/{parsed.host} (an absolute path)")
+        if path in ("", ":memory:") or path.startswith("file::memory:") \
+                or parsed.query.get("mode") == "memory":
+            raise ConfigError(
+                f"database URL '{shown}' names no file: an in-memory SQLite database "
+                "lives in one connection and ends with the process, so submitted tasks "
+                "would be lost; name a file, e.g. sqlite:///lockgate.db")
+    elif backend in ("mysql", "mariadb") and not parsed.database:
+        raise ConfigError(
+            f"database URL '{shown}' names no database; add it after the server, e.g. "
+            f"mysql://{parsed.username or 'user'}@{parsed.host or 'host'}"
+            f"{f':{parsed.port}' if parsed.port else ''}/lockgate (create it first: "
+            "CREATE DATABASE lockgate)")
 
 
 def db_timeout_s() -> float:
