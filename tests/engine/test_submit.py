@@ -27,6 +27,7 @@ from lockgate.errors import SpecError
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
+from lockgate.store.store import new_task
 
 from .support import (
     PROSE_TEMPLATE,
@@ -676,6 +677,20 @@ def test_batches_the_lines_name_stay_incomplete_while_their_submit_is_unfinished
         assert "nightly" in lg.status().incomplete_batches
         store.submit(lines, batch_id="lines", source=source)
         assert lg.status().incomplete_batches == []
+
+
+def test_a_submit_is_told_only_the_ids_it_inserted(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a streamed submit cancels when a bad line stops it is the ids it was told it
+    wrote, at the ``created_at`` of its chunks. It was told every id of a chunk, those
+    another submit had written included; when that submit wrote them in the same
+    millisecond as one of its chunks (seen under load), it cancelled the other's task."""
+    store.submit([parse_task(t) for t in tasks(3, prefix="b")], batch_id="b")
+    told: list[tuple[list[str], int]] = []
+    mine = [new_task(parse_task(t)) for t in [*tasks(2, prefix="a"), *tasks(3, prefix="b")]]
+    store.submit_rows(iter(mine), batch_id="a",
+                      written=lambda ids, at: told.append((ids, at)))
+    assert sorted(i for ids, _at in told for i in ids) == ["a-00000", "a-00001"]
 
 
 def test_a_stopped_streamed_submit_cancels_only_the_tasks_it_wrote(

@@ -412,7 +412,7 @@ class Store(TaskViews):
         file submitted to the same batch, finished, leaves it incomplete while the
         interrupted one is not run again. Batches the lines name themselves are tracked
         the same way. ``written`` is told, after each chunk commits, the task ids it
-        held and its ``created_at`` (those it inserted bear it).
+        inserted (not those that existed) and its ``created_at``.
         Duplicates are found by the unique constraint on ``task_id``, never by a check
         before the insert. ``batch_fields`` sets the batch's weight, deadline or window,
         and a window's tasks become visible at its start. A batch left without tasks
@@ -447,6 +447,7 @@ class Store(TaskViews):
         batch, then those tasks name) gains the batches the lines name."""
         window_start = int(fields.get("window_start") or 0)
         told = written_ids or _untold
+        check = written_ids is not None
         seen_configs: set[str] = set()
         inserted = total = 0
         elsewhere: dict[str, int] = {}
@@ -476,10 +477,13 @@ class Store(TaskViews):
 
         def write(args: tuple[list[NewTask], list[ConfigRow], list[str]]
                   ) -> tuple[int, dict[str, int]]:
-            got, at = self.transaction(lambda tx: (self._insert_chunk(
-                tx, *args, source, window_start, batch_id, key), tx.now))
+            ids = [t.task_id for t in args[0]]
+            # (the ids that exist already are read first: they are not this submit's)
+            mine, got, at = self.transaction(lambda tx: (
+                _new_ids(tx, ids, check), self._insert_chunk(
+                    tx, *args, source, window_start, batch_id, key), tx.now))
             stats.grew(got[0])
-            told([t.task_id for t in args[0]], at)
+            told(mine, at)
             return got
 
         def flush() -> None:
@@ -758,6 +762,16 @@ class Store(TaskViews):
             tx.execute(statement, {"id": worker_id, "status": status, **counters})
             return tx.now
         return self.transaction(work)
+
+
+def _new_ids(tx: Tx, ids: list[str], check: bool) -> list[str]:
+    """``ids`` less those that exist already (read only if ``check``: a submit told what
+    it wrote). Those are not the submit's own: another submit may have written them in
+    the same millisecond, so ``created_at`` alone would not tell them apart."""
+    if not check:
+        return ids
+    there = {str(r[0]) for r in tx.execute(_TASK_BATCHES, {"ids": ids})}
+    return [i for i in ids if i not in there]
 
 
 def new_task(spec: TaskSpec, pool: str = "default") -> NewTask:
