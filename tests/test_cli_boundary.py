@@ -4,6 +4,8 @@ password. Commands are found by walking the app, so a new command is covered at 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
+import lockgate
 from lockgate.cli import app
 
 #: Arguments that get past each command's own checks to its database call.
@@ -109,3 +112,22 @@ def test_a_missing_sqlite_file_is_never_created_by_commands_that_only_read_or_ch
 
 def test_the_app_is_a_typer_app() -> None:
     assert isinstance(app, typer.Typer)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``lockgate export b | head -1``: the closed pipe was reported as an error
+    (``error: [Errno 32] Broken pipe``, exit code 2). It ends quietly now, with the
+    shell's code for it (141), as ``yes | head`` does."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with lockgate.connect(url) as lg:
+        lg.submit([{"task_id": f"t{i}", "prompt_template": "Say {x}", "input_data": {"x": i},
+                    "model_config": {"name": "m"}, "delivery_rule": {"format": "text"},
+                    "retry_policy": {}} for i in range(5000)], batch_id="b")
+    proc = subprocess.Popen([sys.executable, "-m", "lockgate.cli", "export", "b", "--db", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b'{"task_id":"t0"')
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert proc.wait(60) == 141 and err == b"", err

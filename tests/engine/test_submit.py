@@ -23,7 +23,8 @@ import lockgate.app as app_module
 from helpers import check_openai_batch_line, wait_for
 from lockgate.app import Lockgate
 from lockgate.cli import app
-from lockgate.errors import SpecError
+from lockgate.errors import SpecError, StoreError
+from lockgate.results import TaskResult
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import TaskSpec, parse_task
 from lockgate.store import Store, SubmitReport
@@ -363,6 +364,32 @@ def test_export_jsonl_and_csv_give_the_precise_error_of_each_task(
     assert body["choices"][0]["logprobs"] is None
     assert orjson.loads(body["choices"][0]["message"]["content"]) == {"label": "yes"}
     assert oa["dead-prose"]["response"]["status_code"] == 200  # what the model said
+
+
+def test_an_export_cut_off_leaves_the_previous_file_whole(
+        db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export -o FILE`` wrote into FILE as it read: cut off (Ctrl-C, the database
+    lost), it left a shorter file ending on a whole line, a complete export to look
+    at, over the previous one."""
+    store.submit([parse_task(t) for t in tasks(50)], batch_id="b")
+    out = tmp_path / "b.jsonl"
+    assert lockgate("export", "b", "--db", db_url, "-o", out).exit_code == 0
+    before = out.read_bytes()
+    assert before.count(b"\n") == 50
+    results = Lockgate.results
+
+    def cut_off(self: Lockgate, batch_id: str | None = None) -> Iterator[TaskResult]:
+        rows = results(self, batch_id)
+        with contextlib.closing(rows):  # type: ignore[type-var]
+            for i, r in enumerate(rows):
+                if i == 20:
+                    raise StoreError("the database went away", transient=True)
+                yield r
+    monkeypatch.setattr(Lockgate, "results", cut_off)
+    result = lockgate("export", "b", "--db", db_url, "-o", out)
+    assert result.exit_code == 2 and "went away" in result.stderr
+    assert out.read_bytes() == before
+    assert not list(tmp_path.glob("*.part"))  # nothing left over
 
 
 def test_export_of_an_unknown_batch_or_format_is_refused(db_url: str) -> None:

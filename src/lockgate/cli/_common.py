@@ -3,7 +3,9 @@ duration and time formats, and how a command opens the database."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +31,8 @@ T = TypeVar("T")
 FAILED = 2
 #: Exit code of a command interrupted by Ctrl-C.
 INTERRUPTED = 130
+#: The reader of the output went away (128 + SIGPIPE, as a shell reports `yes | head`).
+BROKEN_PIPE = 141
 
 
 def _version(value: bool) -> None:
@@ -88,16 +92,27 @@ def fail(exc: BaseException) -> None:
     raise typer.Exit(FAILED)
 
 
+def _quiet_stdout() -> None:
+    """Stdout's reader is gone: what is still buffered for it goes nowhere (else the
+    interpreter's flush at exit reports the broken pipe again)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def handles_errors(fn: Callable[P, T]) -> Callable[P, T]:
     """The CLI's one error boundary: a :class:`LockgateError` (or an ``OSError`` on a
     path the user gave) becomes one clear message and exit code 2 (never a traceback);
-    Ctrl-C ends with exit code 130."""
+    Ctrl-C ends with exit code 130, and a closed output pipe (``| head``) quietly with
+    141."""
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except LockgateError as exc:
             fail(exc)
+        except BrokenPipeError:  # the reader went away (``export | head``): as `yes | head`
+            _quiet_stdout()
+            raise typer.Exit(BROKEN_PIPE) from None
         except OSError as exc:  # a file or folder the user named that cannot be used
             fail(LockgateError(f"cannot use {exc.filename}: {exc.strerror}"
                                if exc.filename is not None else str(exc)))

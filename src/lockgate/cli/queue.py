@@ -9,10 +9,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.progress import (
@@ -530,17 +530,38 @@ def export(batch: Annotated[str | None, typer.Argument(
     with opened(db, config) as lg:
         # NotFound for a batch never submitted, before any output
         rows: Any = lg.review(batch) if review else lg.results(batch)
-        try:
-            fh = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
-        except OSError as exc:
-            raise cannot("write", output, exc) from None
-        try:
-            n = writers[fmt](rows, fh)
-        finally:
-            if output:
-                fh.close()
+        if output is None:
+            n = writers[fmt](rows, sys.stdout)
+        else:
+            n = _export_to(output, lambda fh: writers[fmt](rows, fh))
     console.print(f"exported {n:,} task(s)" + (" held for review" if review else ""),
                   markup=False)
+
+
+def _export_to(output: Path, write: Callable[[IO[str]], int]) -> int:
+    """Write an export to ``output`` whole or not at all: into a file beside it, renamed
+    over it once complete, so an interrupted export (Ctrl-C, a full disk, a lost
+    database) leaves the previous file as it was, never a shorter one that looks
+    complete. A FIFO or a device is written directly."""
+    if output.exists() and not output.is_file():
+        try:
+            fh = output.open("w", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise cannot("write", output, exc) from None
+        with fh:
+            return write(fh)
+    part = output.with_name(f".{output.name}.{os.getpid()}.part")
+    try:
+        with part.open("w", encoding="utf-8", newline="") as fh:
+            n = write(fh)
+        os.replace(part, output)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise cannot("write", output, exc) from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return n
 
 
 @command(app)

@@ -272,8 +272,11 @@ class TaskViews:
         if batch_id is not None:
             q = q.where(t.c.batch_id == batch_id)
         from_row = TaskResult.from_row
-        with self.read() as tx, self.dialect.long_read(tx.conn):
-            for rows in tx.stream(q, rows=5000).partitions():
+        # The cursor is closed however the reading ends: a reader that stops early
+        # (``export | head``, an interrupted export) leaves no server cursor open.
+        with self.read() as tx, self.dialect.long_read(tx.conn), \
+                tx.stream(q, rows=5000) as result:
+            for rows in result.partitions():
                 for row in rows:
                     yield from_row(values(row))
 
