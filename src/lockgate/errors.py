@@ -141,6 +141,9 @@ RETRYABLE: frozenset[ErrorClass] = frozenset({
     ErrorClass.TIMEOUT,
     ErrorClass.CONNECTION_ERROR,
     ErrorClass.SERVER_ERROR,
+    # A refused key is the endpoint's condition, never the task's: once it is fixed
+    # (the key set, the account unblocked), the task runs.
+    ErrorClass.AUTH_ERROR,
     ErrorClass.INVALID_OUTPUT,
     ErrorClass.LEASE_EXPIRED,
     ErrorClass.RELEASED_AT_SHUTDOWN,

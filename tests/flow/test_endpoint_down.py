@@ -269,3 +269,34 @@ def test_tasks_of_an_unreachable_endpoint_go_to_its_fallback_instead_of_waiting(
     assert outcomes <= {"rerouted", "succeeded"}, outcomes
     assert {r["endpoint"] for r in rows(store, "SELECT endpoint FROM task_attempt "
                                                "WHERE outcome = 'succeeded'")} == {"fb"}
+
+
+def test_a_refused_key_spends_no_attempts_and_the_tasks_run_once_it_is_accepted(
+        stores: Callable[[], Store], simulator: SimulatorProcess) -> None:
+    """An endpoint that refuses the key (401) refuses every call until the key is fixed:
+    not the tasks' fault. Each task failed at its first call (``auth_error`` was not
+    retried), the whole batch FAILED in a moment; now the endpoint counts as down, its
+    tasks wait without spending attempts, and they run once the key is accepted."""
+    simulator.configure(require_api_key=True)
+    store = stores()
+    store.submit([parse_task(t) for t in tasks(20, retry={"max_retries": 1,
+                                                           "base_delay_ms": 50})],
+                 batch_id="b")
+    cfg = settings([{"name": "sim", "base_url": simulator.url}],
+                   flow={"breaker_open_s": 0.3, "breaker_max_open_s": 1.0}, concurrency=8)
+    worker = Worker(stores(), cfg, burst=True)
+    seen: dict[str, Any] = {}
+
+    async def tick(elapsed: float) -> None:
+        if not seen and elapsed > 3.0:  # refused for 3 s: calls failed, the breaker opened
+            seen["refused"] = await asyncio.to_thread(status_counts, store)
+            seen["calls"] = (await asyncio.to_thread(simulator.stats))["requests"]
+            await asyncio.to_thread(simulator.configure, require_api_key=False)
+
+    asyncio.run(run_workers([worker], timeout=120, tick=tick))
+    assert seen["refused"] == {"PENDING": 20} and seen["calls"] >= 1, seen
+    assert status_counts(store) == {"SUCCEEDED": 20}
+    assert {r["attempts"] for r in rows(store, "SELECT attempts FROM task")} == {1}
+    refused = rows(store, "SELECT error_class, COUNT(*) AS n FROM task_attempt "
+                          "WHERE outcome = 'unreachable' GROUP BY error_class")
+    assert [r["error_class"] for r in refused] == ["auth_error"]

@@ -25,9 +25,13 @@ from lockgate.redact import redact_url
 
 log = logging.getLogger("lockgate.flow")
 
-#: Failures that are the endpoint's own (they feed the breaker).
+#: Failures that are the endpoint's own (they feed the breaker). A refused key (401,
+#: 403) is one: every call to the endpoint meets it until the key is fixed.
 ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
-                               ErrorClass.CONNECTION_ERROR})
+                               ErrorClass.CONNECTION_ERROR, ErrorClass.AUTH_ERROR})
+#: Failures that, while the endpoint counts as down, spare the task's attempts: the
+#: call never reached a server that could answer it, or was refused whatever it said.
+DOWN_ERRORS = frozenset({ErrorClass.CONNECTION_ERROR, ErrorClass.AUTH_ERROR})
 #: Refusals for the rate or the quota (they pause instead).
 THROTTLED = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.QUOTA_EXHAUSTED})
 
