@@ -149,16 +149,19 @@ def test_dead_after_max_retries(store: Store, simulator: SimulatorProcess,
         assert all(a["raw_output"].startswith("Simulated reply") for a in trace)
 
 
-@pytest.mark.parametrize("config,model,error_class", [
-    ({"strict_models": True}, "no-such-model", "invalid_request"),
-    ({"context_window": 20}, MODEL, "context_length_exceeded"),
-    ({"require_api_key": True}, MODEL, "auth_error"),
-], ids=["unknown-model", "context-length", "auth"])
+@pytest.mark.parametrize("config,model,error_class,stop_on", [
+    ({"strict_models": True}, "no-such-model", "invalid_request", []),
+    ({"context_window": 20}, MODEL, "context_length_exceeded", []),
+    # a refused key is retried (the endpoint's condition, docs/flow.md), unless the
+    # policy stops on it
+    ({"require_api_key": True}, MODEL, "auth_error", ["auth_error"]),
+], ids=["unknown-model", "context-length", "auth-stop-on"])
 def test_non_retryable_errors_fail_at_once_with_their_class(
         store: Store, simulator: SimulatorProcess, config: dict[str, object], model: str,
-        error_class: str) -> None:
+        error_class: str, stop_on: list[str]) -> None:
     simulator.configure(**config)
-    submit(store, task("t1", model={"name": model}, retry={"max_retries": 5}))
+    submit(store, task("t1", model={"name": model},
+                       retry={"max_retries": 5, "stop_on": stop_on}))
     run_worker(store, concurrency=2)
     row = task_row(store, "t1")
     assert (row["status"], row["attempts"], row["error_class"]) == ("FAILED", 1, error_class)
