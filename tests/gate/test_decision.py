@@ -3,9 +3,12 @@ minimum samples, non-inferiority, and the terminal outcomes of runs."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from lockgate.gate.binding import BindingSettings, Threshold
 from lockgate.gate.decision import check_non_inferiority, check_threshold, decide
@@ -25,7 +28,7 @@ def _metrics(match: int, n: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("op", "value", "passed"), [
     (">=", 0.9, True), (">", 0.9, False), ("<=", 0.9, True), ("<", 0.9, False),
-    ("==", 0.9, True), (">=", 0.9000000000000001, False),
+    ("==", 0.9, True), (">=", 0.9000001, False), ("<=", 0.8999999, False),
 ])
 def test_thresholds_compare_the_raw_unrounded_value(op: str, value: float,
                                                     passed: bool) -> None:
@@ -161,3 +164,100 @@ def test_decision_document_is_json_ready() -> None:
     assert doc["datasets"][0]["checks"][0] == {
         "kind": "threshold", "metric": "accuracy", "op": ">=", "threshold": 0.8,
         "value": 0.9, "passed": True, "bound": None, "n": None, "note": None}
+
+
+# -- boundaries: a value at a threshold but for the rounding of float arithmetic is at it
+
+
+def _ni(metric: str, margin: float) -> BindingSettings:
+    return _settings("accuracy>=0", non_inferiority={"metric": metric, "margin": margin})
+
+
+@pytest.mark.parametrize(("metric", "live", "cand"), [
+    ("accuracy", (8, 10), (7, 10)),  # 0.8 - 0.1 is 0.7000000000000001 in floats
+    ("error_ratio", (7, 10), (8, 10)),  # 0.7 + 0.1 is 0.7999999999999999
+])
+def test_non_inferiority_holds_at_exactly_the_margin(metric: str, live: tuple[int, int],
+                                                     cand: tuple[int, int]) -> None:
+    def run(k: int, n: int) -> dict[str, Any]:
+        verdict = "MATCH" if metric == "accuracy" else "ERROR"
+        return compute([Sample(verdict)] * k + [Sample("MISMATCH")] * (n - k))
+
+    c = check_non_inferiority(_ni(metric, 0.1), run(*cand), run(*live))
+    assert c is not None and c.passed
+    ds = [_ds("ds", 1, thresholds=[{"metric": "accuracy", "op": ">=", "value": 0}],
+              non_inferiority={"metric": metric, "margin": 0.1})]
+    d = decide(ds, [_run(1, "FINALIZED", run(*cand)),
+                    _run(1, "FINALIZED", run(*live), subject="baseline")])
+    assert d.outcome == "activate", d.reason
+
+
+def test_cost_per_item_meets_a_threshold_it_is_exactly_at() -> None:
+    # 10 items of 10 input and 5 output tokens at 2.5 and 10 per million: 0.000075 an
+    # item, computed as 7.500000000000001e-05
+    samples = [Sample("MATCH", input_tokens=10, output_tokens=5)] * 10
+    metrics = compute(samples, prices=(2.5, 10.0))
+    s = _settings("cost_per_item<=0.000075", "cost_per_item>=0.000075",
+                  "cost_per_item==0.000075", "cost_per_item<0.000075",
+                  "cost_per_item>0.000075", prices={"input_per_mtok": 2.5,
+                                                    "output_per_mtok": 10.0})
+    assert [check_threshold(t, metrics, s).passed for t in s.thresholds] \
+        == [True, True, True, False, False]
+
+
+def test_a_value_just_past_a_threshold_shows_the_digits_that_differ() -> None:
+    ds = [_ds("ds", 1, thresholds=[{"metric": "accuracy", "op": ">=", "value": 0.7}])]
+    d = decide(ds, [_run(1, "FINALIZED", {"accuracy": 0.69999999})])
+    assert d.outcome == "reject"
+    assert d.reason == "ds: accuracy 0.69999999 not >= 0.7", d.reason
+    at = decide(ds, [_run(1, "FINALIZED", {"accuracy": 0.6999999999999999})])
+    assert at.outcome == "activate", at.reason
+    strict = [_ds("ds", 1, thresholds=[{"metric": "accuracy", "op": ">", "value": 0.7}])]
+    assert decide(strict, [_run(1, "FINALIZED", {"accuracy": 0.7000000000000001})]).reason \
+        == "ds: accuracy 0.7 not > 0.7"
+
+
+_OPS = {">=": Fraction.__ge__, ">": Fraction.__gt__, "<=": Fraction.__le__,
+        "<": Fraction.__lt__, "==": Fraction.__eq__}
+
+
+@given(k=st.integers(0, 1000), n=st.integers(1, 1000), t=st.integers(0, 1000),
+       op=st.sampled_from(sorted(_OPS)))
+def test_a_proportion_against_a_decimal_threshold_is_decided_as_in_exact_arithmetic(
+        k: int, n: int, t: int, op: str) -> None:
+    k = min(k, n)
+    metrics = _metrics(k, n)
+    threshold = Threshold(metric="accuracy", op=op, value=float(f"{t / 1000}"))  # type: ignore[arg-type]
+    c = check_threshold(threshold, metrics, _settings("accuracy>=0"))
+    assert c.passed is _OPS[op](Fraction(k, n), Fraction(t, 1000))
+
+
+@given(live=st.integers(0, 200), cand=st.integers(0, 200), n=st.integers(1, 200),
+       margin=st.integers(0, 100), higher=st.booleans())
+@example(live=8, cand=7, n=10, margin=10, higher=True)
+@example(live=7, cand=8, n=10, margin=10, higher=False)
+def test_non_inferiority_is_decided_as_in_exact_arithmetic(
+        live: int, cand: int, n: int, margin: int, higher: bool) -> None:
+    live, cand = min(live, n), min(cand, n)
+    metric = "accuracy" if higher else "error_ratio"
+    c = check_non_inferiority(_ni(metric, float(f"{margin / 100}")),
+                              {metric: cand / n}, {metric: live / n})
+    exact_margin = Fraction(margin, 100)
+    expected = (Fraction(cand, n) >= Fraction(live, n) - exact_margin if higher
+                else Fraction(cand, n) <= Fraction(live, n) + exact_margin)
+    assert c is not None and c.passed is expected
+
+
+@given(items=st.integers(1, 50), tin=st.integers(0, 5000), tout=st.integers(0, 5000),
+       pin=st.integers(0, 10000), pout=st.integers(0, 10000))
+def test_a_cost_threshold_equal_to_the_exact_cost_is_met_by_le_ge_and_eq(
+        items: int, tin: int, tout: int, pin: int, pout: int) -> None:
+    prices = (pin / 100, pout / 100)  # per million tokens, in cents
+    metrics = compute([Sample("MATCH", input_tokens=tin, output_tokens=tout)] * items,
+                      prices=prices)
+    exact = float((Fraction(tin * pin) + Fraction(tout * pout)) / 100 / 1_000_000)
+    s = _settings("accuracy>=0", prices={"input_per_mtok": prices[0],
+                                         "output_per_mtok": prices[1]})
+    passed = {op: check_threshold(Threshold(metric="cost_per_item", op=op, value=exact),  # type: ignore[arg-type]
+                                  metrics, s).passed for op in _OPS}
+    assert passed == {">=": True, ">": False, "<=": True, "<": False, "==": True}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,20 @@ from lockgate.registry.datasets import read_items
 from lockgate.registry.resolver import PromptResolver, load
 from lockgate.spec import parse_task
 from lockgate.store import Store
+from lockgate.store.registry import DatasetItem
 
-from .support import DELIVERY, GOOD, MEDIOCRE, MODEL, Env, LocalProvider, items, rows, run_worker
+from .support import (
+    BAD,
+    DELIVERY,
+    GOOD,
+    MEDIOCRE,
+    MODEL,
+    Env,
+    LocalProvider,
+    items,
+    rows,
+    run_worker,
+)
 
 
 def _jsonl(path: Path, lines: list[dict[str, Any]]) -> Path:
@@ -79,6 +92,69 @@ def test_an_item_over_the_database_input_bound_is_refused_before_anything_is_wri
         env.datasets.add("d", f)
     with pytest.raises(NotFound):
         env.datasets.show("d")
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_a_value_nested_too_deeply_is_refused_naming_line_and_field(
+        env: Env, tmp_path: Path) -> None:
+    # JSON files may nest 1,024 levels; the encoder that stores an item goes to about 250
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "input": {"text": "x"}, "expected": "y"}\n'
+                    '{"id": "b", "input": {"text": "x"}, "expected": ' + _nested(300) + "}\n")
+    with pytest.raises(SpecError, match=r"^line 2, field 'expected': item 'b' is nested too "
+                                        r"deeply \(more than 250 levels\): flatten it"):
+        env.datasets.add("d", deep)
+    deep.write_text('{"id": "a", "input": {"text": ' + _nested(260) + '}, "expected": "y"}\n')
+    with pytest.raises(SpecError, match=r"^line 1, field 'input': item 'a' is nested too "
+                                        r"deeply"):
+        env.datasets.add("d", deep)
+    nested: Any = []
+    for _ in range(299):
+        nested = [nested]
+    with pytest.raises(SpecError, match=r"^line 2, field 'expected': item 'b' is nested"):
+        env.datasets.add("d", [items(1)[0], {"id": "b", "text": "x", "expected": nested}])
+    with pytest.raises(NotFound):  # nothing was written
+        env.datasets.show("d")
+    # up to the limit an item is kept, content hash and all
+    deep.write_text('{"id": "a", "input": {"text": "x"}, "expected": ' + _nested(253) + "}\n")
+    assert env.datasets.add("d", deep)["added"] == 1
+    assert env.datasets.items("d")[0]["expected"] == orjson.loads(_nested(253))
+
+
+def test_a_value_nested_too_deeply_is_one_error_line_from_the_cli(
+        cli: CliRunner, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "input": {"text": "x"}, "expected": ' + _nested(300) + "}\n")
+    out = _refused(cli, "dataset", "add", "d", str(deep))
+    assert "line 1, field 'expected': item 'a' is nested too deeply (more than 250 " \
+           "levels)" in out
+
+
+@pytest.mark.parametrize("key", ["a ", " a", "  a  "])
+def test_an_item_id_with_leading_or_trailing_whitespace_is_refused_on_every_backend(
+        env: Env, tmp_path: Path, key: str) -> None:
+    # MariaDB compares 'a ' and 'a' as one id (a raw duplicate-key error), the others
+    # as two
+    f = _jsonl(tmp_path / "d.jsonl", [{"id": "a", "text": "x", "expected": "y"},
+                                      {"id": key, "text": "x", "expected": "n"}])
+    refusal = rf"^line {{}}, field 'id': {re.escape(repr(key))} has leading or trailing " \
+              r"whitespace, which some databases ignore when they compare ids: remove it"
+    with pytest.raises(SpecError, match=refusal.format(2)):
+        env.datasets.add("d", f)
+    csv = tmp_path / "d.csv"
+    csv.write_text(f"id,text,expected\na,x,y\n{key},x,n\n")
+    with pytest.raises(SpecError, match=refusal.format(3)):  # under the header line
+        env.datasets.add("d", csv)
+    with pytest.raises(SpecError, match=refusal.format(2)):  # the second item
+        env.datasets.add("d", [DatasetItem("a", {"text": "x"}, "y"),
+                               DatasetItem(key, {"text": "x"}, "n")])
+    with pytest.raises(NotFound):
+        env.datasets.show("d")
+    assert env.datasets.add("d", [{"id": "a", "text": "x", "expected": "y"},
+                                  {"id": "a b", "text": "x", "expected": "n"}])["added"] == 2
 
 
 @pytest.fixture
@@ -163,6 +239,39 @@ def test_a_label_that_is_production_in_other_case_is_refused(env: Env, label: st
         env.prompts.label("p", label, 1)
     assert env.prompts.label("p", "Canary", 1) is None  # case-sensitive, not reserved
     assert env.prompts.registry.prompt("p")["labels"] == {"Canary": 1}
+
+
+def test_a_tag_named_like_a_label_is_refused(env: Env) -> None:
+    # A selector reads a label first: `prompt show p --version stable` showed the
+    # label's version 1, never version 2 tagged 'stable'.
+    env.setup("p", datasets={"d": 4}, thresholds=["accuracy>=0"])
+    env.prompts.label("p", "stable", 1)
+    with pytest.raises(StateConflict, match=r"^--tag 'stable' is the name of a label "
+                                            r"\(pointing at version 1\), which a version "
+                                            r"selector reads first, so this tag could never "
+                                            r"select its version: choose another tag$"):
+        env.prompts.propose("p", GOOD, tag="stable")
+    assert [v.version for v in env.prompts.history("p")["versions"]] == [1]
+    assert env.gate.list("p") == []
+    # tagging content that is already a version, untagged, is checked too
+    env.prompts.propose("p", BAD)
+    with pytest.raises(StateConflict, match="--tag 'stable' is the name of a label"):
+        env.prompts.propose("p", BAD, tag="stable")
+    assert env.prompts.version("p", 2).tag is None
+    assert env.prompts.version("p", "stable").version == 1
+
+
+def test_a_label_named_like_a_tag_is_refused(env: Env) -> None:
+    env.setup("p", datasets={"d": 4}, thresholds=["accuracy>=0"])
+    proposed = env.prompts.propose("p", GOOD, tag="rc-1")
+    with pytest.raises(StateConflict, match=r"^label 'rc-1' is the tag of version 2 of 'p', "
+                                            r"which a version selector would no longer find "
+                                            r"by its tag: choose another label name$"):
+        env.prompts.label("p", "rc-1", 1)
+    with pytest.raises(StateConflict, match="label 'rc-1' is the tag of version 2"):
+        env.prompts.label("p", "rc-1", proposed.version)  # even pointing at it: labels move
+    assert env.prompts.registry.prompt("p")["labels"] == {}
+    assert env.prompts.version("p", "rc-1").version == 2
 
 
 # -- references -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from lockgate.gate.binding import (
@@ -19,7 +20,7 @@ from lockgate.gate.binding import (
     parse_threshold,
     settings_from,
 )
-from lockgate.gate.compare import load_scorer
+from lockgate.gate.compare import check_labels, load_scorer
 from lockgate.registry.api import default_actor
 from lockgate.states import TERMINAL_UPDATES
 from lockgate.store import Store
@@ -44,6 +45,9 @@ class Gate:
 
         ``confidence`` turns on the Wilson guard; ``non_inferiority`` is a margin on
         accuracy (or a dict with ``metric`` and ``margin``) against the live version.
+        What the comparison reads must be in the dataset: ``fields:`` names and a
+        ``label:`` field some expected object holds, a ``positive`` label some item has
+        (:func:`.compare.check_labels`); otherwise every candidate would fail alike.
         """
         comp = parse_comparison(comparison) if isinstance(comparison, str) else comparison
         guard = None
@@ -66,7 +70,9 @@ class Gate:
             load_scorer(settings.comparison.scorer)  # refuse an unimportable scorer now
         self.gs.bind(prompt, dataset, settings.model_dump(mode="json"),
                      expected_fields=settings.comparison.fields
-                     if settings.comparison.kind == "fields" else ())
+                     if settings.comparison.kind == "fields" else (),
+                     check_expected=partial(check_labels, settings.comparison,
+                                            settings.positive_label))
         return settings
 
     def unbind(self, prompt: str, dataset: str) -> bool:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lockgate.errors import ConfigError
+import orjson
+
+from lockgate.errors import ConfigError, SpecError
 from lockgate.gate.binding import Comparison
 
 Scorer = Callable[[Any, Any, Any], Any]
@@ -105,3 +107,60 @@ class Comparator:
             raise TypeError(f"scorer {s.scorer} returned {type(result).__name__}; "
                             "return a bool or a number")
         return Scored(same(_norm(actual, ic), _norm(expected, ic)))
+
+
+#: How many of a dataset's labels a refusal lists.
+_SHOWN_LABELS = 20
+
+
+def check_labels(spec: Comparison, positive: Any, dataset: str,
+                 expected_values: Iterable[Any]) -> None:
+    """SpecError when a label comparison cannot work on a dataset's expected values:
+    expected objects of which none holds the compared ``field`` (each item's label would
+    be the whole object, which no output field equals), or a ``positive`` label that no
+    item has (every precision and recall would be undefined, and every candidate
+    rejected). The labels the dataset holds are named. Nothing is said of an empty
+    dataset, or of a comparison other than ``label``."""
+    if spec.kind != "label" or spec.field is None:
+        return
+    comp = Comparator(spec)
+    fold = spec.ignore_case
+    wanted = fold_label(positive) if fold else positive
+    found = positive is None
+    objects = holding = False
+    fields: set[str] = set()
+    labels: dict[bytes, Any] = {}  # while the positive label is not found, by JSON text
+    for expected in expected_values:
+        if isinstance(expected, dict):
+            objects = True
+            holding = holding or spec.field in expected
+            fields.update(expected)
+        if not found:
+            truth = comp.truth(expected)
+            found = same(fold_label(truth) if fold else truth, wanted)
+            if len(labels) <= _SHOWN_LABELS:
+                labels.setdefault(orjson.dumps(truth, option=orjson.OPT_SORT_KEYS), truth)
+        if found and holding:
+            return
+    if objects and not holding:
+        held = ", ".join(sorted(fields)[:_SHOWN_LABELS])
+        raise SpecError(f"comparison: no expected value of dataset '{dataset}' holds field "
+                        f"'{spec.field}' (fields held: {held}); name the field that holds "
+                        "the label after label:")
+    if found or not labels:
+        return
+    shown = ", ".join(t.decode() for t in sorted(labels)[:_SHOWN_LABELS])
+    if len(labels) > _SHOWN_LABELS:
+        shown += ", …"
+    hint = ""
+    if not fold and any(same(fold_label(v), fold_label(positive)) for v in labels.values()):
+        hint = ", or compare with --ignore-case"
+    raise SpecError(f"positive: no expected value of dataset '{dataset}' has the label "
+                    f"{orjson.dumps(positive).decode()} (labels held: {shown}); give one of "
+                    f"them with --positive (the `positive` argument in Python){hint}")
+
+
+def fold_label(value: Any) -> Any:
+    """A label as ``ignore_case`` compares it: text case-folded (the metrics count a
+    positive label, and bind looks for it, the same way)."""
+    return value.casefold() if isinstance(value, str) else value

@@ -8,7 +8,7 @@ could not complete (a run FAILED); the live version stays as it is in both cases
 
 from __future__ import annotations
 
-import operator
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,9 +21,23 @@ from lockgate.gate.binding import (
 )
 from lockgate.gate.metrics import wilson
 
+
+def _at(value: float, bound: float) -> bool:
+    """Whether ``value`` is ``bound`` but for the rounding of the float arithmetic it
+    came from: 10 items at 15 tokens and 2.5 / 10 per million cost 7.500000000000001e-05
+    each, and a live accuracy of 0.8 less a margin of 0.1 is 0.7000000000000001; both
+    are at the bound a user wrote (0.000075, 0.7), not past it."""
+    return math.isclose(value, bound, rel_tol=1e-9, abs_tol=1e-12)
+
+
+#: The comparators, each at a bound within rounding (:func:`_at`): ``>=`` and ``<=``
+#: hold there, ``>`` and ``<`` do not, ``==`` does.
 OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt,
-    "==": operator.eq,
+    ">=": lambda v, b: v >= b or _at(v, b),
+    ">": lambda v, b: v > b and not _at(v, b),
+    "<=": lambda v, b: v <= b or _at(v, b),
+    "<": lambda v, b: v < b and not _at(v, b),
+    "==": _at,
 }
 
 
@@ -195,8 +209,22 @@ def _describe(c: Check) -> str:
         return f"{label} undefined"
     if c.note and "samples" in c.note:
         return f"{label}: {c.note}"
-    limit = "?" if c.threshold is None else f"{c.threshold:.6g}"
-    shown = f"{c.value:.6g}"
+    compared = c.value if c.bound is None else c.bound
+    limit = "?" if c.threshold is None else _figure(c.threshold, compared)
+    shown = _figure(c.value, c.threshold)
     if c.bound is not None:
-        shown += f" (bound {c.bound:.6g})"
+        shown += f" (bound {_figure(c.bound, c.threshold)})"
     return f"{label} {shown} not {c.op} {limit}"
+
+
+def _figure(x: float, other: float | None) -> str:
+    """``x`` in six significant digits, or in as many as tell it apart from ``other``
+    (``0.6999999 not >= 0.7``, where six digits would print ``0.7 not >= 0.7``); a
+    value at ``other`` but for rounding is printed as ``other`` is."""
+    if other is None or _at(x, other):
+        return f"{x:.6g}"
+    for digits in (6, 9, 12):
+        text = f"{x:.{digits}g}"
+        if text != f"{other:.{digits}g}":
+            return text
+    return repr(x)

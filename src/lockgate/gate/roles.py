@@ -31,7 +31,7 @@ import orjson
 
 from lockgate.errors import ConfigError, StoreError
 from lockgate.gate.binding import BindingSettings
-from lockgate.gate.compare import Comparator
+from lockgate.gate.compare import Comparator, fold_label
 from lockgate.gate.decision import decide
 from lockgate.gate.metrics import Sample, compute
 from lockgate.gate.snapshot import run_plans
@@ -296,14 +296,11 @@ def run_metrics(outcomes: list[dict[str, Any]], settings: BindingSettings,
             if o["verdict"] != Verdict.ERROR and o["actual"] is not None:
                 predicted = comp(expected, orjson.loads(o["actual"])).predicted
         if ic:
-            predicted, truth = _fold(predicted), _fold(truth)
+            predicted, truth = fold_label(predicted), fold_label(truth)
         samples.append(Sample(o["verdict"], predicted, truth, o["latency_ms"],
                               int(o["input_tokens"] or 0), int(o["output_tokens"] or 0)))
-    positive = _fold(settings.positive_label) if ic else settings.positive_label
+    positive = fold_label(settings.positive_label) if ic else settings.positive_label
     prices = ((settings.prices.input_per_mtok, settings.prices.output_per_mtok)
               if settings.prices else None)
     return compute(samples, positive=positive, prices=prices)
 
-
-def _fold(value: Any) -> Any:
-    return value.casefold() if isinstance(value, str) else value

@@ -25,7 +25,7 @@ from lockgate.config import Settings
 from lockgate.errors import NotFound, SpecError
 from lockgate.registry.callpath import execution_path
 from lockgate.registry.content import diff, make_content, render_text, spec_error_at
-from lockgate.registry.datasets import item_from, read_items
+from lockgate.registry.datasets import check_key, item_from, read_items
 from lockgate.registry.refs import (
     PRODUCTION,
     check_name,
@@ -196,6 +196,13 @@ def _labels_of(labels: dict[str, int]) -> str:
     return "its labels: " + ", ".join(sorted(labels)) if labels else "it has no labels"
 
 
+def _given(item: DatasetItem, place: int) -> DatasetItem:
+    """A :class:`DatasetItem` built in Python, its id checked as a file's would be."""
+    if not item.derived_key:
+        check_key(item.key, item.line if item.line is not None else place)
+    return item
+
+
 class Datasets:
     """Labelled datasets: items are immutable; every change is a new revision."""
 
@@ -212,7 +219,7 @@ class Datasets:
             items = read_items(source, expected_column=expected_column)
             origin: str | None = str(source)
         else:
-            items = [i if isinstance(i, DatasetItem) else item_from(i, n)
+            items = [_given(i, n) if isinstance(i, DatasetItem) else item_from(i, n)
                      for n, i in enumerate(source, start=1)]
             origin = None
         return self.registry.add_items(name, items, replace=replace, source=origin,

@@ -38,12 +38,21 @@ def _default_id(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(inputs)).hexdigest()[:16]
 
 
-def _key(value: Any, line: int) -> str:
+def _key(value: Any, line: int | None) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise SpecError("must be a string or an integer", field="id", line=line)
-    key = str(value)
+    return check_key(str(value), line)
+
+
+def check_key(key: str, line: int | None = None) -> str:
+    """A valid item id, or SpecError naming the line and field. Leading or trailing
+    whitespace is refused, as in task ids: MariaDB compares ids without trailing spaces,
+    so ``a`` and ``a `` would be one id there and two elsewhere."""
     if not key or len(key) > 191 or not key.isprintable():
         raise SpecError("must be 1-191 printable characters", field="id", line=line)
+    if key != key.strip():
+        raise SpecError(f"{key!r} has leading or trailing whitespace, which some databases "
+                        "ignore when they compare ids: remove it", field="id", line=line)
     return key
 
 

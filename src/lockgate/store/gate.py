@@ -8,7 +8,7 @@ on ``prompt.generation`` and the submission counter (docs/gate.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -118,11 +118,15 @@ class GateStore(RunSteps):
     # -- bindings -------------------------------------------------------------------------
 
     def bind(self, prompt: str, dataset: str, settings: dict[str, Any], *,
-             expected_fields: Sequence[str] = ()) -> None:
+             expected_fields: Sequence[str] = (),
+             check_expected: Callable[[str, Iterator[Any]], None] | None = None) -> None:
         """Bind a dataset to a prompt with its thresholds (insert or replace).
         ``expected_fields``: fields the comparison reads from expected objects; each
         must be held by at least one expected value of the dataset (a misspelt field
-        would be absent from both sides of every item, and so match everywhere)."""
+        would be absent from both sides of every item, and so match everywhere).
+        ``check_expected(dataset, expected values)`` raises to refuse a binding the
+        dataset's current expected values cannot serve (the gate's rules, which this
+        layer does not know), in the binding's transaction."""
 
         def work(tx: Tx) -> None:
             now = tx.now
@@ -133,6 +137,9 @@ class GateStore(RunSteps):
             if expected_fields:
                 _check_expected_fields(tx, dataset, int(d), int(row["revision"]),
                                        expected_fields)
+            if check_expected is not None:
+                check_expected(dataset, (orjson.loads(r.expected) for r in tx.execute(
+                    _EXPECTED_AT, {"d": d, "rev": row["revision"]})))
             doc = dumps(settings)
             tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
                 "prompt_id": p["id"], "dataset_id": d, "settings": doc, "created_at": now,

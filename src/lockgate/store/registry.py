@@ -190,11 +190,27 @@ def check_unique(items: Sequence[DatasetItem]) -> None:
 def _encoded(item: DatasetItem, position: int, limit: int) -> tuple[str, str]:
     """(input, expected) as stored JSON text; SpecError naming the item when together
     they exceed ``limit`` bytes: the bound a submit puts on a task's input
-    (:meth:`Store.max_input_bytes`), which an evaluation makes of the item."""
-    input_data, expected = canonical_json(item.input), canonical_json(item.expected)
+    (:meth:`Store.max_input_bytes`), which an evaluation makes of the item.
+
+    A value JSON cannot encode is refused here too, naming its line and field: nested
+    deeper than the encoder goes (a JSONL line may hold up to 1,024 levels), or, from
+    Python, a type or an integer JSON has no place for. Each field is encoded one level
+    down, as :attr:`DatasetItem.content_hash` nests it, so that the hash cannot fail
+    later on a field at the very limit."""
+    where = "" if item.line is not None else f"item {position}: "
+    fields: list[bytes] = []
+    for name, value in (("input", item.input), ("expected", item.expected)):
+        try:
+            fields.append(canonical_json([value])[1:-1])
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            why = ("is nested too deeply (more than 250 levels): flatten it, or give the "
+                   "deep part as a JSON string" if "Recursion" in str(exc)
+                   else f"cannot be encoded as JSON ({exc})")
+            raise SpecError(f"{where}item '{item.key}' {why}", field=name,
+                            line=item.line) from None
+    input_data, expected = fields
     size = len(input_data) + len(expected)
     if size > limit:
-        where = "" if item.line is not None else f"item {position}: "
         raise SpecError(f"{where}item '{item.key}' is {size:,} bytes as JSON (input and "
                         f"expected); this database takes at most {limit:,} bytes per item "
                         "(its bound on a task's input): split it, or store the content "
@@ -280,9 +296,18 @@ class RegistryStore:
         return number, True
 
     def _check_tag_free(self, tx: Tx, prompt_id: int, tag: str) -> None:
+        """StateConflict when another version has the tag, or a label has its name: a
+        selector (``prompt show --version``, ``prompt diff``) reads a label first, so
+        the tagged version could never be selected by its tag."""
         other = tx.execute(_VERSION_TAGGED, {"p": prompt_id, "t": tag}).scalar()
         if other is not None:
             raise StateConflict(f"tag '{tag}' already names version {other}")
+        labelled = tx.execute(_LABEL, {"p": prompt_id, "l": tag}).scalar()
+        if labelled is not None:
+            raise StateConflict(f"--tag '{tag}' is the name of a label (pointing at version "
+                                f"{labelled}), which a version selector reads first, so "
+                                "this tag could never select its version: choose another "
+                                "tag")
 
     def audit(self, tx: Tx, prompt_id: int, action: str, from_version: int | None,
               to_version: int | None, *, generation: int, actor: str | None,
@@ -366,6 +391,13 @@ class RegistryStore:
             p = self.prompt_row(tx, name, lock=True)
             pid = int(p["id"])
             self._version(tx, name, pid, version)
+            tagged = tx.execute(_VERSION_TAGGED, {"p": pid, "t": label}).scalar()
+            if tagged is not None:
+                # A selector reads a label first: version ``tagged`` could no longer be
+                # selected by its tag.
+                raise StateConflict(f"label '{label}' is the tag of version {tagged} of "
+                                    f"'{name}', which a version selector would no longer "
+                                    "find by its tag: choose another label name")
             before = tx.execute(_LABEL, {"p": pid, "l": label}).scalar()
             tx.execute(self.dialect.insert_ignore(schema.prompt_label), [{
                 "prompt_id": pid, "label": label, "version": version, "updated_by": actor,
