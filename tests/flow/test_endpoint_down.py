@@ -80,6 +80,30 @@ def test_run_refuses_when_its_only_endpoint_is_unreachable(db_url: str,
         store.close()
 
 
+def test_run_refuses_before_submitting_when_an_endpoint_key_is_not_set(
+        db_url: str, tmp_path: Path, simulator: SimulatorProcess) -> None:
+    """The key variable an endpoint names, unset: ``run`` submitted the batch, then
+    stopped on the missing key with the tasks stored."""
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text(f'[[endpoint]]\nname = "sim"\nbase_url = "{simulator.url}"\n'
+                   'api_key_env = "LOCKGATE_TEST_UNSET_KEY"\n')
+    res = subprocess.run(
+        lockgate_cmd("run", write_tasks(tmp_path / "t.jsonl", 3), "--db", db_url,
+                     "--config", cfg),
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=clean_env())
+    assert res.returncode == 2, res.stderr
+    assert one_line(res.stderr) == (
+        "error: endpoint 'sim' reads its API key from $LOCKGATE_TEST_UNSET_KEY, which is "
+        "not set; export LOCKGATE_TEST_UNSET_KEY=... before starting; nothing was "
+        "submitted")
+    store = Store(db_url)
+    try:
+        assert status_counts(store) == {}
+    finally:
+        store.close()
+    assert simulator.stats()["requests"] == 0
+
+
 def test_a_worker_warns_and_its_tasks_wait_for_the_endpoint_without_spending_attempts(
         db_url: str, tmp_path: Path) -> None:
     """``lockgate worker`` with nothing listening: it says so at start and when the

@@ -48,7 +48,7 @@ from lockgate.cli.circuit import circuit_table
 from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
 from lockgate.durations import parse_duration
-from lockgate.errors import LockgateError, SpecError, StoreError, cannot
+from lockgate.errors import ConfigError, LockgateError, SpecError, StoreError, cannot
 from lockgate.files import REVIEW_WRITERS, WRITERS, Format
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
@@ -243,6 +243,12 @@ def _check_endpoints(settings: Settings, pool: str | None, *, refuse: bool) -> N
     eps = _served(settings, pool)
     if not eps:
         return
+    for ep in eps:  # a key variable that is not set: every call would fail
+        try:
+            ep.api_key()
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{'; nothing was submitted' if refuse else ''}") \
+                from None
     bad = reach.check(eps)
     if refuse and len(bad) == len(eps):
         what = "; ".join(u.describe() for u in bad)
