@@ -681,9 +681,9 @@ def write_review_jsonl(rows: Iterable[ReviewItem], out: TextIO) -> int:
     return n
 
 
-REVIEW_CSV_COLUMNS = ["task_id", "batch_id", "prompt", "held_at", "reason", "input",
-                      "messages", "last_output", "last_parse_status", "last_error_class",
-                      "last_error_message", "output_schema"]
+REVIEW_CSV_COLUMNS = ["task_id", "batch_id", "prompt", "held_at", "reason", "attempts",
+                      "input", "messages", "last_output", "last_parse_status",
+                      "last_error_class", "last_error_message", "output_schema"]
 
 
 #: What a spreadsheet takes a cell starting with for a formula (or the start of one).
@@ -710,7 +710,8 @@ def write_review_csv(rows: Iterable[ReviewItem], out: TextIO) -> int:
     for row in rows:
         err = row.last_error
         w.writerow([_cell(row.task_id), _cell(row.batch_id), _cell(row.prompt),
-                    iso(row.held_at) or "", _cell(row.reason), _json(row.input),
+                    iso(row.held_at) or "", _cell(row.reason), str(row.attempts),
+                    _json(row.input),
                     _json(row.messages), _cell(row.last_output),
                     _cell(row.last_parse_status), _cell(err.error_class if err else None),
                     _cell(err.message if err else None), _json(row.output_schema)])

@@ -123,3 +123,24 @@ def test_release_gate_evaluations_are_not_production_quality(store: Store) -> No
     assert rows(store, "SELECT resolution, tasks FROM quality_rollup ORDER BY resolution") \
         == [{"resolution": "d", "tasks": 1}, {"resolution": "h", "tasks": 1},
             {"resolution": "m", "tasks": 1}]
+
+
+def test_a_narrow_terminal_gets_each_row_as_a_block_of_figures(
+        store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 120 columns and less the 14 columns folded the prompt and model names away
+    and cut the figures to "…"; a narrow terminal gets one block per row instead."""
+    monkeypatch.setenv("COLUMNS", "80")
+    _land(store)
+    result = CliRunner().invoke(app, ["quality", "--db", db_url, "--since", "1h", "--by",
+                                      "model"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert ["prompt", "p@1"] in lines and ["model", "m"] in lines
+    assert ["tasks", "4"] in lines and ["complete", "75.00%"] in lines
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_check_refuses_options_it_does_not_use(db_url: str, store: Store) -> None:
+    result = CliRunner().invoke(app, ["quality", "--db", db_url, "--check", "--since", "7d"])
+    assert result.exit_code == 2 and "drop --since and --by" in " ".join(result.stderr.split())

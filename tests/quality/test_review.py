@@ -143,6 +143,8 @@ def test_review_from_the_command_line(db_url: str, simulator: SimulatorProcess,
     table = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [r["task_id"] for r in table] == ["b-0", "b-1", "b-2"]
     assert orjson.loads(table[2]["input"]) == {"text": "order 2"}
+    # every column the JSON lines have that a person reads (attempts was missing)
+    assert table[0]["attempts"] == str(lines[0]["attempts"])
     result = lockgate("export", "--review", "--format", "openai-batch", "--db", db_url)
     first = orjson.loads(result.stdout.splitlines()[0])
     assert first["custom_id"] == "b-0"

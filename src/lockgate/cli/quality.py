@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.table import Table
 
 from lockgate.cli._common import (
     ConfigOpt,
@@ -18,6 +19,7 @@ from lockgate.cli._common import (
     print_json,
     table,
 )
+from lockgate.errors import LockgateError
 from lockgate.quality import BY
 
 if TYPE_CHECKING:
@@ -60,6 +62,11 @@ def quality(prompt: Annotated[str | None, typer.Argument(
     if check:
         from lockgate.quality.report import check_rules  # deferred: start-up time
 
+        if since != "24h" or by != "version":
+            raise LockgateError("--check evaluates the rules over their own window "
+                                "([quality] window) per prompt version and model: drop "
+                                "--since and --by, or drop --check for the figures")
+
         with opened(db, config) as lg:
             findings = check_rules(lg.store, lg.settings.quality, prompt)
         _print_findings(findings, as_json)
@@ -69,29 +76,47 @@ def quality(prompt: Annotated[str | None, typer.Argument(
     if as_json:
         print_json(rows)
         return
-    second = {"model": ["model"], "hour": ["hour (UTC)"]}.get(by, [])
-    t = table(f"quality, last {since}", ["prompt", *second, "tasks", "calls",
-                                         "complete", "conform", "invalid json", "errors",
-                                         "p50 ms", "p95 ms", "p99 ms", "in/out tok",
-                                         "cost/task", "watched"],
-              right=("tasks", "calls", "complete", "conform", "invalid json", "errors",
-                     "p50 ms", "p95 ms", "p99 ms", "in/out tok", "cost/task"))
-    for r in rows:
-        extra = [r.model or ""] if by == "model" else \
-            [r.hour.strftime("%Y-%m-%d %H:00") if r.hour else ""] if by == "hour" else []
-        per_call = "-" if not r.calls else \
-            f"{r.input_tokens / r.calls:,.0f}/{r.output_tokens / r.calls:,.0f}"
-        t.add_row(r.prompt, *extra, f"{r.tasks:,}", f"{r.calls:,}", _pct(r.completeness),
-                  _pct(r.conformance),
-                  _share(r.parse_status, "invalid_json", sum(r.parse_status.values())),
-                  _pct(sum(r.errors.values()) / r.attempts if r.attempts else None),
-                  _ms(r.latency_p50_ms), _ms(r.latency_p95_ms), _ms(r.latency_p99_ms),
-                  per_call, "-" if r.cost_per_task is None else f"{r.cost_per_task:.6f}",
-                  _watched(r))
     if not rows:
         out.print(f"no attempts recorded in the last {since}", markup=False)
         return
+    second = {"model": ["model"], "hour": ["hour (UTC)"]}.get(by, [])
+    columns = ["prompt", *second, "tasks", "calls", "complete", "conform", "invalid json",
+               "errors", "p50 ms", "p95 ms", "p99 ms", "in/out tok", "cost/task", "watched"]
+    cells = [_cells(r, by) for r in rows]
+    title = f"quality, last {since}"
+    # A row of 14 figures needs a wide terminal; in a narrow one each row is printed as
+    # a block of "figure value" lines instead (a table would fold the names away).
+    needed = sum(max(len(c), *(len(row[i]) for row in cells)) + 3
+                 for i, c in enumerate(columns)) + 1
+    if needed > out.width:
+        out.print(title, markup=False)
+        for row in cells:
+            block = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+            block.add_column(no_wrap=True)
+            block.add_column(overflow="fold")
+            for name, value in zip(columns, row, strict=True):
+                block.add_row(name, value)
+            out.print()
+            out.print(block)
+        return
+    t = table(title, columns, right=tuple(columns[1 + len(second):-1]))
+    for row in cells:
+        t.add_row(*row)
     out.print(t)
+
+
+def _cells(r: QualityRow, by: str) -> list[str]:
+    extra = [r.model or ""] if by == "model" else \
+        [r.hour.strftime("%Y-%m-%d %H:00") if r.hour else ""] if by == "hour" else []
+    per_call = "-" if not r.calls else \
+        f"{r.input_tokens / r.calls:,.0f}/{r.output_tokens / r.calls:,.0f}"
+    return [r.prompt, *extra, f"{r.tasks:,}", f"{r.calls:,}", _pct(r.completeness),
+            _pct(r.conformance),
+            _share(r.parse_status, "invalid_json", sum(r.parse_status.values())),
+            _pct(sum(r.errors.values()) / r.attempts if r.attempts else None),
+            _ms(r.latency_p50_ms), _ms(r.latency_p95_ms), _ms(r.latency_p99_ms),
+            per_call, "-" if r.cost_per_task is None else f"{r.cost_per_task:.6f}",
+            _watched(r)]
 
 
 def _fig(rule: str, v: float | None) -> str:
