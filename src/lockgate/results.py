@@ -402,6 +402,9 @@ class BatchSummary(_Row):
     latency_ms: dict[str, float | None]
     completeness: float | None
     elapsed_s: float | None
+    #: Tasks of the batch already finished when ``elapsed_s`` began (a run resumed, or
+    #: run again): not counted in the throughput.
+    done_before: int = 0
 
     @property
     def tasks(self) -> int:
@@ -410,7 +413,8 @@ class BatchSummary(_Row):
     @property
     def throughput(self) -> float | None:
         done = self.tasks - self.states.get("PENDING", 0) - self.states.get("REVIEW", 0)
-        return done / self.elapsed_s if self.elapsed_s else None
+        now = done - self.done_before
+        return now / self.elapsed_s if self.elapsed_s and now > 0 else None
 
 
 __all__ = ["Attempt", "BatchSummary", "CircuitView", "Response", "ReviewItem", "Status",

@@ -63,6 +63,8 @@ def test_run_submits_and_works_a_file_to_the_end(db_url: str, store: Store,
     assert again.exit_code == 0, again.output
     assert f"0 submitted, {n} already present" in flat(again.stderr)
     assert simulator.stats()["requests"] == n, "a finished batch is not run again"
+    # nothing ran: no throughput (it was the earlier run's tasks over this run's time)
+    assert re.search(r"throughput\W+- ", flat(again.stdout) + " "), again.stdout
 
 
 def test_run_follows_the_batches_its_lines_name(db_url: str, store: Store,

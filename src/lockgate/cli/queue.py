@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -314,6 +315,11 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                   f"{stats.discarded:,} discarded", markup=False)
 
 
+def _done(counts: dict[str, int]) -> int:
+    """Tasks no worker will call again (neither PENDING nor held for review)."""
+    return sum(n for state, n in counts.items() if state not in ("PENDING", "REVIEW"))
+
+
 def _counts(lg: Lockgate, batch_ids: Sequence[str]) -> dict[str, int]:
     """Tasks per state over the batches."""
     out: dict[str, int] = {}
@@ -398,9 +404,12 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         # then left empty, and not kept).
         batches = [b for b in report.batches or (report.batch_id,)
                    if sum(lg.store.batch_counts(b).values())] or [report.batch_id]
+        # finished by an earlier run: not this run's throughput
+        before = {b: _done(lg.store.batch_counts(b)) for b in batches}
         elapsed = run_batch(lg, batches, procs, **overrides)
         for b in batches:
-            out.print(summary_table(lg.store.summary(b, elapsed)))
+            out.print(summary_table(dataclasses.replace(lg.store.summary(b, elapsed),
+                                                        done_before=before[b])))
         # A burst worker stops with tasks PENDING only when told to (Ctrl-C, SIGTERM).
         left = _counts(lg, batches).get("PENDING", 0)
     if left:
