@@ -67,6 +67,21 @@ def test_run_submits_and_works_a_file_to_the_end(db_url: str, store: Store,
     assert re.search(r"throughput\W+- ", flat(again.stdout) + " "), again.stdout
 
 
+def test_run_prints_progress_lines_when_its_output_is_not_a_terminal(
+        db_url: str, simulator: SimulatorProcess, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into a log file the progress bar was drawn once, at the end: two minutes of work
+    showed nothing. A line every ``PLAIN_PROGRESS_S`` now says how far it got."""
+    monkeypatch.setattr("lockgate.cli.queue.PLAIN_PROGRESS_S", 0.2)
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 50})
+    path = write_jsonl(tmp_path / "slow.jsonl", tasks(40))
+    result = lockgate("run", path, "--db", db_url, "--concurrency", "2")
+    assert result.exit_code == 0, result.output
+    seen = [int(m.group(1)) for m in re.finditer(r"batch slow: (\d+)/40 finished \(\d+%\), "
+                                                 r"\d+ tasks/s", result.stderr)]
+    assert len(seen) >= 2 and seen == sorted(seen), result.stderr
+
+
 def test_run_follows_the_batches_its_lines_name(db_url: str, store: Store,
                                               simulator: SimulatorProcess,
                                               tmp_path: Path) -> None:

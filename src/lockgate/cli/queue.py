@@ -329,6 +329,10 @@ def _counts(lg: Lockgate, batch_ids: Sequence[str]) -> dict[str, int]:
     return out
 
 
+#: How often ``run`` prints a progress line when its output is not a terminal (seconds).
+PLAIN_PROGRESS_S = 10.0
+
+
 def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
               **overrides: Any) -> float:
     """Work until the queue is drained, with a progress bar over ``batch_id`` (one batch
@@ -340,16 +344,30 @@ def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
     t0 = time.perf_counter()
     issues: list[str] = []  # endpoints in trouble, as the workers report them
     last = [done0]
+    # Not a terminal (a log file, a CI job): the bar is drawn once, at the end; a plain
+    # progress line every PLAIN_PROGRESS_S instead shows the work going on.
+    plain = not console.is_terminal
+    next_line = [t0 + PLAIN_PROGRESS_S]
+    lines = threading.Lock()
+    name = f"batch {', '.join(batch_ids)}"
     with _progress(auto_refresh=processes == 1) as prog:
-        bar = prog.add_task(f"batch {', '.join(batch_ids)}", total=total, completed=done0,
-                            rate="")
+        bar = prog.add_task(name, total=total, completed=done0, rate="")
 
         def show(done: int) -> None:
             last[0] = done
-            elapsed = time.perf_counter() - t0
+            now = time.perf_counter()
+            elapsed = now - t0
             rate = (done - done0) / elapsed if elapsed > 0 else 0.0
-            prog.update(bar, completed=done, rate=" | ".join(
-                [f"{rate:,.0f} tasks/s", *issues]), refresh=processes > 1)
+            said = " | ".join([f"{rate:,.0f} tasks/s", *issues])
+            prog.update(bar, completed=done, rate=said, refresh=processes > 1)
+            if plain and now >= next_line[0] and lines.acquire(blocking=False):
+                try:
+                    next_line[0] = now + PLAIN_PROGRESS_S
+                    share = f" ({done / total:.0%})" if total else ""
+                    console.print(f"{name}: {done:,}/{total:,} finished{share}, {said}, "
+                                  f"{elapsed:,.0f} s", markup=False)
+                finally:
+                    lines.release()
 
         def look() -> None:
             issues[:] = trouble({"endpoints": w.endpoints} for w in lg.status().workers)
