@@ -108,3 +108,21 @@ def test_configs_that_differ_in_any_way_are_checked_and_stored_apart() -> None:
     assert d.config.hash == a.config.hash
     with pytest.raises(SpecError, match="max_retries"):
         intake.line(orjson.dumps(_line(4, retry_policy={"max_retries": -1})), 4)
+
+
+@pytest.mark.parametrize(("template", "field", "message"), [
+    ([{"role": "sytem", "content": "x"}, {"role": "user", "content": "{text}"}],
+     "prompt_template[0].role", "Input should be 'system', 'user', 'assistant' or "
+                                "'developer'"),
+    ([{"role": "user"}], "prompt_template[0].content", "is required"),
+    (5, "prompt_template", "must be a string or a list"),
+])
+def test_a_bad_prompt_template_is_named_by_its_place_not_by_pydantic_s_union(
+        template: Any, field: str, message: str) -> None:
+    """A typo in a message's role was reported as ``field 'prompt_template.str': Input
+    should be a valid string; also 'prompt_template.tuple[Message, ...][0].role' ...``:
+    the branches of the field's type, named by pydantic, for a list of messages."""
+    line = _line(1, prompt_template=template)
+    with pytest.raises(SpecError) as caught:
+        parse_task(line)
+    assert (caught.value.field, caught.value.reason) == (field, message)

@@ -382,9 +382,54 @@ def _problem(err: Any) -> tuple[str, str]:
     return path, msg
 
 
+#: How a value of the wrong JSON type is named (pydantic's error type -> words).
+_KINDS = {"string_type": "a string", "tuple_type": "a list", "list_type": "a list",
+          "dict_type": "an object", "int_type": "an integer", "float_type": "a number",
+          "bool_type": "true or false", "model_type": "an object"}
+
+
+#: Fields whose type is a union of types (pydantic names each branch of ``str |
+#: tuple[Message, ...]`` in an error's location, after the field: ``str``,
+#: ``tuple[Message, ...]``).
+_UNIONS = frozenset({"prompt_template"})
+
+
+def _branch_at(loc: tuple[Any, ...]) -> int | None:
+    """Where a union's branch name is in an error's location (None: nowhere)."""
+    return 1 if len(loc) > 1 and loc[0] in _UNIONS and isinstance(loc[1], str) else None
+
+
+def _unbranched(errors: list[Any]) -> list[Any]:
+    """The errors of a union's branches as one field's: a branch refused only for the
+    value's type is dropped when another branch of that field took the value further
+    (a list of messages with a bad role is not "not a valid string"); when every branch
+    refused the type, one error names the types the field takes. Branch names leave
+    the location."""
+    out: list[Any] = []
+    by_field: dict[tuple[Any, ...], list[Any]] = {}
+    for e in errors:
+        loc = tuple(e["loc"])
+        at = _branch_at(loc)
+        if at is None:
+            out.append(e)
+            continue
+        by_field.setdefault(loc[:at], []).append({
+            **e, "loc": loc[:at] + loc[at + 1:],
+            "_shallow": len(loc) == at + 1 and e["type"] in _KINDS})
+    for field, errs in by_field.items():
+        deeper = [e for e in errs if not e["_shallow"]]
+        if deeper:
+            out.extend(deeper)
+        else:
+            kinds = list(dict.fromkeys(_KINDS[e["type"]] for e in errs))
+            out.append({**errs[0], "loc": field, "type": "union_type",
+                        "msg": f"must be {' or '.join(kinds)}"})
+    return out
+
+
 def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
     """Turn pydantic's error into one that names the bad fields (up to ten) and fixes."""
-    problems = [_problem(e) for e in exc.errors()]
+    problems = [_problem(e) for e in _unbranched(exc.errors())]
     (path, msg), rest = problems[0], problems[1:]
     if rest:
         shown = rest[:MAX_PROBLEMS - 1]
