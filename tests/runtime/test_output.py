@@ -234,7 +234,11 @@ def test_pydantic_model_rule() -> None:
     ({"pydantic_model": "no_such_module_xyz:Model"}, "delivery_rule.pydantic_model"),
     ({"pydantic_model": "json:dumps"}, "delivery_rule.pydantic_model"),
     ({"pydantic_model": "nocolon"}, "delivery_rule.pydantic_model"),
-    ({"schema": {"type": "no-such-type"}}, "delivery_rule.schema"),
+    ({"schema": {"type": "no-such-type"}}, "delivery_rule.schema.type"),
+    # the keyword at fault by its place in the schema (was: delivery_rule.schema)
+    ({"schema": {"type": "object", "required": "label"}}, "delivery_rule.schema.required"),
+    ({"schema": {"type": "object", "properties": {"label": {"type": "strin"}}}},
+     "delivery_rule.schema.properties.label.type"),
 ])
 def test_bad_rules_are_refused_with_the_field(doc: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError) as err:  # the modules allowed: what fails is the import

@@ -182,6 +182,24 @@ def _load_model(path: str) -> Any:
     return obj
 
 
+#: JSON Schema's type names (a misspelt one is refused by a metaschema ``anyOf`` whose
+#: message names none of them).
+_TYPES = "string, number, integer, boolean, object, array or null"
+
+
+def _schema_error(exc: Any) -> SpecError:
+    """A metaschema's refusal of an output schema, naming the keyword at fault by its
+    place in the schema (``delivery_rule.schema.properties.label.type``)."""
+    path = [str(p) for p in exc.path]
+    message = exc.message
+    if path and path[-1] == "type" and exc.validator == "anyOf":
+        message = f"{message}; a type is one of {_TYPES}"
+    elif path and path[-1] == "required" and exc.validator == "type":
+        message = f"{message}; `required` lists property names: [\"label\"]"
+    return SpecError(f"not a valid JSON Schema: {message}",
+                     field=".".join(["delivery_rule.schema", *path]))
+
+
 def _validator(schema: Mapping[str, Any]) -> tuple[Callable[[Any], bool],
                                                    Callable[[Any], list[tuple[tuple[Any, ...],
                                                                               str]]]]:
@@ -192,8 +210,7 @@ def _validator(schema: Mapping[str, Any]) -> tuple[Callable[[Any], bool],
     try:
         cls.check_schema(schema)
     except SchemaError as exc:
-        raise SpecError(f"not a valid JSON Schema: {exc.message}",
-                        field="delivery_rule.schema") from None
+        raise _schema_error(exc) from None
     validator = cls(schema)
     fast = compile_check(schema)
 
