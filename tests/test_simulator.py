@@ -12,6 +12,9 @@ import asyncio
 import http.client
 import importlib.util
 import math
+import socket
+import subprocess
+import sys
 import time
 import unicodedata
 import urllib.parse
@@ -753,3 +756,18 @@ def test_flags_override_config_file(tmp_path: Path) -> None:
         cfg.patched({"window_s": 0.5})
     with pytest.raises(ValueError, match="at most 1"):
         cfg.patched({"rate_429": 0.5, "rate_503": 0.6})
+
+
+def test_a_port_in_use_is_one_line_naming_the_fix() -> None:
+    """``lockgate simulate --port N`` with N taken printed its own prefix and exited 1;
+    it says ``error: ...`` and how to get a free port, with the CLI's exit code 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "lockgate.simulator", "--port",
+                              str(port)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"error: the simulator cannot listen on 127.0.0.1:{port}: something listens there "
+        "already; stop it, or pass --port 0 for any free port")

@@ -8,6 +8,7 @@ call :func:`build_parser`/:func:`config_from_args` or, with its own flag parser,
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -129,7 +130,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m lockgate.simu
         serve(config, args.host, args.port,
               parent_pid=os.getppid() if args.exit_with_parent else None)
     except OSError as exc:
-        print(f"lockgate simulator: cannot listen on {args.host}:{args.port}: {exc}",
+        why = (exc.strerror or str(exc)).lower()
+        if exc.errno == errno.EADDRINUSE:
+            why = ("something listens there already; stop it, or pass --port 0 for any "
+                   "free port")
+        print(f"error: the simulator cannot listen on {args.host}:{args.port}: {why}",
               file=sys.stderr)
-        return 1
+        return 2
     return 0
