@@ -237,6 +237,14 @@ def test_a_database_url_written_wrong_is_one_line_naming_the_fix() -> None:
     assert "names no database" in err and "CREATE DATABASE" in err and "pw" not in err
 
 
+def test_a_sqlite_file_in_a_folder_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    """The error blamed permissions or a read-only mount."""
+    result = lockgate("init", "--db", f"sqlite:///{tmp_path / 'nosuch' / 'x.db'}")
+    assert result.exit_code == 2, result.output
+    err = flat(result.stderr)
+    assert f"The folder {tmp_path / 'nosuch'} does not exist" in err and "chattr" not in err
+
+
 def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
     result = lockgate("status", "--db", "lockgate.db")
     assert result.exit_code == 2

@@ -98,6 +98,9 @@ def sqlite_hint(message: str, url: str | None) -> str:
     if "readonly" not in text and "unable to open" not in text:
         return ""
     path = Path(make_url(url).database or "") if url else None
+    if path is not None and not path.parent.exists():
+        return (f". The folder {path.parent} does not exist: create it, or name a file "
+                "in a folder that does")
     if path is not None and path.parent.is_dir():
         with contextlib.suppress(OSError):
             if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
