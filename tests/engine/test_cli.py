@@ -245,6 +245,19 @@ def test_a_sqlite_file_in_a_folder_that_does_not_exist_says_so(tmp_path: Path) -
     assert f"The folder {tmp_path / 'nosuch'} does not exist" in err and "chattr" not in err
 
 
+def test_a_database_missing_on_its_server_says_to_create_it(db_url: str) -> None:
+    """MySQL's `Unknown database` came raw; PostgreSQL's was taken for a server down
+    ("Is the server running ...?")."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("a server's database")
+    url = db_url.rsplit("/", 1)[0] + "/lockgate_no_such_db"
+    result = lockgate("status", "--db", url)
+    assert result.exit_code == 2, result.output
+    err = flat(result.stderr)
+    assert "does not exist on its server" in err and "CREATE DATABASE lockgate_no_such_db" \
+        in err and "Is the server running" not in err, err
+
+
 def test_errors_say_what_is_wrong(tmp_path: Path) -> None:
     result = lockgate("status", "--db", "lockgate.db")
     assert result.exit_code == 2

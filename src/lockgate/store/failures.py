@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,10 +113,20 @@ def sqlite_hint(message: str, url: str | None) -> str:
             "read-only mount, chattr +i)")
 
 
+#: A server's words for a database that does not exist (PostgreSQL, MySQL/MariaDB).
+_MISSING_DB = re.compile(r'database "([^"]+)" does not exist|Unknown database \'([^\']+)\'')
+
+
 def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
     """The lockgate error for one SQLAlchemy/driver exception."""
     where = f" {redact_url(url)}" if url else ""
     if isinstance(exc, DBAPIError):
+        missing = _MISSING_DB.search(cause(exc))
+        if missing:  # the server answers: the database named in the URL is not there
+            name = missing.group(1) or missing.group(2)
+            return StoreError(f"the database{where} does not exist on its server: create "
+                              f"it first (CREATE DATABASE {name}), or fix the URL (--db or "
+                              "LOCKGATE_DATABASE_URL)")
         if is_unavailable(exc):
             return DatabaseUnavailable(
                 f"cannot reach the database{where}: {cause(exc)}. Is the server running, "
