@@ -487,6 +487,17 @@ def test_a_submit_commits_as_it_goes_and_an_interrupted_one_is_completed_by_a_re
     assert scalar(store, "SELECT complete FROM batch WHERE id = 'b'") == 1
 
 
+def test_an_interrupted_submit_says_how_to_complete_its_batch(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during ``lockgate submit`` said only ``interrupted``."""
+    def stopped(*args: object, **kwargs: object) -> SubmitReport:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Lockgate, "submit_file", stopped)
+    result = lockgate("submit", write_jsonl(tmp_path / "f.jsonl", tasks(3)), "--db", db_url)
+    assert result.exit_code == 130
+    assert "run the same command again to complete it" in " ".join(result.stderr.split())
+
+
 def test_resubmitting_under_another_batch_names_where_the_tasks_are(
         db_url: str, store: Store, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "f.jsonl", tasks(3))

@@ -149,6 +149,11 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
             exc.args = (f"{exc} Once it is fixed, run the same command again: it "
                         "completes the batch (tasks already written are skipped).",)
             raise
+        except KeyboardInterrupt:
+            console.print("interrupted: the tasks written so far are in and the batch is "
+                          "marked incomplete; run the same command again to complete it "
+                          "(tasks already written are skipped)", markup=False)
+            raise typer.Exit(INTERRUPTED) from None
     names = report.batches or (report.batch_id,)
     console.print(f"{'batch' if len(names) == 1 else 'batches'} {', '.join(names)}: "
                   f"{report.inserted:,} submitted, {report.duplicates:,} already present "
