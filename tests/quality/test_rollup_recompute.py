@@ -67,6 +67,7 @@ def _attempt(data: st.DataObject, attempt: int, kind: str) -> tuple[AttemptRow, 
         # halves of a ms below 10 s: MariaDB's FLOAT column gives back 6 digits
         row.update(prompt_sha256="h", latency_ms=draw(st.integers(1, 19_999)) / 2,
                    input_tokens=draw(st.one_of(st.none(), st.integers(0, 5000))),
+                   estimated_tokens=draw(st.one_of(st.none(), st.integers(0, 5000))),
                    output_tokens=draw(st.integers(0, 500)))
     f = Finish(id=0, lease_token="", status=TaskStatus.PENDING, attempt=row)
     if kind == "ok":
@@ -137,7 +138,8 @@ def _recompute(store: Store) -> dict[tuple[Any, ...], dict[str, Any]]:
     out: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: {
         "attempts": 0, "tasks": 0, "calls": 0, "retries": 0, "discarded": 0,
         "fallbacks": 0, "parsed": 0, "conforming": 0, "completeness": [], "latency": [],
-        "input_tokens": 0, "output_tokens": 0, "cost": None, "watch_n": 0,
+        "input_tokens": 0, "input_tokens_or_estimate": 0, "output_tokens": 0, "cost": None,
+        "watch_n": 0,
         "watched": defaultdict(int), "parse_mix": defaultdict(int),
         "error_mix": defaultdict(int), "outcomes": defaultdict(int)})
     inline = template_key(TEMPLATE)
@@ -159,6 +161,8 @@ def _recompute(store: Store) -> dict[tuple[Any, ...], dict[str, Any]]:
             e["calls"] += 1
             e["latency"].append(a["latency_ms"])
             e["input_tokens"] += a["input_tokens"] or 0
+            e["input_tokens_or_estimate"] += a["input_tokens"] if a["input_tokens"] is not \
+                None else a["estimated_tokens"] or 0
             e["output_tokens"] += a["output_tokens"] or 0
             ep = ENDPOINTS[a["endpoint"]]
             if ep.cost_input_per_1k or ep.cost_output_per_1k:
@@ -210,7 +214,8 @@ def test_rollups_equal_a_recomputation_from_task_attempt(store: Store,
     for k, e in expected.items():
         got = stored[k]
         for name in ("attempts", "tasks", "calls", "retries", "discarded", "fallbacks",
-                     "parsed", "conforming", "input_tokens", "output_tokens", "watch_n"):
+                     "parsed", "conforming", "input_tokens", "input_tokens_or_estimate",
+                     "output_tokens", "watch_n"):
             assert getattr(got, name) == e[name], (k, name)
         for name in ("watched", "parse_mix", "error_mix", "outcomes"):
             assert getattr(got, name) == dict(e[name]), (k, name)

@@ -128,6 +128,18 @@ def test_the_other_rules_at_their_exact_bounds_do_not_fire() -> None:
         "performance_degradation"}
 
 
+def test_latency_doubled_is_judged_by_estimated_tokens_where_no_usage_is_reported() -> None:
+    """An endpoint that reports no usage (some gateways, local servers): the rule had
+    no input size to compare, and never fired."""
+    def unreported(latency: float, estimate: int) -> dict[str, Any]:
+        return {**_call(latency=latency), "input_tokens": None, "estimated_tokens": estimate}
+    base = _rollup([unreported(100.0, 50)] * 200)
+    slow = _rollup([unreported(250.0, 52)] * 200)
+    assert _fired(evaluate(KEY, slow, None, base, [], S)) == {"performance_degradation"}
+    longer = _rollup([unreported(250.0, 100)] * 200)  # longer inputs: not a degradation
+    assert _fired(evaluate(KEY, longer, None, base, [], S)) == set()
+
+
 def test_a_rare_watched_value_going_rarer_by_chance_is_not_drift() -> None:
     """3 of 150 in the baseline, 1 of 150 now: a two-thirds drop of a value expected
     three times is what chance does. It fired."""

@@ -229,3 +229,21 @@ def test_a_switch_fires_its_rule_and_the_rule_clears_when_it_is_off(
     assert resolved.status == "RESOLVED" and resolved.resolved_at is not None
     assert [a.id for a in list_alerts(store, everything=True)
             if a.rule == rule] == [alert.id]
+
+
+def test_slower_answers_fire_on_an_endpoint_that_reports_no_usage(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """Without usage in the answers the rule had no input size to hold the latency
+    against, and never fired; it compares lockgate's estimates then."""
+    simulator.configure(seed=4, latency=50, omit_usage=True)
+    evaluator = Evaluator(store, Settings(quality=SETTINGS), worker_id="w-evaluator")
+    healthy_start = _phase(store, "healthy")
+    _shift(store, "healthy", healthy_start, -WEEK_MS)
+    simulator.configure(degrade={MODEL: SWITCHES["performance_degradation"]})
+    start = _phase(store, "degraded")
+    _minute, found, events = _check(store, start, evaluator)
+    calls = _calls(store, "degraded")
+    assert {a["input_tokens"] for a in calls} == {None} and all(
+        a["estimated_tokens"] for a in calls)
+    assert found["performance_degradation"].fired, found["performance_degradation"]
+    assert [(e.event, e.alert.rule) for e in events] == [("open", "performance_degradation")]

@@ -173,6 +173,10 @@ class Rollup:
     parse_mix: dict[str, int] = field(default_factory=dict)
     error_mix: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
+    #: Input tokens of the calls as reported, or as lockgate estimated them where the
+    #: provider reported no usage: what the performance rule compares the input size by
+    #: when an endpoint never reports usage.
+    input_tokens_or_estimate: int = 0
 
     # -- building ---------------------------------------------------------------------
 
@@ -224,6 +228,7 @@ class Rollup:
         if not calls:
             return
         parsed = conforming = completeness_n = input_tokens = output_tokens = watch_n = 0
+        or_estimate = 0
         completeness_sum = latency_sum = 0.0
         cost_sum: float | None = None
         latencies: list[float] = []
@@ -233,7 +238,10 @@ class Rollup:
             latency = float(get("latency_ms") or 0.0)
             latency_sum += latency
             latencies.append(latency if latency > 0.0 else 0.0)
-            input_tokens += get("input_tokens") or 0
+            reported = get("input_tokens")
+            input_tokens += reported or 0
+            or_estimate += reported if reported is not None else \
+                get("estimated_tokens") or 0
             output_tokens += get("output_tokens") or 0
             if cost is not None:
                 cost_sum = (cost_sum or 0.0) + cost
@@ -255,6 +263,7 @@ class Rollup:
         self.calls += len(calls)
         self.latency_sum += latency_sum
         self.input_tokens += input_tokens
+        self.input_tokens_or_estimate += or_estimate
         self.output_tokens += output_tokens
         if cost_sum is not None:
             self.cost = (self.cost or 0.0) + cost_sum
@@ -271,7 +280,7 @@ class Rollup:
         """Add ``other`` into this rollup (and return it)."""
         for name in ("attempts", "tasks", "calls", "retries", "discarded", "fallbacks",
                      "parsed", "conforming", "completeness_n", "input_tokens",
-                     "output_tokens", "watch_n"):
+                     "input_tokens_or_estimate", "output_tokens", "watch_n"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.completeness_sum += other.completeness_sum
         self.latency_sum += other.latency_sum
@@ -326,6 +335,7 @@ class Rollup:
             "cost": self.cost, "watch_n": self.watch_n,
             "watched": _dump_map(self.watched), "parse_mix": _dump_map(self.parse_mix),
             "error_mix": _dump_map(self.error_mix), "outcomes": _dump_map(self.outcomes),
+            "input_tokens_or_estimate": self.input_tokens_or_estimate,
         }
 
     @classmethod
@@ -344,7 +354,8 @@ class Rollup:
             cost=None if row["cost"] is None else float(row["cost"]),
             watch_n=int(row["watch_n"]), watched=_load_map(row["watched"]),
             parse_mix=_load_map(row["parse_mix"]), error_mix=_load_map(row["error_mix"]),
-            outcomes=_load_map(row["outcomes"]))
+            outcomes=_load_map(row["outcomes"]),
+            input_tokens_or_estimate=int(row.get("input_tokens_or_estimate") or 0))
 
 
 def _dump_map(counts: dict[str, int]) -> str | None:

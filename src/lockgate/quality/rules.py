@@ -7,7 +7,8 @@ against its baseline, per prompt version and model.
 * format pollution: ``invalid_json`` above ``invalid_json_share`` of the parsed outputs in
   each of the last ``pollution_minutes`` whole minutes;
 * performance degradation: latency p50 up more than ``latency_rise`` while input tokens
-  per call stay within ``tokens_band``.
+  per call stay within ``tokens_band`` (as estimated where the endpoint reports no
+  usage).
 
 The baseline is the same window a week earlier when it holds enough of what the rule
 compares (``min_calls`` calls, parsed outputs or watched outputs), else the window just
@@ -113,7 +114,13 @@ def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,
     value, before = now.quantile(0.5), base.quantile(0.5)
     if value is None or before is None or before <= 0:
         return None
-    tokens_now, tokens_before = now.input_tokens / now.calls, base.input_tokens / base.calls
+    # The provider's counts; where an endpoint reports no usage, lockgate's estimates
+    # (as reported where reported): the input size is compared either way.
+    if now.input_tokens and base.input_tokens:
+        sum_now, sum_before = now.input_tokens, base.input_tokens
+    else:
+        sum_now, sum_before = now.input_tokens_or_estimate, base.input_tokens_or_estimate
+    tokens_now, tokens_before = sum_now / now.calls, sum_before / base.calls
     same_input = tokens_before > 0 and not over(abs(tokens_now / tokens_before - 1),
                                                 s.tokens_band)
     bound = before * (1 + s.latency_rise)

@@ -136,6 +136,8 @@ class SimulatorConfig(BaseModel):
     models: tuple[str, ...] = DEFAULT_MODELS
     strict_models: bool = False
     require_api_key: bool = False
+    #: Answer without a ``usage`` object (as some gateways and local servers do).
+    omit_usage: bool = False
 
     #: Degradation switches per model name (``"*"``: every model without its own entry).
     degrade: dict[str, Degradation] = Field(default_factory=dict)

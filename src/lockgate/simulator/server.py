@@ -367,6 +367,8 @@ class Simulator:
             },
             "system_fingerprint": "fp_lockgate_sim",
         }
+        if self.config.omit_usage:
+            del doc["usage"]
         body = orjson.dumps(doc)
         if SURROGATE_MARK in content:
             body = body.replace(SURROGATE_ESCAPED, b"\\ud800")

@@ -434,6 +434,9 @@ quality_rollup = Table(
     Column("parse_mix", Text),
     Column("error_mix", Text),
     Column("outcomes", Text),
+    # input tokens as reported, or as estimated for calls reported without usage
+    # (migration 0011)
+    Column("input_tokens_or_estimate", BigInteger, nullable=False, server_default="0"),
     Column("updated_at", BigInteger, nullable=False),
     UniqueConstraint("resolution", "bucket", "prompt", "model", "endpoint", "shard",
                      name="uq_quality_rollup"),

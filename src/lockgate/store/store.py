@@ -68,7 +68,7 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _NEWEST_TASK = sql("SELECT MAX(id) FROM task")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
-SCHEMA_HEAD = "0010"
+SCHEMA_HEAD = "0011"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 #: A batch is complete once no submit of it is left unfinished.
