@@ -212,8 +212,10 @@ def test_a_frozen_worker_does_not_call_the_tasks_it_kept_ready_once_their_leases
     """A worker frozen past its lease (SIGSTOP, a VM paused) while holding tasks it had
     claimed ahead: another worker takes them over and finishes them. Resumed, the frozen
     worker called each of them again (duplicate calls, their write-backs discarded);
-    it lets them go uncalled."""
-    simulator.configure(latency={"kind": "fixed", "mean_ms": 1500})
+    it lets them go uncalled, also when its lease renewals ran again before the call
+    under way ended (they renewed none of them: the renewal tells it so)."""
+    # The call under way outlasts the freeze by two seconds: renewals run meanwhile.
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 6000})
     store.submit([parse_task(t) for t in tasks(6)], batch_id="b")
     taken: list[str] = []
 

@@ -704,22 +704,32 @@ class Store(TaskViews):
         return found & {(f.id, f.lease_token) for f in traced}
 
     def renew(self, held: dict[str, list[int]], *, lease_ms: int) -> int:
-        """Push the lease of every task still held under these tokens forward."""
-        if not held:
-            return 0
+        """Push the lease of every task still held under these tokens forward; returns
+        how many were."""
+        total = sum(len(ids) for ids in held.values())
+        return total - len(self.renew_leases(held, lease_ms=lease_ms))
 
-        def work(tx: Tx) -> int:
+    def renew_leases(self, held: dict[str, list[int]], *, lease_ms: int
+                     ) -> set[tuple[int, str]]:
+        """Push the lease of every task still held under these tokens forward; returns
+        the claims (id, token) that are held no more (another worker took the task
+        over, or it ended): a worker must not call those."""
+        if not held:
+            return set()
+
+        def work(tx: Tx) -> set[tuple[int, str]]:
             # Lock every row first, in id order across all tokens (as a write-back
             # does): updating token by token would take them in a different order.
             current = self.dialect.owned(tx.conn,
                                          sorted(i for ids in held.values() for i in ids))
-            n = 0
+            lost: set[tuple[int, str]] = set()
             for tok, ids in held.items():
                 mine = sorted(i for i in ids if (i, tok) in current)
+                lost.update((i, tok) for i in ids if (i, tok) not in current)
                 for i in range(0, len(mine), 1000):
-                    n += tx.execute(_RENEW, {"lease_ms": lease_ms, "tok": tok,
-                                             "ids": mine[i:i + 1000]}).rowcount
-            return n
+                    tx.execute(_RENEW, {"lease_ms": lease_ms, "tok": tok,
+                                        "ids": mine[i:i + 1000]})
+            return lost
 
         return self.transaction(work)
 

@@ -102,7 +102,9 @@ class Calls(WorkerCore):
         go, without a write-back (its lease is no longer this worker's to fence)."""
         key = (t.id, t.lease_token)
         claimed = self._ready_at.pop(key, 0.0)
-        if time.monotonic() - max(claimed, self._renewed_at) < self.ws.lease_s:
+        if key in self._taken_over:  # a renewal found it another worker's since
+            self._taken_over.discard(key)
+        elif time.monotonic() - max(claimed, self._renewed_at) < self.ws.lease_s:
             return False
         self._held.pop(key, None)
         self.stats.lapsed += 1

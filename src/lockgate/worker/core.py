@@ -122,6 +122,8 @@ class WorkerCore:
         #: both is not called (:meth:`Calls._lapsed`).
         self._ready_at: dict[tuple[int, str], float] = {}
         self._renewed_at = 0.0
+        #: Tasks kept ready that a renewal found held by another worker now.
+        self._taken_over: set[tuple[int, str]] = set()
         self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
             self.ws.claim_batch, self.ws.concurrency // 4)
         self._buffer: list[Finish] = []

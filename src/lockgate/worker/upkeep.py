@@ -143,7 +143,11 @@ class Upkeep(WorkerCore):
             try:
                 if held:
                     began = time.monotonic()
-                    await self._db(self.store.renew, held, lease_ms=self._lease_ms)
+                    lost = await self._db(self.store.renew_leases, held,
+                                          lease_ms=self._lease_ms)
+                    # A task kept ready whose lease another worker holds now (this
+                    # one was frozen past it): let go uncalled (``Calls._lapsed``).
+                    self._taken_over.update(c for c in lost if c in self._ready_at)
                     self._renewed_at = began
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
