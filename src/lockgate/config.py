@@ -132,7 +132,9 @@ class WorkerSettings(_Strict):
         None, ge=0, le=100_000,
         description="claimed tasks kept ready to start the moment a call ends, beyond "
                     "the calls in flight [min(claim_batch, concurrency // 4)]")
-    lease_s: Seconds = Field(60.0, ge=1.0, description="lease length; renewed at 1/3")
+    lease_s: Seconds = Field(60.0, ge=1.0, le=86_400.0,
+                             description="lease length; renewed at 1/3 (a crashed worker's "
+                                         "tasks come back after it)")
     flush_interval_s: Seconds = Field(0.02, gt=0, description="write-behind flush period")
     flush_rows: int = Field(500, ge=1, le=5000, description="write-behind batch size")
     poll_max_s: Seconds = Field(1.0, gt=0, description="longest sleep on an empty queue")
