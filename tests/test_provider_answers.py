@@ -58,6 +58,11 @@ ANSWERS: dict[str, Any] = {
                                     content_type="application/json"),
     "empty-200": lambda: web.Response(body=b"", content_type="application/json"),
     "no-choices": lambda: _json({**OK, "choices": []}),
+    # choices listed out of order; usage under Anthropic's names (gateways pass them on)
+    "unordered": lambda: _json({**OK, "choices": [
+        {"index": 1, "finish_reason": "stop", "message": {"role": "assistant",
+                                                          "content": '{"label": "no"}'}},
+        OK["choices"][0]], "usage": {"input_tokens": 7, "output_tokens": 2}}),
     "balance-402": lambda: _json({"error": {"message": "Insufficient Balance",
                                             "type": "unknown_error"}}, status=402),
     "vllm-400": lambda: _json({"object": "error", "message": "model 'x' does not exist",
@@ -107,6 +112,17 @@ def test_a_completion_in_any_2xx_is_read(provider_url: str, model: str, client: 
     got = _call(provider_url, model, client)
     assert isinstance(got, Completion), got
     assert got.content == '{"label": "yes"}' and got.prompt_tokens == 5
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_first_choice_is_index_0_and_usage_is_read_under_either_name(
+        provider_url: str, client: str) -> None:
+    """The choice listed first was taken, whatever its ``index``; usage named
+    ``input_tokens`` / ``output_tokens`` was read as none."""
+    got = _call(provider_url, "unordered", client)
+    assert isinstance(got, Completion), got
+    assert (got.content, got.prompt_tokens, got.completion_tokens) == (
+        '{"label": "yes"}', 7, 2)
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -91,6 +91,21 @@ _QUOTA_WORDS = re.compile(r"(?i)insufficient_(?:quota|balance|funds)|billing|arr
 _RATE_WORDS = re.compile(r"(?i)rate.?limit|too.?many.?requests|throttl")
 
 
+def _first_choice(choices: Any) -> Any:
+    """The answer asked for (``n = 1``): the choice whose ``index`` is 0 when the
+    choices are numbered (a body need not list them in order), else the first."""
+    if isinstance(choices, list):
+        for c in choices:
+            if isinstance(c, dict) and c.get("index") == 0:
+                return c
+    return choices[0]
+
+
+def _either(usage: Mapping[str, Any], name: str, other: str) -> Any:
+    value = usage.get(name)
+    return usage.get(other) if value is None else value
+
+
 def _error_fields(body: Any, err: Any) -> tuple[str, str, str]:
     """Code, type and message of an error body: OpenAI's ``{"error": {...}}``, a plain
     ``{"error": "text"}``, vLLM's ``{"object": "error", "message": ...}``, or any other
@@ -338,7 +353,7 @@ class OpenAICompatible:
     def _completion(data: Any, status: int, headers: Mapping[str, str],
                     model: str, raw: bytes = b"") -> Completion:
         try:
-            choice = data["choices"][0]
+            choice = _first_choice(data["choices"])
             content = _content(choice["message"].get("content"))
             finish = choice.get("finish_reason")
         except (TypeError, KeyError, IndexError, AttributeError):
@@ -355,8 +370,10 @@ class OpenAICompatible:
         return Completion(
             content=content, http_status=status,
             model=answered if isinstance(answered, str) and answered else model,
-            prompt_tokens=token_count(usage.get("prompt_tokens")),
-            completion_tokens=token_count(usage.get("completion_tokens")),
+            # OpenAI's names, else those some gateways pass on (Anthropic's)
+            prompt_tokens=token_count(_either(usage, "prompt_tokens", "input_tokens")),
+            completion_tokens=token_count(_either(usage, "completion_tokens",
+                                                  "output_tokens")),
             finish_reason=finish if isinstance(finish, str) else None,
             request_id=headers.get("x-request-id"), rate_limit=rate_headers(headers))
 
