@@ -58,6 +58,9 @@ ANSWERS: dict[str, Any] = {
                                     content_type="application/json"),
     "empty-200": lambda: web.Response(body=b"", content_type="application/json"),
     "no-choices": lambda: _json({**OK, "choices": []}),
+    "refusal": lambda: _json({**OK, "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": None,
+                                          "refusal": "I can't help with that."}}]}),
     # choices listed out of order; usage under Anthropic's names (gateways pass them on)
     "unordered": lambda: _json({**OK, "choices": [
         {"index": 1, "finish_reason": "stop", "message": {"role": "assistant",
@@ -123,6 +126,14 @@ def test_the_first_choice_is_index_0_and_usage_is_read_under_either_name(
     assert isinstance(got, Completion), got
     assert (got.content, got.prompt_tokens, got.completion_tokens) == (
         '{"label": "yes"}', 7, 2)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_refusal_is_a_refusal_not_an_answer_without_json(provider_url: str,
+                                                           client: str) -> None:
+    err = _error(provider_url, "refusal", client)
+    assert err.error_class is ErrorClass.CONTENT_FILTERED
+    assert err.message == "the model refused: I can't help with that."
 
 
 @pytest.mark.parametrize("client", CLIENTS)

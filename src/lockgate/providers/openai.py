@@ -363,6 +363,13 @@ class OpenAICompatible:
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
                                 http_status=status)
+        refusal = choice["message"].get("refusal")
+        if not content.strip() and isinstance(refusal, str) and refusal.strip():
+            # OpenAI's structured outputs: the model declined, saying why (not a
+            # malformed answer to retry)
+            raise ProviderError(ErrorClass.CONTENT_FILTERED,
+                                f"the model refused: {refusal.strip()[:300]}",
+                                http_status=status)
         usage = data.get("usage")
         if not isinstance(usage, dict):
             usage = {}
