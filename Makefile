@@ -40,7 +40,7 @@ test: $(STAMP) bytecode databases
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=25
 
 # The chaos and fuzz suite at full size (tests/chaos, docs/reliability.md): kill -9 of
 # workers, database restarts and outages on private servers, a network partition, a full

@@ -13,6 +13,7 @@ exits, so a shortfall is spans dropped) and the load average at each pair.
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --sample 0.01
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --no-otel
     python bench/quality_overhead.py --tasks 20000 --pairs 5 --in-thread
+    python bench/quality_overhead.py --tasks 50000 --pairs 3 --decode-after
 
 Target (issue: the quality loop): on/off throughput ratio >= 0.95.
 """
@@ -47,20 +48,25 @@ SCHEMA = {"type": "object", "properties": {"label": {"type": "string",
 
 class _Receiver(BaseHTTPRequestHandler):
     """Takes OTLP/HTTP exports and counts their requests, bytes and spans (answers an
-    empty response)."""
+    empty response). With ``later`` set, it keeps the bodies and :func:`_decode_kept`
+    decodes them once the run is timed: its decoding then does not compete with the
+    run for the machine's cores (a collector on another machine)."""
 
     exported: ClassVar[list[int]] = [0, 0, 0]  # requests, bytes, spans
+    later: ClassVar[bool] = False
+    kept: ClassVar[list[bytes]] = []
 
     def do_POST(self) -> None:
         n = int(self.headers["Content-Length"])
         body = self.rfile.read(n)
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
-        request = ExportTraceServiceRequest.FromString(body)
         self.exported[0] += 1
         self.exported[1] += n
-        self.exported[2] += sum(len(ss.spans) for rs in request.resource_spans
-                                for ss in rs.scope_spans)
+        if self.later:
+            self.kept.append(body)
+        else:
+            self.exported[2] += _spans(body)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -68,6 +74,17 @@ class _Receiver(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+def _spans(body: bytes) -> int:
+    request = ExportTraceServiceRequest.FromString(body)
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+def _decode_kept() -> None:
+    """Decode the requests kept during a run (``--decode-after``) and count their spans."""
+    kept, _Receiver.kept = _Receiver.kept, []
+    _Receiver.exported[2] += sum(_spans(body) for body in kept)
 
 
 def _tasks(path: Path, n: int) -> None:
@@ -84,7 +101,8 @@ def _database(backend: str, tmp: Path) -> str:
 
 
 def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
-         tmp: Path, ratio: float | None, in_thread: bool = False) -> tuple[float, float]:
+         tmp: Path, ratio: float | None, in_thread: bool = False
+         ) -> tuple[float, float, float]:
     config = tmp / ("on.toml" if on else "off.toml")
     config.write_text(f'[quality]\nrollups = {"true" if on else "false"}\n')
     env = {k: v for k, v in os.environ.items()
@@ -98,14 +116,17 @@ def _one(url: str, tasks: Path, sim: str, otlp: str | None, on: bool,
             env["OTEL_TRACES_SAMPLER"] = "traceidratio"
             env["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    here = time.process_time()  # this process only serves the receiver meanwhile
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "lockgate.cli", "run", str(tasks), "--db", url,
                     "--config", str(config), "--concurrency", "512"],
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
+    receiver = time.process_time() - here
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    _decode_kept()
+    return wall, cpu, receiver
 
 
 def _commit() -> str:
@@ -131,8 +152,13 @@ def main() -> None:
                          "(LOCKGATE_OTEL_EXPORT_PROCESS=0), not an exporter process")
     ap.add_argument("--sample", type=float, help="trace this share of the tasks "
                     "(OTEL_TRACES_SAMPLER=traceidratio) [every task]")
+    ap.add_argument("--decode-after", action="store_true",
+                    help="the receiver keeps the requests and decodes them after each "
+                         "run (its decoding off the run's cores, as a collector on "
+                         "another machine) [decoded as they arrive]")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    _Receiver.later = args.decode_after
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -141,6 +167,7 @@ def main() -> None:
                            "command": " ".join(sys.argv), "tasks": args.tasks,
                            "pairs": args.pairs, "sample": args.sample,
                            "otel": not args.no_otel, "in_thread": args.in_thread,
+                           "decode_after": args.decode_after,
                            "backends": {}}
     with SimulatorProcess() as sim, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -157,19 +184,21 @@ def main() -> None:
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
                     url = _database(backend, tmp)
                     spans = _Receiver.exported[2]
-                    wall, cpu = _one(url, tasks, sim.url, otlp, on, tmp, args.sample,
-                                     args.in_thread)
+                    wall, cpu, receiver = _one(url, tasks, sim.url, otlp, on, tmp,
+                                               args.sample, args.in_thread)
                     key = "on" if on else "off"
                     pair[f"{key}_tps"] = args.tasks / wall
                     pair[f"{key}_cpu_s"] = cpu
                     if on:
                         pair["spans"] = _Receiver.exported[2] - spans
+                        pair["receiver_cpu_s"] = receiver
                 pair["ratio_tps"] = pair["on_tps"] / pair["off_tps"]
                 pair["ratio_cpu"] = pair["on_cpu_s"] / pair["off_cpu_s"]
                 rows.append(pair)
                 print(f"{backend} pair {i + 1} (load {pair['load_1m']:.1f}): on "
                       f"{pair['on_tps']:,.0f} tasks/s ({pair['on_cpu_s']:.2f} cpu s, "
-                      f"{pair['spans']:,.0f} spans received), off {pair['off_tps']:,.0f} "
+                      f"{pair['spans']:,.0f} spans received, receiver "
+                      f"{pair['receiver_cpu_s']:.2f} cpu s), off {pair['off_tps']:,.0f} "
                       f"tasks/s ({pair['off_cpu_s']:.2f} cpu s), ratio "
                       f"{pair['ratio_tps']:.3f}", flush=True)
             summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
