@@ -459,3 +459,22 @@ def test_a_probe_cancelled_while_it_was_sent_frees_its_place_in_the_half_open_br
         return passed
 
     assert asyncio.run(main()), "no call passed the half-open breaker after a probe was cancelled"
+
+
+@pytest.mark.parametrize(("status", "opens"), [(401, True), (403, False)])
+def test_a_refused_key_opens_the_breaker_but_a_403_for_one_model_does_not(
+        status: int, opens: bool) -> None:
+    """A 401 is the endpoint's key, refused for every call; a 403 may be one model not
+    enabled on an endpoint that serves others, so it is the task's."""
+    async def main() -> str:
+        fc, _ = controller([ep("a")], breaker_consecutive=1)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        t = await fc.acquire(claimed(1), CONFIG, fc.settings.endpoint[0])
+        fc.release(t, CallOutcome(None, ProviderError(ErrorClass.AUTH_ERROR, "refused",
+                                                      http_status=status), 5.0))
+        stop.set()
+        await loop
+        return str(fc.detail()["a"]["breaker"])
+
+    assert (asyncio.run(main()) == "open") is opens

@@ -100,7 +100,9 @@ def test_quota_exhaustion_moves_traffic_to_the_fallback_and_back_without_loss(
     simulator.configure(latency={"kind": "fixed", "mean_ms": 20})
     local_model.reset()
     store = stores()
-    submit(store, tasks(400, retry={"max_retries": 1}), "b")
+    # A policy that stops on the refusal still takes the fallback (it is not retried:
+    # it is routed, without spending an attempt).
+    submit(store, tasks(400, retry={"max_retries": 1, "stop_on": ["quota_exhausted"]}), "b")
     cfg = settings([{"name": "hosted", "base_url": simulator.url, "fallback": "local",
                      "models": ["sim-complaints"]},
                     {"name": "local", "base_url": local_model.url}],

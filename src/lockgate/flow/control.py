@@ -31,7 +31,7 @@ from lockgate.flow.admission import Admission, Ticket
 from lockgate.flow.breaker import BreakerState
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import TokenModels
-from lockgate.flow.feedback import DOWN_ERRORS, THROTTLED, Feedback
+from lockgate.flow.feedback import THROTTLED, Feedback, down_error
 from lockgate.flow.lanes import LaneRows, Lanes
 from lockgate.flow.leasing import BucketRows, Budget, DbCall
 from lockgate.flow.routing import Router
@@ -227,7 +227,7 @@ class FlowControl:
             # Refused before any work: the fallback takes it.
             if not pin and self.reroutes(primary, ec):
                 return res, Passage(ticket.routed_from, "rerouted")
-            if ec in DOWN_ERRORS:
+            if down_error(rec.outcome):
                 now = time.monotonic()
                 if self.feedback.down(st, now):  # not the task's fault
                     fb = self.router.fallback(primary, now) \

@@ -25,13 +25,31 @@ from lockgate.redact import redact_url
 
 log = logging.getLogger("lockgate.flow")
 
-#: Failures that are the endpoint's own (they feed the breaker). A refused key (401,
-#: 403) is one: every call to the endpoint meets it until the key is fixed.
+#: Failures that are the endpoint's own (they feed the breaker); a refused key too
+#: (:func:`endpoint_failure`).
 ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
-                               ErrorClass.CONNECTION_ERROR, ErrorClass.AUTH_ERROR})
-#: Failures that, while the endpoint counts as down, spare the task's attempts: the
-#: call never reached a server that could answer it, or was refused whatever it said.
-DOWN_ERRORS = frozenset({ErrorClass.CONNECTION_ERROR, ErrorClass.AUTH_ERROR})
+                               ErrorClass.CONNECTION_ERROR})
+
+
+def key_refused(out: CallOutcome | None) -> bool:
+    """Whether the endpoint refused the key (401, or an auth error without a status):
+    every call to it meets that until the key is fixed. A 403 is not counted: some
+    providers give it for one model not enabled, and the endpoint serves others."""
+    err = out.error if out is not None else None
+    return err is not None and err.error_class is ErrorClass.AUTH_ERROR \
+        and err.http_status in (None, 401)
+
+
+def endpoint_failure(out: CallOutcome) -> bool:
+    """Whether a call's failure is the endpoint's own (it feeds the breaker)."""
+    return out.error_class in ENDPOINT_FAILURES or key_refused(out)
+
+
+def down_error(out: CallOutcome | None) -> bool:
+    """Whether a failure spares the task's attempts while its endpoint counts as down:
+    the call never reached a server that could answer it, or its key was refused."""
+    return (out is not None and out.error_class is ErrorClass.CONNECTION_ERROR) \
+        or key_refused(out)
 #: Refusals for the rate or the quota (they pause instead).
 THROTTLED = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.QUOTA_EXHAUSTED})
 
@@ -73,7 +91,7 @@ class Feedback:
         now = time.monotonic()
         ec = out.error_class
         throttled = ec in THROTTLED
-        failed = ec in ENDPOINT_FAILURES
+        failed = endpoint_failure(out)
         h = st.health
         h.calls += 1
         if failed or throttled:

@@ -278,9 +278,11 @@ class Calls(WorkerCore):
         res, passage = await self.flow.call(t, config, endpoint, fn)
         d = decide(config, call_no, res, self._rng)
         # (a task whose policy stops on the error, e.g. ``stop_on = ["auth_error"]``,
-        # ends as its policy says, the endpoint down or not)
-        unspent = passage.unspent is not None and (
-            res.error_class is None or res.error_class not in config.retry_policy.stop_on)
+        # ends as its policy says even while its endpoint is down; a fallback that takes
+        # it still does)
+        unspent = passage.unspent is not None and not (
+            passage.unspent == "unreachable"
+            and res.error_class in config.retry_policy.stop_on)
         if unspent:  # not the task's fault (e.g. refused before any work, a fallback
             # takes it at once): retried without spending an attempt
             d = Decision(TaskStatus.PENDING, None, passage.delay_ms, str(passage.unspent))
