@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -477,7 +479,10 @@ class Lockgate:
         observe = None
         if self.settings.quality.rollups:  # the task ends: counted under its prompt
             from lockgate.quality.writer import RollupWriter  # deferred: start-up time
-            observe = RollupWriter(self.store, shard="resolve",
+            # A shard of its own per process and thread: two resolves at once that
+            # each open a new minute's row would collide on the same key.
+            shard = f"resolve:{os.getpid()}:{threading.get_ident()}"
+            observe = RollupWriter(self.store, shard=shard,
                                    endpoint=self.settings.endpoint_named,
                                    keywords=self.settings.quality.keywords).record
         self.store.resolve(task_id, orjson.dumps(result).decode(),

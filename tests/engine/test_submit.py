@@ -392,6 +392,23 @@ def test_an_export_cut_off_leaves_the_previous_file_whole(
     assert not list(tmp_path.glob("*.part"))  # nothing left over
 
 
+def test_an_export_over_a_file_keeps_its_mode_and_writes_through_a_link(
+        db_url: str, store: Store, tmp_path: Path) -> None:
+    """The export is renamed over the file: the file's mode stays (results kept 0600
+    stay private), and a link to the file stays a link to the new export."""
+    store.submit([parse_task(t) for t in tasks(5)], batch_id="b")
+    out = tmp_path / "private.jsonl"
+    out.write_text("old\n")
+    out.chmod(0o600)
+    link = tmp_path / "latest.jsonl"
+    link.symlink_to(out)
+    assert lockgate("export", "b", "--db", db_url, "-o", out).exit_code == 0
+    assert out.stat().st_mode & 0o777 == 0o600 and out.read_text().count("\n") == 5
+    assert lockgate("export", "b", "--db", db_url, "-o", link).exit_code == 0
+    assert link.is_symlink() and link.resolve() == out
+    assert out.stat().st_mode & 0o777 == 0o600 and out.read_text().count("\n") == 5
+
+
 def test_export_of_an_unknown_batch_or_format_is_refused(db_url: str) -> None:
     result = lockgate("export", "nope", "--db", db_url)
     assert result.exit_code == 2

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -581,18 +582,27 @@ def _export_to(output: Path, write: Callable[[IO[str]], int]) -> int:
     over it once complete, so an interrupted export (Ctrl-C, a full disk, a lost
     database) leaves the previous file as it was, never a shorter one that looks
     complete. A FIFO or a device is written directly."""
-    if output.exists() and not output.is_file():
+    target = output.resolve() if output.is_symlink() else output  # written through
+    part = target.with_name(f".{target.name[:200]}.{os.getpid()}.part")
+    try:
+        if target.exists() and not target.is_file():
+            raise IsADirectoryError  # a FIFO, a device: no file to stand beside it
+        fh = part.open("w", encoding="utf-8", newline="")
+    except OSError:  # (or a folder that takes no new file: the file itself, directly)
         try:
-            fh = output.open("w", encoding="utf-8", newline="")
+            direct = output.open("w", encoding="utf-8", newline="")
         except OSError as exc:
             raise cannot("write", output, exc) from None
-        with fh:
-            return write(fh)
-    part = output.with_name(f".{output.name}.{os.getpid()}.part")
+        with direct:
+            return write(direct)
     try:
-        with part.open("w", encoding="utf-8", newline="") as fh:
+        with fh:
             n = write(fh)
-        os.replace(part, output)
+        with contextlib.suppress(OSError):  # the file's mode (and owner) kept
+            st = target.stat()
+            os.chmod(part, stat.S_IMODE(st.st_mode))
+            os.chown(part, st.st_uid, st.st_gid)
+        os.replace(part, target)
     except OSError as exc:
         part.unlink(missing_ok=True)
         raise cannot("write", output, exc) from None

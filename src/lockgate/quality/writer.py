@@ -58,6 +58,8 @@ class RollupWriter:
         self._configs: dict[str, tuple[str | None, dict[str, Any]]] = {}
         #: per (config hash, prompt version): what to watch in its outputs
         self._watch: dict[tuple[str, str | None], Watch] = {}
+        #: per config hash: its inline template's key (None: a registry reference)
+        self._inline_keys: dict[str, str | None] = {}
         self._prices: dict[str, Endpoint | None] = {}
 
     def tasks(self, tx: Tx, written: Sequence[Written],
@@ -143,10 +145,17 @@ class RollupWriter:
         self.qstore.write(tx, self.shard, merged, stored.keys())
 
     def configs_of(self, tx: Tx, inline_key: str) -> list[str]:
-        """The hashes of the configs whose inline template has this key (the configs
-        not seen before are read once)."""
-        self._learn(tx, set(self.qstore.config_hashes(tx)))
-        return sorted(h for h, (inline, _doc) in self._configs.items() if inline == inline_key)
+        """The hashes of the configs whose inline template has this key. The configs
+        not seen before are read once, a thousand at a time, and only their keys kept
+        (an import of an OpenAI batch file makes a config per line)."""
+        keys = self._inline_keys
+        unseen = [h for h in self.qstore.config_hashes(tx) if h not in keys]
+        for i in range(0, len(unseen), 1000):
+            for h, doc in self.qstore.config_documents(tx, unseen[i:i + 1000]).items():
+                template = doc.get("prompt_template")
+                keys[h] = None if registry_reference(template) is not None else \
+                    template_key(template)
+        return sorted(h for h, key in keys.items() if key == inline_key)
 
     def key_of(self, tx: Tx, config_hash: str, version: str | None) -> str:
         """The prompt key of an attempt of a task with this config and prompt version."""

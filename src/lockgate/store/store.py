@@ -780,7 +780,8 @@ def _new_ids(tx: Tx, ids: list[str], check: bool) -> list[str]:
     the same millisecond, so ``created_at`` alone would not tell them apart."""
     if not check:
         return ids
-    there = {str(r[0]) for r in tx.execute(_TASK_BATCHES, {"ids": ids})}
+    there = {str(r[0]) for i in range(0, len(ids), 1000)
+             for r in tx.execute(_TASK_BATCHES, {"ids": ids[i:i + 1000]})}
     return [i for i in ids if i not in there]
 
 

@@ -93,6 +93,7 @@ class Upkeep(WorkerCore):
         while self._ready:
             r, _entry = self._ready.popleft()
             self._ready_at.pop((r.id, r.lease_token), None)
+            self._taken_over.discard((r.id, r.lease_token))
             self._buffer.append(Finish(
                 id=r.id, lease_token=r.lease_token, status=TaskStatus.PENDING,
                 error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
