@@ -346,7 +346,7 @@ def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
     batch_ids = [batch_id] if isinstance(batch_id, str) else list(batch_id)
     counts = _counts(lg, batch_ids)
     total = sum(counts.values())
-    done0 = total - counts.get("PENDING", 0) - counts.get("REVIEW", 0)
+    done0 = _done(counts)
     t0 = time.perf_counter()
     issues: list[str] = []  # endpoints in trouble, as the workers report them
     last = [done0]
@@ -381,7 +381,7 @@ def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
         def poll() -> None:  # most workers are other processes: read the database
             c = _counts(lg, batch_ids)
             look()
-            show(sum(c.values()) - c.get("PENDING", 0) - c.get("REVIEW", 0))
+            show(_done(c))
 
         stop = threading.Event()
 
@@ -426,10 +426,10 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects)
         # The tasks' own batches, when their lines name them (the submit's own batch is
         # then left empty, and not kept).
-        batches = [b for b in report.batches or (report.batch_id,)
-                   if sum(lg.store.batch_counts(b).values())] or [report.batch_id]
+        counts = {b: lg.store.batch_counts(b) for b in report.batches or (report.batch_id,)}
+        batches = [b for b, c in counts.items() if sum(c.values())] or [report.batch_id]
         # finished by an earlier run: not this run's throughput
-        before = {b: _done(lg.store.batch_counts(b)) for b in batches}
+        before = {b: _done(counts.get(b, {})) for b in batches}
         elapsed = run_batch(lg, batches, procs, **overrides)
         for b in batches:
             out.print(summary_table(dataclasses.replace(lg.store.summary(b, elapsed),

@@ -152,17 +152,8 @@ class RollupWriter:
         unseen = [h for h in self.qstore.config_hashes(tx) if h not in keys]
         for i in range(0, len(unseen), 1000):
             for h, doc in self.qstore.config_documents(tx, unseen[i:i + 1000]).items():
-                template = doc.get("prompt_template")
-                keys[h] = None if registry_reference(template) is not None else \
-                    template_key(template)
+                keys[h] = _inline_key(doc)
         return sorted(h for h, key in keys.items() if key == inline_key)
-
-    def key_of(self, tx: Tx, config_hash: str, version: str | None) -> str:
-        """The prompt key of an attempt of a task with this config and prompt version."""
-        self._learn(tx, {config_hash})
-        if config_hash not in self._configs:
-            return str(version or "")
-        return self.prompt_of(config_hash, {"prompt_version": version})
 
     def watch(self, tx: Tx, config_hash: str, version: str | None) -> Watch:
         """What is watched in the outputs of a task with this config and prompt version."""
@@ -176,10 +167,7 @@ class RollupWriter:
         if not missing:
             return
         for h, doc in self.qstore.config_documents(tx, missing).items():
-            template = doc.get("prompt_template")
-            inline = None if registry_reference(template) is not None else \
-                template_key(template)
-            self._configs[h] = (inline, doc)
+            self._configs[h] = (_inline_key(doc), doc)
 
     def _watch_for(self, tx: Tx, config_hash: str, version: str | None) -> Watch:
         key = (config_hash, version)
@@ -244,6 +232,12 @@ class QualityObserver:
         pending, self._pending = self._pending, []
         if pending and self.tracing is not None:
             self.tracing.emit(pending)
+
+
+def _inline_key(config: Mapping[str, Any]) -> str | None:
+    """The key a config's inline template is filed under (None: a registry reference)."""
+    template = config.get("prompt_template")
+    return None if registry_reference(template) is not None else template_key(template)
 
 
 def quality_observer(store: Store, settings: Settings, shard: str,

@@ -125,7 +125,8 @@ class QualityStore:
 
     @staticmethod
     def config_hashes(tx: Tx) -> list[str]:
-        """Every config's hash (configs are few: one per distinct task config)."""
+        """Every config's hash (one per distinct task config: few for most files, one
+        per line for an OpenAI batch file)."""
         return [str(h) for h in tx.execute(_CONFIG_HASHES).scalars()]
 
     @staticmethod
