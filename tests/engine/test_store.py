@@ -21,6 +21,7 @@ from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.store.dialects import base as dialect_base
 from lockgate.store.engine import BUSY_TIMEOUT_MS, _begin_immediate
 from lockgate.store.failures import is_conflict, is_transient
+from lockgate.store.tx import Tx
 
 from .support import rows, scalar, task_row, tasks, wait_for
 
@@ -729,6 +730,24 @@ def test_retention_keeps_the_traces_of_tasks_not_finished(store: Store) -> None:
     assert store.cleanup(older_than_ms=0)["attempts"] == 1  # the finished task's
     assert store.retries_before(a.id, 2) == 1
     assert [r["task_pk"] for r in rows(store, "SELECT task_pk FROM task_attempt")] == [a.id]
+
+
+def test_retention_at_age_zero_takes_what_finished_this_millisecond(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `cleanup --older-than 0s` right after a task ended kept it (and its trace) when both
+    # fell in the same millisecond (a test failed now and then on SQLite): the bound is
+    # inclusive.
+    submit(store, 1)
+    [a] = store.claim(1, lease_ms=60_000, worker_id="w1")
+    store.finish([Finish(id=a.id, lease_token=a.lease_token, status="FAILED",
+                         error_class="invalid_request", error_message="HTTP 400",
+                         attempt=trace(a, "failed", latency_ms=1.0))], worker_id="w1")
+    t = int(task_row(store, a.task_id)["finished_at"])
+    store.transaction(lambda tx: tx.execute(
+        "UPDATE task_attempt SET started_at = :t", {"t": t}))
+    monkeypatch.setattr(Tx, "now", property(lambda self: t))  # the clock stands still
+    assert store.cleanup(older_than_ms=0, tasks=True) == {"attempts": 1, "tasks": 1}
+    assert rows(store, "SELECT id FROM task") == []
 
 
 def test_a_summary_counts_the_calls_sent_and_knows_its_batches(store: Store) -> None:

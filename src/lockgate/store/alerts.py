@@ -130,7 +130,7 @@ _FAILED = sql(
     "UPDATE alert_delivery SET status = 'FAILED', lease_token = NULL, last_error = :e "
     "WHERE id = :id AND lease_token = :t")
 _OLD_RESOLVED = sql(
-    "SELECT id FROM quality_alert WHERE status = 'RESOLVED' AND resolved_at < :now - :age "
+    "SELECT id FROM quality_alert WHERE status = 'RESOLVED' AND resolved_at <= :now - :age "
     "AND NOT EXISTS (SELECT 1 FROM alert_delivery d WHERE d.alert_id = quality_alert.id "
     "AND d.status = 'PENDING') ORDER BY id")
 _DROP_SAMPLES = sql("DELETE FROM quality_alert_sample WHERE alert_id IN :ids", "ids")
@@ -138,7 +138,7 @@ _DROP_DELIVERIES = sql("DELETE FROM alert_delivery WHERE alert_id IN :ids", "ids
 _DROP_ALERTS = sql("DELETE FROM quality_alert WHERE id IN :ids AND status = 'RESOLVED'",
                    "ids")
 _PRUNE_DELIVERIES = sql("DELETE FROM alert_delivery WHERE status IN ('DELIVERED', 'FAILED') "
-                        "AND created_at < :now - :age")
+                        "AND created_at <= :now - :age")
 _DELIVERIES = sql("SELECT id, delivery_id, alert_id, event, target, status, attempts, "
                   "next_at, last_error, created_at, delivered_at FROM alert_delivery "
                   "WHERE alert_id = :id ORDER BY id")

@@ -53,12 +53,12 @@ _EVALUATING = ("SELECT batch_id FROM prompt_run "
 #: The trace of a task not yet finished stays: a PENDING task's retries are what its
 #: next claim counts its lost leases against (and what it failed with so far), and the
 #: export of a task held for review hands its prompt to a person.
-_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at < :c AND task_pk NOT IN "
+_DELETE_ATTEMPTS = sql("DELETE FROM task_attempt WHERE started_at <= :c AND task_pk NOT IN "
                        "(SELECT id FROM task WHERE status IN ('PENDING', 'REVIEW')) "
                        "AND task_pk NOT IN "
                        f"(SELECT id FROM task WHERE batch_id IN ({_EVALUATING}))")
 _DELETE_FINISHED = sql("DELETE FROM task WHERE status IN ('SUCCEEDED', 'FAILED', 'DEAD', "
-                       f"'CANCELLED') AND finished_at < :c AND batch_id NOT IN ({_EVALUATING})")
+                       f"'CANCELLED') AND finished_at <= :c AND batch_id NOT IN ({_EVALUATING})")
 _INCOMPLETE = sql("SELECT id FROM batch WHERE complete = 0 ORDER BY id")
 _UNFINISHED_SUBMITS = sql("SELECT batch_id, source, host FROM batch_submit "
                           "ORDER BY batch_id, started_at")
@@ -341,7 +341,8 @@ class TaskViews:
             completeness=a["completeness"], elapsed_s=elapsed_s)
 
     def cleanup(self, *, older_than_ms: int, tasks: bool = False) -> dict[str, int]:
-        """Retention: delete attempts (and optionally finished tasks) older than a bound.
+        """Retention: delete attempts (and optionally finished tasks) at least
+        ``older_than_ms`` old (0: everything finished up to now, this millisecond's too).
 
         The cutoff is the database clock minus ``older_than_ms``; tasks' ``finished_at``
         and attempts' ``started_at`` are on that clock (a worker stamps its attempts
