@@ -72,6 +72,11 @@ class Endpoint(_Strict):
     supports_top_k: bool = False
     send_idempotency_key: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
+    provider: str | None = Field(
+        None, min_length=1, max_length=100,
+        description="gen_ai.provider.name in traces [the service of base_url's host, as "
+                    "the GenAI conventions name it (azure.ai.openai, anthropic, ...), "
+                    "else openai]")
     # -- flow control (docs/flow.md) --
     pool: str = Field("default", min_length=1, max_length=100,
                       description="worker pool that serves tasks routed here")

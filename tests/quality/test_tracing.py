@@ -118,7 +118,8 @@ def test_each_attempt_is_a_run_span_with_a_genai_call_span(
     assert first["error.type"] == "timeout"
     assert calls[0].status.status_code is StatusCode.ERROR
     expected = {
-        gen_ai.GEN_AI_OPERATION_NAME: "chat", gen_ai.GEN_AI_PROVIDER_NAME: "sim",
+        gen_ai.GEN_AI_OPERATION_NAME: "chat", gen_ai.GEN_AI_PROVIDER_NAME: "openai",
+        "lockgate.endpoint": "sim",
         gen_ai.GEN_AI_REQUEST_MODEL: "m", gen_ai.GEN_AI_RESPONSE_MODEL: "m-2024",
         gen_ai.GEN_AI_USAGE_INPUT_TOKENS: 12, gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
         gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",), gen_ai.GEN_AI_RESPONSE_ID: "r1",
@@ -141,6 +142,33 @@ def test_each_attempt_is_a_run_span_with_a_genai_call_span(
     assert run_attrs["lockgate.outcome"] == "succeeded"
     text = repr([dict(s.attributes or {}) for s in spans])
     assert "user:pw" not in text and "pw@" not in text  # the URL's credentials
+
+
+@pytest.mark.parametrize(("base_url", "provider", "expected"), [
+    ("https://myco.openai.azure.com/openai/v1", None, "azure.ai.openai"),
+    ("https://api.anthropic.com/v1", None, "anthropic"),
+    ("https://generativelanguage.googleapis.com/v1beta/openai", None, "gcp.gemini"),
+    ("https://bedrock-runtime.us-east-1.amazonaws.com/openai/v1", None, "aws.bedrock"),
+    ("https://gw.elb.amazonaws.com/v1", None, "openai"),  # not every AWS host is Bedrock
+    ("https://API.Mistral.AI./v1", None, "mistral_ai"),
+    ("https://notmistral.ai/v1", None, "openai"),  # a domain, not a suffix of letters
+    ("http://127.0.0.1:4000/v1", None, "openai"),  # a gateway: the API it speaks
+    ("http://127.0.0.1:4000/v1", "anthropic", "anthropic"),  # configured: as said
+], ids=["azure", "anthropic", "gemini", "bedrock", "aws-other", "mistral", "lookalike",
+        "gateway", "configured"])
+def test_the_provider_name_is_the_conventions_name_of_the_endpoints_service(
+        store: Store, base_url: str, provider: str | None, expected: str) -> None:
+    # The endpoint's own configured name (a label such as "primary") was sent as
+    # gen_ai.provider.name, which backends read as the service's well-known name.
+    exporter = InMemorySpanExporter()
+    ep = Endpoint(name="sim", base_url=base_url, api_key_env="SIM_KEY", provider=provider)
+    tracing = Tracing(SimpleSpanProcessor(exporter), endpoint={"sim": ep}.get,
+                      capture_content=False)
+    _written(store, QualityObserver(RollupWriter(store, shard="w"), tracing=tracing))
+    calls = [dict(s.attributes or {}) for s in exporter.get_finished_spans()
+             if s.name == "chat m"]
+    assert [(c[gen_ai.GEN_AI_PROVIDER_NAME], c["lockgate.endpoint"]) for c in calls] == \
+        [(expected, "sim")] * 2
 
 
 def test_traces_are_off_unless_the_environment_asks() -> None:
@@ -239,6 +267,7 @@ def test_a_worker_exports_its_calls_over_otlp_http(
         assert a[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] > 0
         assert a[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] == ["stop"]
         assert a["server.address"] == "127.0.0.1"
+        assert (a[gen_ai.GEN_AI_PROVIDER_NAME], a["lockgate.endpoint"]) == ("openai", "sim")
         assert a["lockgate.task.id"] == _attrs(run)["lockgate.task.id"]
         assert (gen_ai.GEN_AI_INPUT_MESSAGES in a) is (capture == "true")
         assert (gen_ai.GEN_AI_OUTPUT_MESSAGES in a) is (capture == "true")

@@ -99,6 +99,28 @@ _EXPORTERS = ("otlp", "console", "none")
 _PROTOCOL = "http/protobuf"
 #: ``server.port`` of an endpoint URL that names none.
 _DEFAULT_PORTS = {"https": 443, "http": 80}
+#: An endpoint's ``server.address``, ``server.port`` and ``gen_ai.provider.name``.
+Server = tuple[str | None, int | None, str]
+_OPENAI = gen_ai.GenAiProviderNameValues.OPENAI.value
+#: Hosts (and their subdomains) of the services the GenAI conventions name, with the
+#: name; the first that matches wins.
+_PROVIDER_HOSTS = tuple((suffix, v.value) for suffix, v in (
+    ("openai.azure.com", gen_ai.GenAiProviderNameValues.AZURE_AI_OPENAI),
+    ("services.ai.azure.com", gen_ai.GenAiProviderNameValues.AZURE_AI_INFERENCE),
+    ("models.ai.azure.com", gen_ai.GenAiProviderNameValues.AZURE_AI_INFERENCE),
+    ("inference.ai.azure.com", gen_ai.GenAiProviderNameValues.AZURE_AI_INFERENCE),
+    ("api.openai.com", gen_ai.GenAiProviderNameValues.OPENAI),
+    ("anthropic.com", gen_ai.GenAiProviderNameValues.ANTHROPIC),
+    ("generativelanguage.googleapis.com", gen_ai.GenAiProviderNameValues.GCP_GEMINI),
+    ("aiplatform.googleapis.com", gen_ai.GenAiProviderNameValues.GCP_VERTEX_AI),
+    ("cohere.com", gen_ai.GenAiProviderNameValues.COHERE),
+    ("cohere.ai", gen_ai.GenAiProviderNameValues.COHERE),
+    ("ml.cloud.ibm.com", gen_ai.GenAiProviderNameValues.IBM_WATSONX_AI),
+    ("perplexity.ai", gen_ai.GenAiProviderNameValues.PERPLEXITY),
+    ("x.ai", gen_ai.GenAiProviderNameValues.X_AI),
+    ("deepseek.com", gen_ai.GenAiProviderNameValues.DEEPSEEK),
+    ("groq.com", gen_ai.GenAiProviderNameValues.GROQ),
+    ("mistral.ai", gen_ai.GenAiProviderNameValues.MISTRAL_AI)))
 #: The key of an attempt handed to the exporter process saying whether a completion
 #: came back (its text, ``raw_output``, goes along only when content is captured).
 _ANSWERED = "answered"
@@ -333,7 +355,7 @@ class Tracing:
         self.capture_content = capture_content
         self.batch = batch or BatchSettings.from_env()
         self._endpoint = endpoint
-        self._servers: dict[str, tuple[str | None, int | None]] = {}
+        self._servers: dict[str, Server] = {}
         #: Repeating attribute sets of run and call spans, with their encoding.
         self._run_same: dict[Any, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
         self._call_same: dict[Any, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
@@ -592,8 +614,7 @@ class Tracing:
             self._export(built)
         return True
 
-    def _servers_of(self, batch: Sequence[CallSpan]) -> dict[str, tuple[str | None,
-                                                                         int | None]]:
+    def _servers_of(self, batch: Sequence[CallSpan]) -> dict[str, Server]:
         names = {c.attempt.get("endpoint") or "" for c in batch}
         return {n: self._server(n) for n in names if n}
 
@@ -701,12 +722,14 @@ class Tracing:
                get("completeness"), get("error_class"), *reasons)
         same = self._call_same.get(key)
         if same is None:
-            host, port = self._server(endpoint)
+            host, port, provider = self._server(endpoint)
             pairs: list[tuple[str, Any]] = [
                 (gen_ai.GEN_AI_OPERATION_NAME, "chat"),
-                (gen_ai.GEN_AI_PROVIDER_NAME, endpoint or "openai"),
+                (gen_ai.GEN_AI_PROVIDER_NAME, provider),
                 (gen_ai.GEN_AI_REQUEST_MODEL, get("model") or ""),
                 ("lockgate.prompt.version", c.prompt)]
+            if endpoint:
+                pairs.append(("lockgate.endpoint", endpoint))
             if response_model:
                 pairs.append((gen_ai.GEN_AI_RESPONSE_MODEL, response_model))
             for k, name, kind in _CALL_OPTIONAL:
@@ -726,18 +749,32 @@ class Tracing:
             unique.extend(_captured(c.attempt, reasons))
         return unique, same[0], same[1]
 
-    def _server(self, endpoint: str) -> tuple[str | None, int | None]:
+    def _server(self, endpoint: str) -> Server:
         found = self._servers.get(endpoint)
         if found is None:
             ep = self._endpoint(endpoint) if endpoint else None
             if ep is None:
-                found = (None, None)
+                found = (None, None, _OPENAI)
             else:
                 url = urlsplit(ep.base_url)
                 # never the user or password; the scheme's port when the URL names none
-                found = (url.hostname, url.port or _DEFAULT_PORTS.get(url.scheme.lower()))
+                found = (url.hostname, url.port or _DEFAULT_PORTS.get(url.scheme.lower()),
+                         ep.provider or provider_of(url.hostname))
             self._servers[endpoint] = found
         return found
+
+
+def provider_of(host: str | None) -> str:
+    """``gen_ai.provider.name`` of an endpoint whose configuration names none: the
+    convention's well-known value of the service its host belongs to, else ``openai``,
+    the API every endpoint speaks (as OpenAI's own instrumentation names any server)."""
+    host = (host or "").lower().rstrip(".")
+    if host.startswith("bedrock") and host.endswith(".amazonaws.com"):  # not any of AWS
+        return gen_ai.GenAiProviderNameValues.AWS_BEDROCK.value
+    for suffix, name in _PROVIDER_HOSTS:
+        if host == suffix or host.endswith("." + suffix):
+            return name
+    return _OPENAI
 
 
 def trace_id_of(c: CallSpan) -> int:
@@ -830,7 +867,7 @@ _FRAME = struct.Struct(">I")
 _COUNTS = struct.Struct(">QQ")
 
 
-def frame(calls: Sequence[CallSpan], servers: Mapping[str, tuple[str | None, int | None]],
+def frame(calls: Sequence[CallSpan], servers: Mapping[str, Server],
           capture_content: bool) -> bytes:
     """One batch as the exporter process reads it: its length, then the JSON of the
     endpoints' servers and the attempts (the keys their spans read)."""
@@ -873,7 +910,7 @@ class ExportProcess:
                     pipe.close()
 
     def export(self, calls: Sequence[CallSpan],
-               servers: Mapping[str, tuple[str | None, int | None]],
+               servers: Mapping[str, Server],
                capture_content: bool) -> tuple[int, int] | None:
         """Spans exported and failed for ``calls``; None when the process is unusable
         (the caller exports them itself) or was stopped by the shutdown."""
@@ -962,7 +999,7 @@ def serve(tracing: Tracing, read: Callable[[int], bytes], write: Callable[[bytes
         if len(head) < _FRAME.size:
             return
         servers, rows = orjson.loads(read(_FRAME.unpack(head)[0]))
-        tracing._servers.update({k: (v[0], v[1]) for k, v in servers.items()})
+        tracing._servers.update({k: (v[0], v[1], v[2]) for k, v in servers.items()})
         exported, failed = tracing.exported, tracing.failed
         built = tracing.build([CallSpan(*row) for row in rows])
         if built:
