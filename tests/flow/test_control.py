@@ -478,3 +478,29 @@ def test_a_refused_key_opens_the_breaker_but_a_403_for_one_model_does_not(
         return str(fc.detail()["a"]["breaker"])
 
     assert (asyncio.run(main()) == "open") is opens
+
+
+def test_calls_refused_before_a_limit_was_known_are_not_charged_once_it_is() -> None:
+    """A burst into an endpoint with no known limit: most calls come back 429 without a
+    header (as gateways send them), then an answer names the limit. Only the calls the
+    provider took are in its window; the refused ones were charged too, and every worker
+    stayed silent for tens of seconds at a low limit (200 sent, 5 a second taken: 39 s)."""
+    async def main() -> float:
+        fc, _ = controller([ep("a")], lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        tickets = [await fc.acquire(claimed(i), CONFIG, primary) for i in range(20)]
+        for t in tickets[:15]:
+            fc.release(t, result(ErrorClass.RATE_LIMITED))
+        for t in tickets[15:]:
+            fc.release(t, result(headers={"x-ratelimit-limit-requests": "300",
+                                          "x-ratelimit-remaining-requests": "290"}))
+        st = fc.states["a"]
+        assert st.req_limited
+        debt = st.ledger.debt_req  # what the next grant charges
+        stop.set()
+        await loop
+        return debt
+
+    assert asyncio.run(main()) == 5

@@ -70,13 +70,18 @@ def test_a_per_minute_limit_is_paced_per_second_without_a_burst(
     assert sim["peak_requests_1s"] <= PER_S * 1.25
 
 
-@pytest.mark.parametrize("headers", ["openai", "gateway", "ietf", "anthropic"])
+@pytest.mark.parametrize("headers", ["openai", "gateway", "ietf", "anthropic",
+                                     "gateway-bare-429"])
 def test_a_limit_named_only_by_the_headers_is_learned_then_paced(
         stores: Callable[[], Store], simulator: SimulatorProcess, headers: str) -> None:
     """No limit configured: the first answers name it (``x-ratelimit-limit-requests``,
     with or without a reset header; the IETF ``RateLimit-Policy``; Anthropic's
-    ``anthropic-ratelimit-requests-limit``); the workers stop at once, charge what they sent
-    before to the shared bucket, and pace at 1 s from then on."""
+    ``anthropic-ratelimit-requests-limit``; a gateway whose 429s carry no header at all,
+    only its answers do); the workers stop at once, charge what they sent before to the
+    shared bucket, and pace at 1 s from then on."""
+    if headers == "gateway-bare-429":
+        simulator.configure(limit_headers_on_429=False, retry_hint="none")
+        headers = "gateway"
     log, sim, store = run(stores, simulator, {}, headers)
     assert status_counts(store) == {"SUCCEEDED": N}
     assert sim["duplicate_successes"] == 0

@@ -215,7 +215,8 @@ class EndpointState:
 
     __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "health", "in_flight",
                  "ledger", "limited", "name", "pace", "pause_reason", "paused_until",
-                 "recent", "refused", "req_limited", "timer", "tok_limited", "waiters",
+                 "recent", "refused", "refused_recent", "req_limited", "timer",
+                 "tok_limited", "waiters",
                  "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
@@ -226,6 +227,9 @@ class EndpointState:
         self.tok_limited = ep.tpm is not None
         #: Send times while no limit is known (charged to the bucket once one is).
         self.recent: deque[float] = deque(maxlen=RECENT_KEPT)
+        #: Send times of those the provider refused for the rate (not in its window:
+        #: not charged).
+        self.refused_recent: deque[float] = deque(maxlen=RECENT_KEPT)
         #: When the calls the provider answered were sent, while no request limit is
         #: known and no pace is kept: what it accepted before its first 429.
         self.answered: deque[float] = deque(maxlen=RECENT_KEPT)
@@ -284,12 +288,15 @@ class EndpointState:
             self.refused = None
             self.answered.clear()
             since = now - self.ep.limit_enforced_s
-            self.ledger.debt_req += sum(1 for t in self.recent if t > since)
+            sent = sum(1 for t in self.recent if t > since)
+            refused = sum(1 for t in self.refused_recent if t > since)
+            self.ledger.debt_req += max(0, sent - refused)
         if tpm is not None and not self.tok_limited:
             self.tok_limited = True
         if (self.req_limited or self.tok_limited) and not self.limited:
             self.limited = True
             self.recent.clear()
+            self.refused_recent.clear()
 
     def has_budget(self, tokens: float, now: float | None = None) -> bool:
         """Whether the budget held covers one more call of ``tokens`` (at ``now``: the

@@ -127,6 +127,8 @@ class Feedback:
             st.breaker.unjudged(t.probe)
             if st.limited:  # the provider did not count it: the reservation goes back
                 st.ledger.refund(t.tokens)
+            else:  # nor is it charged once a limit is learned
+                st.refused_recent.append(now - out.latency_ms / 1000.0)
         else:
             was = st.breaker.state
             st.breaker.record(now, failed=failed, probe=t.probe)

@@ -61,6 +61,9 @@ def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.Argumen
     p.add_argument("--retry-hint", choices=("both", "seconds", "none"),
                    help="retry headers of a 429: retry-after-ms and retry-after, "
                         "retry-after only, or none (default both)")
+    p.add_argument("--no-limit-headers-on-429", dest="limit_headers_on_429",
+                   action="store_false", default=None,
+                   help="a 429 without the rate-limit headers (as many gateways send it)")
     p.add_argument("--quota-exhausted", action="store_true", default=None,
                    help="answer every request 429 insufficient_quota")
     p.add_argument("--context-window", type=int, help="max prompt tokens")
@@ -105,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         overrides["latency"] = {**(base or {}), **latency}
     keys = [key for _flag, key, _help in _RATE_FLAGS] + [
         "retry_after_ms", "hang_s", "rpm", "tpm", "window_s", "enforce_s", "header_style",
-        "retry_hint", "quota_exhausted",
+        "retry_hint", "limit_headers_on_429", "quota_exhausted",
         "context_window", "accuracy_noise", "strict_models", "require_api_key", "seed"]
     for key in keys:
         value = getattr(args, key)

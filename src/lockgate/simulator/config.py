@@ -123,6 +123,10 @@ class SimulatorConfig(BaseModel):
         "openai", description="rate-limit headers: openai (limit, remaining, reset), "
                               "gateway (limit, remaining), ietf (RateLimit and "
                               "RateLimit-Policy), anthropic (anthropic-ratelimit-*), none")
+    limit_headers_on_429: bool = Field(
+        True, description="the rate-limit headers on a 429 too (false: the 429 bare of "
+                          "them, as many gateways and proxies send it; retry_hint "
+                          "still applies)")
     retry_hint: Literal["both", "seconds", "none"] = Field(
         "both", description="retry headers of a 429: retry-after-ms and retry-after, "
                             "retry-after only (whole seconds), or none")

@@ -324,7 +324,7 @@ class Simulator:
                       headers: dict[str, str], injected: bool = False, per_s: float = 0.0,
                       limit: int = 0) -> Reply:
         cfg = self.config
-        out = dict(headers)
+        out = dict(headers) if cfg.limit_headers_on_429 else {}
         per_s = per_s or cfg.window_s
         if too_large:
             message = (f"Request too large: it needs {charge} tokens, more than the limit of "
