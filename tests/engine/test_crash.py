@@ -17,7 +17,7 @@ import pytest
 from helpers import kill_settled
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
-from lockgate.store import Finish, Store
+from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.worker import Worker
 
 from .support import (
@@ -248,3 +248,36 @@ def test_a_frozen_worker_does_not_call_the_tasks_it_kept_ready_once_their_leases
     called = set(simulator.stats(detail=True)["task_successes"])
     # only the call already under way when it froze: not the five kept ready
     assert len(called) <= 1, called
+
+
+def test_a_worker_frozen_while_its_claim_was_answered_does_not_call_what_it_got(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """A freeze that lands while a claim is in flight: the database commits the claim,
+    the worker reads the answer only after its leases ran out and another worker took
+    the tasks over. It called every task of that claim (duplicate calls up to a whole
+    claim batch): the leases run from when the claim was sent, and tasks whose lease ran
+    out before they could start are let go uncalled."""
+    store.submit([parse_task(t) for t in tasks(4)], batch_id="b")
+    taken: list[str] = []
+    claim = store.claim
+
+    def stalled_claim(limit: int, **kw: Any) -> list[ClaimedTask]:
+        got = claim(limit, **kw)
+        if got and not taken:  # the first claim: another worker takes them over meanwhile
+            time.sleep(2.5)  # past the 2 s lease
+            more = claim(10, lease_ms=60_000, worker_id="other")
+            store.finish([Finish(id=c.id, lease_token=c.lease_token, status="SUCCEEDED",
+                                 result='{"label": "x"}', parse_status="valid",
+                                 attempt={"attempt": c.attempt, "outcome": "succeeded",
+                                          "started_at": 0}) for c in more],
+                         worker_id="other")
+            taken.extend(c.task_id for c in more)
+        return got
+
+    store.claim = stalled_claim  # type: ignore[method-assign]
+    worker = Worker(store, worker_settings(concurrency=4, lease_s=2.0, claim_batch=4),
+                    burst=True)
+    stats = asyncio.run(asyncio.wait_for(worker.run(), 60))
+    assert sorted(taken) == [f"t-{i:05d}" for i in range(4)]
+    assert simulator.stats()["requests"] == 0  # none of the four called again
+    assert stats.lapsed == 4

@@ -234,9 +234,9 @@ def test_results_waiting_for_a_slow_write_back_hold_claiming_back(
         most = 0
         start = worker._start
 
-        async def counting(claimed: list[ClaimedTask]) -> None:
+        async def counting(claimed: list[ClaimedTask], asked: float) -> None:
             nonlocal most
-            await start(claimed)
+            await start(claimed, asked)
             most = max(most, len(worker._held))
 
         worker._start = counting  # type: ignore[method-assign]

@@ -75,7 +75,9 @@ def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: Err
 class Calls(WorkerCore):
     """Starting and running the calls of claimed tasks."""
 
-    async def _start(self, rows: list[ClaimedTask]) -> None:
+    async def _start(self, rows: list[ClaimedTask], asked: float) -> None:
+        """Hold and start (or keep ready) the tasks of a claim sent at ``asked``
+        (monotonic): their leases run from then at the latest."""
         self.stats.claimed += len(rows)
         for r in rows:  # held (and renewed) from now on, whatever happens next
             self._held[r.id, r.lease_token] = r
@@ -86,14 +88,17 @@ class Calls(WorkerCore):
             docs = await self._db_retry("reading task configs", self.store.configs, missing)
             for h, doc in docs.items():
                 entries[h] = self._configs[h] = load(h, doc)
-        claimed = time.monotonic()
         for r in rows:
             entry = entries[r.config_hash]
+            self._ready_at[r.id, r.lease_token] = asked
             if len(self._running) < self.ws.concurrency:
-                self._launch(r, entry)
+                # A claim (or the configs' read) that returned a lease after it was
+                # sent (the process frozen meanwhile) handed over tasks another worker
+                # may hold by now: those are let go uncalled too.
+                if not self._lapsed(r):
+                    self._launch(r, entry)
             else:
                 self._ready.append((r, entry))
-                self._ready_at[r.id, r.lease_token] = claimed
 
     def _lapsed(self, t: ClaimedTask) -> bool:
         """Whether the lease of a task kept ready has run out unrenewed (the process was
@@ -101,10 +106,10 @@ class Calls(WorkerCore):
         may hold the task now, so calling it would only duplicate that call. It is let
         go, without a write-back (its lease is no longer this worker's to fence)."""
         key = (t.id, t.lease_token)
-        claimed = self._ready_at.pop(key, 0.0)
+        since = self._ready_at.pop(key, 0.0)  # claimed, or last renewed
         if key in self._taken_over:  # a renewal found it another worker's since
             self._taken_over.discard(key)
-        elif time.monotonic() - max(claimed, self._renewed_at) < self.ws.lease_s:
+        elif time.monotonic() - since < self.ws.lease_s:
             return False
         self._held.pop(key, None)
         self.stats.lapsed += 1

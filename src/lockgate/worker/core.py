@@ -117,11 +117,11 @@ class WorkerCore:
         #: Claimed, held and not started yet: each starts the moment a call ends, so
         #: the calls in flight stay at ``concurrency`` while the next claim is made.
         self._ready: collections.deque[tuple[ClaimedTask, Entry]] = collections.deque()
-        #: When each task kept ready was claimed, and when the last renewal of every
-        #: held lease began (monotonic seconds): a ready task whose lease ran out since
-        #: both is not called (:meth:`Calls._lapsed`).
+        #: When the lease of each task not yet started was last known good: when its
+        #: claim was sent, or the last renewal that renewed it began (monotonic
+        #: seconds); a task whose lease ran out since is not called
+        #: (:meth:`Calls._lapsed`).
         self._ready_at: dict[tuple[int, str], float] = {}
-        self._renewed_at = 0.0
         #: Tasks kept ready that a renewal found held by another worker now.
         self._taken_over: set[tuple[int, str]] = set()
         self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(

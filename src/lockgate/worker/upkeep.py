@@ -148,8 +148,14 @@ class Upkeep(WorkerCore):
                                           lease_ms=self._lease_ms)
                     # A task kept ready whose lease another worker holds now (this
                     # one was frozen past it): let go uncalled (``Calls._lapsed``).
+                    # The others' leases run from this renewal's sending: only those
+                    # it renewed (a task claimed meanwhile keeps its claim's time).
                     self._taken_over.update(c for c in lost if c in self._ready_at)
-                    self._renewed_at = began
+                    ready = self._ready_at
+                    for token, ids in held.items():
+                        for i in ids:
+                            if (i, token) in ready and (i, token) not in lost:
+                                ready[i, token] = began
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
                     asked = self._wall()

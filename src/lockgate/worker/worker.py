@@ -204,6 +204,7 @@ class Worker(Calls, Upkeep):
                 continue
             # Word of tasks that arrives from here on wakes the idle sleep below.
             self._arrived.clear()
+            asked = time.monotonic()
             try:
                 rows = await self.flow.claim(min(room, self.ws.claim_batch),
                                              lease_ms=self._lease_ms, worker_id=self.id)
@@ -223,7 +224,7 @@ class Worker(Calls, Upkeep):
                 idle = 0.01
                 self._idle_since = time.monotonic()  # (the streak to come starts here)
                 self.stats.claims += 1
-                await self._start(rows)
+                await self._start(rows, asked)
                 continue
             if await self._queue_drained():
                 return
