@@ -17,6 +17,8 @@ One walk over the value, guided by the compiled schema (:class:`~.schema.Node`):
   ``"red, blue"`` for an enum of colours, ``"1, 2"`` for integers); an enum member
   written in another case or width -> the member. Integers are read exactly, within
   signed 64 bits.
+* **Nulls**: a ``null`` in a field that is not required and whose schema does not admit
+  null is dropped, as if absent (``null_dropped:...``), at any depth.
 
 Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:...``).
 """
@@ -49,6 +51,8 @@ _LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
 _ENUMERATION_SPLIT_RE = re.compile(r"\s*、\s*")
 #: The integers a JSON value may hold exactly (signed 64 bits).
 _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
+#: The integers a float holds exactly, all of them (2**53).
+_MAX_SAFE = float(1 << 53)
 _TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
 _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
 _NULL = frozenset({"null", "none", "nil", "n/a", ""})
@@ -138,6 +142,12 @@ def _join(path: str, key: str | int) -> str:
 
 def conform(value: Any, node: Node, fixes: Fixes, path: str = "") -> Any:
     """Rename fields and coerce types of ``value`` towards ``node`` (see module doc)."""
+    if isinstance(value, float) and node.integer_only and value.is_integer() \
+            and -_MAX_SAFE <= value <= _MAX_SAFE:
+        # 3.0 where an integer is declared: exactly 3 (only within the range a float
+        # holds every integer of; 3.5 stays a violation).
+        fixes.coerce(f"coerced:{path or '$'}:number->integer")
+        value = int(value)
     if node.types and not _type_ok(value, node.types):
         value = _convert(value, node, fixes, path)
     if node.enum is not None and value not in node.enum:
@@ -183,12 +193,26 @@ def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) ->
         if name not in obj:
             continue
         v = obj[name]
+        if v is None and name not in node.required and not child.admits_null:
+            out = _drop_null(out, obj, name, fixes, path)
+            continue
         if child.types or child.enum is not None or child.structured:
             new = conform(v, child, fixes, _join(path, name))
             if new is not v:
                 if out is obj:
                     out = dict(obj)
                 out[name] = new
+    return out
+
+
+def _drop_null(out: dict[str, Any], obj: dict[str, Any], name: str, fixes: Fixes,
+               path: str) -> dict[str, Any]:
+    """``out`` without ``name``: a null in an optional field that cannot be null is the
+    model's way of saying "unknown", taken as absent."""
+    if out is obj:
+        out = dict(obj)
+    del out[name]
+    fixes.repair(f"null_dropped:{_join(path, name)}")
     return out
 
 

@@ -140,16 +140,43 @@ def lenient_json(text: str) -> Any:
     return value if isinstance(value, dict | list) else None
 
 
+#: A string (double- or single-quoted), skipped when counting bare pairs.
+_STRINGS = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\\n]|\\.)*'""")
+#: An unquoted key followed by an unquoted value (``label: positive``): json_repair
+#: looks ahead to the end of the text for each such value, so its work grows with
+#: their count times the text's length.
+_BARE_PAIR = re.compile(r"(?<![\w$])[^\W\d][\w$-]*[ \t]*:[ \t\n]*[^\W\d]")
+#: Most bare pairs times characters handed to json_repair (about 40 ns a unit: 150 ms).
+MAX_BARE_WORK = 4_000_000
+#: Shorter texts are never refused (their work is small whatever they hold).
+_BARE_FREE = 2048
+
+
+def repair_cost(text: str) -> int:
+    """The work ``json_repair`` would do on ``text`` beyond a linear pass: its bare
+    key/value pairs times its length (0 for short texts)."""
+    if len(text) <= _BARE_FREE or ":" not in text:
+        return 0
+    outside = _STRINGS.sub('""', text) if ('"' in text or "'" in text) else text
+    return sum(1 for _ in _BARE_PAIR.finditer(outside)) * len(text)
+
+
 def repair(text: str) -> Any:
-    """``json_repair`` on ``text``; ``None`` when nothing JSON-like comes out."""
+    """``json_repair`` on ``text``; ``None`` when nothing JSON-like comes out, and when
+    the repair would cost too much (:data:`MAX_BARE_WORK`: many bare pairs)."""
     import json_repair
+
+    if repair_cost(text) > MAX_BARE_WORK:
+        return None
 
     if "\\/" in text or "\\f" in text:
         # JSON escapes json_repair keeps as written ("\\/" stays two characters).
         text = _REPAIR_ESCAPES.sub(_plain_escape, text)
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)
-    except (ValueError, RecursionError, IndexError, KeyError, TypeError):
+    except Exception:
+        # Whatever json_repair raises (ValueError, IndexError, an internal
+        # AssertionError ...), this region is unreadable; the others are still tried.
         return None
     if isinstance(value, dict | list):
         return value

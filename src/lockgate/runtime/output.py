@@ -105,6 +105,9 @@ def _parse(raw: str, plan: OutputPlan) -> Parsed:
         if found.usable and (plan.expect is not None or not any(
                 f.startswith(("repaired:", "truncated")) for f in found.fixes)):
             return found
+        if plan.expect is not None and found.status is ParseStatus.SCHEMA_VIOLATION \
+                and not found.truncated:
+            return found  # the encoded answer's own failure explains best
     if not fixes.applied and fast_ok(value, plan):
         return deliverable(Parsed(ParseStatus.VALID, value))
     return finish(value, plan, fixes, repaired=False)

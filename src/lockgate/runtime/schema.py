@@ -45,10 +45,27 @@ class Node:
     lookup: dict[str, str] = field(default_factory=dict)
     #: folded names that came from the rule's alias map (for the fix label)
     alias_folds: frozenset[str] = frozenset()
+    #: optional properties that refuse null (a null there is dropped)
+    no_null: frozenset[str] = frozenset()
+    #: whether this node or one below is integer-only or has such properties
+    deep: bool = False
 
     @property
     def structured(self) -> bool:
         return bool(self.props) or self.items is not None or not self.additional
+
+    @property
+    def integer_only(self) -> bool:
+        """Whether the position holds integers and no other numbers."""
+        return "integer" in self.types and "number" not in self.types
+
+    @property
+    def admits_null(self) -> bool:
+        """Whether ``null`` may stand here (as far as the walker knows: a position of
+        no known type or enum admits anything)."""
+        if self.enum is not None:
+            return None in self.enum
+        return not self.types or "null" in self.types
 
 
 @dataclass(slots=True)
@@ -68,6 +85,9 @@ class OutputPlan:
     #: the declared top-level fields (schema properties, required keys, fallbacks)
     fields: tuple[str, ...] = ()
     keep_truncated: bool = False
+    #: whether some position is integer-only or an optional field refuses null (the
+    #: fast path then checks for a float like ``3.0`` or such a ``null``)
+    needs_look: bool = False
 
 
 def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -101,6 +121,8 @@ def _compile(schema: Mapping[str, Any], root: Mapping[str, Any],
                 node = _compile(merged, root, aliases, depth + 1)
                 if nullable and node.types:
                     node.types = node.types | {"null"}
+                if nullable and node.enum is not None and None not in node.enum:
+                    node.enum = (*node.enum, None)
                 return node
             return Node()
     all_of = schema.get("allOf")
@@ -127,6 +149,10 @@ def _compile(schema: Mapping[str, Any], root: Mapping[str, Any],
     if isinstance(items, Mapping):
         node.items = _compile(items, root, aliases, depth + 1)
     _index_names(node, aliases)
+    node.no_null = frozenset(n for n, c in node.props.items()
+                             if n not in node.required and not c.admits_null)
+    node.deep = node.integer_only or bool(node.no_null) or any(
+        c.deep for c in node.props.values()) or (node.items is not None and node.items.deep)
     return node
 
 
@@ -251,6 +277,7 @@ def _build(rule: DeliveryRule) -> OutputPlan:
         fallback=dict(rule.fallback_values), is_valid=is_valid, errors=errors, model=model,
         known=frozenset(root.lookup), fields=tuple(root.props),
         keep_truncated=bool(rule.keep_truncated),
+        needs_look=root.deep,
     )
 
 

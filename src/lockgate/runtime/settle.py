@@ -88,7 +88,10 @@ def fast_ok(value: Any, plan: OutputPlan) -> bool:
             return False
         if not _keys_known(value, plan.root):
             return False
-    elif plan.expect == "array" and not isinstance(value, list):
+        if plan.needs_look and _needs_conform(value, plan.root):
+            return False
+    elif plan.expect == "array" and (not isinstance(value, list) or (
+            plan.needs_look and _needs_conform(value, plan.root))):
         return False
     if plan.is_valid is not None and not plan.is_valid(value):
         return False
@@ -107,6 +110,26 @@ def _keys_known(value: Any, node: Node) -> bool:
     if isinstance(value, list) and node.items is not None and node.items.structured:
         return all(_keys_known(v, node.items) for v in value)
     return True
+
+
+def _needs_conform(value: Any, node: Node) -> bool:
+    """Whether ``value`` holds a float with no fraction where an integer is declared,
+    or a null in an optional field that refuses null (walked without recursion, only
+    where the schema has such places: :attr:`.Node.deep`)."""
+    stack: list[tuple[Any, Node]] = [(value, node)]
+    while stack:
+        v, n = stack.pop()
+        if isinstance(v, dict):
+            for k in n.no_null:
+                if k in v and v[k] is None:
+                    return True
+            stack.extend((v[k], c) for k, c in n.props.items() if c.deep and k in v)
+        elif isinstance(v, float):
+            if n.integer_only and v.is_integer():
+                return True
+        elif isinstance(v, list) and n.items is not None and n.items.deep:
+            stack.extend((item, n.items) for item in v)
+    return False
 
 
 def _drop_cut(value: Any, where: Path, cut: Region | None, fixes: Fixes) -> Any:

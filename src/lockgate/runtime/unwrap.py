@@ -83,7 +83,8 @@ _DECODED = "\x00decoded"
 def _wrapped(obj: dict[str, Any], plan: OutputPlan,
              budget: list[int]) -> tuple[str, Any] | None:
     """What a wrapper object wraps: its only value, or its only object value, or the
-    only one of its object values that leads to declared fields."""
+    only one of its object values that leads to declared fields (an object written as
+    a JSON text in a string counts as an object value)."""
     if len(obj) == 1:
         ((key, inner),) = obj.items()
         if isinstance(inner, str) and inner.lstrip().startswith(("{", "[")):
@@ -93,7 +94,20 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
                 return None
             key = _DECODED
         return (key, inner) if isinstance(inner, dict | list) else None
-    objects = [(k, v) for k, v in obj.items() if isinstance(v, dict)]
+    objects: list[tuple[str, Any]] = []
+    for i, (k, v) in enumerate(obj.items()):
+        if i >= _MAX_KEYS:
+            break
+        if isinstance(v, dict):
+            objects.append((k, v))
+        elif isinstance(v, str) and v.lstrip()[:1] == "{":
+            # the answer as a JSON text beside metadata ({"ok": true, "result": "{...}"})
+            try:
+                decoded = orjson.loads(v)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(decoded, dict):
+                objects.append((_DECODED, decoded))
     if len(objects) == 1:
         return objects[0]
     if 1 < len(objects) <= 8:
@@ -138,11 +152,8 @@ def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
     an object holds none of the declared fields, its only value, its only object
     value, or the only one of its object values that leads to declared fields."""
     if plan.expect == "array":
-        if isinstance(value, dict) and len(value) == 1:
-            ((key, inner),) = value.items()
-            if isinstance(inner, list):
-                fixes.repair("unwrapped:object")
-                return inner, (key,)
+        if isinstance(value, dict):
+            return _unwrap_list(value, plan, fixes)
         return value, ()
     if plan.expect != "object":
         return value, ()
@@ -155,3 +166,60 @@ def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
         fixes.repair("unwrapped:array")  # no declared field in it, but it is the answer
         return value[0], (0,)
     return value, ()
+
+
+def _unwrap_list(obj: dict[str, Any], plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
+    """The list answer in an object: the one list in it (beside scalar metadata, any
+    number of wrappers deep: ``{"entities": [...], "count": 2}``) when it is a valid
+    answer; else the object itself as the list's one item when it holds fields of the
+    items (``{"name": "Paris"}``); else that list anyway (it explains the failure)."""
+    found = _list_in(obj, plan)
+    if found is not None and (plan.is_valid is None or plan.is_valid(found[0])):
+        for _ in range(found[2]):
+            fixes.repair("unwrapped:object")
+        return found[0], found[1]
+    items = plan.root.items
+    if items is not None and items.props and any(
+            fold(k) in items.lookup for k in list(obj)[:_MAX_KEYS]):
+        fixes.coerce("coerced:$:object->array")
+        return [obj], ()
+    if found is not None:
+        for _ in range(found[2]):
+            fixes.repair("unwrapped:object")
+        return found[0], found[1]
+    return obj, ()
+
+
+def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, int] | None:
+    """The only list value of ``obj`` (or the only valid one, or the only one in a JSON
+    text), else of its only object value, and so on down: the list, its path, the
+    levels removed. None when there is none or no single one."""
+    current = obj
+    path: Path = ()
+    for level in range(1, _MAX_UNWRAP + 1):
+        lists: list[tuple[str, list[Any]]] = []
+        objects: list[tuple[str, dict[str, Any]]] = []
+        for i, (k, v) in enumerate(current.items()):
+            if i >= _MAX_KEYS:
+                return None
+            if isinstance(v, list):
+                lists.append((k, v))
+            elif isinstance(v, dict):
+                objects.append((k, v))
+            elif isinstance(v, str) and v.lstrip()[:1] == "[":
+                try:
+                    decoded = orjson.loads(v)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(decoded, list):
+                    lists.append((_DECODED, decoded))
+        if len(lists) > 1 and plan.is_valid is not None:
+            lists = [(k, v) for k, v in lists if plan.is_valid(v)]
+        if len(lists) == 1:
+            key, found = lists[0]
+            return found, (*path, key), level
+        if lists or len(objects) != 1:
+            return None
+        key, current = objects[0]
+        path = (*path, key)
+    return None
