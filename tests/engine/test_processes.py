@@ -135,6 +135,54 @@ def test_sigterm_to_the_supervisor_stops_every_child_gracefully(
     assert simulator.stats()["duplicate_successes"] == 0
 
 
+_STOPPED_WHILE_STARTING = """
+import os, signal, sys
+from contextlib import contextmanager
+from lockgate.app import Lockgate, WorkerPlan
+from lockgate.worker.processes import run_processes
+
+SUPERVISOR = os.getpid()
+
+class StoppedWhileStarting(WorkerPlan):
+    @contextmanager
+    def __call__(self):
+        with super().__call__() as worker:
+            if os.getpid() == SUPERVISOR:
+                # before its event loop takes the signals (a stop right after a start);
+                # forwarded to the children, wherever they are in their start
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield worker
+
+with Lockgate(sys.argv[1]) as lg:
+    plan = StoppedWhileStarting(sys.argv[1], lg.settings, burst=False, gate=False)
+stats = run_processes(3, plan, method="fork")
+print("stopped", stats.claimed)
+"""
+
+
+def test_a_stop_that_comes_while_the_workers_start_is_not_lost(
+        db_url: str, store: Store, simulator: SimulatorProcess, tmp_path: Path) -> None:
+    """SIGTERM right after ``lockgate worker --processes N`` started: the supervisor
+    only forwarded it, and its own worker (not yet listening) went on working for good;
+    a child still starting died of it (exit code -15) or, for Ctrl-C, printed a
+    KeyboardInterrupt from an import. Each now stops as it starts, and all exit 0."""
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED_WHILE_STARTING)
+    proc = subprocess.Popen([sys.executable, str(script), db_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(LOCKGATE_BASE_URL=simulator.url))
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the workers went on working after the stop:\n{err}") from None
+    assert proc.returncode == 0, err
+    assert "stopped 0" in out, (out, err)
+    ws = rows(store, "SELECT status FROM worker")
+    assert [w["status"] for w in ws] == ["stopped"] * 3, (ws, err)
+
+
 def test_children_of_a_killed_supervisor_stop_by_themselves(
         store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
     simulator.configure(latency={"kind": "fixed", "mean_ms": 200})

@@ -149,6 +149,9 @@ class WorkerCore:
         #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
         #: has acted on it (a supervisor that is also a worker forwards it on).
         self.on_signal: Callable[[int], None] | None = None
+        #: Signals received before its event loop could take them (noted by a
+        #: supervisor's handler): acted on as it starts, not passed to ``on_signal``.
+        self.early_signals: list[int] = []
         self._lease_ms = int(self.ws.lease_s * 1000)
         #: The database clock minus this machine's, in ms (measured at registration and
         #: at every heartbeat): attempt times are stored on the database clock, which

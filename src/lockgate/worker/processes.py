@@ -64,19 +64,43 @@ class WorkerBuilder(Protocol):
     def __call__(self) -> AbstractContextManager[Worker]: ...
 
 
+def _recorder(early: list[int], *, exit_on_second: bool
+              ) -> Callable[[int, FrameType | None], None]:
+    """A signal handler for the time before a worker's event loop takes the signals:
+    it notes each one in ``early`` (the worker acts on them as it starts:
+    ``Worker.early_signals``). With ``exit_on_second``, a second one stops the process
+    at once, as a second signal stops a running worker now (a child that is still
+    starting holds no task)."""
+    def record(signum: int, _frame: FrameType | None = None) -> None:
+        early.append(signum)
+        if exit_on_second and len(early) >= 2:
+            raise SystemExit(128 + signum)
+    return record
+
+
+#: Signals a forked child received before it installed its own handler (the
+#: supervisor's, inherited, notes them here instead of acting as the supervisor).
+_before_start: list[int] = []
+
+
 def _child(build: WorkerBuilder, log_level: str | None, parent: int, results: Any,
            index: int) -> None:
     os.setpgid(0, 0)  # out of the terminal's process group: signals come from the parent
-    # A forked child inherited the supervisor's forwarding handlers: restore what a
-    # fresh interpreter has until the worker's event loop installs its own.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A forked child inherited the supervisor's handlers. A signal forwarded before the
+    # worker's event loop installs its own (the supervisor stopped right after it
+    # started) is noted and acted on then: by default it killed the child mid-start
+    # (SIGTERM) or raised KeyboardInterrupt in an import (SIGINT).
+    early = _before_start
+    record = _recorder(early, exit_on_second=True)
+    signal.signal(signal.SIGINT, record)
+    signal.signal(signal.SIGTERM, record)
     if log_level:
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
                      name="lockgate-parent-watch").start()
     with build() as worker:
+        worker.early_signals = early
         stats: WorkerStats = run_async(worker.run())
     results.put((index, asdict(stats)))
 
@@ -142,6 +166,31 @@ def _os_threads() -> int:
         return threading.active_count()
 
 
+def _signal_handlers(children: list[Any]) -> tuple[
+        Callable[[int], None], Callable[[int, FrameType | None], None], list[int]]:
+    """The supervisor's signal handling: ``forward`` passes a signal on to every child
+    still running; ``received``, its handler until its own worker's event loop takes
+    the signals, also notes each in ``early`` for that worker (it acts on them as it
+    starts: only forwarded, a stop was lost for it, and it went on working)."""
+    def forward(signum: int) -> None:
+        for c in children:
+            if c.pid is not None and c.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signum)
+
+    early: list[int] = []
+    record = _recorder(early, exit_on_second=False)
+    supervisor = os.getpid()
+
+    def received(signum: int, frame: FrameType | None = None) -> None:
+        if os.getpid() != supervisor:  # a child forked a moment ago, inheriting this
+            _before_start.append(signum)
+            return
+        record(signum, frame)
+        forward(signum)
+    return forward, received, early
+
+
 def run_processes(processes: int, build: WorkerBuilder, *, log_level: str | None = None,
                   tick: Callable[[], None] | None = None, tick_s: float = 0.5,
                   release: Callable[[], None] | None = None,
@@ -172,16 +221,11 @@ def run_processes(processes: int, build: WorkerBuilder, *, log_level: str | None
                             args=(build, log_level, os.getpid(), results, i))
                 for i in range(1, processes)]
 
-    def forward(signum: int, _frame: FrameType | None = None) -> None:
-        for c in children:
-            if c.pid is not None and c.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.pid, signum)
-
+    forward, received, early = _signal_handlers(children)
     done = threading.Event()
     watcher = threading.Thread(target=_supervise, name="lockgate-supervisor", daemon=True,
                                args=(children, processes, done, tick, tick_s))
-    previous = {s: signal.signal(s, forward) for s in _SIGNALS}
+    previous = {s: signal.signal(s, received) for s in _SIGNALS}
     try:
         if release is not None:
             release()
@@ -189,6 +233,7 @@ def run_processes(processes: int, build: WorkerBuilder, *, log_level: str | None
             c.start()
         watcher.start()
         with build() as own:
+            own.early_signals = early
             own.on_signal = forward  # while it runs, its event loop receives the signals
             try:
                 total: WorkerStats = run_async(own.run())
@@ -197,7 +242,7 @@ def run_processes(processes: int, build: WorkerBuilder, *, log_level: str | None
                 raise
             finally:  # its loop gave the signals back to the default handlers
                 for s in _SIGNALS:
-                    signal.signal(s, forward)
+                    signal.signal(s, lambda signum, _frame: forward(signum))
         for c in children:
             c.join()
     finally:

@@ -152,8 +152,13 @@ class Worker(Calls, Upkeep):
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._signalled, sig)
+        # Those that came before (from here on the loop takes them): acted on now;
+        # whoever noted them has passed them on already.
+        early, self.early_signals = self.early_signals, []
+        for signum in early:
+            self._signalled(signum, pass_on=False)
 
-    def _signalled(self, sig: int) -> None:
+    def _signalled(self, sig: int, *, pass_on: bool = True) -> None:
         if not self._stopping.is_set():
             log.warning("stopping: no new tasks; finishing %d call(s) in flight within "
                         "%gs (send the signal again, e.g. Ctrl-C, to stop now)",
@@ -162,7 +167,7 @@ class Worker(Calls, Upkeep):
             log.warning("stopping now: %d call(s) in flight are given back unfinished",
                         len(self._running))
         self.request_stop()
-        if self.on_signal is not None:
+        if pass_on and self.on_signal is not None:
             self.on_signal(sig)
 
     def _remove_signals(self) -> None:
