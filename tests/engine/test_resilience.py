@@ -7,12 +7,14 @@ for the store."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import orjson
 import pytest
+from sqlalchemy import text
 
 from lockgate.config import Settings, WorkerSettings
 from lockgate.errors import DatabaseUnavailable
@@ -349,3 +351,26 @@ def test_hostile_answers_end_their_tasks_cleanly_with_the_raw_output_kept(
     assert got["t-nul"]["raw_output"] == '{"label": "no\ufffd"}'
     assert got["t-deep"]["status"] == "DEAD" and len(got["t-deep"]["raw_output"]) > 1000
     assert got["t-fine"]["status"] == "SUCCEEDED"
+
+
+def test_a_connection_lost_while_pooled_is_one_warning_line_not_a_traceback(
+        store: Store, backend: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A session the server ended (a restart, a KILL) while its connection sat in the
+    pool: SQLAlchemy's reset of it on return failed, logged as an ERROR with a traceback
+    in the worker's log (MariaDB). The pool replaces such a connection by itself."""
+    if backend == "sqlite":
+        pytest.skip("SQLite has no server session to end")
+    own = "SELECT CONNECTION_ID()" if backend == "mariadb" else "SELECT pg_backend_pid()"
+    end = "KILL {}" if backend == "mariadb" else "SELECT pg_terminate_backend({})"
+    conn = store.engine.connect()
+    session = conn.execute(text(own)).scalar()
+    conn.commit()
+    with store.engine.connect() as other:
+        other.execute(text(end.format(session)))
+        other.commit()
+    time.sleep(0.3)
+    with caplog.at_level(logging.WARNING, logger="sqlalchemy.pool"):
+        conn.close()  # the reset on return meets the ended session
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert all(r.exc_info is None for r in caplog.records)
+    assert scalar(store, "SELECT 1") == 1  # and the pool goes on with a new connection

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -99,6 +100,8 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
         engine = create_engine(parsed, **kwargs)
     except ImportError as exc:
         raise ConfigError(f"no driver for '{parsed.drivername}': {exc}") from None
+    pool = type(engine.pool)
+    logging.getLogger(f"{pool.__module__}.{pool.__name__}").addFilter(_LOST_ON_RETURN)
     if backend == "sqlite":
         _sqlite_setup(engine)
     elif backend in ("mysql", "mariadb"):
@@ -106,6 +109,27 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     else:
         _postgres_setup(engine, timeout_s)
     return engine
+
+
+class _LostOnReturn(logging.Filter):
+    """SQLAlchemy logs a connection whose reset failed as it went back to the pool (its
+    rollback met a session the server had ended, a network cut) as an ERROR with a
+    traceback, in a worker's log. The pool discards that connection and the next use
+    opens another: routine after a database restart or a killed session, so one
+    WARNING line. A non-Exception (a cancellation) keeps SQLAlchemy's record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.msg == "Exception during reset or similar" and isinstance(exc, Exception):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = ("a database connection given back to the pool was found lost "
+                          "(%s); it is discarded and replaced")
+            record.args = (str(exc).strip() or type(exc).__name__,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_LOST_ON_RETURN = _LostOnReturn()
 
 
 def _check_target(parsed: URL, given: str, backend: str) -> None:
