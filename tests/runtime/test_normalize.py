@@ -66,15 +66,27 @@ def test_emoji_tags_match_the_emoji_library(pieces: list[str]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.text())
 def test_nfkc_matches_unicodedata(text: str) -> None:
+    # The ``nfkc`` step is NFC plus width folding (``<wide>``/``<narrow>`` forms fold as
+    # NFKC folds them), not full NFKC: superscripts, circled digits and compatibility
+    # jamo keep their meaning.
     rule = InputRule(strip_invisible=False, emoji="keep")
-    assert normalize_text(text, rule) == unicodedata.normalize("NFKC", text)
+
+    def fold(ch: str) -> str:
+        decomposition = unicodedata.decomposition(ch)
+        if decomposition.startswith(("<wide>", "<narrow>")):
+            return chr(int(decomposition.split()[1], 16))
+        return ch
+
+    expected = unicodedata.normalize("NFC", "".join(map(fold, text)))
+    assert normalize_text(text, rule) == expected
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.text())
 def test_normalised_text_has_no_format_characters(text: str) -> None:
     out = normalize_text(text, DEFAULT)
-    assert not any(unicodedata.category(c) == "Cf" for c in out)
+    # ZWNJ always stays, ZWJ where it shapes a script (between letters or marks)
+    assert not any(unicodedata.category(c) == "Cf" for c in out if c not in "\u200c\u200d")
     assert normalize_text(out, DEFAULT) == out  # idempotent
 
 

@@ -3,16 +3,27 @@
 Three steps, each switched by the task's :class:`~lockgate.spec.InputRule`, in this
 order:
 
-1. **NFKC** (``nfkc``): compatibility forms fold to their plain form, so full-width
-   punctuation and letters (``，：！ＡＢＣ１２３``) become half-width (``,:!ABC123``).
+1. **Width folding** (``nfkc``, named so for compatibility): Unicode NFC, plus the
+   folding of every character whose decomposition is tagged ``<wide>`` or
+   ``<narrow>``: full-width punctuation, digits and letters (``，：！ＡＢＣ１２３``)
+   become half-width (``,:!ABC123``), the ideographic space a space, half-width
+   katakana full-width (``ｶﾞ`` -> ``ガ``), half-width Hangul the compatibility jamo.
+   Nothing else folds: superscripts (``mc²``), circled digits
+   (``①``), Korean compatibility jamo (``ㅋㅋ``) and letterlike symbols stay as written,
+   which full NFKC would change.
 2. **Emoji** (``emoji``): ``"tag"`` replaces each emoji by its English CLDR name
    between colons, exactly as :func:`emoji.demojize` does (``👍`` -> ``:thumbs_up:``);
    ``"remove"`` drops them; ``"keep"`` leaves them.
 3. **Invisible characters** (``strip_invisible``): every format character (Unicode
    category Cf: U+200B, U+FEFF, bidi controls, soft hyphen, ...), control characters
    other than tab/newline/carriage return, variation selectors and Hangul fillers are
-   removed; U+2028/U+2029 become newlines. With ``emoji="keep"`` the zero-width joiner
-   and the emoji variation selector stay, so kept emoji sequences are not broken.
+   removed. Characters that separate lines or pages become newlines, so the words on
+   either side stay apart: U+2028/U+2029, form feed, vertical tab, NEL (U+0085) and the
+   file/group/record separators (U+001C-U+001E). The zero-width non-joiner (U+200C)
+   always stays (Persian and Indic spelling needs it); the zero-width joiner (U+200D)
+   stays between two letters or marks, or after a virama (Sinhala, Malayalam), and goes
+   elsewhere. With ``emoji="keep"`` every zero-width joiner and the emoji variation
+   selector stay, so kept emoji sequences are not broken.
 
 Emoji are matched with the ``emoji`` package's data, but through a pre-check that
 rejects the common case (no emoji at all) at C speed; ``emoji.demojize`` itself scans
@@ -30,13 +41,22 @@ from typing import Any
 from lockgate.spec import InputRule
 
 _ZWJ = "\u200d"
+_ZWNJ = "\u200c"
 _VS15 = "\ufe0e"  # text presentation
 _VS16 = "\ufe0f"  # emoji presentation
 _VARIATION = _VS15 + _VS16
 _KEEP_CONTROLS = {"\t", "\n", "\r"}
 _EXTRA_INVISIBLE = "\u034f\u115f\u1160\u3164\uffa0"
-_ASCII_CONTROLS = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
-_LINE_SEPARATORS = str.maketrans({"\u2028": "\n", "\u2029": "\n"})
+#: Line, page and record separators: they become newlines, never nothing.
+_NEWLINE_LIKE = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_ASCII_CONTROLS = bytes(b for b in [*range(0x00, 0x09), *range(0x0B, 0x0D),
+                                    *range(0x0E, 0x20), 0x7F] if chr(b) not in _NEWLINE_LIKE)
+_ASCII_NEWLINE_LIKE = bytes(ord(c) for c in _NEWLINE_LIKE if c.isascii())
+_ASCII_TO_NEWLINE = bytes.maketrans(_ASCII_NEWLINE_LIKE, b"\n" * len(_ASCII_NEWLINE_LIKE))
+_ASCII_SUSPECT = _ASCII_CONTROLS + _ASCII_NEWLINE_LIKE
+_LINE_SEPARATORS = str.maketrans(dict.fromkeys(_NEWLINE_LIKE, "\n"))
+_NEWLINE_LIKE_RE = re.compile(f"[{_NEWLINE_LIKE}]")
+_ZWJ_RUN = re.compile(f"{_ZWJ}+")
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 Ranges = list[tuple[int, int]]
@@ -67,6 +87,8 @@ def _invisible_ranges(keep_joiners: bool) -> tuple[tuple[int, int], ...]:
         cat = unicodedata.category(ch)
         hide = cat == "Cf" or (cat == "Cc" and ch not in _KEEP_CONTROLS) \
             or 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF or ch in _EXTRA_INVISIBLE
+        # Separators become newlines; ZWNJ stays; ZWJ is judged by its neighbours.
+        hide = hide and ch not in _NEWLINE_LIKE and ch not in (_ZWNJ, _ZWJ)
         # Kept emoji keep their joiners, presentation selector and tag characters
         # (the flags of England, Scotland and Wales are tag sequences).
         if hide and not (keep_joiners and (ch in (_ZWJ, _VS16) or 0xE0020 <= cp <= 0xE007F)):
@@ -79,15 +101,33 @@ def _invisible_re(keep_joiners: bool) -> re.Pattern[str]:
     return re.compile(_char_class(list(_invisible_ranges(keep_joiners))) + "+")
 
 
+def _is_letter_or_mark(ch: str) -> bool:
+    return unicodedata.category(ch)[0] in "LM"
+
+
+def _joiner(m: re.Match[str]) -> str:
+    """One ZWJ where it shapes a script (between letters or marks, or after a virama,
+    as in Malayalam chillu "ന്‍"); nothing elsewhere."""
+    text, start, end = m.string, m.start(), m.end()
+    if start == 0 or not _is_letter_or_mark(text[start - 1]):
+        return ""
+    if unicodedata.combining(text[start - 1]) == 9:  # a virama
+        return _ZWJ
+    return _ZWJ if end < len(text) and _is_letter_or_mark(text[end]) else ""
+
+
 def strip_invisible(text: str, *, keep_joiners: bool = False) -> str:
     """Remove invisible format/control characters (see the module docstring)."""
     if text.isascii():
         # Only C0 controls and DEL can hide in ASCII; bytes.translate finds them fast.
         raw = text.encode("ascii")
-        kept = raw.translate(None, _ASCII_CONTROLS)
-        return text if len(kept) == len(raw) else kept.decode("ascii")
+        if len(raw.translate(None, _ASCII_SUSPECT)) == len(raw):
+            return text
+        return raw.translate(_ASCII_TO_NEWLINE, _ASCII_CONTROLS).decode("ascii")
     text = _invisible_re(keep_joiners).sub("", text)
-    if "\u2028" in text or "\u2029" in text:
+    if not keep_joiners and _ZWJ in text:
+        text = _ZWJ_RUN.sub(_joiner, text)
+    if _NEWLINE_LIKE_RE.search(text) is not None:
         text = text.translate(_LINE_SEPARATORS)
     return text
 
@@ -138,7 +178,8 @@ def _suspects() -> tuple[re.Pattern[str], re.Pattern[str]]:
     (searched only when the text has such characters). One scan then tells that a
     text needs neither the emoji nor the invisible-character step: the common case."""
     ranges = [*_emoji_first_ranges(list(_emoji_tables()[1])),
-              *_invisible_ranges(False), (0x20E3, 0x20E3), (0x2028, 0x2029)]
+              *_invisible_ranges(False), (0x20E3, 0x20E3),
+              (ord(_ZWJ), ord(_ZWJ)), *((ord(c), ord(c)) for c in _NEWLINE_LIKE)]
     bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
     astral = [(max(a, 0x10000), b) for a, b in ranges if b > 0xFFFF]
     return re.compile(_char_class(bmp)), re.compile(_char_class(astral))
@@ -183,18 +224,48 @@ def replace_emoji(text: str, *, tag: bool = True) -> str:
     return "".join(out)
 
 
-_FULL_WIDTH_RE = re.compile("[\uff01-\uff5e\u3000]")
+@functools.cache
+def _width_table() -> dict[int, str]:
+    """Every character whose decomposition is tagged ``<wide>`` or ``<narrow>``, mapped
+    to its plain form (U+FF01-FF5E, U+3000, U+FFE0-FFEE, half-width katakana and
+    Hangul, ...)."""
+    table: dict[int, str] = {}
+    for cp in range(0x10000):  # all of them are in the Basic Multilingual Plane
+        decomposition = unicodedata.decomposition(chr(cp))
+        if decomposition.startswith(("<wide>", "<narrow>")):
+            table[cp] = "".join(chr(int(h, 16)) for h in decomposition.split()[1:])
+    return table
+
+
+@functools.cache
+def _width_re() -> re.Pattern[str]:
+    return re.compile(_char_class([(cp, cp) for cp in _width_table()]))
+
+
+def fold_width(text: str) -> str:
+    """NFC, with full-width and half-width forms folded to their plain form (what NFKC
+    does to them), and no other compatibility folding."""
+    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+        return text  # NFKC text has no width forms and is NFC: the common case, in C
+    found = set(_width_re().findall(text))
+    if found:
+        # Half-width katakana voicing marks fold to combining ones: NFC composes them.
+        if len(found) <= 32:  # a few distinct ones (CJK punctuation): str.replace is C
+            table = _width_table()
+            for ch in found:
+                text = text.replace(ch, table[ord(ch)])
+        else:
+            text = text.translate(_width_table())
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    return text
 
 
 def normalize_text(text: str, rule: InputRule) -> str:
-    """Normalise one string under an input rule (NFKC, emoji, invisible characters)."""
-    if rule.nfkc and not unicodedata.is_normalized("NFKC", text):
-        # Chinese text is rarely normalised only because of its full-width punctuation;
-        # folding those first (the same result as NFKC) usually spares the slow path.
-        for ch in set(_FULL_WIDTH_RE.findall(text)):
-            text = text.replace(ch, " " if ch == "\u3000" else chr(ord(ch) - 0xFEE0))
-        if not unicodedata.is_normalized("NFKC", text):
-            text = unicodedata.normalize("NFKC", text)
+    """Normalise one string under an input rule (width folding, emoji, invisible
+    characters)."""
+    if rule.nfkc:
+        text = fold_width(text)
     if rule.emoji == "keep" and not rule.strip_invisible:
         return text
     if text.isascii():
@@ -206,10 +277,10 @@ def normalize_text(text: str, rule: InputRule) -> str:
         text = replace_emoji(text, tag=rule.emoji == "tag")
     if rule.strip_invisible:
         text = strip_invisible(text, keep_joiners=rule.emoji == "keep")
-    if rule.nfkc and text != before and not unicodedata.is_normalized("NFKC", text):
+    if rule.nfkc and text != before:
         # What stood between a letter and its combining mark is gone ("N\u200b\u0300"):
         # they compose now, so normalising the result again changes nothing.
-        text = unicodedata.normalize("NFKC", text)
+        text = fold_width(text)
     return text
 
 

@@ -13,19 +13,26 @@ says so. Only a prompt that might not fit is counted exactly, and the tokenizer'
 encoding is loaded the first time one does.
 
 Values are inserted as text: a string as it is (after normalisation), anything else as
-compact JSON (``true``, not ``True``). A placeholder inside a JSON string of the
-template gets the JSON-escaped value. A value cannot close the input section: the
-delimiters ``<input>``/``</input>`` inside a value are shown as ``‹input›``/``‹/input›``.
+compact JSON (``true``, not ``True``; NaN and infinities as ``NaN``/``Infinity``/
+``-Infinity``, a Decimal as its digits). A placeholder inside a JSON string of the
+template gets the JSON-escaped value, and is budgeted by that escaped text. A value
+cannot close the input section: the delimiters ``<input>``/``</input>`` inside a value,
+in any case and with any spaces inside the tag, are shown as ``‹input›``/``‹/input›``.
+Surrogate pairs (as some JSON decoders leave astral characters) are joined; lone
+surrogates are replaced by ``?``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -181,9 +188,51 @@ class _PlanCache:
 _plans = _PlanCache()
 
 
+def _special(value: Any) -> bool:
+    """Whether compact JSON would misrepresent ``value``: NaN and infinities (JSON has
+    none; orjson writes ``null``) or a Decimal (orjson quotes it)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Decimal):
+        return True
+    if isinstance(value, Mapping):
+        return any(_special(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_special(v) for v in value)
+    return False
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    return _as_text(key) if isinstance(key, bool | int | float | Decimal) or key is None \
+        else str(key)
+
+
+def _special_text(value: Any) -> str:
+    """Compact JSON-like text with NaN/Infinity/-Infinity written as such and a Decimal
+    as its plain digits (``1.10``), as a reader of the prompt expects."""
+    if isinstance(value, Decimal):
+        return format(value, "f") if value.is_finite() else str(value).replace("sNaN", "NaN")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{_json_text(_key_text(k))}:{_special_text(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_special_text(v) for v in value) + "]"
+    return _as_text(value) if not isinstance(value, str) else _json_text(value)
+
+
+def _json_text(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
+    if _special(value):
+        return _special_text(value)
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
     except TypeError:  # integers beyond 64 bits, and the like
@@ -204,10 +253,29 @@ def _json_escaped(text: str) -> str:
     return orjson.dumps(text).decode()[1:-1]
 
 
+#: The input delimiters in any case and with any spacing inside the tag.
+_DELIMITER = re.compile(r"<\s*(/?)\s*input\s*>", re.IGNORECASE)
+
+
 def _guard(text: str) -> str:
-    if "input>" in text:
-        text = text.replace(INPUT_OPEN, _SAFE_OPEN).replace(INPUT_CLOSE, _SAFE_CLOSE)
+    if ">" in text:
+        text = _DELIMITER.sub(lambda m: _SAFE_CLOSE if m.group(1) else _SAFE_OPEN, text)
     return text
+
+
+def _sendable(text: str) -> str:
+    """``text`` with surrogate pairs joined (some JSON decoders leave an astral
+    character as two surrogates) and lone surrogates, which cannot be sent or hashed,
+    replaced by ``?``."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le",
+                                                                  "surrogatepass")
+        return joined.encode(errors="replace").decode()
 
 
 def _resolve(plan: _Plan, input_data: Mapping[str, Any],
@@ -222,7 +290,7 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
         # only a zero-width space, a BOM or a removed emoji takes its default too.
         normalised = isinstance(value, str)
         if normalised:
-            value = normalize_text(value, rule)
+            value = normalize_text(_sendable(value), rule)
         if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
             default = plan.defaults.get(name)
             if default is not None:
@@ -238,12 +306,7 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
                 value = ""
         if isinstance(value, str):
             prose.add(name)
-        text = _as_text(value if normalised else normalize_value(value, rule))
-        if not text.isascii():
-            try:
-                text.encode()
-            except UnicodeEncodeError:  # lone surrogates cannot be sent or hashed
-                text = text.encode(errors="replace").decode()
+        text = _sendable(_as_text(value if normalised else normalize_value(value, rule)))
         values[name] = _guard(text) if plan.delimited else text
     return values, prose
 
@@ -300,56 +363,91 @@ def _water_fill(costs: Mapping[str, int], available: int) -> dict[str, int]:
 
 
 def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, int],
-         notes: list[str], alerts: list[str]
+         notes: list[str], alerts: list[str], limit: int
          ) -> tuple[dict[str, str], dict[str, str], int, bool]:
-    """Condense free-text values until the prompt fits ``max_input_tokens``; the last
-    item says whether the condensation note fits too (it is left out, not the budget
-    broken, when only the template and the values fit)."""
-    assert plan.max_input_tokens is not None
+    """Condense free-text values until the prompt fits ``limit`` tokens; the last item
+    says whether the condensation note fits too (it is left out, not the budget
+    broken, when only the template and the values fit).
+
+    A value is measured as it is inserted: a placeholder inside a JSON string costs its
+    escaped text (quotes, backslashes and newlines escaped cost more), once per use."""
     estimator, fixed_tokens = plan.exact.get()
     count = estimator.count
-    occurrences = plan.template.occurrences
     shrinkable = {n: c for n, c in costs.items() if n in prose}
     note = _NOTE.format(names=", ".join(sorted(shrinkable)))
-    slack = sum(occurrences.values())  # one token per join, for merges at the seams
+    slack = sum(plan.template.occurrences.values())  # one token per join, at the seams
     note_tokens = count(note)
     fixed = fixed_tokens + slack + sum(c for n, c in costs.items() if n not in prose)
-    with_note = plan.max_input_tokens - fixed - note_tokens > 0
-    available = plan.max_input_tokens - fixed - (note_tokens if with_note else 0)
+    with_note = limit - fixed - note_tokens > 0
+    available = limit - fixed - (note_tokens if with_note else 0)
     if available <= 0 or not shrinkable:
         alerts.append("over_budget")
         return values, _insertions(plan, values), fixed_tokens + sum(costs.values()), False
+
+    def inserted_cost(name: str) -> Callable[[str], int]:
+        n_plain, n_inside = plan.uses[name]
+        if not n_inside:
+            return count if n_plain == 1 else (lambda t: n_plain * count(t))
+        return lambda t: (n_plain * count(t) if n_plain else 0) + \
+            n_inside * count(_json_escaped(t))
+
+    measure = {n: inserted_cost(n) for n in shrinkable}
     caps = _water_fill(shrinkable, available)
     out = dict(values)
     condensed_names: list[str] = []
+    new_costs = dict(costs)
     for _attempt in range(4):
         for name, cap in caps.items():
             if shrinkable[name] <= cap and out[name] == values[name]:
                 continue
-            per_use = cap // occurrences[name]
-            result = condense(values[name], per_use, count)
+            result = condense(values[name], cap, measure[name])
             if result.condensed or result.text != values[name]:
                 out[name] = result.text
                 if name not in condensed_names:
                     condensed_names.append(name)
                     notes.append(f"condensed:{name}:{result.kept}/{result.total} {result.unit}")
-        plain, escaped = out, _insertions(plan, out)
-        new_costs = _cost(count, plan, plain, escaped)
+        new_costs = _cost(count, plan, out, _insertions(plan, out))
         over = sum(new_costs[n] for n in shrinkable) - available
         if over <= 0:
             break
-        # JSON escaping or joins cost more than counted: take it from the largest.
+        # Joins cost more than counted: take it from the largest.
         largest = max(shrinkable, key=lambda n: new_costs[n])
-        caps[largest] = max(0, new_costs[largest] - over - occurrences[largest])
+        caps[largest] = max(0, new_costs[largest] - over - plan.template.occurrences[largest])
     else:
         for name in shrinkable:  # last resort: a hard cut at a safe boundary
-            out[name] = hard_cut(out[name], caps[name] // occurrences[name], count)
-        plain, escaped = out, _insertions(plan, out)
-        new_costs = _cost(count, plan, plain, escaped)
+            out[name] = hard_cut(out[name], caps[name], measure[name])
+        new_costs = _cost(count, plan, out, _insertions(plan, out))
+        if sum(new_costs[n] for n in shrinkable) > available:
+            alerts.append("over_budget")
     total = fixed_tokens + sum(new_costs.values())
     if condensed_names and with_note:
         total += note_tokens
-    return plain, escaped, total, with_note
+    return out, _insertions(plan, out), total, with_note
+
+
+def _assemble(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str],
+              notes: list[str], with_note: bool) -> list[dict[str, str]]:
+    messages: list[dict[str, str]] = []
+    for role, text in zip(plan.template.roles, plan.template.texts, strict=True):
+        parts = text.parts
+        buf = [parts[0]]
+        for i, name in enumerate(text.names):
+            buf.append(escaped[name] if text.in_json_string[i] else plain[name])
+            buf.append(parts[i + 1])
+        messages.append({"role": role, "content": "".join(buf)})
+    if with_note and any(n.startswith("condensed:") for n in notes):
+        names = sorted({n.split(":")[1] for n in notes if n.startswith("condensed:")})
+        # On the last user message: an assistant message last is a prefill of the
+        # answer, never to be altered.
+        last = next((i for i in range(len(messages) - 1, -1, -1)
+                     if messages[i]["role"] == "user"), len(messages) - 1)
+        messages[last]["content"] += _NOTE.format(names=", ".join(names))
+    return messages
+
+
+def _sent_tokens(estimator: Estimator, messages: list[dict[str, str]]) -> int:
+    return sum(estimator.count(m["content"]) for m in messages) + \
+        TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_REPLY
 
 
 def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
@@ -370,25 +468,42 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
         estimator, fixed_tokens = plan.exact.get()
         costs = _cost(estimator.count, plan, plain, escaped)
         tokens = fixed_tokens + sum(costs.values())
+        if tokens <= limit:
+            # Parts counted apart can merge into more tokens at the seams: count what
+            # is sent (the trace then has the exact figure too).
+            messages = _assemble(plan, plain, escaped, notes, with_note)
+            tokens = _sent_tokens(estimator, messages)
+            if tokens <= limit:
+                return _rendered(plan, input_data, messages, tokens, estimator, notes,
+                                 alerts, False)
         if tokens > limit:
-            plain, escaped, tokens, with_note = _fit(plan, values, prose, costs, notes,
-                                                     alerts)
-    messages: list[dict[str, str]] = []
-    for role, text in zip(plan.template.roles, plan.template.texts, strict=True):
-        parts = text.parts
-        buf = [parts[0]]
-        for i, name in enumerate(text.names):
-            buf.append(escaped[name] if text.in_json_string[i] else plain[name])
-            buf.append(parts[i + 1])
-        messages.append({"role": role, "content": "".join(buf)})
+            # Fit, then count what is sent: where tokens merge across the seams, or a
+            # hard cut still does not fit, fit again to a budget lowered by the excess;
+            # a prompt that still does not fit says so (over_budget).
+            target = limit
+            for _attempt in range(3):
+                notes, alerts_fit = [], list(alerts)
+                plain, escaped, tokens, with_note = _fit(plan, values, prose, costs, notes,
+                                                         alerts_fit, target)
+                messages = _assemble(plan, plain, escaped, notes, with_note)
+                tokens = _sent_tokens(estimator, messages)
+                if tokens <= limit or "over_budget" in alerts_fit:
+                    break
+                target -= tokens - limit
+            alerts = alerts_fit
+            if tokens > limit and "over_budget" not in alerts:
+                alerts.append("over_budget")
+            condensed = any(n.startswith("condensed:") for n in notes)
+            return _rendered(plan, input_data, messages, tokens, estimator, notes, alerts,
+                             condensed)
+    messages = _assemble(plan, plain, escaped, notes, with_note)
     condensed = any(n.startswith("condensed:") for n in notes)
-    if condensed and with_note:
-        names = sorted({n.split(":")[1] for n in notes if n.startswith("condensed:")})
-        # On the last user message: an assistant message last is a prefill of the
-        # answer, never to be altered.
-        last = next((i for i in range(len(messages) - 1, -1, -1)
-                     if messages[i]["role"] == "user"), len(messages) - 1)
-        messages[last]["content"] += _NOTE.format(names=", ".join(names))
+    return _rendered(plan, input_data, messages, tokens, estimator, notes, alerts, condensed)
+
+
+def _rendered(plan: _Plan, input_data: Mapping[str, Any], messages: list[dict[str, str]],
+              tokens: int, estimator: Estimator, notes: list[str], alerts: list[str],
+              condensed: bool) -> Rendered:
     snapshot = orjson.dumps(messages)
     return Rendered(
         messages=messages,
