@@ -3,13 +3,17 @@
 1. whatever ``json_repair`` raises makes that region unreadable, never the output;
 2. a float with zero fraction in an integer field is delivered as an integer;
 3. a ``null`` in an optional field whose schema does not admit null is dropped;
-4. bracketed prose before a list answer (``[1]``, ``[Note]``) is not the answer;
-5. a list answer wrapped in an object beside metadata, in JSON Lines, or a lone item;
-6. a wrapper holding the answer as a JSON text beside metadata is unwrapped;
-7. a later value introduced by an answer label, or after a draft and a contrast,
-   replaces the draft;
+4. bracketed prose before a list answer (a citation ``[1]`` inside a sentence,
+   ``[Note]`` opening a line) is not the answer when a strict list of strings follows;
+5. a list answer wrapped in an object beside scalar metadata, when it validates;
+6. a wrapper holding the answer as a JSON text under an answer key beside metadata is
+   unwrapped;
+7. (reverted) a later value after an answer label or a draft word does not replace the
+   first value: only the correction phrases do;
 8. a text that closes all its brackets is not reported as cut off;
-9. ``json_repair`` work is bounded on many bare values.
+9. ``json_repair`` work is bounded on many bare values (not on true/false/null);
+10. regressions of the first fixes (R1-R11 of the third review): each test below
+    failed on the code before them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ G = '{"label": "positive", "score": 0.9}'
 N = '{"label": "negative", "score": 0.2}'
 GV = {"label": "positive", "score": 0.9}
 SETTINGS = settings(max_examples=150, deadline=None)
+#: Status values that report a failure (such a wrapper is never unwrapped).
+_FAILED = frozenset({"error", "failed", "failure", "refused", "rejected"})
 
 
 def _rule(schema: dict[str, Any], **extra: Any) -> DeliveryRule:
@@ -100,7 +106,7 @@ def test_fractional_float_in_integer_field_stays_a_violation() -> None:
 
 
 @SETTINGS
-@given(n=st.integers(min_value=-(1 << 53), max_value=1 << 53),
+@given(n=st.integers(min_value=-(1 << 53) + 1, max_value=(1 << 53) - 1),
        where=st.sampled_from(["top", "nested", "list"]))
 def test_integral_floats_are_delivered_as_ints(n: int, where: str) -> None:
     schema: dict[str, Any] = {"type": "integer"}
@@ -218,8 +224,7 @@ INTS = _rule({"type": "array", "items": {"type": "integer"}})
 @pytest.mark.parametrize(("raw", "rule", "expect"), [
     ('Based on the text [1], the entities are: ["Paris", "Bob"]', STRINGS, ["Paris", "Bob"]),
     ('[Note] The list:\n["Paris", "Bob"]', STRINGS, ["Paris", "Bob"]),
-    ('Answer [final]:\n["Paris", "Bob"]', STRINGS, ["Paris", "Bob"]),
-    ("Step [1]: found ids [3, 1, 2]", INTS, [3, 1, 2]),
+    ('As shown in [2, 5], the names are ["Paris", "Bob"]', STRINGS, ["Paris", "Bob"]),
 ])
 def test_bracketed_prose_loses_to_the_list(raw: str, rule: DeliveryRule,
                                            expect: list[Any]) -> None:
@@ -239,16 +244,17 @@ def test_a_repaired_list_alone_is_still_the_answer(raw: str, expect: list[Any]) 
 
 _WORDS = st.text(st.characters(categories=("Lu", "Ll")), min_size=1, max_size=8).filter(
     lambda w: w not in ("true", "false", "null", "True", "False", "None"))  # literals
-_ITEMS = st.lists(st.text(st.characters(categories=("Lu", "Ll", "Nd", "Zs")), max_size=12),
-                  min_size=1, max_size=4)
+_ITEMS = st.lists(st.text(st.characters(categories=("Lu", "Ll", "Nd", "Zs")), max_size=12)
+                  .filter(str.strip), min_size=1, max_size=4)  # a blank item is no answer
 
 
 @SETTINGS
 @given(lead=st.one_of(
-    st.builds(lambda w, p: f"{p} [{w}] the list:", _WORDS, _WORDS),
     st.builds(lambda w: f"[{w}] The list:", _WORDS),
     st.builds(lambda n, w: f"As the text says [{n}], {w} are:",
-              st.integers(min_value=0, max_value=999), _WORDS)),
+              st.integers(min_value=0, max_value=999),
+              # (not a word that states a condition: "if" makes the list hypothetical)
+              st.sampled_from(["the names", "entities", "Tags", "die Namen", "名字"]))),
     sep=st.sampled_from([" ", "\n", "\n\n"]), items=_ITEMS)
 def test_a_strict_list_beats_bracketed_words_before_it(lead: str, sep: str,
                                                        items: list[str]) -> None:
@@ -267,22 +273,28 @@ PB = [{"name": "Paris"}, {"name": "Bob"}]
     ('{"entities": [{"name": "Paris"}], "count": 1}', [{"name": "Paris"}]),
     ('{"result": {"entities": [{"name": "Paris"}, {"name": "Bob"}]}}', PB),
     ('{"ok": true, "data": {"items": [{"name": "Paris"}, {"name": "Bob"}], "n": 2}}', PB),
-    ('{"name": "Paris"}\n{"name": "Bob"}', PB),
-    ('Here they are:\n{"name": "Paris"}\n{"name": "Bob"}\n', PB),
-    ('{"name": "Paris"}', [{"name": "Paris"}]),
 ])
 def test_list_answer_shapes(raw: str, expect: list[Any]) -> None:
     p = parse_output(raw, LIST)
     assert p.usable and p.value == expect, p
 
 
-@pytest.mark.parametrize("raw", [
-    '{"entities": [{"name": "Paris"}, {"name": "Bo',
-    '{"name": "Paris"}\n{"name": "Bob"}\n{"name": "Ev',
-])
-def test_cut_list_answers_stay_unusable(raw: str) -> None:
-    p = parse_output(raw, LIST)
+def test_cut_list_answers_stay_unusable() -> None:
+    p = parse_output('{"entities": [{"name": "Paris"}, {"name": "Bo', LIST)
     assert not p.usable and p.truncated, p
+
+
+@pytest.mark.parametrize("raw", [
+    '{"name": "Paris"}\n{"name": "Bob"}',
+    'Here they are:\n{"name": "Paris"}\n{"name": "Bob"}\n',
+    '{"name": "Paris"}\n{"name": "Bob"}\n{"name": "Ev',
+    '{"name": "Paris"}',
+])
+def test_objects_without_brackets_are_no_list_answer(raw: str) -> None:
+    # JSON Lines and a lone object are not read as a list (examples and candidates are
+    # written so too): the output is refused, never delivered in part.
+    p = parse_output(raw, LIST)
+    assert not p.usable, p
 
 
 @SETTINGS
@@ -291,20 +303,17 @@ def test_cut_list_answers_stay_unusable(raw: str) -> None:
        wrappers=st.lists(st.sampled_from(["result", "data", "output", "entities", "结果"]),
                          min_size=1, max_size=3, unique=True),
        meta=st.dictionaries(st.sampled_from(["count", "ok", "model", "ms", "status"]),
-                            st.one_of(st.integers(), st.booleans(), st.text(max_size=8)),
-                            max_size=3),
-       form=st.sampled_from(["wrapped", "lines"]))
+                            st.one_of(st.integers(), st.booleans(),
+                                      st.sampled_from(["ok", "success", "", "x1"])),
+                            max_size=3))
 def test_list_answers_come_back(names: list[str], wrappers: list[str],
-                                meta: dict[str, Any], form: str) -> None:
+                                meta: dict[str, Any]) -> None:
     items = [{"name": n} for n in names]
-    if form == "lines":
-        raw = "\n".join(json.dumps(i, ensure_ascii=False) for i in items)
-    else:
-        value: Any = items
-        for w in wrappers:
-            value = {w: value}
-        value = {**meta, **value} if isinstance(value, dict) else value
-        raw = json.dumps(value, ensure_ascii=False)
+    value: Any = items
+    for w in wrappers:
+        value = {w: value}
+    value = {**meta, **value}
+    raw = json.dumps(value, ensure_ascii=False)
     p = parse_output(raw, LIST)
     assert p.usable and p.value == items, (p, raw)
 
@@ -328,7 +337,8 @@ def test_wrapper_with_json_text_beside_metadata(wrapper: dict[str, Any]) -> None
        meta=st.dictionaries(st.sampled_from(["ok", "status", "model", "ms", "id"]),
                             st.one_of(st.integers(), st.booleans(),
                                       st.text(st.characters(exclude_characters="{["),
-                                              max_size=10)),
+                                              max_size=10).filter(
+                                          lambda t: t.strip().casefold() not in _FAILED)),
                             min_size=1, max_size=3),
        label=st.sampled_from(["positive", "negative", "neutral"]),
        score=st.floats(min_value=0, max_value=1), indent=st.sampled_from([None, 2]),
@@ -342,16 +352,14 @@ def test_json_text_answers_beside_metadata_come_back(
     assert p.usable and p.value == answer, p
 
 
-# 7. self-corrections: answer labels, drafts followed by a contrast -----------------------
+# 7. self-corrections: only the correction phrases name a later value -----------------
 
 @pytest.mark.parametrize("raw", [
-    f"My first guess was {N}, but the reviewer clearly liked it.\n\nAnswer: {G}",
-    f"Initially I thought {N}. However, re-reading the text, it's positive.\n\n{G}",
-    f"一开始我认为是 {N}。不过再看一遍，应该是：\n{G}",
-    f"初步判断为 {N}，但仔细阅读后发现评论是正面的。\n\n答案：{G}",
-    f"Before: {N}\nAfter: {G}",
     f"Draft reasoning gives {N}.\n\nFinal:\n```json\n{G}\n```",
     f"{N}\n\nCorrected:\n{G}",
+    f"{N}\nFinal answer:\n{G}",
+    f"{N}\nSo the answer is {G}",
+    f"{N}\n最终答案：{G}",
 ])
 def test_the_corrected_value_is_the_answer(raw: str) -> None:
     p = parse_output(raw, S)
@@ -367,41 +375,6 @@ def test_the_corrected_value_is_the_answer(raw: str) -> None:
 def test_the_first_value_stays_without_a_correction(raw: str) -> None:
     p = parse_output(raw, S)
     assert p.usable and p.value == GV, p
-
-
-_DRAFTS = ["My first guess was", "Initially I thought", "At first I said", "Originally:",
-           "My initial answer:", "一开始我认为是", "初步判断为", "起初我以为"]
-_CONTRASTS = [", but the text praises it.", ". However, re-reading it, no.",
-              ". Actually that misses the praise.", "。不过再看一遍，", "，但仔细阅读后发现不对。",
-              ". But wait."]
-_LABELS = ["", "Answer: ", "Final answer:\n", "Final: ", "答案：", "最终答案：", "After: ",
-           "Corrected:\n", "So the answer is "]
-
-
-@settings(max_examples=200, deadline=None)
-@given(draft=st.sampled_from(_DRAFTS), contrast=st.sampled_from(_CONTRASTS),
-       label=st.sampled_from(_LABELS), sep=st.sampled_from([" ", "\n", "\n\n"]),
-       fenced=st.booleans(),
-       bad=st.sampled_from(["negative", "neutral"]))
-def test_a_draft_then_a_contrast_gives_the_later_value(
-        draft: str, contrast: str, label: str, sep: str, fenced: bool, bad: str) -> None:
-    first = json.dumps({"label": bad, "score": 0.2})
-    later = f"```json\n{G}\n```" if fenced else G
-    raw = f"{draft} {first}{contrast}{sep}{label}{later}"
-    p = parse_output(raw, S)
-    assert p.usable and p.value == GV, (p, raw)
-
-
-@settings(max_examples=200, deadline=None)
-@given(label=st.sampled_from([lab for lab in _LABELS if lab]),
-       first_label=st.sampled_from(["", "Sure. ", "Here you go\n", "Output: "]),
-       sep=st.sampled_from(["\n", "\n\n"]), bad=st.sampled_from(["negative", "neutral"]))
-def test_an_answer_label_names_the_later_value(label: str, first_label: str, sep: str,
-                                               bad: str) -> None:
-    first = json.dumps({"label": bad, "score": 0.2})
-    raw = f"{first_label}{first}{sep}{label}{G}"
-    p = parse_output(raw, S)
-    assert p.usable and p.value == GV, (p, raw)
 
 
 # 8. no "cut off" for texts that close their brackets -------------------------------------
@@ -482,3 +455,253 @@ def test_repair_cost_counts_bare_pairs_outside_strings(n: int, pad: int) -> None
     assert repair_cost(quoted) == 0  # pairs inside a string cost nothing
     bare = "{" + ", ".join(f"k{i}: v{i}" for i in range(n)) + "x" * pad + "}"
     assert repair_cost(bare) in (0, n * len(bare))
+
+
+# 10. regressions of the first fixes (third review) ---------------------------------------
+
+ENT = _rule({"type": "array", "items": {"type": "object", "required": ["name", "type"],
+                                        "properties": {"name": {"type": "string"},
+                                                       "type": {"type": "string"}}}})
+CAT = _rule({"type": "object", "required": ["category"],
+             "properties": {"category": {"type": "string"}, "priority": {"type": "integer"}}})
+L2 = '[{"name": "Apple", "type": "ORG"}, {"name": "Tim Cook", "type": "PER"}]'
+L2V = [{"name": "Apple", "type": "ORG"}, {"name": "Tim Cook", "type": "PER"}]
+
+
+@pytest.mark.parametrize("raw", [
+    f'{G}\n\nReview: "Worst purchase ever, broke in a day."\nAnswer: {N}',
+    f"Answer: {G}\n\nReview: \"Broke in a day.\"\nAnswer: {N}",
+    f"{G}\n\n### Next example\nText: terrible service\nAnswer:\n{N}",
+    f"答案：{G}\n\n评论：很差\n答案：{N}",
+    f'**Answer:** {G}\n\n---\n**Review 2:** "meh"\n**Answer:** {N}',
+    f"My first guess was {G}, but the reviewer clearly liked it.\n\nAnswer: {N}",
+    f"Before: {G}\nAfter: {N}",
+])
+def test_r1_a_later_answer_label_does_not_replace_the_first_value(raw: str) -> None:
+    # Few-shot continuations label every value "Answer:": the first value stays.
+    p = parse_output(raw, S)
+    assert p.usable and p.value == GV, p
+
+
+@settings(max_examples=100, deadline=None)
+@given(label=st.sampled_from(["Answer: ", "答案：", "After: ", "Answer:\n"]),
+       first_label=st.sampled_from(["", "Sure. ", "Output: "]),
+       between=st.sampled_from(["\n", "\n\nReview: \"broke\"\n", "\n\nInput: meh\n"]),
+       bad=st.sampled_from(["negative", "neutral"]))
+def test_r1_labels_never_name_a_later_value(label: str, first_label: str, between: str,
+                                            bad: str) -> None:
+    later = json.dumps({"label": bad, "score": 0.2})
+    p = parse_output(f"{first_label}{G}{between}{label}{later}", S)
+    assert p.usable and p.value == GV, p
+
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    ('The customer originally bought a laptop.\n{"category": "hardware", "priority": 2}\n'
+     'But the follow-up mentions billing too, for which a separate ticket is '
+     '{"category": "billing", "priority": 3}', "hardware"),
+    ('Initially, the ticket describes a billing problem.\n```json\n{"category": "billing"}'
+     '\n```\nHowever, the ticket also mentions login issues. For reference, a login ticket'
+     ' is categorized as:\n```json\n{"category": "account"}\n```', "billing"),
+    ('用户最初反馈的是账单问题。\n{"category": "billing"}\n用户不但提到账单，还提到登录问题，'
+     '登录问题的分类为：{"category": "account"}', "billing"),
+    ('初步分析：用户反馈付款失败。\n{"category": "billing", "priority": 1}\n该工单不但涉及付款，'
+     '也附带了一个建议：{"category": "feedback", "priority": 3}', "billing"),
+    ('The ticket was originally filed under sales.\n{"category": "billing", "priority": 2}'
+     '\n\nIt was escalated, but the priority of the related ticket #123 stays '
+     '{"category": "sales", "priority": 4}.', "billing"),
+])
+def test_r2_draft_words_in_prose_do_not_replace_the_first_value(raw: str,
+                                                                expect: str) -> None:
+    p = parse_output(raw, CAT)
+    assert p.usable and p.value["category"] == expect, p
+
+
+@settings(max_examples=100, deadline=None)
+@given(draft=st.sampled_from(["My first guess was", "Initially I thought", "Originally:",
+                              "一开始我认为是", "初步判断为", "起初我以为", "本来是"]),
+       contrast=st.sampled_from([", but the text praises it.", ". However, it praises it.",
+                                 "。不过再看一遍，", "，但仔细阅读后发现是正面的。"]),
+       sep=st.sampled_from([" ", "\n", "\n\n"]))
+def test_r2_a_draft_word_and_a_contrast_name_no_later_value(draft: str, contrast: str,
+                                                           sep: str) -> None:
+    p = parse_output(f"{draft} {G}{contrast}{sep}{N}", S)
+    assert p.usable and p.value == GV, p
+
+
+@pytest.mark.parametrize("raw", [
+    'Each item has the form {"name": "...", "type": "..."}. Here is the list:\n' + L2,
+    'The first entity I found: {"name": "Apple", "type": "ORG"}. Full list:\n' + L2,
+])
+def test_r3_an_object_before_a_list_is_no_one_item_list(raw: str) -> None:
+    p = parse_output(raw, ENT)
+    assert p.usable and p.value == L2V, p
+
+
+@pytest.mark.parametrize("raw", [
+    '{"name": "Apple", "type": "ORG"}',
+    '{"type": "error", "name": "InvalidInput", "message": "The text is empty"}',
+    '{"name": "Apple", "type": "ORG"},\n{"name": "Tim Cook", "type": "PER"}',
+    '1. {"name": "Apple", "type": "ORG"}\n2. {"name": "Tim Cook", "type": "PER"}',
+    '- {"name": "Apple", "type": "ORG"}\n- {"name": "Tim Cook", "type": "PER"}',
+    'Extracted 2 entities {"name": "Apple", "type": "ORG"} and '
+    '{"name": "Tim Cook", "type": "PER"}.',
+])
+def test_r3_r4_objects_without_brackets_are_refused(raw: str) -> None:
+    # Never the first of several (or a lone object) delivered as the whole list.
+    p = parse_output(raw, ENT)
+    assert not p.usable, p
+
+
+@pytest.mark.parametrize("raw", [
+    'Candidates:\n{"name": "Apple", "type": "ORG"}\n{"name": "Tim Cook", "type": "PER"}\n'
+    '{"name": "iPhone", "type": "PRODUCT"}\n\nFinal answer (only ORG and PER):\n' + L2,
+    'Example output:\n{"name": "X", "type": "ORG"}\n{"name": "Y", "type": "PER"}\n\n'
+    'Answer:\n' + L2,
+    'Wrong:\n{"name": "apple", "type": "org"}\n{"name": "tim", "type": "per"}\nRight:\n' + L2,
+])
+def test_r5_object_lines_never_beat_the_list(raw: str) -> None:
+    p = parse_output(raw, ENT)
+    assert p.usable and p.value == L2V, p
+
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    ('Tags: [python, django]\n(do not use generic tags like ["code", "programming"])',
+     ["python", "django"]),
+    ('Entities: [Apple, Tim Cook]\n\nTheir names in the KB are ["apple", "tim"].',
+     ["Apple", "Tim Cook"]),
+    ('[positive, negative]\n\nNote: earlier runs returned ["neutral"].',
+     ["positive", "negative"]),
+    ('[Paris, London, Berlin]\n\nCapitals not in the text: ["Rome"]',
+     ["Paris", "London", "Berlin"]),
+    ('Answer: [apple, banana, cherry] - fruits only, not ["carrot"].',
+     ["apple", "banana", "cherry"]),
+    ('Answer [final]\n["Paris", "Bob"]', ["final"]),
+])
+def test_r6_a_list_the_model_wrote_unquoted_stays_the_answer(raw: str,
+                                                             expect: list[str]) -> None:
+    p = parse_output(raw, STRINGS)
+    assert p.usable and p.value == expect, p
+
+
+@pytest.mark.parametrize(("raw", "rule", "expect"), [
+    ("Relevant documents: [2], the others [1, 3, 4] are off-topic.", INTS, [2]),
+    ("The answer is [3], since among [1, 2, 3, 4] only 3 is prime.", INTS, [3]),
+    ("The answer is [3], since among [1, 2, 3, 4] only 3 is prime.", STRINGS, ["3"]),
+    ("[4], because document [4] says so; document [1, 2] mention it: [1, 2]", INTS, [4]),
+    ("Step [1]: read the docs. Then [2, 5].", INTS, [1]),
+])
+def test_r7_a_number_list_followed_by_prose_is_no_citation(
+        raw: str, rule: DeliveryRule, expect: list[Any]) -> None:
+    p = parse_output(raw, rule)
+    assert p.usable and p.value == expect, p
+
+
+@pytest.mark.parametrize(("raw", "rule"), [
+    ('{"result": {"tags": ["a", "b"]}, "input_ids": [101, 2023]}', STRINGS),
+    ('{"answer": {"keywords": ["x", "y"]}, "citations": [1, 3]}', STRINGS),
+    ('{"input": ["the", "cat", "sat"], "output": {"nouns": ["cat"]}}', STRINGS),
+    ('{"input": ["the", "cat", "sat"], "ok": true}', STRINGS),
+])
+def test_r8_a_wrapper_never_gives_a_list_that_is_not_the_answer(
+        raw: str, rule: DeliveryRule) -> None:
+    p = parse_output(raw, rule)
+    assert not p.usable, p
+
+
+@pytest.mark.parametrize(("raw", "rule"), [
+    ('{"status": "refused", "reason": "policy", "categories": ["violence"]}', STRINGS),
+    ('{"error": "Could not find any company names", "suggestions": ["Maybe Acme"]}',
+     STRINGS),
+    ('{"status": "error", "message": "input too long", "entities": []}', ENT),
+    ('{"error": {"code": 400, "details": [{"name": "text", "type": "missing"}]}}', ENT),
+    ('{"errors": ["bad input"]}', STRINGS),
+    ('{"result": {"refusal": "no", "items": ["x"]}}', STRINGS),
+])
+def test_r9_errors_and_refusals_are_never_unwrapped(raw: str, rule: DeliveryRule) -> None:
+    p = parse_output(raw, rule)
+    assert not p.usable, p
+
+
+@SETTINGS
+@given(key=st.sampled_from(["error", "Errors", "refusal", "status", "State"]),
+       value=st.sampled_from(["error", "FAILED", "failure", "Refused", "rejected"]),
+       reason=st.booleans(), items=st.lists(st.text(max_size=5), max_size=3))
+def test_r9_failure_reports_are_refused(key: str, value: str, reason: bool,
+                                        items: list[str]) -> None:
+    obj: dict[str, Any] = {key: value, "items": items, "count": len(items)}
+    if reason:
+        obj["reason"] = "policy"
+    p = parse_output(json.dumps(obj), STRINGS)
+    assert not p.usable, p
+
+
+def test_r9_a_reason_beside_a_status_is_refused() -> None:
+    p = parse_output('{"status": "done", "reason": "policy", "items": ["x"]}', STRINGS)
+    assert not p.usable, p
+
+
+@pytest.mark.parametrize("raw", [
+    '{"prompt": "{\\"label\\": \\"neutral\\", \\"score\\": 0.5}", "completion": "positive"}',
+    '{"request": "{\\"label\\": \\"positive\\", \\"score\\": 0.9}", "error": "timeout"}',
+    '{"input": "{\\"label\\": \\"positive\\", \\"score\\": 0.9}", "ms": 12}',
+    '{"result": "{\\"label\\": \\"positive\\", \\"score\\": 0.9}", "status": "failed"}',
+])
+def test_r10_json_text_beside_metadata_only_under_an_answer_key(raw: str) -> None:
+    p = parse_output(raw, S)
+    assert not p.usable, p
+
+
+def test_r10_the_input_text_is_not_the_answer() -> None:
+    p = parse_output('{"input": "{\\"category\\": \\"unknown\\"}", "status": "failed"}', CAT)
+    assert not p.usable, p
+
+
+FLAGS = _rule({"type": "array", "items": {
+    "type": "object", "required": ["id"],
+    "properties": {"id": {"type": "integer"}, "read": {"type": "boolean"},
+                   "write": {"type": "boolean"}, "admin": {"type": "boolean"},
+                   "owner": {"type": ["string", "null"]}}}})
+
+
+@pytest.mark.parametrize("n", [140, 180])
+def test_r11_literals_do_not_count_as_costly_pairs(n: int) -> None:
+    # json_repair reads true/false/null and numbers in linear time: a JS-object answer
+    # of 9-12 KB made of them is repaired (15-30 ms), not refused.
+    raw = "[\n" + ",\n".join(f"  {{id: {i}, read: true, write: false, admin: false, "
+                             f"owner: null}}" for i in range(n)) + "\n]"
+    p = parse_output(raw, FLAGS)
+    assert p.usable and len(p.value) == n, p
+    from lockgate.runtime.extract import repair_cost
+
+    assert repair_cost(raw) == 0
+
+
+def test_r11_a_refused_repair_says_why() -> None:
+    p = parse_output("{label: positive, score: 0.9, "
+                     + ", ".join(f"k{i}: v{i}" for i in range(1000)) + "}", S)
+    assert p.status is ParseStatus.INVALID_JSON
+    assert "too costly to repair" in (p.error or ""), p.error
+
+
+@pytest.mark.parametrize("raw", ['{"n": 9007199254740993.0}', '{"n": 9007199254740992.0}',
+                                 '{"n": -9007199254740992.0}'])
+def test_integral_floats_beyond_2_53_are_not_called_exact(raw: str) -> None:
+    # 9007199254740993.0 reads as the float 2**53: converting it would pass a lossy
+    # reading off as lossless.
+    p = parse_output(raw, INT)
+    assert not any(f.startswith("coerced:n:number->integer") for f in p.fixes), p
+    assert type((p.value or {}).get("n")) is not int, p
+
+
+def test_a_citation_at_the_end_of_its_line_stays_the_answer() -> None:
+    p = parse_output('The answer is [3]\nOther candidates: ["1", "2"]', STRINGS)
+    assert p.usable and p.value == ["3"], p
+
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    ('{"n": 1e3}', 1000), ('{"n": 2E+2}', 200), ('{"n": 4.0}', 4),
+])
+def test_integral_floats_with_exponents_are_converted(raw: str, expect: int) -> None:
+    # The fast path's cheap look at the text must not miss an exponent.
+    p = parse_output(raw, INT)
+    assert p.usable and p.value == {"n": expect} and type(p.value["n"]) is int, p

@@ -51,7 +51,8 @@ _LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
 _ENUMERATION_SPLIT_RE = re.compile(r"\s*、\s*")
 #: The integers a JSON value may hold exactly (signed 64 bits).
 _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
-#: The integers a float holds exactly, all of them (2**53).
+#: Below this magnitude a float holds every integer exactly (2**53; 2**53 + 1 is not
+#: a float, so 2**53 itself may stand for it).
 _MAX_SAFE = float(1 << 53)
 _TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
 _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
@@ -143,7 +144,7 @@ def _join(path: str, key: str | int) -> str:
 def conform(value: Any, node: Node, fixes: Fixes, path: str = "") -> Any:
     """Rename fields and coerce types of ``value`` towards ``node`` (see module doc)."""
     if isinstance(value, float) and node.integer_only and value.is_integer() \
-            and -_MAX_SAFE <= value <= _MAX_SAFE:
+            and -_MAX_SAFE < value < _MAX_SAFE:
         # 3.0 where an integer is declared: exactly 3 (only within the range a float
         # holds every integer of; 3.5 stays a violation).
         fixes.coerce(f"coerced:{path or '$'}:number->integer")

@@ -108,7 +108,7 @@ def _parse(raw: str, plan: OutputPlan) -> Parsed:
         if plan.expect is not None and found.status is ParseStatus.SCHEMA_VIOLATION \
                 and not found.truncated:
             return found  # the encoded answer's own failure explains best
-    if not fixes.applied and fast_ok(value, plan):
+    if not fixes.applied and fast_ok(value, plan, raw):
         return deliverable(Parsed(ParseStatus.VALID, value))
     return finish(value, plan, fixes, repaired=False)
 

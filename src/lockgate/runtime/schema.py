@@ -88,6 +88,10 @@ class OutputPlan:
     #: whether some position is integer-only or an optional field refuses null (the
     #: fast path then checks for a float like ``3.0`` or such a ``null``)
     needs_look: bool = False
+    #: whether some optional field refuses null (a ``null`` in the text is looked at)
+    look_null: bool = False
+    #: whether some position is integer-only (a fraction or exponent is looked at)
+    look_int: bool = False
 
 
 def _resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -277,8 +281,23 @@ def _build(rule: DeliveryRule) -> OutputPlan:
         fallback=dict(rule.fallback_values), is_valid=is_valid, errors=errors, model=model,
         known=frozenset(root.lookup), fields=tuple(root.props),
         keep_truncated=bool(rule.keep_truncated),
-        needs_look=root.deep,
+        needs_look=root.deep, look_null=_anywhere(root, "no_null"),
+        look_int=_anywhere(root, "integer_only"),
     )
+
+
+def _anywhere(root: Node, what: str) -> bool:
+    """Whether a node of the tree under ``root`` (where it is :attr:`Node.deep`) has
+    ``what`` (a truthy attribute)."""
+    stack = [root] if root.deep else []
+    while stack:
+        node = stack.pop()
+        if getattr(node, what):
+            return True
+        stack.extend(c for c in node.props.values() if c.deep)
+        if node.items is not None and node.items.deep:
+            stack.append(node.items)
+    return False
 
 
 class _PlanCache:

@@ -20,6 +20,7 @@ from lockgate.runtime.extract import (
     lenient_json,
     python_literal,
     repair,
+    too_costly,
 )
 from lockgate.runtime.scan import (
     ANY_START,
@@ -244,10 +245,6 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
                 return _chosen(text, outside)
         return _chosen(text, picks)
     if first_strict:
-        if plan.expect == "array" and "\n" in text:
-            lines = _json_lines(text, plan, fixes)
-            if lines is not None:
-                return lines
         return _first_strict(text, plan, fixes, start_at)
     return _search_regions(text, plan, fixes, start_at)
 
@@ -339,38 +336,6 @@ _CORRECTION = re.compile(
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
 
 
-#: An answer label that introduces the value right after it ("Answer:", "Final:",
-#: "After:", "Corrected:", 答案：, 最终结果：): the whole sentence before the value. A
-#: bare "Result:"/"Output:"/结果： names no answer over another (models label every
-#: value so).
-_LABEL_HEAD = r"^[\s*_#>\-]*(?:(?:the|my|our)\s+)?"
-_LABEL_TAIL = r"[\s*_]*[:：][\s*_]*\Z"
-_ANSWER_LABEL = re.compile(
-    r"(?i:" + _LABEL_HEAD + r"(?:(?:final|correct(?:ed)?|revised|updated|real|actual)\s+"
-    r"(?:answer|output|result|label|response|json|classification|version)|answer"
-    r"|final|corrected|revised|after)" + _LABEL_TAIL + ")"
-    r"|^[\s*_#>\-]*(?:(?:最终|正确的?|修正后的?|更正后的?)(?:答案|结果)|答案)"
-    + _LABEL_TAIL)
-#: The same labels at the start of a line (looked for after a value: an answer may
-#: follow).
-_ANSWER_LINE = re.compile(
-    r"(?im)^[ \t*_#>\-]*(?:(?:the|my|our)\s+)?(?:(?:final|correct(?:ed)?|revised|updated"
-    r"|real|actual)\s+(?:answer|output|result|label|response|json|classification|version)"
-    r"|answer|final|corrected|revised|after|(?:最终|正确的?|修正后的?|更正后的?)(?:答案|结果)"
-    r"|答案)[ \t*_]*[:：]")
-#: A value introduced as a first guess ("My first guess was", "Initially I thought",
-#: 一开始, 初步判断): a draft when a contrast follows it.
-_DRAFT = re.compile(
-    r"(?i)\b(?:(?:my\s+)?first (?:guess|thought|impression|take|attempt|pass|instinct|reading)"
-    r"|initial(?:ly| guess| thought| impression| take| answer| reading)|at first"
-    r"|originally|i (?:first|initially) (?:thought|said|labell?ed|guessed))\b"
-    r"|一开始|初步|起初|最初|乍一看|刚开始|原本|本来")
-#: A contrast that starts a clause after a draft ("..., but", "However,", 不过, 但).
-_CONTRAST = re.compile(
-    _CLAUSE + r"(?i:but|however|yet|actually|though|on (?:second|closer) (?:look|thought))\b"
-    r"|不过|但|然而|可是|其实|实际上")
-
-
 def _lead(text: str, start: int, floor: int) -> str:
     """The sentence that introduces the value at ``start``: the text before it back to
     the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
@@ -407,23 +372,10 @@ def _correction(text: str, begin: int, end: int) -> bool:
 
 
 def _corrected(text: str, picks: list[Pick], i: int) -> bool:
-    """Whether pick ``i`` is introduced as a correction or the final answer: by a
-    correction phrase between it and the value before, by an answer label right before
-    it, or after a value introduced as a first guess that a contrast follows."""
+    """Whether pick ``i`` is introduced as a correction or the final answer."""
     start = picks[i][0]
-    floor = picks[i - 1][1] if i else 0
-    if _correction(text, max(floor, start - _CORRECTION_REACH), start):
-        return True
-    if i and _ANSWER_LABEL.search(_lead(text, start, floor)) is not None:
-        return True
-    return bool(i) and _drafted(text, *picks[i - 1][:2], start)
-
-
-def _drafted(text: str, start: int, stop: int, end: int) -> bool:
-    """Whether the value at ``start:stop`` is introduced as a first guess and a
-    contrast follows it (before ``end``, within reach)."""
-    return _DRAFT.search(text, max(0, start - _INTRO), start) is not None and _CONTRAST.search(
-        text, stop, min(end, stop + _CORRECTION_REACH)) is not None
+    return _correction(text, max(picks[i - 1][1] if i else 0, start - _CORRECTION_REACH),
+                       start)
 
 
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
@@ -432,37 +384,51 @@ def _more_wanted(text: str, picks: list[Pick]) -> bool:
     word or citation (:func:`_weak`). Otherwise the first usable value is the answer
     (a later one never replaces it)."""
     return len(picks) < _MAX_PICKS and (_cued(text, picks[0][0], picks[-1][1])
-                                        or all(_weak(text, p) for p in picks)
-                                        or _drafted(text, *picks[-1][:2], len(text))
-                                        or _ANSWER_LINE.search(text, picks[-1][1]) is not None)
+                                        or all(_weak(text, p) for p in picks))
 
 
-#: A JSON string (double- or single-quoted) or a comment: skipped when looking for
-#: bare words.
-_QUOTED = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|//[^\n]*|/\*(?s:.*?)\*/""")
-#: A bare word (letters, not a JSON or Python literal).
-_BARE_WORD = re.compile(r"(?<![\w.])(?!(?:true|false|null|True|False|None)\b)[^\W\d_][\w-]*")
-#: A citation: one short number in brackets.
-_CITATION = re.compile(r"\[\s*\d{1,4}\s*\]")
-#: Prose after a value on its line: a word after punctuation and space.
-_PROSE_AFTER = re.compile(r"[ \t]*[:,.;)\]]?[ \t]*[^\W\d_]")
-#: Longest region looked at for bare words (a list written in prose is short).
-_WEAK_SPAN = 4096
+#: A citation: one or two short numbers in brackets (``[1]``, ``[2, 5]``).
+_CITATION = re.compile(r"\[[ \t]*\d{1,4}[ \t]*(?:,[ \t]*\d{1,4}[ \t]*)?\]")
+#: A bracketed label: one to three bare words (``[Note]``, ``[Final Answer]``).
+_LABEL = re.compile(r"\[[ \t]*[^\W\d_][\w-]*(?:[ \t]+[^\W\d_][\w-]*){0,2}[ \t]*\]")
+#: A word (prose).
+_WORD = re.compile(r"[^\W\d_]")
 
 
 def _weak(text: str, pick: Pick) -> bool:
     """Whether a list value is bracketed prose rather than a list the model wrote: a
-    bracket group whose words had no quotes (``[Note]``, ``Answer [final]``: quotes
-    invented by the repair), or a lone short citation followed by prose (``the text
-    [1], the entities``). Such a value loses to a later list that needed neither."""
+    citation (``[1]``, ``[2, 5]``) inside a sentence (prose before and after it on its
+    line) read as a list of strings, or a bracketed label at the start of a line that
+    prose follows on that line (``[Note] The list:``). Such a value loses to a later
+    list of strings written as strict JSON (:func:`_chosen`); a bracket group at the end
+    of its line (``Tags: [python, django]``) is never weak."""
     start, end, parsed = pick
-    if not isinstance(parsed.value, list) or end - start > _WEAK_SPAN \
-            or text[start:start + 1] != "[":
+    if not isinstance(parsed.value, list) or text[start:start + 1] != "[" \
+            or end - start > 64:
         return False
     body = text[start:end]
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    before = text[line_start:start]
+    after = text[end:len(text) if line_end < 0 else line_end]
+    if _WORD.search(after) is None:
+        return False
     if _CITATION.fullmatch(body):
-        return _PROSE_AFTER.match(text, end) is not None
-    return _BARE_WORD.search(_QUOTED.sub(" ", body)) is not None
+        return _WORD.search(before) is not None and bool(parsed.value) and all(
+            isinstance(v, str) for v in parsed.value)
+    return _LABEL.fullmatch(body) is not None and not before.strip()
+
+
+def _strict_strings(text: str, pick: Pick) -> bool:
+    """Whether a value is a list of strings written as strict JSON."""
+    start, end, parsed = pick
+    if not isinstance(parsed.value, list) or text[start:start + 1] != "[":
+        return False
+    try:
+        value = orjson.loads(text[start:end])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 def _cued(text: str, start: int, end: int) -> bool:
@@ -474,12 +440,16 @@ def _cued(text: str, start: int, end: int) -> bool:
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
     """The answer among usable values: the values introduced as not the answer
     (examples, drafts, the input, conditions) are left out (unless that leaves none),
-    so are bracketed prose and citations (:func:`_weak`) when a list the model wrote
-    remains, then the last one introduced as a correction or the final answer, else the first."""
+    so are bracketed prose and citations (:func:`_weak`) when a later list of strings
+    written as strict JSON remains, then the last one introduced as a correction or the
+    final answer, else the first."""
     kept = [i for i in range(len(picks))
             if not _not_the_answer(text, picks[i][0], picks[i - 1][1] if i else 0)] \
         or list(range(len(picks)))
-    kept = [i for i in kept if not _weak(text, picks[i])] or kept
+    if len(kept) > 1:
+        kept = [i for n, i in enumerate(kept) if not (_weak(text, picks[i]) and any(
+            _strict_strings(text, picks[j]) and not _weak(text, picks[j])
+            for j in kept[n + 1:]))]
     chosen = kept[0]
     for i in kept[1:]:
         if _corrected(text, picks, i):
@@ -491,9 +461,7 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
                   start_at: re.Pattern[str]) -> Parsed | None:
     found = regions(text, start_at, limit=1)
     if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start) \
-            or _cued(text, found[0].start, found[0].end) \
-            or _drafted(text, found[0].start, found[0].end, len(text)) \
-            or _ANSWER_LINE.search(text, found[0].end) is not None:
+            or _cued(text, found[0].start, found[0].end):
         return None
     for value, labels, repaired, _ in _candidates(text, found[0], plan):
         inner = fixes.copy()
@@ -507,10 +475,6 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
 
 def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                     start_at: re.Pattern[str]) -> Parsed:
-    if plan.expect == "array" and "\n" in text:
-        lines = _json_lines(text, plan, fixes)
-        if lines is not None:
-            return lines
     picks, failures, found = _region_picks(text, plan, fixes, start_at)
     if not found:
         return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
@@ -528,7 +492,11 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                             "the output was cut off before any value in it finished",
                             (*fixes.labels(), "truncated"))
         why = ""
-        if end is not None:
+        if any(r.end - r.start <= MAX_REPAIR and too_costly(text[r.start:r.end])
+               for r in found):
+            why = (" (it has too many unquoted keys and values: too costly to repair; "
+                   "ask for strict JSON)")
+        elif end is not None:
             # Not cut off (its brackets and quotes close): say what is wrong instead.
             try:
                 orjson.loads(text[last.start:end])
@@ -586,50 +554,6 @@ def _closes(text: str, start: int) -> int | None:
                 return i + 1
         i += 1
     return None
-
-
-#: A line that holds an object and nothing else (JSON Lines).
-_OBJECT_LINE = re.compile(r"(?m)^[ \t]*\{.*$")
-_MAX_LINES = 10_000
-
-
-def _json_lines(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
-    """A list answer written as JSON Lines (one object per line, two lines at least,
-    consecutive): the list of them, when it is usable; the output ends inside its last
-    line: unusable (a cut list is never delivered in part). None otherwise."""
-    run: list[re.Match[str]] = []
-    for m in _OBJECT_LINE.finditer(text):
-        if run and text[run[-1].end():m.start()].strip():
-            if len(run) >= 2:
-                break
-            run = []
-        run.append(m)
-        if len(run) > _MAX_LINES:
-            return None
-    if len(run) < 2:
-        return None
-    values: list[Any] = []
-    for i, m in enumerate(run):
-        line = m.group().strip()
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if i == len(run) - 1 and i >= 1 and not text[m.end():].strip():
-                return unusable(
-                    ParseStatus.SCHEMA_VIOLATION, plan,
-                    "the output was cut off inside the list that is the answer (JSON "
-                    "Lines; a cut list is never delivered in part; raise max_tokens)",
-                    (*fixes.labels(), "truncated"))
-            return None
-        if not isinstance(value, dict):
-            return None
-        values.append(value)
-    inner = fixes.copy()
-    inner.repair("extracted:lines")
-    if run[0].start() > len(text) - len(text.lstrip()) or text[run[-1].end():].strip():
-        inner.repair("extracted:chatter")
-    found = finish(values, plan, inner, repaired=False)
-    return found if found.usable else None
 
 
 def _region_picks(text: str, plan: OutputPlan, fixes: Fixes, start_at: re.Pattern[str]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -74,7 +75,34 @@ def unusable(status: ParseStatus, plan: OutputPlan, error: str,
                   missing=plan.expected)
 
 
-def fast_ok(value: Any, plan: OutputPlan) -> bool:
+#: Bytes mapped so that a number's exponent reads ``1e1`` or ``1e2`` (digits to ``1``,
+#: signs to ``2``, ``E`` to ``e``, all else to a space): a JSON float is written with a
+#: fraction (``.``) or an exponent.
+_EXPONENT_MAP = bytes(49 if 48 <= i <= 57 else 50 if i in (43, 45) else
+                      101 if i in (69, 101) else 32 for i in range(256))
+_EXPONENT = re.compile(rb"1e[12]")
+
+
+def _floatish(raw: str) -> bool:
+    """Whether ``raw`` may hold a float: a ``.``, or a digit, ``e`` or ``E`` and a digit
+    or sign (on the text's bytes mapped by :data:`_EXPONENT_MAP`, which a pattern with a
+    literal start finds fast: a pattern on the text itself costs more than the walk it
+    spares)."""
+    return "." in raw or _EXPONENT.search(
+        raw.encode("utf-8", "surrogatepass").translate(_EXPONENT_MAP)) is not None
+
+
+def _may_look(raw: str | None, plan: OutputPlan) -> bool:
+    """Whether the value read from ``raw`` may hold a null to drop or an integral float
+    to convert (:func:`_needs_conform`): only when ``raw`` holds ``null`` or a number's
+    fraction or exponent (or is not given)."""
+    return plan.needs_look and (raw is None or (plan.look_null and "null" in raw) or (
+        plan.look_int and _floatish(raw)))
+
+
+def fast_ok(value: Any, plan: OutputPlan, raw: str | None = None) -> bool:
+    """Whether ``value`` (read as strict JSON from ``raw``, when given) is delivered as
+    it stands: nothing to rename, convert, drop or fill."""
     if plan.expect == "object":
         if not isinstance(value, dict):
             return False
@@ -88,10 +116,10 @@ def fast_ok(value: Any, plan: OutputPlan) -> bool:
             return False
         if not _keys_known(value, plan.root):
             return False
-        if plan.needs_look and _needs_conform(value, plan.root):
+        if _may_look(raw, plan) and _needs_conform(value, plan.root):
             return False
     elif plan.expect == "array" and (not isinstance(value, list) or (
-            plan.needs_look and _needs_conform(value, plan.root))):
+            _may_look(raw, plan) and _needs_conform(value, plan.root))):
         return False
     if plan.is_valid is not None and not plan.is_valid(value):
         return False

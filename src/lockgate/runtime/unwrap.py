@@ -76,6 +76,15 @@ def _holds_no_object(node: Node) -> bool:
     return bool(node.types) and "object" not in node.types and not node.props
 
 
+#: Keys whose JSON text beside metadata may be the answer (never the input: prompt,
+#: input, request, query, source ...).
+_ANSWER_KEYS = frozenset({"result", "results", "output", "answer", "response", "data",
+                          "content", "completion", "json", "结果", "输出", "答案"})
+#: Keys that hold what the model was given, never its answer: an object holding one of
+#: them (as a list, an object or a text) gives no list answer.
+_INPUT_KEYS = frozenset({"input", "inputs", "prompt", "prompts", "request", "query",
+                         "question", "source", "context", "instruction", "instructions",
+                         "messages", "inputids"})
 #: The place of a value reached through a JSON text in a string (never a text path).
 _DECODED = "\x00decoded"
 
@@ -84,7 +93,8 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
              budget: list[int]) -> tuple[str, Any] | None:
     """What a wrapper object wraps: its only value, or its only object value, or the
     only one of its object values that leads to declared fields (an object written as
-    a JSON text in a string counts as an object value)."""
+    a JSON text in a string under an answer key, :data:`_ANSWER_KEYS`, counts as an
+    object value unless the object reports an error: :func:`failed`)."""
     if len(obj) == 1:
         ((key, inner),) = obj.items()
         if isinstance(inner, str) and inner.lstrip().startswith(("{", "[")):
@@ -95,12 +105,14 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
             key = _DECODED
         return (key, inner) if isinstance(inner, dict | list) else None
     objects: list[tuple[str, Any]] = []
+    decode = not failed(obj)
     for i, (k, v) in enumerate(obj.items()):
         if i >= _MAX_KEYS:
             break
         if isinstance(v, dict):
             objects.append((k, v))
-        elif isinstance(v, str) and v.lstrip()[:1] == "{":
+        elif decode and isinstance(v, str) and v.lstrip()[:1] == "{" \
+                and isinstance(k, str) and fold(k) in _ANSWER_KEYS:
             # the answer as a JSON text beside metadata ({"ok": true, "result": "{...}"})
             try:
                 decoded = orjson.loads(v)
@@ -169,38 +181,73 @@ def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
 
 
 def _unwrap_list(obj: dict[str, Any], plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
-    """The list answer in an object: the one list in it (beside scalar metadata, any
-    number of wrappers deep: ``{"entities": [...], "count": 2}``) when it is a valid
-    answer; else the object itself as the list's one item when it holds fields of the
-    items (``{"name": "Paris"}``); else that list anyway (it explains the failure)."""
-    found = _list_in(obj, plan)
-    if found is not None and (plan.is_valid is None or plan.is_valid(found[0])):
-        for _ in range(found[2]):
+    """The list answer in an object: its only value when that is a list (the list, valid
+    or not: it explains the failure); else the one list in it (beside scalar metadata,
+    any number of wrappers deep: ``{"entities": [...], "count": 2}``) only when that
+    list is a valid answer. An error or a refusal (:func:`failed`) is never unwrapped."""
+    if failed(obj):
+        return obj, ()
+    if len(obj) == 1:
+        ((key, inner),) = obj.items()
+        if isinstance(inner, list):
             fixes.repair("unwrapped:object")
-        return found[0], found[1]
-    items = plan.root.items
-    if items is not None and items.props and any(
-            fold(k) in items.lookup for k in list(obj)[:_MAX_KEYS]):
-        fixes.coerce("coerced:$:object->array")
-        return [obj], ()
-    if found is not None:
+            return inner, (key,)
+    if plan.is_valid is None:
+        return obj, ()
+    found = _list_in(obj, plan)
+    if found is not None and plan.is_valid(found[0]):
         for _ in range(found[2]):
             fixes.repair("unwrapped:object")
         return found[0], found[1]
     return obj, ()
 
 
+#: Keys that say an object reports an error or a refusal, not an answer.
+_ERROR_KEYS = frozenset({"error", "errors", "refusal"})
+#: Keys of a status, and the values that say the call failed.
+_STATUS_KEYS = frozenset({"status", "state"})
+_FAILED = frozenset({"error", "failed", "failure", "refused", "rejected"})
+#: Keys that explain a status (``{"status": ..., "reason": ...}``).
+_REASON_KEYS = frozenset({"reason", "message"})
+
+
+def failed(obj: dict[str, Any]) -> bool:
+    """Whether an object reports an error or a refusal: a key named error, errors or
+    refusal, a status (or state) of error, failed, failure, refused or rejected, or a
+    reason or message beside a status."""
+    status = False
+    reason = False
+    for i, (k, v) in enumerate(obj.items()):
+        if i >= _MAX_KEYS:
+            break
+        key = fold(k) if isinstance(k, str) else ""
+        if key in _ERROR_KEYS:
+            return True
+        if key in _STATUS_KEYS:
+            status = True
+            if isinstance(v, str) and v.strip().casefold() in _FAILED:
+                return True
+        elif key in _REASON_KEYS:
+            reason = True
+    return status and reason
+
+
 def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, int] | None:
     """The only list value of ``obj`` (or the only valid one, or the only one in a JSON
-    text), else of its only object value, and so on down: the list, its path, the
-    levels removed. None when there is none or no single one."""
+    text) beside scalar values, else of its only object value, and so on down: the
+    list, its path, the levels removed. None when there is none or no single one, when
+    lists stand beside objects, or when an object on the way reports an error or a
+    refusal or holds the input (:data:`_INPUT_KEYS`)."""
     current = obj
     path: Path = ()
     for level in range(1, _MAX_UNWRAP + 1):
+        if failed(current):
+            return None
         lists: list[tuple[str, list[Any]]] = []
         objects: list[tuple[str, dict[str, Any]]] = []
         for i, (k, v) in enumerate(current.items()):
-            if i >= _MAX_KEYS:
+            if i >= _MAX_KEYS or (isinstance(k, str) and fold(k) in _INPUT_KEYS
+                                  and isinstance(v, list | dict | str)):
                 return None
             if isinstance(v, list):
                 lists.append((k, v))
@@ -213,6 +260,8 @@ def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, in
                     continue
                 if isinstance(decoded, list):
                     lists.append((_DECODED, decoded))
+        if lists and objects:
+            return None  # a list beside objects is not beside scalar metadata
         if len(lists) > 1 and plan.is_valid is not None:
             lists = [(k, v) for k, v in lists if plan.is_valid(v)]
         if len(lists) == 1:
