@@ -126,6 +126,8 @@ class _Plan:
     delimited: bool
     #: per placeholder: (uses as plain text, uses inside a JSON string)
     uses: Mapping[str, tuple[int, int]]
+    #: placeholder uses: each joins a value to the literal text on both sides
+    joins: int = 0
 
 
 _MISSING: Any = object()
@@ -157,6 +159,7 @@ def _build_plan(config: TaskConfig) -> _Plan:
         max_input_tokens=config.model.max_input_tokens, fixed_bytes=fixed_bytes,
         fixed_estimate=_fixed(CALIBRATED, literal),
         delimited=any(INPUT_OPEN in t or INPUT_CLOSE in t for t in literal), uses=uses,
+        joins=sum(a + b for a, b in uses.values()),
     )
 
 
@@ -469,10 +472,12 @@ def render(config: TaskConfig, input_data: Mapping[str, Any]) -> Rendered:
         costs = _cost(estimator.count, plan, plain, escaped)
         tokens = fixed_tokens + sum(costs.values())
         if tokens <= limit:
-            # Parts counted apart can merge into more tokens at the seams: count what
-            # is sent (the trace then has the exact figure too).
+            # Parts counted apart can count a token more or less where they join: a
+            # prompt within that many of the limit is counted as sent (counting it all
+            # again would double the exact path's cost for every prompt).
             messages = _assemble(plan, plain, escaped, notes, with_note)
-            tokens = _sent_tokens(estimator, messages)
+            if tokens > limit - 2 * plan.joins:
+                tokens = _sent_tokens(estimator, messages)
             if tokens <= limit:
                 return _rendered(plan, input_data, messages, tokens, estimator, notes,
                                  alerts, False)
