@@ -281,3 +281,29 @@ def test_a_worker_frozen_while_its_claim_was_answered_does_not_call_what_it_got(
     assert sorted(taken) == [f"t-{i:05d}" for i in range(4)]
     assert simulator.stats()["requests"] == 0  # none of the four called again
     assert stats.lapsed == 4
+
+
+def test_a_claim_answered_late_whose_tasks_nobody_took_still_calls_them(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """The same late answer (a claim that waited on a lock, or a freeze), but no other
+    worker took the tasks meanwhile: they are still this worker's (the late claim's
+    leases are renewed, not assumed lost) and each is called once, now."""
+    store.submit([parse_task(t) for t in tasks(4)], batch_id="b")
+    claim = store.claim
+    stalled = []
+
+    def stalled_claim(limit: int, **kw: Any) -> list[ClaimedTask]:
+        got = claim(limit, **kw)
+        if got and not stalled:
+            stalled.append(len(got))
+            time.sleep(2.5)  # past the 2 s lease; nobody claims them meanwhile
+        return got
+
+    store.claim = stalled_claim  # type: ignore[method-assign]
+    worker = Worker(store, worker_settings(concurrency=4, lease_s=2.0, claim_batch=4),
+                    burst=True)
+    stats = asyncio.run(asyncio.wait_for(worker.run(), 60))
+    assert stalled == [4]
+    assert (stats.succeeded, stats.lapsed) == (4, 0)
+    sim = simulator.stats()
+    assert (sim["requests"], sim["duplicate_successes"]) == (4, 0)

@@ -81,6 +81,7 @@ class Calls(WorkerCore):
         self.stats.claimed += len(rows)
         for r in rows:  # held (and renewed) from now on, whatever happens next
             self._held[r.id, r.lease_token] = r
+            self._ready_at[r.id, r.lease_token] = asked
         entries = {h: e for h in {r.config_hash for r in rows}
                    if (e := self._configs.get(h)) is not None}
         missing = {r.config_hash for r in rows} - entries.keys()
@@ -88,17 +89,35 @@ class Calls(WorkerCore):
             docs = await self._db_retry("reading task configs", self.store.configs, missing)
             for h, doc in docs.items():
                 entries[h] = self._configs[h] = load(h, doc)
+        if time.monotonic() - asked >= self.ws.lease_s / 2:
+            # The claim (or the configs' read) took long: the process was frozen
+            # meanwhile, or the claim waited on a lock before it leased them. Ask the
+            # database which are still this worker's (renewing them): another worker
+            # may hold some by now, and calling those would only duplicate its calls.
+            await self._confirm(rows)
         for r in rows:
             entry = entries[r.config_hash]
-            self._ready_at[r.id, r.lease_token] = asked
             if len(self._running) < self.ws.concurrency:
-                # A claim (or the configs' read) that returned a lease after it was
-                # sent (the process frozen meanwhile) handed over tasks another worker
-                # may hold by now: those are let go uncalled too.
                 if not self._lapsed(r):
                     self._launch(r, entry)
             else:
                 self._ready.append((r, entry))
+
+    async def _confirm(self, rows: list[ClaimedTask]) -> None:
+        """Renew the leases of a claim's tasks now; those held no more are marked taken
+        over (:meth:`_lapsed` lets them go), the others' leases run from now."""
+        held: dict[str, list[int]] = {}
+        for r in rows:
+            held.setdefault(r.lease_token, []).append(r.id)
+        began = time.monotonic()
+        lost = await self._db_retry("renewing the leases of a late claim",
+                                    self.store.renew_leases, held, lease_ms=self._lease_ms)
+        for r in rows:
+            key = (r.id, r.lease_token)
+            if key in lost:
+                self._taken_over.add(key)
+            elif key in self._ready_at:
+                self._ready_at[key] = began
 
     def _lapsed(self, t: ClaimedTask) -> bool:
         """Whether the lease of a task kept ready has run out unrenewed (the process was
