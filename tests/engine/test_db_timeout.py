@@ -6,12 +6,15 @@ partition scenario (tests/chaos/test_partition.py) shows what they do on a lossy
 from __future__ import annotations
 
 import socket
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
 from conftest import BACKENDS
+from engine.support import clean_env, lockgate_cmd
 from lockgate.errors import ConfigError
 from lockgate.store.engine import DB_TIMEOUT_S, create, db_timeout_s
 
@@ -115,3 +118,43 @@ def test_the_server_side_of_a_postgresql_session_has_the_same_bounds(
     assert shown == {"tcp_keepalives_idle": "2", "tcp_keepalives_interval": "2",
                      "tcp_keepalives_count": "3", "tcp_user_timeout": "8000",
                      "idle_in_transaction_session_timeout": "1min"}
+
+
+def test_a_mysql_connection_is_not_held_to_the_login_read_bound(server_url: str) -> None:
+    """The read timeout that bounds the login is lifted once connected: a statement
+    may take as long as it takes."""
+    if server_url.startswith("postgresql"):
+        pytest.skip("a MySQL/MariaDB client setting")
+    engine = create(server_url)
+    try:
+        with engine.connect() as conn:
+            raw: Any = conn.connection.driver_connection
+            assert raw._read_timeout is None
+            assert conn.exec_driver_sql("SELECT SLEEP(0.2)").scalar() == 0
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose server accepts connections and never says a word (a frozen
+    server, a stuck proxy): the kernel completes the handshakes into the backlog."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        yield srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "postgresql"])
+def test_a_server_that_accepts_and_never_answers_is_given_up_within_the_timeout(
+        silent_port: int, scheme: str) -> None:
+    """MySQL/MariaDB's login waited for the server's greeting forever (PyMySQL's
+    connect timeout bounds the TCP connect only); PostgreSQL's gave up but called the
+    server's silence a refusal ("refused the operation: connection timeout expired")."""
+    user = "root" if scheme == "mysql" else "postgres"
+    res = subprocess.run(lockgate_cmd("status", "--db",
+                                      f"{scheme}://{user}@127.0.0.1:{silent_port}/x"),
+                         capture_output=True, text=True, timeout=60,
+                         env=clean_env(LOCKGATE_DB_TIMEOUT="2s"))
+    assert res.returncode == 2, res.stderr
+    assert "cannot reach the database" in res.stderr, res.stderr

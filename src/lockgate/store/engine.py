@@ -105,7 +105,7 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
     if backend == "sqlite":
         _sqlite_setup(engine)
     elif backend in ("mysql", "mariadb"):
-        _mysql_setup(engine, timeout_s)
+        _mysql_setup(engine, timeout_s, login_only="read_timeout" not in parsed.query)
     else:
         _postgres_setup(engine, timeout_s)
     return engine
@@ -181,7 +181,12 @@ def _tcp_connect_args(backend: str, query: Any, timeout_s: float) -> dict[str, A
     """The driver's connect arguments that bound a silent server; a parameter the URL
     sets itself is left to the URL."""
     if backend in ("mysql", "mariadb"):
-        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout_s))}
+        # PyMySQL's connect_timeout bounds the TCP connect only: a server that accepts
+        # and never greets (frozen, a stuck proxy) held the login forever. The read
+        # timeout bounds the login; it is lifted once connected (``_mysql_setup``),
+        # unless the URL sets it.
+        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout_s)),
+                                "read_timeout": timeout_s}
     else:
         probe = _keepalive_s(timeout_s)
         # libpq's connect_timeout is whole seconds, at least 2.
@@ -290,7 +295,7 @@ def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: floa
         pause_s = min(pause_s * 2, max_pause_s)
 
 
-def _mysql_setup(engine: Engine, timeout_s: float) -> None:
+def _mysql_setup(engine: Engine, timeout_s: float, *, login_only: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         sock = getattr(dbapi_conn, "_sock", None)  # PyMySQL's (a Unix socket needs none)
@@ -304,3 +309,7 @@ def _mysql_setup(engine: Engine, timeout_s: float) -> None:
             cur.execute(f"SET SESSION idle_transaction_timeout = "
                         f"{max(1, int(IDLE_IN_TRANSACTION_S))}")
         cur.close()
+        if login_only and hasattr(dbapi_conn, "_read_timeout"):
+            # Logged in: a statement may take as long as it takes (a silent server
+            # is noticed by the TCP user timeout and keepalives set above).
+            dbapi_conn._read_timeout = None

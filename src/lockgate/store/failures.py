@@ -67,8 +67,9 @@ def is_unavailable(exc: DBAPIError) -> bool:
         return sqlstate in _PG_GONE or str(sqlstate).startswith("08")
     if isinstance(exc.orig, sqlite3.Error):
         return False
-    # psycopg reports a refused or failed connection attempt without a SQLSTATE
-    return type(exc.orig).__name__ == "OperationalError"
+    # psycopg reports a refused, failed or timed-out connection attempt without a
+    # SQLSTATE, as an OperationalError or a subclass (ConnectionTimeout)
+    return any(c.__name__ == "OperationalError" for c in type(exc.orig).__mro__)
 
 
 def is_transient(exc: DBAPIError) -> bool:
