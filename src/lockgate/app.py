@@ -155,11 +155,14 @@ class Lockgate:
         self.store = Store(url)
         #: The database URL with its password (worker processes open their own).
         self.url: str = self.store.engine.url.render_as_string(hide_password=False)
+        #: The schema revision the database was at when opened with ``migrate`` (None:
+        #: it had no lockgate tables; ``SCHEMA_HEAD``: nothing was to do).
+        self.schema_found: str | None = None
         try:
             if not create:
                 self.store.check_schema(old_ok=migrate)
             if migrate:
-                self.store.migrate()
+                self.schema_found = self.store.migrate()
         except BaseException:
             self.store.close()
             raise

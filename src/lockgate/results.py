@@ -312,8 +312,10 @@ class Status(_Row):
     batches: dict[str, dict[str, int]]
     #: PENDING tasks some worker holds a lease on now.
     leased: int
-    #: PENDING tasks waiting out a retry's back-off.
+    #: PENDING tasks waiting after an error: a retry's back-off, or a call given back
+    #: while its endpoint was down.
     backing_off: int
+    #: Workers alive (a heartbeat within the last 30 s).
     workers: list[WorkerInfo]
     #: Batches whose submit has not finished writing (run it again to complete them).
     incomplete_batches: list[str]
@@ -322,6 +324,12 @@ class Status(_Row):
     #: The submits of each incomplete batch that did not finish: "FILE on HOST" (the
     #: same command run again there completes it).
     unfinished_submits: dict[str, list[str]] = field(default_factory=dict)
+    #: PENDING tasks not due yet without any error: their batch's window has not
+    #: opened, or its pace holds them back.
+    scheduled: int = 0
+    #: Workers that never said they stopped and have been silent for over 30 s (up to
+    #: an hour): crashed, killed or cut off; their leases expire and others take over.
+    silent_workers: list[WorkerInfo] = field(default_factory=list)
 
     @property
     def review(self) -> int:

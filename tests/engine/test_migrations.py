@@ -180,6 +180,24 @@ def test_a_table_in_the_way_is_named_with_its_revision(fresh: Store,
     assert fresh._revision() == SCHEMA_HEAD
 
 
+def test_init_says_whether_it_created_upgraded_or_found_the_schema(
+        fresh: Store, tmp_path: Path) -> None:
+    """It said "schema is up to date" when it had just created the tables, or upgraded
+    them: an operator upgrading between releases could not tell whether it ran."""
+    def init(url: str) -> str:
+        res = subprocess.run(lockgate_cmd("init", "--db", url), capture_output=True,
+                             text=True, env=clean_env(), cwd=tmp_path, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return " ".join((res.stdout + res.stderr).split())
+
+    empty = f"sqlite:///{tmp_path / 'new.db'}"
+    assert f"schema created in {empty} (revision {SCHEMA_HEAD})" in init(empty)
+    _upgrade(fresh, "0007")
+    url = fresh.engine.url.render_as_string(hide_password=False)
+    assert f"revision 0007 -> {SCHEMA_HEAD}" in init(url)
+    assert "schema is up to date in" in init(url)
+
+
 def test_a_database_of_a_newer_lockgate_is_refused_in_one_line(
         db_url: str, store: Store, tmp_path: Path) -> None:
     """A database at a revision this lockgate has no migration for: a newer lockgate

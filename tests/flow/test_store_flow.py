@@ -14,7 +14,7 @@ from lockgate.flow.lanes import pace_of, window_of
 from lockgate.flow.leasing import LeaseRequest, lease_buckets
 from lockgate.flow.window import BatchPlan, Window
 from lockgate.spec import parse_task
-from lockgate.store import Store
+from lockgate.store import Finish, Store
 from lockgate.store.flow import BucketSpec, FlowStore, window_bucket
 
 from .support import rows, scalar, task, tasks
@@ -178,6 +178,39 @@ def test_a_window_batch_is_invisible_until_its_start(store: Store) -> None:
     (lw,) = [ln for ln in lanes if ln.batch_id == "w"]
     w = window_of(lw)
     assert w is not None and w.start_ms == b["window_start"]
+
+
+def test_status_tells_scheduled_tasks_from_those_backing_off(store: Store) -> None:
+    """Tasks waiting for their batch's window were counted as "backing off", which the
+    operations guide says to alert on (the provider refusing calls): every nightly
+    windowed batch would have raised it."""
+    now = store.db_now()
+    _submit(store, 3, "w", plan=BatchPlan(window=Window(now + 3_600_000, now + 7_200_000)))
+    _submit(store, 1, "n")
+    [c] = store.claim(10, lease_ms=60_000, worker_id="x")
+    store.finish([Finish(id=c.id, lease_token=c.lease_token, status="PENDING",
+                         error_class="server_error", error_message="HTTP 500",
+                         delay_ms=600_000,
+                         attempt={"attempt": c.attempt, "outcome": "retry",
+                                  "started_at": now})], worker_id="x")
+    st = store.status()
+    assert (st.backing_off, st.scheduled) == (1, 3)
+
+
+def test_status_lists_workers_gone_silent_apart(store: Store) -> None:
+    """A worker killed without a word was shown as running for 30 s, then vanished:
+    the heartbeat age the operations guide says to alarm on could hardly be seen."""
+    for w in ("alive", "killed", "long-gone", "stopped"):
+        store.register_worker(w, hostname="h", pid=1, concurrency=4)
+    store.transaction(lambda tx: (
+        tx.execute("UPDATE worker SET heartbeat_at = :now - 90000 WHERE id = 'killed'"),
+        tx.execute("UPDATE worker SET heartbeat_at = :now - 7200000 WHERE id = 'long-gone'"),
+        tx.execute("UPDATE worker SET status = 'stopped' WHERE id = 'stopped'")))
+    st = store.status()
+    assert [w.id for w in st.workers] == ["alive"]
+    [silent] = st.silent_workers
+    assert (silent.id, silent.status) == ("killed", "running")
+    assert 85 <= silent.heartbeat_age_s <= 120
 
 
 def test_the_pace_is_computed_once_per_period_by_whoever_comes_first(store: Store) -> None:

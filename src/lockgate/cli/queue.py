@@ -57,7 +57,7 @@ from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.redact import redact_url
 from lockgate.results import Status
-from lockgate.store.store import SubmitReport
+from lockgate.store.store import SCHEMA_HEAD, SubmitReport
 
 InputFormatOpt = Annotated[str, typer.Option(
     "--input-format", metavar="FORMAT",
@@ -177,7 +177,15 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
 def init(db: DbOpt = None) -> None:
     """Create the database's tables, or upgrade them to this version of lockgate."""
     with opened(db, create=True) as lg:
-        console.print(f"schema is up to date in {redact_url(lg.store.url)}", markup=False)
+        where = redact_url(lg.store.url)
+        found = lg.schema_found
+        if found is None:
+            said = f"schema created in {where} (revision {SCHEMA_HEAD})"
+        elif found == SCHEMA_HEAD:
+            said = f"schema is up to date in {where} (revision {SCHEMA_HEAD})"
+        else:
+            said = f"schema upgraded in {where}: revision {found} -> {SCHEMA_HEAD}"
+        console.print(said, markup=False)
 
 
 @command(app)
@@ -472,8 +480,8 @@ def _print_status(st: Status) -> None:
                       + (f" ({'; '.join(where)})" if where else "")
                       + " did not finish; run the same submit again"
                       + (" there" if where else "") + " to complete it", markup=False)
-    out.print(f"leases in flight: {st.leased:,}   backing off: {st.backing_off:,}",
-              markup=False)
+    out.print(f"leases in flight: {st.leased:,}   backing off: {st.backing_off:,}"
+              + (f"   scheduled: {st.scheduled:,}" if st.scheduled else ""), markup=False)
     w = table(f"workers alive: {len(st.workers)}",
               ["worker", "status", "in flight", "succeeded", "failed", "discarded",
                "heartbeat"],
@@ -482,6 +490,15 @@ def _print_status(st: Status) -> None:
         w.add_row(r.id, r.status, f"{r.in_flight}/{r.concurrency}", f"{r.succeeded:,}",
                   f"{r.failed:,}", f"{r.discarded:,}", f"{r.heartbeat_age_s:.1f}s ago")
     out.print(w)
+    if st.silent_workers:
+        lost = table(f"workers silent: {len(st.silent_workers)} (no heartbeat for 30 s: "
+                     "crashed, killed or cut off?)",
+                     ["worker", "host", "pid", "last status", "in flight", "heartbeat"],
+                     right=("pid", "in flight", "heartbeat"))
+        for r in st.silent_workers:
+            lost.add_row(r.id, r.hostname, str(r.pid), r.status,
+                         f"{r.in_flight}/{r.concurrency}", f"{r.heartbeat_age_s:.0f}s ago")
+        out.print(lost)
     if st.circuits:
         out.print(circuit_table(st.circuits))
     if st.review:

@@ -260,15 +260,17 @@ class Store(TaskViews):
         with self.read() as tx:
             tx.execute("SELECT 1")
 
-    def migrate(self) -> None:
+    def migrate(self) -> str | None:
         """Create or upgrade the schema to the newest revision (safe to run concurrently,
         and again after a run stopped part way: it finishes the revision that run was
-        making). A database already at :data:`SCHEMA_HEAD` costs one read: alembic is
-        not loaded. A database at a revision this lockgate does not know (a newer
-        lockgate's) is refused with :class:`ConfigError`; a revision that cannot be
-        applied is named in the error."""
-        if self._revision() == SCHEMA_HEAD:
-            return
+        making); returns the revision it found (None: no schema yet). A database
+        already at :data:`SCHEMA_HEAD` costs one read: alembic is not loaded. A
+        database at a revision this lockgate does not know (a newer lockgate's) is
+        refused with :class:`ConfigError`; a revision that cannot be applied is named
+        in the error."""
+        found = self._revision()
+        if found == SCHEMA_HEAD:
+            return found
         from alembic import command
         from alembic.config import Config
 
@@ -290,6 +292,7 @@ class Store(TaskViews):
             if "start" not in cfg.attributes or getattr(exc, "transient", False):
                 raise
             raise self._not_applied(cfg.attributes, exc) from exc
+        return found
 
     @staticmethod
     def _known_revisions() -> list[str]:

@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_BACKING_OFF = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
-                   "AND lease_token IS NULL AND visible_at > :now")
+#: PENDING tasks not visible yet and not leased: after an error (a retry's back-off, a
+#: call given back while its endpoint was down), or scheduled (a batch's window or
+#: pace: no error yet).
+_WAITING = sql("SELECT error_class IS NULL, COUNT(*) FROM task WHERE status = 'PENDING' "
+               "AND lease_token IS NULL AND visible_at > :now GROUP BY error_class IS NULL")
 _BATCH_COUNTS = sql("SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status")
 _BATCH_EXISTS = sql("SELECT id FROM batch WHERE id = :b")
 _CANCEL = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
@@ -95,19 +98,26 @@ class TaskViews:
         with self.read() as tx:
             return {s: int(n) for s, n in tx.execute(_BATCH_COUNTS, {"b": batch_id})}
 
-    def status(self, *, alive_within_ms: int = 30_000) -> Status:
-        """Counts per batch and state, leases in flight, and live workers."""
+    def status(self, *, alive_within_ms: int = 30_000,
+               silent_within_ms: int = 3_600_000) -> Status:
+        """Counts per batch and state, leases in flight, live workers, and the workers
+        silent for longer than ``alive_within_ms`` (but less than ``silent_within_ms``)
+        that never said they stopped: crashed, killed or cut off."""
         w = schema.worker
         with self.read() as tx:
             counts: dict[str, dict[str, int]] = {}
             for b, s, n in tx.execute(_COUNTS):
                 counts.setdefault(b, {})[s] = int(n)
             leased = tx.execute(_LEASED).scalar_one()
-            waiting = tx.execute(_BACKING_OFF).scalar_one()
-            workers = [WorkerInfo.from_row(row_dict(r), tx.now) for r in tx.execute(
-                select(w).where(w.c.status != "stopped",
-                                w.c.heartbeat_at >= tx.now - alive_within_ms)
-                .order_by(w.c.started_at))]
+            waiting = {bool(no_error): int(n) for no_error, n in tx.execute(_WAITING)}
+            workers: list[WorkerInfo] = []
+            silent: list[WorkerInfo] = []
+            for r in tx.execute(select(w).where(
+                    w.c.status != "stopped", w.c.heartbeat_at >= tx.now - silent_within_ms)
+                    .order_by(w.c.started_at)):
+                info = WorkerInfo.from_row(row_dict(r), tx.now)
+                (workers if info.heartbeat_age_s * 1000 <= alive_within_ms
+                 else silent).append(info)
             incomplete = [str(b) for b in tx.execute(_INCOMPLETE).scalars()]
             unfinished: dict[str, list[str]] = {}
             for b, source, host in tx.execute(_UNFINISHED_SUBMITS):
@@ -116,8 +126,9 @@ class TaskViews:
             now = utc(tx.now)
             assert now is not None
             return Status(now=now, batches=counts, leased=int(leased),
-                          backing_off=int(waiting), workers=workers,
-                          incomplete_batches=incomplete, unfinished_submits=unfinished)
+                          backing_off=waiting.get(False, 0), workers=workers,
+                          incomplete_batches=incomplete, unfinished_submits=unfinished,
+                          scheduled=waiting.get(True, 0), silent_workers=silent)
 
     def task(self, task_id: str) -> TaskView:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
