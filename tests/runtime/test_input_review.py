@@ -109,31 +109,63 @@ def test_separators_never_merge_words(words: list[str], seps: list[str]) -> None
     assert normalize_text(text, DEFAULT) == "\n".join(words)
 
 
-# 3. width folding, not full NFKC ---------------------------------------------------------
+# 3. compatibility folding: NFKC except where the compatibility form carries meaning -----
+
+_KEPT_TAGS = ("<super>", "<sub>", "<circle>", "<fraction>")
+
+
+def _kept(ch: str) -> bool:
+    decomposition = unicodedata.decomposition(ch)
+    points = [p for p in decomposition.split() if not p.startswith("<")]
+    return decomposition.startswith(_KEPT_TAGS) or 0x3131 <= ord(ch) <= 0x318E \
+        or ch == "\u2139" or (len(points) > 1 and points[0] == "0020")
+
 
 def test_width_folding_keeps_meaning() -> None:
-    for text in ["mc²", "10⁻⁶", "ㅋㅋㅋ 진짜 웃기다 ㅠㅠ", "① ② ③", "ℹ", "ﬁ", "½"]:
+    for text in ["mc²", "10⁻⁶", "H₂O", "ㅋㅋㅋ 진짜 웃기다 ㅠㅠ", "① ② ③", "ℹ", "½ ¾",
+                 "don´t", "¨ ¯ ¸"]:
         assert normalize_text(text, WIDTH_ONLY) == text
     assert normalize_text("，：！１２３ＡＢＣ", DEFAULT) == ",:!123ABC"
     assert normalize_text("ｶﾞｷﾞ\u3000ﾊﾝｸﾞﾙ", DEFAULT) == "ガギ ハングル"
     assert normalize_text("e\u0301", DEFAULT) == "\u00e9"  # NFC still composes
 
 
-@given(st.text(alphabet=st.characters(min_codepoint=0x2000, max_codepoint=0xFFEF,
+def test_compatibility_forms_fold_as_nfkc_does() -> None:
+    cases = {
+        "ﬁle ﬂow eﬃcient": "file flow efficient",  # ligatures
+        "ﻣﺮﺣﺒﺎ": "مرحبا",  # Arabic presentation forms, as PDF extraction yields them
+        "𝗕𝗶𝗴 𝑥": "Big x",  # math alphanumerics
+        "Mr.\u00a0Smith\u202fand\u2002co": "Mr. Smith and co",  # no-break, en spaces
+        "5㎏ 3㎞": "5kg 3km",  # squared units
+        "﹐﹒︐": ",.,",  # small and vertical punctuation
+        "ﾡￂ": "가",  # half-width Hangul composes into a syllable
+        "🄐 🄰 🈐": "(A) A 手",  # enclosed and squared forms of the SMP
+    }
+    for text, folded in cases.items():
+        assert normalize_text(text, WIDTH_ONLY) == folded, text
+
+
+def test_every_compatibility_character_folds_or_stays() -> None:
+    for cp in range(0x110000):
+        ch = chr(cp)
+        if 0xD800 <= cp <= 0xDFFF or not unicodedata.decomposition(ch).startswith("<"):
+            continue
+        out = normalize_text(ch, WIDTH_ONLY)
+        if _kept(ch):
+            assert out == ch, hex(cp)
+        else:
+            assert out == unicodedata.normalize("NFKC", ch), hex(cp)
+
+
+@given(st.text(alphabet=st.characters(min_codepoint=0x80, max_codepoint=0x1F2FF,
                                       blacklist_categories=("Cs",))))
 @settings(max_examples=150, deadline=None)
-def test_only_width_forms_fold(text: str) -> None:
-    out = normalize_text(text, WIDTH_ONLY)
-    # one step of the tagged decomposition: half-width Hangul becomes compatibility
-    # jamo (NFKC would go on to conjoining jamo, which render broken)
-    expected = "".join(
-        chr(int(unicodedata.decomposition(c).split()[1], 16))
-        if unicodedata.decomposition(c).startswith(("<wide>", "<narrow>")) else c
-        for c in text)
-    assert out == unicodedata.normalize("NFC", expected)
+def test_folding_is_nfkc_per_character_then_nfc(text: str) -> None:
+    expected = "".join(c if _kept(c) else unicodedata.normalize("NFKC", c) for c in text)
+    assert normalize_text(text, WIDTH_ONLY) == unicodedata.normalize("NFC", expected)
 
 
-# 4. zero-width (non-)joiners in scripts that need them ----------------------------------
+# 4. zero-width (non-)joiners only in scripts that need them ------------------------------
 
 def test_zwnj_and_script_zwj_are_kept() -> None:
     persian = "می\u200cخواهم"
@@ -141,18 +173,47 @@ def test_zwnj_and_script_zwj_are_kept() -> None:
     assert normalize_text("ශ්\u200dරී", DEFAULT) == "ශ්\u200dරී"
     assert normalize_text("ന്\u200d", DEFAULT) == "ന്\u200d"
     assert normalize_text("ക്ഷ\u200cത", DEFAULT) == "ക്ഷ\u200cത"
+    assert normalize_text("क्\u200dष", DEFAULT) == "क्\u200dष"  # Devanagari half form
+    assert normalize_text("ܐ\u200cܒ", DEFAULT) == "ܐ\u200cܒ"  # Syriac
+    assert normalize_text("ក\u200cខ", DEFAULT) == "ក\u200cខ"  # Khmer
     # a stray joiner next to spaces or punctuation still goes
     assert normalize_text("a \u200d b\u200d.", DEFAULT) == "a  b."
+
+
+def test_joiners_in_latin_and_cjk_text_are_removed() -> None:
+    assert normalize_text("che\u200cap vi\u200cag\u200cra", DEFAULT) == "cheap viagra"
+    assert normalize_text("pass\u200dword", DEFAULT) == "password"
+    assert normalize_text("退\u200d款 退\u200c款", DEFAULT) == "退款 退款"
+    assert normalize_text("Straße\u200c\u200dgut", DEFAULT) == "Straßegut"
+    # kept emoji keep their joiners; a ZWNJ in Latin text still goes
+    keep = InputRule(emoji="keep")
+    assert normalize_text("👨\u200d👩\u200d👧", keep) == "👨\u200d👩\u200d👧"
+    assert normalize_text("che\u200cap", keep) == "cheap"
 
 
 @given(st.lists(st.sampled_from(["م", "ی", "خ", "ا", "ه", " ", "\u200c", "\u200b"]),
                 max_size=30))
 @settings(max_examples=100, deadline=None)
-def test_zwnj_count_is_preserved(chars: list[str]) -> None:
+def test_zwnj_next_to_a_persian_letter_is_kept(chars: list[str]) -> None:
     text = "".join(chars)
     out = normalize_text(text, DEFAULT)
-    assert out.count("\u200c") == text.count("\u200c")
     assert "\u200b" not in out
+    # what is left once the zero-width spaces are gone: a ZWNJ run stays (once) where
+    # a letter is on either side, and goes between spaces
+    import re
+    plain = text.replace("\u200b", "")
+    expected = re.sub("\u200c+", lambda m: "\u200c" if (
+        m.start() > 0 and plain[m.start() - 1] != " ") or (
+        m.end() < len(plain) and plain[m.end()] != " ") else "", plain)
+    assert out == expected
+
+
+@given(st.lists(st.sampled_from(["a", "b", "Z", "é", "退", "款", "1", " ", ".",
+                                 "\u200c", "\u200d"]), max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_no_joiner_survives_in_latin_or_cjk_text(chars: list[str]) -> None:
+    out = normalize_text("".join(chars), DEFAULT)
+    assert "\u200c" not in out and "\u200d" not in out
 
 
 # 5. surrogate pairs from JSON decoders ---------------------------------------------------
@@ -190,10 +251,18 @@ DELIMITED = "Read:\n<input>\n{x}\n</input>"
 
 
 def test_delimiter_variants_cannot_close_the_input() -> None:
-    for tag in ["</INPUT>", "</input >", "< /input>", "</ Input>", "<INPUT>", "< input >"]:
+    for tag in ["</INPUT>", "</input >", "< /input>", "</ Input>", "<input>"]:
         content = render(cfg(DELIMITED), {"x": f"a {tag} b"}).messages[0]["content"]
-        assert tag not in content
+        assert tag not in content.replace("<input>\na", "").replace("b\n</input>", "")
         assert content.lower().count("input>") == 2  # the template's own two
+
+
+def test_code_generics_are_not_taken_for_the_delimiter() -> None:
+    code = ("impl From<Input> for Output {}\nconst p: Promise<Input> = load();\n"
+            "List<INPUT> xs; Map<input, int> m;")
+    content = render(cfg(DELIMITED), {"x": code}).messages[0]["content"]
+    assert code in content
+    assert "\u2039" not in content
 
 
 @given(st.lists(st.sampled_from(["<", "/", "input", "INPUT", "Input", ">", " ", "x", "\n"]),
@@ -280,6 +349,26 @@ def test_nan_infinity_and_decimals_render_as_written() -> None:
     assert r.messages[0]["content"] == '[NaN,Infinity,-Infinity] 1.10 {"p":2.50}'
     assert render(cfg("{x}"), {"x": {"a": [1, 2.5, "s"]}}).messages[0]["content"] == \
         json.dumps({"a": [1, 2.5, "s"]}, separators=(",", ":"))
+
+
+def test_plain_structured_values_skip_the_special_walk(monkeypatch: Any) -> None:
+    import importlib
+    module = importlib.import_module("lockgate.runtime.render")
+    walked: list[Any] = []
+    real = module._special
+    monkeypatch.setattr(module, "_special", lambda v: walked.append(v) or real(v))
+    rows = [{"id": i, "name": f"item {i}", "price": i + 0.5, "tags": ["a", "b"], "ok": True}
+            for i in range(50)]
+    content = render(cfg("Data: {rows}"), {"rows": rows}).messages[0]["content"]
+    assert content == "Data: " + json.dumps(rows, separators=(",", ":"))
+    assert walked == []  # orjson alone: no Python walk over the rows
+    # a null may stand for NaN: then the value is checked, and written as it is
+    mixed = [{"a": None}, {"b": float("nan")}, {"c": Decimal("1.10")}]
+    content = render(cfg("{x}"), {"x": mixed}).messages[0]["content"]
+    assert content == '[{"a":null},{"b":NaN},{"c":1.10}]'
+    assert render(cfg("{x}"), {"x": [None, 1]}).messages[0]["content"] == "[null,1]"
+    assert render(cfg("{x}"), {"x": {"d": [Decimal("2.50")]}}).messages[0]["content"] \
+        == '{"d":[2.50]}'
 
 
 def test_split_sentences_still_lossless_with_indentation() -> None:

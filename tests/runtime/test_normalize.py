@@ -66,27 +66,50 @@ def test_emoji_tags_match_the_emoji_library(pieces: list[str]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.text())
 def test_nfkc_matches_unicodedata(text: str) -> None:
-    # The ``nfkc`` step is NFC plus width folding (``<wide>``/``<narrow>`` forms fold as
-    # NFKC folds them), not full NFKC: superscripts, circled digits and compatibility
-    # jamo keep their meaning.
+    # The ``nfkc`` step is NFKC per character, except where the compatibility form
+    # carries meaning (superscripts, subscripts, circled forms, fractions, compatibility
+    # jamo, U+2139, spacing accents), then NFC over the text.
     rule = InputRule(strip_invisible=False, emoji="keep")
 
     def fold(ch: str) -> str:
         decomposition = unicodedata.decomposition(ch)
-        if decomposition.startswith(("<wide>", "<narrow>")):
-            return chr(int(decomposition.split()[1], 16))
-        return ch
+        points = [p for p in decomposition.split() if not p.startswith("<")]
+        if decomposition.startswith(("<super>", "<sub>", "<circle>", "<fraction>")) \
+                or 0x3131 <= ord(ch) <= 0x318E or ch == "\u2139" \
+                or (len(points) > 1 and points[0] == "0020"):
+            return ch
+        return unicodedata.normalize("NFKC", ch)
 
     expected = unicodedata.normalize("NFC", "".join(map(fold, text)))
     assert normalize_text(text, rule) == expected
 
 
+_JOINING = ((0x0600, 0x06FF), (0x0700, 0x074F), (0x0750, 0x077F), (0x08A0, 0x08FF),
+            (0x0900, 0x0DFF), (0x0F00, 0x0FFF), (0x1000, 0x109F), (0x1780, 0x17FF),
+            (0xFB50, 0xFDFF), (0xFE70, 0xFEFF))
+
+
+def _joining(ch: str) -> bool:
+    return any(a <= ord(ch) <= b for a, b in _JOINING) and unicodedata.category(ch)[0] in "LM"
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.text())
+@example("pass\u200dword \u200c退\u200d款")
 def test_normalised_text_has_no_format_characters(text: str) -> None:
     out = normalize_text(text, DEFAULT)
-    # ZWNJ always stays, ZWJ where it shapes a script (between letters or marks)
+    # joiners stay only next to a letter or mark of a script that uses them
     assert not any(unicodedata.category(c) == "Cf" for c in out if c not in "\u200c\u200d")
+    for i, c in enumerate(out):
+        if c in "\u200c\u200d":
+            run = i + 1
+            while run < len(out) and out[run] in "\u200c\u200d":
+                run += 1
+            start = i
+            while start > 0 and out[start - 1] in "\u200c\u200d":
+                start -= 1
+            assert (start > 0 and _joining(out[start - 1])) \
+                or (run < len(out) and _joining(out[run])), repr(out)
     assert normalize_text(out, DEFAULT) == out  # idempotent
 
 

@@ -151,3 +151,75 @@ def test_condense_arbitrary_unicode_within_budget(text: str, budget: int) -> Non
     count = CALIBRATED.count
     result = condense(text, budget, count)
     assert count(result.text) <= budget or result.text == text
+
+
+# Long inputs: repeated lines, the title, bounded work ----------------------------------
+
+EX = default_estimator()
+LINES = ["Order 4411 shipped late and the customer asked for a refund",
+         "The courier lost the parcel near the depot",
+         "Please reply within two working days",
+         "Kind regards, the support team",
+         "--",
+         "退款已经处理，请查收",
+         "  retries: 3",
+         "The app crashes on login since the last update"]
+
+
+@given(st.lists(st.sampled_from(LINES), min_size=2, max_size=120), st.integers(5, 150))
+@settings(max_examples=150, deadline=None)
+def test_repeated_lines_are_kept_at_most_once(lines: list[str], budget: int) -> None:
+    result = condense("\n".join(lines), budget, EX.count)
+    if not result.condensed or result.unit == "characters":
+        return  # within budget: the text as it is; or one cut piece
+    kept = [line.strip() for line in result.text.split("\n") if line.strip()]
+    assert len(kept) == len(set(kept)), kept
+
+
+def _prose(seed: int, sentences: int) -> str:
+    """A long document: paragraphs of sentences over a few hundred words."""
+    import random
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ner", "sta", "ve", "dor", "pal", "rin", "tu", "qua", "sel"]
+    words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(2, 3)))
+                    for _ in range(400)})
+    paragraphs = []
+    for _ in range(max(1, sentences // 6)):
+        paragraphs.append(" ".join(
+            " ".join(rng.choice(words) for _ in range(rng.randint(6, 20))).capitalize() + "."
+            for _ in range(6)))
+    return "\n\n".join(paragraphs)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([36, 300, 1500, 3000]))
+@settings(max_examples=12, deadline=None)
+def test_the_first_line_survives_when_a_tenth_of_the_text_fits(seed: int,
+                                                             sentences: int) -> None:
+    # The title shares no word with the text: no centrality keeps it, only its place.
+    title = "Quarterly review of the Northwind delivery backlog"
+    text = title + "\n\n" + _prose(seed, sentences)
+    budget = EX.count(text) // 10
+    result = condense(text, budget, EX.count)
+    assert result.condensed and result.tokens <= budget
+    assert result.text.startswith(title + "\n")
+
+
+def test_a_footer_repeated_in_every_mail_of_a_thread_is_kept_once() -> None:
+    footer = ("CONFIDENTIALITY NOTICE: This e-mail message, including any attachments, is "
+              "for the sole use of the intended recipient and may contain confidential "
+              "information.")
+    mails = [f"From: agent{i % 7}@example.com\nSubject: Re: case 4411\n\n"
+             f"{_prose(i, 6)}\n\n--\n{footer}" for i in range(300)]
+    for budget in (500, 2000):
+        result = condense("\n\n".join(mails), budget, EX.count)
+        assert result.text.count("CONFIDENTIALITY NOTICE") <= 1
+        assert result.text.count("Subject: Re: case 4411") <= 1
+
+
+def test_a_long_repetitive_input_condenses_in_bounded_time() -> None:
+    import time
+    csv = "\n".join(f"{i},{LINES[i % 8][:20]},{i * 7 % 1000}" for i in range(6000))
+    start = time.perf_counter()
+    result = condense(csv, 300, EX.count)
+    assert result.tokens <= 300
+    assert time.perf_counter() - start < 2.0  # the exact graph took seconds

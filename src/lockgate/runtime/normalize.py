@@ -3,14 +3,17 @@
 Three steps, each switched by the task's :class:`~lockgate.spec.InputRule`, in this
 order:
 
-1. **Width folding** (``nfkc``, named so for compatibility): Unicode NFC, plus the
-   folding of every character whose decomposition is tagged ``<wide>`` or
-   ``<narrow>``: full-width punctuation, digits and letters (``，：！ＡＢＣ１２３``)
-   become half-width (``,:!ABC123``), the ideographic space a space, half-width
-   katakana full-width (``ｶﾞ`` -> ``ガ``), half-width Hangul the compatibility jamo.
-   Nothing else folds: superscripts (``mc²``), circled digits
-   (``①``), Korean compatibility jamo (``ㅋㅋ``) and letterlike symbols stay as written,
-   which full NFKC would change.
+1. **Compatibility folding** (``nfkc``): NFKC applied character by character, except
+   to the characters whose compatibility form carries meaning, then NFC over the text.
+   Folded: full-width and half-width forms (``，：！ＡＢＣ１２３`` -> ``,:!ABC123``,
+   ``ｶﾞ`` -> ``ガ``, half-width Hangul composes into syllables, ``ﾡￂ`` -> ``가``),
+   ligatures (``ﬁ`` -> ``fi``), Arabic presentation forms (what PDF extraction
+   yields), math alphanumerics (``𝗕𝗶𝗴`` -> ``Big``), no-break and typographic spaces
+   (a space), squared units (``㎏`` -> ``kg``), small and vertical punctuation. Kept
+   as written: superscripts and subscripts (``mc²``, ``10⁻⁶``), circled characters
+   (``①``), fractions (``½``), Korean compatibility jamo (``ㅋㅋ``, ``ㅠㅠ``), ``ℹ``
+   (U+2139) and spacing accents whose compatibility form is a space and a combining
+   mark (``´ ¨ ¯ ¸``: NFKC would write ``don ́t``).
 2. **Emoji** (``emoji``): ``"tag"`` replaces each emoji by its English CLDR name
    between colons, exactly as :func:`emoji.demojize` does (``👍`` -> ``:thumbs_up:``);
    ``"remove"`` drops them; ``"keep"`` leaves them.
@@ -20,10 +23,12 @@ order:
    removed. Characters that separate lines or pages become newlines, so the words on
    either side stay apart: U+2028/U+2029, form feed, vertical tab, NEL (U+0085) and the
    file/group/record separators (U+001C-U+001E). The zero-width non-joiner (U+200C)
-   always stays (Persian and Indic spelling needs it); the zero-width joiner (U+200D)
-   stays between two letters or marks, or after a virama (Sinhala, Malayalam), and goes
-   elsewhere. With ``emoji="keep"`` every zero-width joiner and the emoji variation
-   selector stay, so kept emoji sequences are not broken.
+   and joiner (U+200D) stay next to a letter or mark of a script whose spelling uses
+   them (Arabic and Persian, Syriac, the Indic scripts and Sinhala, Tibetan, Myanmar,
+   Khmer: ``می‌خواهم``, ``ශ්‍රී``), a run of them once; elsewhere they go, so
+   ``che\\u200cap``, ``pass\\u200dword`` or ``退\\u200d款`` read as written without them.
+   With ``emoji="keep"`` every zero-width joiner and the emoji variation selector
+   stay, so kept emoji sequences are not broken.
 
 Emoji are matched with the ``emoji`` package's data, but through a pre-check that
 rejects the common case (no emoji at all) at C speed; ``emoji.demojize`` itself scans
@@ -56,7 +61,6 @@ _ASCII_TO_NEWLINE = bytes.maketrans(_ASCII_NEWLINE_LIKE, b"\n" * len(_ASCII_NEWL
 _ASCII_SUSPECT = _ASCII_CONTROLS + _ASCII_NEWLINE_LIKE
 _LINE_SEPARATORS = str.maketrans(dict.fromkeys(_NEWLINE_LIKE, "\n"))
 _NEWLINE_LIKE_RE = re.compile(f"[{_NEWLINE_LIKE}]")
-_ZWJ_RUN = re.compile(f"{_ZWJ}+")
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 Ranges = list[tuple[int, int]]
@@ -87,7 +91,7 @@ def _invisible_ranges(keep_joiners: bool) -> tuple[tuple[int, int], ...]:
         cat = unicodedata.category(ch)
         hide = cat == "Cf" or (cat == "Cc" and ch not in _KEEP_CONTROLS) \
             or 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF or ch in _EXTRA_INVISIBLE
-        # Separators become newlines; ZWNJ stays; ZWJ is judged by its neighbours.
+        # Separators become newlines; joiners are judged by their neighbours.
         hide = hide and ch not in _NEWLINE_LIKE and ch not in (_ZWNJ, _ZWJ)
         # Kept emoji keep their joiners, presentation selector and tag characters
         # (the flags of England, Scotland and Wales are tag sequences).
@@ -101,19 +105,33 @@ def _invisible_re(keep_joiners: bool) -> re.Pattern[str]:
     return re.compile(_char_class(list(_invisible_ranges(keep_joiners))) + "+")
 
 
-def _is_letter_or_mark(ch: str) -> bool:
-    return unicodedata.category(ch)[0] in "LM"
+#: Scripts whose spelling uses the zero-width (non-)joiner: Arabic (with its
+#: supplements and presentation forms), Syriac, the Indic scripts and Sinhala,
+#: Tibetan, Myanmar and Khmer.
+_JOINER_SCRIPTS = ((0x0600, 0x06FF), (0x0700, 0x074F), (0x0750, 0x077F), (0x08A0, 0x08FF),
+                   (0x0900, 0x0DFF), (0x0F00, 0x0FFF), (0x1000, 0x109F), (0x1780, 0x17FF),
+                   (0xFB50, 0xFDFF), (0xFE70, 0xFEFF))
+_JOINER_RUN = re.compile(f"[{_ZWNJ}{_ZWJ}]+")
+_ZWNJ_RUN = re.compile(f"{_ZWNJ}+")
+
+
+def _joining_letter(ch: str) -> bool:
+    """A letter or mark of a script that uses joiners."""
+    cp = ord(ch)
+    return any(a <= cp <= b for a, b in _JOINER_SCRIPTS) \
+        and unicodedata.category(ch)[0] in "LM"
 
 
 def _joiner(m: re.Match[str]) -> str:
-    """One ZWJ where it shapes a script (between letters or marks, or after a virama,
-    as in Malayalam chillu "ന്‍"); nothing elsewhere."""
+    """A run of joiners where it shapes a script (next to a letter or mark of a
+    script that uses them: Persian "می‌خواهم", Sinhala "ශ්‍රී"), each kind once;
+    nothing elsewhere ("pass\\u200dword", "退\\u200d款")."""
     text, start, end = m.string, m.start(), m.end()
-    if start == 0 or not _is_letter_or_mark(text[start - 1]):
-        return ""
-    if unicodedata.combining(text[start - 1]) == 9:  # a virama
-        return _ZWJ
-    return _ZWJ if end < len(text) and _is_letter_or_mark(text[end]) else ""
+    if (start > 0 and _joining_letter(text[start - 1])) \
+            or (end < len(text) and _joining_letter(text[end])):
+        run = m.group()
+        return run if len(run) == 1 else "".join(dict.fromkeys(run))
+    return ""
 
 
 def strip_invisible(text: str, *, keep_joiners: bool = False) -> str:
@@ -125,8 +143,11 @@ def strip_invisible(text: str, *, keep_joiners: bool = False) -> str:
             return text
         return raw.translate(_ASCII_TO_NEWLINE, _ASCII_CONTROLS).decode("ascii")
     text = _invisible_re(keep_joiners).sub("", text)
-    if not keep_joiners and _ZWJ in text:
-        text = _ZWJ_RUN.sub(_joiner, text)
+    if keep_joiners:  # kept emoji keep every ZWJ; a ZWNJ is judged as elsewhere
+        if _ZWNJ in text:
+            text = _ZWNJ_RUN.sub(_joiner, text)
+    elif _ZWJ in text or _ZWNJ in text:
+        text = _JOINER_RUN.sub(_joiner, text)
     if _NEWLINE_LIKE_RE.search(text) is not None:
         text = text.translate(_LINE_SEPARATORS)
     return text
@@ -179,7 +200,7 @@ def _suspects() -> tuple[re.Pattern[str], re.Pattern[str]]:
     text needs neither the emoji nor the invisible-character step: the common case."""
     ranges = [*_emoji_first_ranges(list(_emoji_tables()[1])),
               *_invisible_ranges(False), (0x20E3, 0x20E3),
-              (ord(_ZWJ), ord(_ZWJ)), *((ord(c), ord(c)) for c in _NEWLINE_LIKE)]
+              (ord(_ZWNJ), ord(_ZWJ)), *((ord(c), ord(c)) for c in _NEWLINE_LIKE)]
     bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
     astral = [(max(a, 0x10000), b) for a, b in ranges if b > 0xFFFF]
     return re.compile(_char_class(bmp)), re.compile(_char_class(astral))
@@ -224,38 +245,80 @@ def replace_emoji(text: str, *, tag: bool = True) -> str:
     return "".join(out)
 
 
+#: Compatibility forms that keep their meaning only as written: superscripts and
+#: subscripts (``mc²``, ``10⁻⁶``), circled (``①``) and fraction (``½``) forms.
+_KEPT_TAGS = ("<super>", "<sub>", "<circle>", "<fraction>")
+#: Hangul compatibility jamo (``ㅋㅋ``, ``ㅠㅠ``) and the information source sign.
+_KEPT_RANGES = ((0x3131, 0x318E), (0x2139, 0x2139))
+#: Where compatibility decompositions are: the Basic Multilingual Plane and blocks of
+#: the Supplementary Multilingual Plane (modifier letters, math alphanumerics, Arabic
+#: math letters, enclosed and squared forms, segmented digits).
+_FOLD_BLOCKS = ((0x0000, 0xFFFF), (0x10780, 0x107BF), (0x1D400, 0x1D7FF),
+                (0x1EE00, 0x1EEFF), (0x1F100, 0x1F2FF), (0x1FBF0, 0x1FBFF))
+
+
+def _kept(cp: int) -> bool:
+    """Whether NFKC would change the meaning of this character: see :func:`fold_width`."""
+    if any(a <= cp <= b for a, b in _KEPT_RANGES):
+        return True
+    decomposition = unicodedata.decomposition(chr(cp))
+    if decomposition.startswith(_KEPT_TAGS):
+        return True
+    # Spacing accents ("´" is <compat> 0020 0301): NFKC makes a space and a loose mark.
+    points = [p for p in decomposition.split() if not p.startswith("<")]
+    return len(points) > 1 and points[0] == "0020"
+
+
 @functools.cache
-def _width_table() -> dict[int, str]:
-    """Every character whose decomposition is tagged ``<wide>`` or ``<narrow>``, mapped
-    to its plain form (U+FF01-FF5E, U+3000, U+FFE0-FFEE, half-width katakana and
-    Hangul, ...)."""
+def _fold_table() -> dict[int, str]:
+    """Every character NFKC changes beyond NFC, mapped to its NFKC form, except the
+    kept ones (built once: a few tens of milliseconds)."""
     table: dict[int, str] = {}
-    for cp in range(0x10000):  # all of them are in the Basic Multilingual Plane
-        decomposition = unicodedata.decomposition(chr(cp))
-        if decomposition.startswith(("<wide>", "<narrow>")):
-            table[cp] = "".join(chr(int(h, 16)) for h in decomposition.split()[1:])
+    for cp in (cp for a, b in _FOLD_BLOCKS for cp in range(a, b + 1)):
+        ch = chr(cp)
+        if not unicodedata.decomposition(ch) or unicodedata.is_normalized("NFKC", ch):
+            continue
+        folded = unicodedata.normalize("NFKC", ch)
+        if folded != unicodedata.normalize("NFC", ch) and not _kept(cp):
+            table[cp] = folded
     return table
 
 
 @functools.cache
-def _width_re() -> re.Pattern[str]:
-    return re.compile(_char_class([(cp, cp) for cp in _width_table()]))
+def _fold_re() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The folded characters of the Basic Multilingual Plane (a class of them only is
+    compiled to a bitmap: fast to search), and of the other planes."""
+    points = list(_fold_table())
+    # Outside the BMP a class of many ranges is tested range by range: the blocks
+    # (a superset, a few ranges) are found, then looked up.
+    return (re.compile(_char_class([(cp, cp) for cp in points if cp <= 0xFFFF])),
+            re.compile(_char_class([(a, b) for a, b in _FOLD_BLOCKS if a > 0xFFFF])))
 
 
 def fold_width(text: str) -> str:
-    """NFC, with full-width and half-width forms folded to their plain form (what NFKC
-    does to them), and no other compatibility folding."""
+    """NFKC, except for the characters whose compatibility form carries meaning, then
+    NFC.
+
+    Folded, as NFKC does: full-width and half-width forms (``，：！ＡＢＣ１２３``,
+    ``ｶﾞ``), ligatures (``ﬁ``), Arabic presentation forms, math alphanumerics
+    (``𝗕𝗶𝗴``), no-break and typographic spaces, squared units (``㎏``), small and
+    vertical punctuation, half-width Hangul (which then composes into syllables).
+    Kept as written: superscripts and subscripts, circled characters, fractions,
+    Hangul compatibility jamo, U+2139 and spacing accents (``´``)."""
     if text.isascii() or unicodedata.is_normalized("NFKC", text):
-        return text  # NFKC text has no width forms and is NFC: the common case, in C
-    found = set(_width_re().findall(text))
+        return text  # the common case, in C
+    bmp, astral = _fold_re()
+    found = set(bmp.findall(text))
+    if _ASTRAL.search(text) is not None:
+        found.update(astral.findall(text))
     if found:
-        # Half-width katakana voicing marks fold to combining ones: NFC composes them.
-        if len(found) <= 32:  # a few distinct ones (CJK punctuation): str.replace is C
-            table = _width_table()
-            for ch in found:
-                text = text.replace(ch, table[ord(ch)])
-        else:
-            text = text.translate(_width_table())
+        # str.replace per distinct character runs in C (str.translate with a dict
+        # looks every character up in Python and costs more even with many kinds).
+        table = _fold_table()
+        for ch in found:
+            folded = table.get(ord(ch))
+            if folded is not None:
+                text = text.replace(ch, folded)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     return text

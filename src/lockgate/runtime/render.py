@@ -16,8 +16,10 @@ Values are inserted as text: a string as it is (after normalisation), anything e
 compact JSON (``true``, not ``True``; NaN and infinities as ``NaN``/``Infinity``/
 ``-Infinity``, a Decimal as its digits). A placeholder inside a JSON string of the
 template gets the JSON-escaped value, and is budgeted by that escaped text. A value
-cannot close the input section: the delimiters ``<input>``/``</input>`` inside a value,
-in any case and with any spaces inside the tag, are shown as ``‹input›``/``‹/input›``.
+cannot close the input section: a closing delimiter inside a value, in any case and with
+any spaces inside the tag (``</INPUT>``, ``< /input >``), is shown as ``‹/input›``, and
+the opening one exactly as ``<input>`` as ``‹input›`` (code generics such as
+``From<Input>`` or ``List<INPUT>`` stay as written).
 Surrogate pairs (as some JSON decoders leave astral characters) are joined; lone
 surrogates are replaced by ``?``.
 """
@@ -231,15 +233,35 @@ def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+class _Noted:
+    """The ``default`` hook of orjson: a Decimal (which orjson would quote) is noted."""
+
+    __slots__ = ("decimal",)
+
+    def __init__(self) -> None:
+        self.decimal = False
+
+    def __call__(self, value: Any) -> str:
+        if isinstance(value, Decimal):
+            self.decimal = True
+        return str(value)
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    if _special(value):
-        return _special_text(value)
+    # orjson first (the common case costs nothing more): only a noted Decimal, or a
+    # ``null`` that may stand for NaN or an infinity, calls for the special text.
+    noted = _Noted()
     try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=noted).decode()
     except TypeError:  # integers beyond 64 bits, and the like
+        if _special(value):
+            return _special_text(value)
         return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    if noted.decimal or ("null" in text and _special(value)):
+        return _special_text(value)
+    return text
 
 
 def _input_digest(input_data: Mapping[str, Any]) -> str:
@@ -256,8 +278,9 @@ def _json_escaped(text: str) -> str:
     return orjson.dumps(text).decode()[1:-1]
 
 
-#: The input delimiters in any case and with any spacing inside the tag.
-_DELIMITER = re.compile(r"<\s*(/?)\s*input\s*>", re.IGNORECASE)
+#: The closing delimiter in any case and with any spacing inside the tag; the opening
+#: one only as written (``Promise<Input>`` is code, and cannot end the section).
+_DELIMITER = re.compile(r"<\s*(/)\s*(?i:input)\s*>|<input>")
 
 
 def _guard(text: str) -> str:
