@@ -504,3 +504,34 @@ def test_calls_refused_before_a_limit_was_known_are_not_charged_once_it_is() -> 
         return debt
 
     assert asyncio.run(main()) == 5
+
+
+def test_a_429_now_and_then_neither_pauses_nor_slows_the_endpoint() -> None:
+    """1% of calls refused at random (a provider refusing now and then, no limit
+    reached): each refusal paused the whole endpoint for its Retry-After and cut its
+    pace, and a worker that could do 200 calls a second settled at about 12. Only the
+    refused call waits now; a burst of refusals still pauses everyone."""
+    async def main() -> tuple[bool, bool, bool]:
+        fc, _ = controller([ep("a")], lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        tickets = [await fc.acquire(claimed(i), CONFIG, primary) for i in range(60)]
+        st = fc.states["a"]
+        for t in tickets[:59]:
+            fc.release(t, result())
+        fc.release(tickets[59], result(ErrorClass.RATE_LIMITED, retry_after_ms=2000,
+                                       headers={"retry-after-ms": "2000"}))
+        now = time.monotonic()
+        sporadic_paused, sporadic_paced = st.paused(now), st.pace is not None or \
+            st.refused is not None
+        burst = [await fc.acquire(claimed(100 + i), CONFIG, primary) for i in range(10)]
+        for t in burst:  # 11 refusals among 70 answers: a limit, not chance
+            fc.release(t, result(ErrorClass.RATE_LIMITED, retry_after_ms=2000,
+                                 headers={"retry-after-ms": "2000"}))
+        burst_paused = st.paused(time.monotonic())
+        stop.set()
+        await loop
+        return sporadic_paused, sporadic_paced, burst_paused
+
+    assert asyncio.run(main()) == (False, False, True)

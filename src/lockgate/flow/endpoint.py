@@ -35,6 +35,12 @@ PACE_BURST_S = 0.1
 #: provider's limit: the pause alone holds the calls back, and the calls after it are
 #: the next sample).
 PACE_MIN_ANSWERED = 1
+#: 429s for the rate under this share of the answers of the last enforcement period are
+#: sporadic (a provider refusing now and then, not a limit reached): the refused call
+#: retries after its own Retry-After, the endpoint is neither paused nor slowed. At 1%
+#: of random 429s every refusal paused the endpoint and cut its pace: a worker doing
+#: 200 calls a second settled at about 12.
+SPORADIC_SHARE = 0.1
 
 
 @dataclass(slots=True)
@@ -215,8 +221,8 @@ class EndpointState:
 
     __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "health", "in_flight",
                  "ledger", "limited", "name", "pace", "pause_reason", "paused_until",
-                 "recent", "refused", "refused_recent", "req_limited", "timer",
-                 "tok_limited", "waiters",
+                 "period_answers", "period_refusals", "recent", "refused",
+                 "refused_recent", "req_limited", "timer", "tok_limited", "waiters",
                  "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
@@ -230,6 +236,10 @@ class EndpointState:
         #: Send times of those the provider refused for the rate (not in its window:
         #: not charged).
         self.refused_recent: deque[float] = deque(maxlen=RECENT_KEPT)
+        #: When the provider answered (and refused for the rate) in the last
+        #: enforcement period: whether its 429s are sporadic (:meth:`sporadic`).
+        self.period_answers: deque[float] = deque()
+        self.period_refusals: deque[float] = deque()
         #: When the calls the provider answered were sent, while no request limit is
         #: known and no pace is kept: what it accepted before its first 429.
         self.answered: deque[float] = deque(maxlen=RECENT_KEPT)
@@ -262,6 +272,26 @@ class EndpointState:
 
     def paused(self, now: float) -> bool:
         return now < self.paused_until
+
+    def note_answer(self, now: float, *, refused: bool) -> None:
+        """The provider answered a call (with a 429 for the rate when ``refused``)."""
+        self.period_answers.append(now)
+        if refused:
+            self.period_refusals.append(now)
+        self._forget(now)
+
+    def sporadic(self, now: float) -> bool:
+        """Whether the 429s for the rate of the last enforcement period are under
+        :data:`SPORADIC_SHARE` of its answers (a first 429 alone is not: it is all of
+        them)."""
+        self._forget(now)
+        return len(self.period_refusals) < SPORADIC_SHARE * len(self.period_answers)
+
+    def _forget(self, now: float) -> None:
+        since = now - self.ep.limit_enforced_s
+        for d in (self.period_answers, self.period_refusals):
+            while d and d[0] <= since:
+                d.popleft()
 
     def infer_pace(self, now: float) -> int | None:
         """After the pause of a first 429 for the rate: pace the calls at what the

@@ -188,6 +188,8 @@ class Feedback:
     def _learn(self, st: EndpointState, out: CallOutcome, now: float) -> None:
         headers = out.rate_limit
         ec = out.error_class
+        if out.completion is not None or ec is ErrorClass.RATE_LIMITED:
+            st.note_answer(now, refused=out.completion is None)
         if ec is None:
             # A success: read the headers fully only when something is exhausted, and
             # every 32nd answer to learn the limits (parsing costs more than the rest
@@ -211,6 +213,9 @@ class Feedback:
         if ec is ErrorClass.QUOTA_EXHAUSTED:
             self._pause(st, int(self.cfg.quota_pause_s * 1000), "quota", now)
         elif ec is ErrorClass.RATE_LIMITED:
+            if st.sporadic(now) and sig.remaining_requests != 0 \
+                    and sig.remaining_tokens != 0:
+                return  # now and then, not a limit reached: only this call waits
             led.cut = st.limited  # over the limit: every worker's rate goes down a step
             if not st.req_limited:  # refused for the rate, with no limit known
                 self._pace(st, now - out.latency_ms / 1000.0, now)
