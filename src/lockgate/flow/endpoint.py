@@ -40,7 +40,7 @@ PACE_MIN_ANSWERED = 1
 #: retries after its own Retry-After, the endpoint is neither paused nor slowed. At 1%
 #: of random 429s every refusal paused the endpoint and cut its pace: a worker doing
 #: 200 calls a second settled at about 12.
-SPORADIC_SHARE = 0.1
+SPORADIC_SHARE = 0.05
 
 
 @dataclass(slots=True)
