@@ -114,11 +114,8 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
         elif decode and isinstance(v, str) and v.lstrip()[:1] == "{" \
                 and isinstance(k, str) and fold(k) in _ANSWER_KEYS:
             # the answer as a JSON text beside metadata ({"ok": true, "result": "{...}"})
-            try:
-                decoded = orjson.loads(v)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(decoded, dict):
+            decoded = _json_text(v, dict)
+            if decoded is not None:
                 objects.append((_DECODED, decoded))
     if len(objects) == 1:
         return objects[0]
@@ -254,12 +251,9 @@ def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, in
             elif isinstance(v, dict):
                 objects.append((k, v))
             elif isinstance(v, str) and v.lstrip()[:1] == "[":
-                try:
-                    decoded = orjson.loads(v)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(decoded, list):
-                    lists.append((_DECODED, decoded))
+                found = _json_text(v, list)
+                if found is not None:
+                    lists.append((_DECODED, found))
         if lists and objects:
             return None  # a list beside objects is not beside scalar metadata
         if len(lists) > 1 and plan.is_valid is not None:
@@ -272,3 +266,12 @@ def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, in
         key, current = objects[0]
         path = (*path, key)
     return None
+
+
+def _json_text(text: str, kind: type[dict[str, Any]] | type[list[Any]]) -> Any:
+    """``text`` read as JSON when it holds a value of ``kind``, else None."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, kind) else None
