@@ -311,19 +311,25 @@ class Lockgate:
     def _stopped(self, reading: Reading, batch_id: str,
                  written: _WrittenIds | None) -> str:
         """What a streamed submit stopped by a bad line left, cancelling it if asked:
-        the tasks it inserted itself, never those another submit wrote to the batch."""
+        the tasks it inserted itself, never those another submit wrote to the batch.
+        The batches named are those its lines went to (a line may name its own)."""
+        named = sorted({b if b is not None else batch_id for b in reading.batches}) \
+            or [batch_id]
+        which = (f"batch {named[0]!r} is" if len(named) == 1 else
+                 "batches " + ", ".join(repr(b) for b in named) + " are")
         if written is None:
-            return (f"the {reading.valid:,} task(s) before it are submitted and batch "
-                    f"{batch_id!r} is marked incomplete. Fix the line and submit the file "
-                    "again to complete the batch (tasks already in are skipped)")
+            return (f"the {reading.valid:,} task(s) before it are submitted and {which} "
+                    "marked incomplete. Fix the line and submit the file again to complete "
+                    f"{'it' if len(named) == 1 else 'them'} (tasks already in are skipped)")
         n = self.store.cancel_submitted(written.ids(), written.stamps,
                                         f"cancelled: line {reading.stopped_at} of the "
                                         "file submitted with it is bad")
+        retry = " and ".join(f"`lockgate tasks retry --batch {b} --status CANCELLED`"
+                             for b in named)
         return (f"{n:,} task(s) it had submitted that no worker had finished were cancelled "
-                f"(of {reading.valid:,} before the line); batch {batch_id!r} is marked "
-                "incomplete. Fix the line and submit the file again: tasks already in are "
-                "skipped, the cancelled ones stay cancelled (`lockgate tasks retry --batch "
-                f"{batch_id} --status CANCELLED` runs them again)")
+                f"(of {reading.valid:,} before the line); {which} marked incomplete. Fix "
+                "the line and submit the file again: tasks already in are skipped, the "
+                f"cancelled ones stay cancelled ({retry} runs them again)")
 
     def worker(self, *, burst: bool = False, gate: bool = True,
                on_progress: Callable[[WorkerStats], None] | None = None,

@@ -551,6 +551,26 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch, store: Store, lg: Lockgate) -
     monkeypatch.setattr(lg.store.dialect, "submit_chunk_rows", 10)
 
 
+@pytest.mark.parametrize("on_bad_line", ["keep", "cancel"])
+def test_a_streamed_submit_stopped_by_a_bad_line_names_the_batches_its_lines_went_to(
+        db_url: str, store: Store, tmp_path: Path, on_bad_line: str) -> None:
+    """Without a batch named, lines that name their own batches: the message named the
+    file's default batch, which got no task, and with ``cancel`` told to retry it."""
+    good = [{**t, "batch_id": "alpha" if i % 2 else "beta"} for i, t in enumerate(tasks(6))]
+    bad = task("t-bad", model={"temperature": 9})
+    path = write_jsonl(tmp_path / "mixed.jsonl", [*good, bad])
+    with Lockgate(db_url, migrate=False) as lg:
+        with pytest.raises(SpecError) as refused:
+            lg.submit_file(path, stream=True,
+                           on_bad_line=on_bad_line)  # type: ignore[arg-type]
+        message = " ".join(str(refused.value).split())
+        assert "batches 'alpha', 'beta' are marked incomplete" in message, message
+        assert "'mixed'" not in message, message
+        if on_bad_line == "cancel":
+            assert "tasks retry --batch alpha --status CANCELLED" in message, message
+        assert {"alpha", "beta"} <= set(lg.status().incomplete_batches)
+
+
 def test_a_streamed_submit_makes_tasks_claimable_as_it_reads_and_a_bad_line_stops_it(
         db_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``stream``: chunks are claimable before the file is read to its end; a bad line
