@@ -94,7 +94,7 @@ class Calls(WorkerCore):
             # meanwhile, or the claim waited on a lock before it leased them. Ask the
             # database which are still this worker's (renewing them): another worker
             # may hold some by now, and calling those would only duplicate its calls.
-            await self._confirm(rows)
+            await self._renew(rows, retry="renewing the leases of a late claim")
         for r in rows:
             entry = entries[r.config_hash]
             if len(self._running) < self.ws.concurrency:
@@ -102,22 +102,6 @@ class Calls(WorkerCore):
                     self._launch(r, entry)
             else:
                 self._ready.append((r, entry))
-
-    async def _confirm(self, rows: list[ClaimedTask]) -> None:
-        """Renew the leases of a claim's tasks now; those held no more are marked taken
-        over (:meth:`_lapsed` lets them go), the others' leases run from now."""
-        held: dict[str, list[int]] = {}
-        for r in rows:
-            held.setdefault(r.lease_token, []).append(r.id)
-        began = time.monotonic()
-        lost = await self._db_retry("renewing the leases of a late claim",
-                                    self.store.renew_leases, held, lease_ms=self._lease_ms)
-        for r in rows:
-            key = (r.id, r.lease_token)
-            if key in lost:
-                self._taken_over.add(key)
-            elif key in self._ready_at:
-                self._ready_at[key] = began
 
     def _lapsed(self, t: ClaimedTask) -> bool:
         """Whether the lease of a task kept ready has run out unrenewed (the process was

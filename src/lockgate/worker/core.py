@@ -15,7 +15,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -169,6 +169,30 @@ class WorkerCore:
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db_threads, lambda: fn(*args, **kwargs))
+
+    async def _renew(self, tasks: Iterable[ClaimedTask], *, retry: str | None = None
+                     ) -> None:
+        """Renew the leases of ``tasks`` (one try; with ``retry`` naming the work, tried
+        again for as long as the database fails). Of those not started yet, the ones
+        held no more (another worker took them over) are marked so, and
+        :meth:`Calls._lapsed` lets them go uncalled; the others' leases run from this
+        renewal's sending (only those it renewed: a task claimed meanwhile keeps its
+        claim's time)."""
+        held: dict[str, list[int]] = {}
+        for t in tasks:
+            held.setdefault(t.lease_token, []).append(t.id)
+        if not held:
+            return
+        began = time.monotonic()
+        renew, lease_ms = self.store.renew_leases, self._lease_ms
+        lost = await (self._db_retry(retry, renew, held, lease_ms=lease_ms) if retry
+                      else self._db(renew, held, lease_ms=lease_ms))
+        ready = self._ready_at
+        self._taken_over.update(c for c in lost if c in ready)
+        for token, ids in held.items():
+            for i in ids:
+                if (i, token) in ready and (i, token) not in lost:
+                    ready[i, token] = began
 
     async def _db_retry(self, what: str, fn: Callable[..., T], *args: Any,
                         **kwargs: Any) -> T:

@@ -138,24 +138,10 @@ class Upkeep(WorkerCore):
                 return
             if self._stopping.is_set():
                 await asyncio.sleep(min(renew_every, 0.5))
-            held: dict[str, list[int]] = {}
-            for t in self._held.values():
-                held.setdefault(t.lease_token, []).append(t.id)
             try:
-                if held:
-                    began = time.monotonic()
-                    lost = await self._db(self.store.renew_leases, held,
-                                          lease_ms=self._lease_ms)
-                    # A task kept ready whose lease another worker holds now (this
-                    # one was frozen past it): let go uncalled (``Calls._lapsed``).
-                    # The others' leases run from this renewal's sending: only those
-                    # it renewed (a task claimed meanwhile keeps its claim's time).
-                    self._taken_over.update(c for c in lost if c in self._ready_at)
-                    ready = self._ready_at
-                    for token, ids in held.items():
-                        for i in ids:
-                            if (i, token) in ready and (i, token) not in lost:
-                                ready[i, token] = began
+                # A task kept ready whose lease another worker holds now (this one was
+                # frozen past it) is let go uncalled (``Calls._lapsed``).
+                await self._renew(self._held.values())
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
                     asked = self._wall()
