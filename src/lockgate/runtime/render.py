@@ -421,7 +421,6 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
     caps = _water_fill(shrinkable, available)
     out = dict(values)
     condensed_names: list[str] = []
-    new_costs = dict(costs)
     for _attempt in range(4):
         for name, cap in caps.items():
             if shrinkable[name] <= cap and out[name] == values[name]:
@@ -432,7 +431,8 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
                 if name not in condensed_names:
                     condensed_names.append(name)
                     notes.append(f"condensed:{name}:{result.kept}/{result.total} {result.unit}")
-        new_costs = _cost(count, plan, out, _insertions(plan, out))
+        escaped = _insertions(plan, out)
+        new_costs = _cost(count, plan, out, escaped)
         over = sum(new_costs[n] for n in shrinkable) - available
         if over <= 0:
             break
@@ -442,13 +442,14 @@ def _fit(plan: _Plan, values: dict[str, str], prose: set[str], costs: dict[str, 
     else:
         for name in shrinkable:  # last resort: a hard cut at a safe boundary
             out[name] = hard_cut(out[name], caps[name], measure[name])
-        new_costs = _cost(count, plan, out, _insertions(plan, out))
+        escaped = _insertions(plan, out)
+        new_costs = _cost(count, plan, out, escaped)
         if sum(new_costs[n] for n in shrinkable) > available:
             alerts.append("over_budget")
     total = fixed_tokens + sum(new_costs.values())
     if condensed_names and with_note:
         total += note_tokens
-    return out, _insertions(plan, out), total, with_note
+    return out, escaped, total, with_note
 
 
 def _assemble(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str],
