@@ -215,7 +215,13 @@ class Feedback:
         elif ec is ErrorClass.RATE_LIMITED:
             if st.sporadic(now) and sig.remaining_requests != 0 \
                     and sig.remaining_tokens != 0:
-                return  # now and then, not a limit reached: only this call waits
+                # Now and then, not a limit reached: only this call waits. But calls
+                # waiting for the bucket's budget mean it paces at the limit, and a
+                # provider enforcing the limit over a shorter period than it names
+                # refuses what bunched up on the way: the rate goes down a step (at
+                # most one a CUT_GAP_MS, climbing back without 429s), unpaused.
+                led.cut = led.cut or (st.limited and bool(st.waiters))
+                return
             led.cut = st.limited  # over the limit: every worker's rate goes down a step
             if not st.req_limited:  # refused for the rate, with no limit known
                 self._pace(st, now - out.latency_ms / 1000.0, now)
