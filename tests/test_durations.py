@@ -56,3 +56,27 @@ def test_config_settings_in_seconds_take_the_grammar(tmp_path: object) -> None:
     with pytest.raises(ConfigError, match=r"worker\.lease_s") as err:
         load_settings(cfg)
     assert "not a duration" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["5300w", "99999999999w", "3000000d", "1e400",
+                                  "99999999999999999999"])
+def test_a_duration_beyond_a_century_is_refused_by_name(text: str) -> None:
+    """``--older-than 99999999999w`` overflowed SQLite's integer and ``--deadline
+    3000000d`` a date, each as a traceback: refused here, as every other bad value."""
+    with pytest.raises(SpecError, match=r"at most 100 years|not a duration") as err:
+        parse_duration(text, field="older_than")
+    assert err.value.field == "older_than"
+    assert parse_duration("5200w") == 5200 * 604800
+
+
+def test_true_and_false_are_not_durations_in_a_config(tmp_path: object) -> None:
+    """``lease_s = true`` was taken as 1 s and ``shutdown_grace_s = false`` as 0, while
+    ``--older-than true`` is refused: one grammar refuses both."""
+    from pathlib import Path
+
+    cfg = Path(str(tmp_path)) / "lockgate.toml"
+    for line in ("[worker]\nlease_s = true\n", "[worker]\nshutdown_grace_s = false\n"):
+        cfg.write_text(line)
+        with pytest.raises(ConfigError, match=r"worker\.\w+_s") as err:
+            load_settings(cfg)
+        assert "not a duration" in str(err.value)

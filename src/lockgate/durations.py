@@ -22,17 +22,24 @@ _ORDER = ["w", "d", "h", "m", "s", "ms"]
 _PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
 _NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*")
 EXAMPLES = "e.g. 45s, 90m, 1h30m, 1.5h or 30d (a plain number is seconds)"
+#: The longest duration read (100 years): beyond it no time or date can be computed
+#: from it, and a database column of milliseconds would overflow long before.
+MAX_SECONDS = 100 * 365.25 * 86400.0
 
 
 def parse_duration(value: str | float, *, field: str | None = None,
                    allow_zero: bool = True) -> float:
     """Seconds in ``value`` (see the module docstring). Raises :class:`SpecError` naming
-    ``field`` for anything else, a negative duration, or zero unless ``allow_zero``."""
+    ``field`` for anything else, a negative duration, one over :data:`MAX_SECONDS`, or
+    zero unless ``allow_zero``."""
     if isinstance(value, bool):
         raise SpecError(f"{value!r} is not a duration; {EXAMPLES}", field=field)
     seconds = float(value) if isinstance(value, int | float) else _parse_text(value, field)
     if not math.isfinite(seconds) or seconds < 0:
         raise SpecError(f"{value!r} is not a duration: it must not be negative", field=field)
+    if seconds > MAX_SECONDS:
+        raise SpecError(f"{value!r} is not a duration: it must be at most 100 years",
+                        field=field)
     if seconds == 0 and not allow_zero:
         raise SpecError(f"{value!r} is not a duration: it must be longer than zero",
                         field=field)
@@ -66,7 +73,10 @@ def _parse_text(text: str, field: str | None) -> float:
 
 def duration_field(value: Any) -> Any:
     """A pydantic ``BeforeValidator`` for settings in seconds: strings in the duration
-    grammar become seconds; numbers pass (pydantic checks their range)."""
+    grammar become seconds; numbers pass (pydantic checks their range); ``true`` and
+    ``false`` are refused (pydantic would take them for 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a duration; {EXAMPLES}")
     if isinstance(value, str):
         try:
             return parse_duration(value)

@@ -101,7 +101,8 @@ def _quiet_stdout() -> None:
 
 def handles_errors(fn: Callable[P, T]) -> Callable[P, T]:
     """The CLI's one error boundary: a :class:`LockgateError` (or an ``OSError`` on a
-    path the user gave) becomes one clear message and exit code 2 (never a traceback);
+    path the user gave, or a number beyond a database column's range) becomes one clear
+    message and exit code 2 (never a traceback);
     Ctrl-C ends with exit code 130, and a closed output pipe (``| head``) quietly with
     141."""
     @functools.wraps(fn)
@@ -116,6 +117,9 @@ def handles_errors(fn: Callable[P, T]) -> Callable[P, T]:
         except OSError as exc:  # a file or folder the user named that cannot be used
             fail(LockgateError(f"cannot use {exc.filename}: {exc.strerror}"
                                if exc.filename is not None else str(exc)))
+        except OverflowError as exc:  # a number given beyond what the database holds
+            fail(LockgateError(f"a number given is out of range ({exc}); ids and counts "
+                               f"go up to {2**63 - 1:,}"))
         except KeyboardInterrupt:
             console.print("interrupted", markup=False)
             raise typer.Exit(INTERRUPTED) from None
