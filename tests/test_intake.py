@@ -40,7 +40,6 @@ GOOD = [
     _line(4, batch_id=None),
     _line(5, metadata={}),
     _line(6, input_data={"text": "ünïcode ✓ \u2028"}),
-    _line(7, priority=True),  # pydantic takes it as 1: the full path decides
     _line(8, input_data={"text": "x"}, task_id="t-\u00e9"),
 ]
 
@@ -53,6 +52,7 @@ BAD = [
     _line(15, priority="high"),
     _line(16, priority=1001),
     _line(17, priority=None),
+    _line(18, priority=True),  # not a number (pydantic had taken it for 1)
     _line(19, metadata=[1]),
     _line(20, batch_id="tab\there"),
     _line(21, input_data={"txt": "missing placeholder"}),

@@ -16,11 +16,12 @@ import difflib
 import hashlib
 import random
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -83,6 +84,20 @@ def registry_reference(template: object) -> str | None:
     return None
 
 
+def _not_bool(value: Any) -> Any:
+    """JSON's ``true``/``false`` where a number goes: pydantic would take them for 1 and
+    0 (``"temperature": true`` ran at 1.0, ``"max_retries": true`` allowed one)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("not_a_number", "{value} is not a number",
+                                  {"value": str(value).lower()})
+    return value
+
+
+#: Numbers of a task's spec: ``true`` and ``false`` are refused, not read as 1 and 0.
+Whole = Annotated[int, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
@@ -101,11 +116,11 @@ PromptTemplate = str | tuple[Message, ...]
 class RetryPolicy(_Strict):
     """How failed attempts are retried (exponential back-off with jitter and a cap)."""
 
-    max_retries: int = Field(3, ge=0, le=100)
-    base_delay_ms: int = Field(1000, ge=0, le=86_400_000)
-    backoff_factor: float = Field(2.0, ge=1.0, le=10.0)
-    jitter: float = Field(0.2, ge=0.0, le=1.0, description="+/- fraction of the delay")
-    cap_ms: int = Field(300_000, ge=0, le=86_400_000)
+    max_retries: Whole = Field(3, ge=0, le=100)
+    base_delay_ms: Whole = Field(1000, ge=0, le=86_400_000)
+    backoff_factor: Number = Field(2.0, ge=1.0, le=10.0)
+    jitter: Number = Field(0.2, ge=0.0, le=1.0, description="+/- fraction of the delay")
+    cap_ms: Whole = Field(300_000, ge=0, le=86_400_000)
     stop_on: tuple[ErrorClass, ...] = ()
 
     def delay_ms(self, retry_number: int, rng: random.Random | None = None) -> int:
@@ -129,15 +144,15 @@ class ModelConfig(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     endpoint: str | None = Field(None, description="endpoint name from the config file")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    temperature_jitter: float = Field(0.0, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    timeout_ms: int = Field(60_000, ge=100, le=3_600_000)
-    max_input_tokens: int | None = Field(None, ge=16)
+    temperature: Number | None = Field(None, ge=0.0, le=2.0)
+    temperature_jitter: Number = Field(0.0, ge=0.0, le=1.0)
+    top_p: Number | None = Field(None, ge=0.0, le=1.0)
+    top_k: Whole | None = Field(None, ge=1)
+    max_tokens: Whole | None = Field(None, ge=1)
+    timeout_ms: Whole = Field(60_000, ge=100, le=3_600_000)
+    max_input_tokens: Whole | None = Field(None, ge=16)
     response_format: Literal["json_object", "text"] | None = None
-    seed: int | None = None
+    seed: Whole | None = None
     tokenizer: str | None = Field(
         None, description="token estimator for budgets and traces: 'calibrated', or the "
                           "default (tiktoken when its encoding is on disk) when unset")
@@ -230,7 +245,7 @@ class TaskSpec(BaseModel):
     batch_id: str | None = Field(None, min_length=1, max_length=MAX_TASK_ID)
     #: Seconds this task moves ahead of (or, negative, behind) others in the claim
     #: order of its queue: claims take ready tasks oldest-ready first.
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: Whole = Field(0, ge=-1000, le=1000)
     metadata: dict[str, Any] | None = None
 
     @field_validator("model", mode="wrap")
