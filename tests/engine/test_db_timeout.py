@@ -73,6 +73,19 @@ def test_the_environment_sets_the_bounds(server_url: str,
         "keepalives_interval": 15, "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 
+def test_a_timeout_of_days_connects_with_the_kernels_largest_bounds(
+        server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LOCKGATE_DB_TIMEOUT=2d`` made every connection fail ("setsockopt(TCP_KEEPIDLE)
+    failed: Invalid argument" on PostgreSQL, "[Errno 22] Invalid argument" on MariaDB):
+    the keepalive idle time and interval take at most 32767 s."""
+    monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", "2d")
+    bounds = _bounds(server_url)
+    assert (bounds["keepalives_idle"], bounds["keepalives_interval"]) == (32_767, 32_767)
+    assert bounds["tcp_user_timeout"] == 172_800_000
+    monkeypatch.setenv("LOCKGATE_DB_TIMEOUT", "52w")
+    assert _bounds(server_url)["tcp_user_timeout"] == 2**31 - 1
+
+
 def test_a_parameter_in_the_url_wins(server_url: str) -> None:
     if not server_url.startswith("postgresql"):
         pytest.skip("libpq's parameters are PostgreSQL's")

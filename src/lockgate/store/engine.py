@@ -171,10 +171,22 @@ def db_timeout_s() -> float:
                           f"database (default {DB_TIMEOUT_S:g}s)") from None
 
 
+#: The largest keepalive idle time and interval the kernel takes (Linux: 32767 s), and
+#: the largest TCP user timeout in milliseconds (a C int): a ``LOCKGATE_DB_TIMEOUT`` of
+#: 37 hours or more made every connection fail with "Invalid argument".
+MAX_KEEPALIVE_S = 32_767
+MAX_USER_TIMEOUT_MS = 2**31 - 1
+
+
 def _keepalive_s(timeout_s: float) -> int:
     """Keepalive idle time and probe interval: three unanswered probes after an idle
-    spell span about ``timeout_s``."""
-    return max(1, round(timeout_s / 4))
+    spell span about ``timeout_s`` (up to the kernel's largest)."""
+    return min(MAX_KEEPALIVE_S, max(1, round(timeout_s / 4)))
+
+
+def _user_timeout_ms(timeout_s: float) -> int:
+    """``TCP_USER_TIMEOUT`` for ``timeout_s``, up to the largest the kernel takes."""
+    return min(MAX_USER_TIMEOUT_MS, int(timeout_s * 1000))
 
 
 def _tcp_connect_args(backend: str, query: Any, timeout_s: float) -> dict[str, Any]:
@@ -185,14 +197,14 @@ def _tcp_connect_args(backend: str, query: Any, timeout_s: float) -> dict[str, A
         # and never greets (frozen, a stuck proxy) held the login forever. The read
         # timeout bounds the login; it is lifted once connected (``_mysql_setup``),
         # unless the URL sets it.
-        args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout_s)),
+        args: dict[str, Any] = {"connect_timeout": min(31_536_000, max(1, math.ceil(timeout_s))),
                                 "read_timeout": timeout_s}
     else:
         probe = _keepalive_s(timeout_s)
         # libpq's connect_timeout is whole seconds, at least 2.
         args = {"connect_timeout": max(2, math.ceil(timeout_s)), "keepalives": 1,
                 "keepalives_idle": probe, "keepalives_interval": probe,
-                "keepalives_count": 3, "tcp_user_timeout": int(timeout_s * 1000)}
+                "keepalives_count": 3, "tcp_user_timeout": _user_timeout_ms(timeout_s)}
     return {k: v for k, v in args.items() if k not in query}
 
 
@@ -202,7 +214,7 @@ def _bound_socket(sock: socket.socket, timeout_s: float) -> None:
     probe = _keepalive_s(timeout_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe),
-                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", int(timeout_s * 1000))):
+                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", _user_timeout_ms(timeout_s))):
         option = getattr(socket, name, None)  # Linux has them all; others some
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
@@ -219,7 +231,7 @@ def _postgres_setup(engine: Engine, timeout_s: float) -> None:
                f"{int(IDLE_IN_TRANSACTION_S * 1000)}; "
                f"SET tcp_keepalives_idle = {probe}; SET tcp_keepalives_interval = {probe}; "
                f"SET tcp_keepalives_count = 3; "
-               f"SET tcp_user_timeout = {int(timeout_s * 1000)}")
+               f"SET tcp_user_timeout = {_user_timeout_ms(timeout_s)}")
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
