@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from lockgate.simulator.config import SimulatorConfig
@@ -45,6 +46,13 @@ BACKENDS = ("sqlite", "postgresql", "mariadb")
 # width when it is created under COLUMNS, so the CLI's tables would ignore the width a
 # test sets. Without it the width is read at each print, as in a serial run.
 os.environ.pop("COLUMNS", None)
+
+#: Property tests judge the code, not the machine: a loaded machine (the suite beside
+#: databases, a simulator and workers on two cores) made Hypothesis's timing checks
+#: fail tests whose every example passed ("Input generation is slow").
+settings.register_profile("lockgate", suppress_health_check=[HealthCheck.too_slow],
+                          deadline=None)
+settings.load_profile("lockgate")
 
 PG_URL = os.environ.get("LOCKGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("LOCKGATE_TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/test")

@@ -28,6 +28,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from lockgate.simulator import SimulatorConfig, start
 from lockgate.simulator.prompt import ENUM, INT, TEXT, parse_instructions
@@ -632,6 +633,21 @@ def test_start_in_process() -> None:
             assert handle.simulator.stats.requests == 1
         finally:
             await handle.close()
+
+    asyncio.run(main())
+
+
+def test_start_takes_a_mapping_of_settings_and_names_a_bad_one() -> None:
+    """``start()`` takes the settings as a mapping, as ``SimulatorProcess`` and
+    ``configure`` do, and refuses a bad one by name."""
+    async def main() -> None:
+        handle = await start({"rpm": 100, "latency": {"mean_ms": 0}}, port=0)
+        try:
+            assert handle.simulator.config.rpm == 100
+        finally:
+            await handle.close()
+        with pytest.raises(ValidationError, match="rpm"):
+            await start({"rpm": -1}, port=0)
 
     asyncio.run(main())
 

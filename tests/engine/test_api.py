@@ -122,5 +122,6 @@ def test_a_batch_is_recovered_at_once_by_state_and_error_class(
         assert (view.attempts, view.error, view.result) == (0, None, None)
         with pytest.raises(lockgate.NotFound):
             lg.retry_batch("nope")
-        with pytest.raises(lockgate.SpecError, match="FAILED, DEAD or CANCELLED"):
-            lg.retry_batch("b", statuses=["SUCCEEDED"])
+        with pytest.raises(lockgate.SpecError,
+                           match=r"FAILED, DEAD or CANCELLED, not PENDING, SUCCEEDED$"):
+            lg.retry_batch("b", statuses=["succeeded", "PENDING", "DEAD"])

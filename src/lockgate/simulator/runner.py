@@ -12,8 +12,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from lockgate.simulator.config import SimulatorConfig
 from lockgate.simulator.http import LeanServer, serve_http
@@ -57,10 +58,12 @@ class SimulatorHandle:
         await self.close()
 
 
-async def start(config: SimulatorConfig | None = None, host: str = "127.0.0.1",
+async def start(config: SimulatorConfig | Mapping[str, Any] | None = None,
+                host: str = "127.0.0.1",
                 port: int = 0, shutdown_timeout: float = 5.0,
                 clock: Callable[[], float] = time.monotonic) -> SimulatorHandle:
-    """Start a simulator in the running event loop; port 0 picks a free port; ``clock``
+    """Start a simulator in the running event loop (``config`` a ``SimulatorConfig`` or a
+    mapping of its settings); port 0 picks a free port; ``clock``
     is the rate limiter's time (tests pass one they move by hand)."""
     sim = Simulator(config, clock)
     server = await serve_http(sim.dispatch, host, port, max_body=MAX_BODY)

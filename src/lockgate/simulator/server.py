@@ -69,9 +69,15 @@ def _error_body(message: str, type_: str, code: str | None, param: str | None) -
 class Simulator:
     """The simulated provider: state plus the aiohttp handlers that act on it."""
 
-    def __init__(self, config: SimulatorConfig | None = None,
+    def __init__(self, config: SimulatorConfig | Mapping[str, Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config or SimulatorConfig()
+        """``config`` may be a mapping of settings (checked as ``SimulatorConfig``
+        checks them: pydantic's ValidationError names a bad one)."""
+        if config is None:
+            config = SimulatorConfig()
+        elif not isinstance(config, SimulatorConfig):
+            config = SimulatorConfig.model_validate(dict(config))
+        self.config = config
         self.clock = clock  # the rate limiter's time (tests pass a clock they move)
         self.responder = Responder()
         self.limiter = RateLimiter()

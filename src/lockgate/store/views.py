@@ -200,7 +200,8 @@ class TaskViews:
         wanted = sorted({str(st).upper() for st in statuses})
         bad = set(wanted) - {"FAILED", "DEAD", "CANCELLED"}
         if bad or not wanted:
-            raise SpecError(f"can only be FAILED, DEAD or CANCELLED, not {sorted(bad)}",
+            raise SpecError(f"can only be FAILED, DEAD or CANCELLED, not {', '.join(sorted(bad))}"
+                            if bad else "name at least one of FAILED, DEAD or CANCELLED",
                             field="status")
         sql_ = _RETRY_BATCH if error_class is None else _RETRY_BATCH_CLASS
 
