@@ -34,6 +34,7 @@ from lockgate.quality.circuit import (
     should_open,
 )
 from lockgate.quality.writer import RollupWriter
+from lockgate.results import utc
 from lockgate.spec import parse_task
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, Store
@@ -351,3 +352,89 @@ def test_a_process_killed_mid_switch_leaves_one_consistent_state(
     state = _circuit(store)["state"]
     set_circuit(store, q, "labels", "CLOSED" if state == "OPEN" else "OPEN")
     assert CircuitStore(store).rows()[0]["labels"].version == len(_events(store))
+
+
+def _land_at(store: Store, pk: int, starts: list[int], completeness: float) -> None:
+    """Answered calls of the primary started at ``starts`` (ms), written into the
+    rollups by the workers' writer."""
+    writer = RollupWriter(store, shard="w")
+    written = [(Finish(id=pk, lease_token="x", status=TaskStatus.SUCCEEDED), {
+        "attempt": 1, "outcome": "succeeded", "started_at": s, "latency_ms": 10.0,
+        "prompt_sha256": "h", "prompt_version": PRIMARY, "parse_status": "valid",
+        "completeness": completeness, "endpoint": "sim", "model": "m"}) for s in starts]
+    store.transaction(lambda tx: writer.record(tx, written))
+
+
+def test_a_close_counts_only_the_minutes_that_start_after_it(store: Store) -> None:
+    # Closed by hand at 20:26:29 once the primary was mended, the circuit opened again a
+    # second later on the minute 20:26:00, whose calls were made before the close.
+    pk = _task_pk(store)
+    # a close at least 2 s into its minute: calls of that minute can precede it
+    wait_for(lambda: 2_000 <= store.db_now() % MINUTE <= 50_000, "a minute under way",
+             timeout=20, interval=0.05)
+    ev = CircuitEvaluator(store, _quality(window="2m"), actor="w1")
+    one = CircuitEvaluator(store, _quality(window="1m"), actor="w1")
+    set_circuit(store, _quality(), "labels", "OPEN", actor="ana", reason="incident")
+    set_circuit(store, _quality(), "labels", "CLOSED", actor="bob", reason="primary fixed")
+    since = _circuit(store)["since"]
+    close_minute = since - since % MINUTE
+    assert since - close_minute >= 1_000  # the precondition waited for above
+    before = [since - 1 - i for i in range(50)]  # all in the close's minute, before it
+    _land_at(store, pk, before, 0.2)
+    assert min(before) >= close_minute
+    # within the close's minute, the window of one minute is that minute: not counted
+    assert one.tick(now=since + 1) == 0
+    assert one.tick(now=close_minute + MINUTE - 1) == 0
+    # a minute later, bad calls after the close: the window of two is that minute and
+    # the close's: still not counted
+    _land_at(store, pk, [close_minute + MINUTE + 1_000 + i for i in range(50)], 0.3)
+    assert ev.tick(now=close_minute + MINUTE + 30_000) == 0
+    assert _circuit(store)["state"] == "CLOSED"
+    # the primary still bad in the next minute: two whole minutes after the close open it
+    _land_at(store, pk, [close_minute + 2 * MINUTE + 1_000 + i for i in range(50)], 0.3)
+    assert ev.tick(now=close_minute + 2 * MINUTE + 30_000) == 1
+    row = _circuit(store)
+    assert (row["state"], row["changed_by"]) == ("OPEN", "w1")
+    looked = orjson.loads(row["figures"])["minutes"]
+    assert [m["minute"] for m in looked] == [close_minute + MINUTE,
+                                             close_minute + 2 * MINUTE]
+    assert all(m["minute"] >= since for m in looked)
+
+
+def test_holding_an_open_circuit_by_hand_keeps_its_episode(store: Store,
+                                                           tmp_path: Path) -> None:
+    q = _quality()
+    ev = CircuitEvaluator(store, q, actor="w1")
+    pk = _task_pk(store)
+    cur = _minute_with_room(store)
+    for k in (3, 2, 1):
+        _land(store, pk, cur - k * MINUTE, 20, 0.5)
+    assert ev.tick() == 1
+    opened = _circuit(store)
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[quality.circuit]]\nprompt = "labels"\nfallback = "review"\n')
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["circuit", "open", "labels", "--actor", "carol",
+                                      "--reason", "hold it", "--db", url, "--config",
+                                      str(cfg)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "was already OPEN" in result.output and "now held by hand" in result.output
+    held = _circuit(store)
+    assert (held["state"], held["manual"], held["changed_by"]) == ("OPEN", 1, "carol")
+    figures = orjson.loads(held["figures"])
+    # the figures it opened on, the move that opened it (its episode) and when
+    assert figures["minutes"] == orjson.loads(opened["figures"])["minutes"]
+    assert (figures["episode"], figures["opened_at"]) == (opened["version"],
+                                                          opened["since"])
+    assert held["reason"].startswith("hold it (opened: completeness under")
+    [view] = circuit_views(store, q)
+    assert view.manual and view.since == utc(opened["since"])  # open since it opened
+    assert [(e["from_state"], e["to_state"], e["actor"]) for e in _events(store)] == \
+        [("CLOSED", "OPEN", "w1"), ("OPEN", "OPEN", "carol")]
+    with pytest.raises(StateConflict, match=r"already OPEN \(held by hand\)"):
+        set_circuit(store, q, "labels", "OPEN")
+    # held: good probes do not close it
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE quality_circuit SET since = since - 600000"))
+    _land(store, pk, cur, 100, 1.0)
+    assert ev.tick() == 0 and _circuit(store)["state"] == "OPEN"

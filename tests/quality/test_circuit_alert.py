@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import wait_for
-from lockgate.config import CircuitSettings, QualitySettings, Settings
+from helpers import rows, wait_for
+from lockgate.config import CircuitSettings, QualitySettings, Settings, Webhook
 from lockgate.quality.alerts import Evaluator, get_alert, list_alerts
 from lockgate.quality.circuit import CircuitEvaluator, set_circuit
 from lockgate.store import Store
@@ -99,3 +99,35 @@ def test_a_circuit_alert_counts_the_tasks_of_its_path_not_of_its_fallback_versio
     Evaluator(store, s, worker_id="w1").tick()
     [a] = list_alerts(store)
     assert (a.tasks, a.batches) == (5, 1)
+
+
+def test_holding_an_open_circuit_by_hand_keeps_its_one_alert(store: Store) -> None:
+    # `lockgate circuit open` on a circuit its evaluator had opened resolved the alert
+    # and opened another (its webhooks got `resolve` and `open` in one second, the
+    # touched tasks counted again from the hold).
+    circuit = CircuitSettings(prompt="p", threshold=0.9, window="3m", min_calls=10,
+                              probation="2m", fallback="review")
+    s = Settings(quality=QualitySettings(evaluate_every=1.0, evaluator_lease_s=30.0,
+                                         circuit=(circuit,),
+                                         webhook=(Webhook(name="ops",
+                                                          url="http://127.0.0.1:9/hook"),)))
+    wait_for(lambda: store.db_now() % MINUTE < 40_000, "a fresh minute", timeout=30,
+             interval=0.5)
+    for k in (3, 2, 1):
+        feed(store, 20, ago_ms=k * MINUTE, completeness=0.5, batch=f"b{k}")
+    assert CircuitEvaluator(store, s.quality, actor="w1").tick() == 1
+    ev = Evaluator(store, s, worker_id="w1")
+    assert _events(ev.tick()) == [("open", "completeness_circuit")]
+    [a] = list_alerts(store)
+
+    held = set_circuit(store, s.quality, "p", "OPEN", actor="ana", reason="hold it")
+    assert (held.state, held.manual) == ("OPEN", True)
+    assert ev.tick() == []  # the same episode: no resolve, no new alert
+    [b] = list_alerts(store, everything=True)
+    assert (b.id, b.status, b.onset, b.tasks) == (a.id, "OPEN", a.onset, a.tasks)
+    deliveries = rows(store, "SELECT event FROM alert_delivery ORDER BY id")
+    assert [d["event"] for d in deliveries] == ["open"]
+
+    set_circuit(store, s.quality, "p", "CLOSED", actor="ana")
+    assert _events(ev.tick()) == [("resolve", "completeness_circuit")]
+    assert [x.id for x in list_alerts(store, everything=True)] == [a.id]

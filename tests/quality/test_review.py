@@ -97,9 +97,10 @@ def test_review_is_held_exported_resolved_and_cancelled(
             ("bob", "checked by hand")
         [res] = [r for r in lg.results("b") if r.task_id == "b-0"]
         assert res.result == {"label": "yes"} and res.error is None
-        # the rollups count it as a task of the prompt it was held under
+        # the rollups count it as a task of the prompt it was held under; the holds
+        # are no attempt of it (no call, no model)
         [q] = lg.quality(KEY, since="1h")
-        assert (q.prompt, q.tasks, q.attempts, q.calls) == (KEY, 1, 5, 0)
+        assert (q.prompt, q.tasks, q.attempts, q.calls) == (KEY, 1, 1, 0)
 
         with pytest.raises(StateConflict, match="it is SUCCEEDED, and resolve needs REVIEW"):
             lg.resolve("b-0", {"label": "no"})
@@ -200,3 +201,26 @@ def test_the_asyncio_api_reviews_and_resolves(db_url: str, simulator: SimulatorP
             assert (await alg.open_circuit(KEY)).manual
 
     asyncio.run(main())
+
+
+def test_holds_and_resolutions_are_no_calls_of_a_model(
+        db_url: str, simulator: SimulatorProcess) -> None:
+    # `lg.quality(by="model")` had a row of model '' beside the real model, with an
+    # attempt per hold and a task per resolution; the holds inflated the version's
+    # attempts.
+    with Lockgate(db_url, settings=_settings()) as lg:
+        lg.submit([task(f"a-{i}", f"order {i}", delivery={"schema": SCHEMA})
+                   for i in range(3)], batch_id="a")
+        assert lg.run_worker(burst=True).succeeded == 3  # the circuit is closed
+        _hold(lg, 4)
+        lg.resolve("b-0", {"label": "yes"}, actor="bob")
+        by_model = {r.model: r for r in lg.quality(KEY, since="1h", by="model")}
+        assert "" not in by_model and "(review)" in by_model and len(by_model) == 2
+        [model] = [m for m in by_model if m != "(review)"]
+        called = by_model[model]
+        assert (called.attempts, called.tasks, called.calls) == (3, 3, 3)
+        person = by_model["(review)"]
+        assert (person.attempts, person.tasks, person.calls, person.completeness) == \
+            (1, 1, 0, None)
+        [version] = lg.quality(KEY, since="1h")
+        assert (version.attempts, version.tasks, version.calls) == (4, 4, 3)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import orjson
 import pytest
@@ -19,7 +20,7 @@ from lockgate.app import Lockgate
 from lockgate.cli import app
 from lockgate.config import QualitySettings, Settings, Webhook
 from lockgate.errors import ConfigError
-from lockgate.quality.alerts import Evaluator, get_alert
+from lockgate.quality.alerts import Evaluator, ack_alert, get_alert
 from lockgate.quality.service import AlertService
 from lockgate.quality.webhooks import Sender, signature, verify
 from lockgate.store import Store, schema
@@ -303,3 +304,59 @@ def test_a_silent_webhook_takes_at_most_its_share_of_the_posts(store: Store) -> 
         runner.join(60)
         loop.close()
         fine.stop()
+
+
+def test_an_ack_made_without_the_webhook_config_is_still_announced(
+        store: Store, db_url: str, receiver: Receiver, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `cd /tmp && lockgate alerts ack 3 --db ...` recorded the ack and queued nothing;
+    # an ack with the config then found it "already acked": no `ack` event, ever.
+    s = settings(webhook=(receiver.webhook(), receiver.webhook(name="second")))
+    collapse(store)
+    [e] = Evaluator(store, s, worker_id="w1").tick()
+    monkeypatch.chdir(tmp_path)  # no lockgate.toml here
+    monkeypatch.delenv("LOCKGATE_CONFIG", raising=False)
+    res = CliRunner().invoke(app, ["alerts", "ack", str(e.alert.id), "--actor", "ana",
+                                   "--reason", "on it", "--db", db_url],
+                             catch_exceptions=False)
+    assert res.exit_code == 0 and "acked by ana" in res.stdout
+    acks = rows(store, "SELECT target FROM alert_delivery WHERE event = 'ack' ORDER BY id")
+    # to the webhooks the alert's open went to
+    assert [d["target"] for d in acks] == ["ops", "second"]
+    # an ack with the config changes nothing and is not announced again
+    with Lockgate(db_url, settings=s, migrate=False) as lg:
+        assert lg.ack_alert(e.alert.id, actor="bob").acked_by == "ana"
+    assert len(rows(store, "SELECT id FROM alert_delivery WHERE event = 'ack'")) == 2
+    _send_until(store, Sender(store, s.quality), "DELIVERED")
+    acked = [orjson.loads(r.body)["alert"] for r in receiver.got
+             if orjson.loads(r.body)["event"] == "ack"]
+    assert len(acked) == 2 and all(a["acked_by"] == "ana" and a["ack_reason"] == "on it"
+                                   for a in acked)
+
+
+def test_an_ack_goes_to_the_alerts_webhooks_and_the_callers(store: Store) -> None:
+    s = settings(webhook=(Webhook(name="ops", url="http://127.0.0.1:9/hook"),))
+    collapse(store)
+    [e] = Evaluator(store, s, worker_id="w1").tick()
+    ack_alert(store, e.alert.id, actor="ana", targets=["pager", "ops"])
+    acks = rows(store, "SELECT target FROM alert_delivery WHERE event = 'ack' ORDER BY id")
+    assert [d["target"] for d in acks] == ["ops", "pager"]  # each once
+
+
+def test_the_webhook_body_holds_the_alert_as_alerts_show_json_prints_it(
+        store: Store, db_url: str, receiver: Receiver) -> None:
+    # The body wrote times as `…Z` (microseconds), `alerts show --json` as `…+00:00`.
+    s = settings(webhook=(receiver.webhook(),))
+    collapse(store)
+    [e] = Evaluator(store, s, worker_id="w1").tick()
+    _send_until(store, Sender(store, s.quality), "DELIVERED")
+    body = orjson.loads(receiver.got[-1].body)
+    res = CliRunner().invoke(app, ["alerts", "show", str(e.alert.id), "--json", "--db",
+                                   db_url], catch_exceptions=False)
+    shown = orjson.loads(res.stdout)
+    assert shown.pop("samples") and shown.pop("deliveries")
+    assert body["alert"] == shown
+    assert shown["opened_at"].endswith("Z") and len(shown["opened_at"]) == 24
+    [listed] = orjson.loads(CliRunner().invoke(
+        app, ["alerts", "list", "--json", "--db", db_url], catch_exceptions=False).stdout)
+    assert listed["opened_at"] == shown["opened_at"]

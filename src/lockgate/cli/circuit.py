@@ -63,7 +63,13 @@ def open_(prompt: str, db: DbOpt = None, config: ConfigOpt = None, actor: ActorO
     """Open PROMPT's circuit by hand: its new tasks go to the fallback (probes aside)
     until `lockgate circuit close`; the evaluator leaves it alone meanwhile."""
     with opened_for_change(db, config) as lg:
+        was = next((x for x in lg.circuits() if x.prompt == prompt), None)
         c = lg.open_circuit(prompt, actor=actor, reason=reason)
+    if was is not None and was.state == "OPEN":
+        console.print(f"circuit {c.prompt} was already OPEN (since {when(c.since)}); it is "
+                      "now held by hand: the evaluator leaves it open until `lockgate "
+                      "circuit close`", markup=False)
+        return
     console.print(f"circuit {c.prompt} is OPEN: new tasks go to {c.fallback_kind} "
                   f"{c.fallback}", markup=False)
 

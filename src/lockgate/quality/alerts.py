@@ -19,11 +19,12 @@ import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
 import orjson
+from sqlalchemy import func, select
 
 from lockgate.config import Settings
 from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings
@@ -31,7 +32,8 @@ from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
 from lockgate.quality.rules import Finding
 from lockgate.redact import MASK
-from lockgate.results import utc
+from lockgate.results import plain, utc
+from lockgate.store import schema
 from lockgate.store.alerts import AlertStore, LeaseLost
 from lockgate.store.quality import QualityStore, StoredRollup
 from lockgate.store.store import Store
@@ -65,7 +67,8 @@ class AlertSample:
     raw_output: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: times in ISO-8601 UTC with milliseconds and ``Z``."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,9 @@ class Alert:
         return self.acked_at is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, as ``lockgate alerts show --json`` prints it and a webhook body
+        holds it: times in ISO-8601 UTC with milliseconds and ``Z``."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
 
 def alert_of(row: Mapping[str, Any], samples: Iterable[Mapping[str, Any]] = (),
@@ -444,13 +449,13 @@ def _fig(rule: str, v: float | None) -> str:
 
 
 def event_body(event: str, delivery_id: str, alert: Alert) -> bytes:
-    """The JSON body of a webhook delivery."""
+    """The JSON body of a webhook delivery: the alert as ``lockgate alerts show --json``
+    prints it (:meth:`Alert.to_dict`), without its samples and deliveries."""
     doc = alert.to_dict()
     doc.pop("samples", None)
     doc.pop("deliveries", None)
     return orjson.dumps({"event": event, "delivery": delivery_id, "alert": doc},
-                        option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC
-                        | orjson.OPT_UTC_Z)
+                        option=orjson.OPT_SORT_KEYS)
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -466,16 +471,28 @@ def get_alert(store: Store, alert_id: int) -> Alert:
     return alert_of(row, samples, deliveries)
 
 
+def announced_to(tx: Tx, alert_id: int) -> list[str]:
+    """The webhooks (targets) the alert's events were queued to, in the order first
+    queued: what the evaluator's configuration named when it announced them."""
+    d = schema.alert_delivery
+    q = select(d.c.target).where(d.c.alert_id == alert_id).group_by(d.c.target) \
+        .order_by(func.min(d.c.id))
+    return [str(r[0]) for r in tx.execute(q)]
+
+
 def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
               reason: str | None = None, targets: Sequence[str] = ()) -> Alert:
     """Acknowledge an alert (kept as it is if already acknowledged); it keeps being
-    updated and resolves as before. The first ack is announced (event ``ack``) to the
-    webhooks named in ``targets``, in the ack's transaction."""
+    updated and resolves as before. The first ack is announced (event ``ack``), in the
+    ack's transaction, to the webhooks the alert's earlier events were queued to and
+    to those named in ``targets`` (the caller's configuration): an ack made without a
+    configuration listing the webhooks still reaches those that heard of the alert."""
     def announce(tx: Tx) -> None:
         alert = alert_of(AlertStore.alert_row(tx, alert_id))
-        AlertStore.enqueue(tx, alert_id, "ack", targets,
+        to = list(dict.fromkeys([*announced_to(tx, alert_id), *targets]))
+        AlertStore.enqueue(tx, alert_id, "ack", to,
                            body_of=lambda did: event_body("ack", did, alert))
-    AlertStore(store).ack(alert_id, actor, reason, announce if targets else None)
+    AlertStore(store).ack(alert_id, actor, reason, announce)
     return get_alert(store, alert_id)
 
 
@@ -492,5 +509,5 @@ def prune_alerts(store: Store, older_than_ms: int) -> tuple[int, int]:
 
 
 __all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
-           "ack_alert", "alert_key", "alert_of", "event_body", "get_alert",
+           "ack_alert", "alert_key", "alert_of", "announced_to", "event_body", "get_alert",
            "known_secrets", "list_alerts", "prune_alerts", "prune_deliveries", "scrub"]

@@ -108,6 +108,16 @@ def _completeness(m: Minute) -> float | None:
     return m[1] / m[2] if m[2] else None
 
 
+def fresh_from(row: CircuitRow) -> int:
+    """The first minute that counts toward opening a CLOSED circuit: after a move back
+    to CLOSED, the first minute that starts at or after the move. The minute under way
+    at the move holds calls made before it (a rollup minute cannot tell them apart), so
+    it is left out with the minutes before it. 0 for a circuit that never moved."""
+    if row.version == 0:
+        return 0
+    return -(-row.since // MINUTE) * MINUTE
+
+
 def should_open(minutes: Mapping[int, Minute], now: int, circuit: CircuitSettings, *,
                 not_before: int = 0) -> tuple[bool, dict[str, Any]]:
     """Whether completeness stayed under the threshold in each minute of the window
@@ -157,6 +167,23 @@ CIRCUIT_RULE = "completeness_circuit"
 ANY_MODEL = "*"
 
 
+#: Keys of an OPEN circuit's figures once it is held by hand after its evaluator opened
+#: it: the version of the move that opened it (its episode) and when that was (ms).
+EPISODE, OPENED_AT = "episode", "opened_at"
+
+
+def episode(row: CircuitRow) -> int:
+    """The episode of an open circuit: the version of the move that opened it. Holding
+    an open circuit by hand is a move of its own (OPEN -> OPEN) in the same episode."""
+    return int((row.figures or {}).get(EPISODE, row.version))
+
+
+def opened_at(row: CircuitRow) -> int:
+    """When an open circuit opened (ms): its ``since``, or, once held by hand after its
+    evaluator opened it, when the evaluator did."""
+    return int((row.figures or {}).get(OPENED_AT, row.since))
+
+
 def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
     """One finding per configured circuit, fired while it is OPEN (so its switch opens
     an alert, and its closing resolves it): the primary path's completeness over the
@@ -180,14 +207,15 @@ def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
             n = sum(m[2] for m in minutes.values())
             comp = sum(m[1] for m in minutes.values()) / n if n else None
         # The incident began with the first bad minute that opened it (by hand: when).
+        opened = opened_at(row)
         looked = (row.figures or {}).get("minutes") or []
-        onset = min((int(m["minute"]) for m in looked), default=row.since)
+        onset = min((int(m["minute"]) for m in looked), default=opened)
         out.append(Finding(CIRCUIT_RULE, c.prompt, ANY_MODEL, is_open,
                            0.0 if comp is None else comp, None, c.threshold, calls,
                            subject="to review" if c.fallback_kind == "review"
                            else f"to {c.fallback_kind} {c.fallback_target}",
-                           onset=min(onset, row.since),
-                           episode=row.version if is_open else None))
+                           onset=min(onset, opened),
+                           episode=episode(row) if is_open else None))
     return out
 
 
@@ -205,14 +233,16 @@ class CircuitEvaluator:
         self.actor = actor
         self._ensured = False
 
-    def tick(self) -> int:
-        """One evaluation of every circuit; returns how many this call moved."""
+    def tick(self, *, now: int | None = None) -> int:
+        """One evaluation of every circuit; returns how many this call moved. ``now``
+        (ms) is the database clock unless given (a test pins it)."""
         if not self.circuits:
             return 0
         if not self._ensured:
             self.cstore.ensure(c.prompt for c in self.circuits)
             self._ensured = True
-        rows, now = self.cstore.rows()
+        rows, db_now = self.cstore.rows()
+        now = db_now if now is None else now
         moved = 0
         for c in self.circuits:
             row = rows.get(c.prompt)
@@ -233,9 +263,7 @@ class CircuitEvaluator:
     def _maybe_open(self, c: CircuitSettings, row: CircuitRow, now: int) -> int:
         current = now - now % MINUTE
         minutes = self._read(c, current - c.window_minutes * MINUTE)
-        # After a move back to CLOSED only the minutes from then on count.
-        not_before = 0 if row.version == 0 else row.since - row.since % MINUTE
-        trip, figures = should_open(minutes, now, c, not_before=not_before)
+        trip, figures = should_open(minutes, now, c, not_before=fresh_from(row))
         if not trip:
             return 0
         worst = max((m["completeness"] or 0.0) for m in figures["minutes"])
@@ -382,7 +410,11 @@ def actor_of(actor: str | None) -> str:
 def set_circuit(store: Store, quality: QualitySettings, prompt: str, state: str, *,
                 actor: str | None = None, reason: str | None = None) -> CircuitView:
     """Open (held: the evaluator leaves it until it is closed by hand) or close a
-    circuit by hand, by compare-and-swap; :class:`StateConflict` when it already is so."""
+    circuit by hand, by compare-and-swap; :class:`StateConflict` when it already is so.
+
+    Opening a circuit its evaluator opened holds it: a move OPEN -> OPEN that keeps
+    the episode (its alert stays the one alert of the episode), the figures it was
+    opened on and when it opened."""
     c = _configured(quality, prompt)
     cstore = CircuitStore(store)
     cstore.ensure([prompt])
@@ -393,9 +425,16 @@ def set_circuit(store: Store, quality: QualitySettings, prompt: str, state: str,
         if row.state == state and (row.manual or state == CircuitState.CLOSED):
             raise StateConflict(f"circuit '{prompt}' is already {state}"
                                 + (" (held by hand)" if row.manual else ""))
+        figures = None
+        why = reason or f"{'opened' if state == 'OPEN' else 'closed'} by hand"
+        if row.state == state:  # OPEN by its evaluator: held by hand, same episode
+            figures = {**(row.figures or {}), EPISODE: episode(row),
+                       OPENED_AT: opened_at(row)}
+            why = reason or "held open by hand"
+            if row.reason:
+                why = f"{why} (opened: {row.reason})"
         moved = cstore.move(row, state, actor=who, manual=state == CircuitState.OPEN,
-                            reason=reason or f"{'opened' if state == 'OPEN' else 'closed'} "
-                                              "by hand")
+                            reason=why, figures=figures)
         if moved is not None:
             log.warning("completeness circuit '%s' %s by %s: %s", prompt, state, who,
                         moved.reason)
@@ -407,7 +446,9 @@ def view(c: CircuitSettings, row: CircuitRow | None) -> CircuitView:
     """A circuit's configuration and stored state (CLOSED when it has no row yet)."""
     return CircuitView(
         prompt=c.prompt, state=row.state if row else CircuitState.CLOSED,
-        since=utc(row.since) if row and row.version else None,
+        # an open circuit held by hand is open since its evaluator opened it
+        since=utc(opened_at(row) if row.state == CircuitState.OPEN else row.since)
+        if row and row.version else None,
         reason=row.reason if row else None, manual=bool(row and row.manual),
         changed_by=row.changed_by if row else None, fallback_kind=c.fallback_kind,
         fallback=c.fallback_target, threshold=c.threshold, window_s=c.window,

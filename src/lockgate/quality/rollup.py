@@ -14,7 +14,8 @@ What counts (one attempt row = one observation, :meth:`Rollup.observe`):
   write-back lost its lease) and attempts that made no call;
 * ``tasks``: attempts that ended their task (succeeded, failed, dead, or resolved by a
   person after a review hold) and were not discarded: each task counts once, where its
-  last attempt ran;
+  last attempt ran (a person's resolution under the model :data:`REVIEW_MODEL`; the
+  writer leaves review holds out: no call, no model, no end);
 * ``calls``: attempts that rendered a prompt and sent it (a trace with the prompt's hash
   and a latency), discarded ones included: they cost tokens too;
 * completeness is the output's field completeness *before* fallback values were filled,
@@ -45,6 +46,10 @@ from lockgate.runtime import USABLE
 LATENCY_ACCURACY = 0.02
 #: Outcomes that end a task.
 TERMINAL = frozenset({"succeeded", "failed", "dead", "resolved"})
+#: The model a person's resolution of a task held for review is filed under: it ends
+#: the task, and no model answered it. (The hold itself is in no rollup: no call was
+#: made and nothing ended.)
+REVIEW_MODEL = "(review)"
 #: Spans kept, by resolution code: a minute, an hour, a day (ms).
 SPANS: dict[str, int] = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

@@ -15,6 +15,7 @@ import orjson
 
 from lockgate.config import Endpoint, Settings
 from lockgate.quality.rollup import (
+    REVIEW_MODEL,
     SPANS,
     Key,
     Observation,
@@ -106,9 +107,15 @@ class RollupWriter:
                 # Gone (cleaned up), or a release-gate evaluation: its figures are the
                 # gate's run metrics, not production's.
                 continue
+            outcome = a.get("outcome")
+            if outcome == "review":
+                # A hold for a person: no call, no model, the task not ended; the
+                # person's resolution counts it (under REVIEW_MODEL).
+                continue
             h = info.config_hash
             version = a.get("prompt_version")
-            raw = (h, version, a.get("model"), a.get("endpoint"))
+            model = a.get("model") or (REVIEW_MODEL if outcome == "resolved" else None)
+            raw = (h, version, model, a.get("endpoint"))
             known = seen.get(raw)
             if known is None:
                 known = seen[raw] = (Key(*(str(v or "")[:n] for v, n in zip(
