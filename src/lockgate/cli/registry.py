@@ -278,8 +278,9 @@ def _label_value(text: str | None) -> Any:
 
 @command(app, "bind")
 def bind(prompt: str, dataset: str,
-         threshold: Annotated[list[str], typer.Option(
-             "--threshold", "-t", help="METRIC OP VALUE, e.g. accuracy>=0.9 (repeatable)")],
+         threshold: Annotated[list[str] | None, typer.Option(
+             "--threshold", "-t", help="METRIC OP VALUE, e.g. accuracy>=0.9 (repeatable; "
+                                       "at least one, unless --remove)")] = None,
          compare: Annotated[str, typer.Option(
              help="exact | label:FIELD | fields:A,B | scorer:module:function")] = "exact",
          positive: Annotated[str | None, typer.Option(
@@ -301,13 +302,21 @@ def bind(prompt: str, dataset: str,
          = None,
          remove: Annotated[bool, typer.Option("--remove", help="unbind instead")] = False,
          db: DbOpt = None) -> None:
-    """Bind DATASET to PROMPT with per-metric thresholds (the release gate's bar)."""
+    """Bind DATASET to PROMPT with per-metric thresholds (the release gate's bar), or
+    unbind it with --remove."""
+    if remove and threshold:
+        raise LockgateError("--remove unbinds the dataset and takes no --threshold: give "
+                            "one or the other")
+    if not remove and not threshold:
+        raise LockgateError("give at least one threshold with -t METRIC OP VALUE, e.g. "
+                            "-t 'accuracy>=0.9' (or --remove to unbind)")
     with opened_for_change(db) as lg:
         if remove:
             gone = lg.gate.unbind(prompt, dataset)
             console.print(f"{prompt} / {dataset}: " + ("unbound" if gone else "not bound"),
                           markup=False)
             return
+        assert threshold is not None
         comp = parse_comparison(compare).model_copy(update={"ignore_case": ignore_case})
         prices = None
         if price_in is not None or price_out is not None:
@@ -352,9 +361,10 @@ def progress_table(st: dict[str, Any]) -> Table:
         v = r["verdicts"]
         who = f"v{r['version']}" + (" (live)" if r["subject"] == "baseline" else "")
         items = r["materialized"] if r["status"] != "MATERIALIZING" else total
+        lost = int(((r.get("metrics") or {}).get("counts") or {}).get("not_evaluated", 0))
         t.add_row(r["dataset"], who, r["status"], f"{items}/{r['expected_items']}",
                   f"{done}/{total}", f"{v.get('MATCH', 0)} / {v.get('MISMATCH', 0)} / "
-                  f"{v.get('ERROR', 0)}")
+                  f"{v.get('ERROR', 0)}" + (f" ({lost} not evaluated)" if lost else ""))
     return t
 
 
@@ -387,6 +397,16 @@ def decision_table(st: dict[str, Any]) -> Table:
     return t
 
 
+def _undecided(st: dict[str, Any], timeout: float | None) -> typer.Exit:
+    """A wait that timed out: the candidate is not live (yet), so exit 3 as for any
+    other "not live", saying so and how to wait again (exit 2 stays for usage errors)."""
+    uid = st["id"]
+    console.print(f"update {uid} is still {st['status']} after {timeout or 0:g}s: not "
+                  f"decided yet, live unchanged; wait again with `lockgate gate status "
+                  f"{uid} --wait` (are workers running? `lockgate worker`)", markup=False)
+    return typer.Exit(NOT_ACTIVATED)
+
+
 def _wait_and_show(lg: Lockgate, update_id: int, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     with Live(console=console, refresh_per_second=4, transient=True) as live:
@@ -396,10 +416,11 @@ def _wait_and_show(lg: Lockgate, update_id: int, timeout: float | None) -> None:
             if st["terminal"]:
                 break
             if deadline is not None and time.monotonic() > deadline:
-                raise LockgateError(f"update {update_id} is still {st['status']} after "
-                                    f"{timeout:g}s; are workers running (`lockgate worker`)?")
+                break
             time.sleep(0.5)
     out.print(progress_table(st))
+    if not st["terminal"]:
+        raise _undecided(st, timeout)
     out.print(decision_table(st))
     if st["status"] != "ACTIVATED":
         raise typer.Exit(NOT_ACTIVATED)
@@ -420,8 +441,11 @@ def gate_status(update_id: int,
         try:
             st = lg.gate.wait(update_id, timeout=wait_s) if wait else \
                 lg.gate.status(update_id)
-        except TimeoutError as exc:
-            raise LockgateError(str(exc)) from None
+        except TimeoutError:
+            st = lg.gate.status(update_id)
+            if not st["terminal"]:  # else it was decided just now: shown below
+                print_json(st)
+                raise _undecided(st, wait_s) from None
     if as_json:
         print_json(st)
         if wait and st["status"] != "ACTIVATED":

@@ -76,8 +76,12 @@ class Gate:
         return settings
 
     def unbind(self, prompt: str, dataset: str) -> bool:
-        """Remove a binding (True when there was one)."""
-        return self.gs.unbind(prompt, dataset)
+        """Remove a binding (True when there was one; False when the dataset exists but
+        is not bound). NotFound for a prompt or dataset that does not exist."""
+        if self.gs.unbind(prompt, dataset):
+            return True
+        self.gs.registry.dataset(dataset)  # NotFound "no dataset ...", as bind says
+        return False
 
     def bindings(self, prompt: str) -> list[dict[str, Any]]:
         """The datasets bound to a prompt and their settings."""

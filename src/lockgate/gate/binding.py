@@ -154,6 +154,28 @@ def unreachable(t: Threshold) -> str | None:
             "met: give a value in that range (e.g. 0.95 for 95%)")
 
 
+def unreachable_under_guard(t: Threshold, guard: Guard | None) -> str | None:
+    """Why the statistical guard makes ``t`` impossible to meet, or None. Under
+    ``confidence``, a proportion is compared through its Wilson bound, which never
+    reaches 1 (lower bound: n / (n + z²) for n matches in n) nor 0 (upper bound for no
+    successes), however many items: ``accuracy>=1`` or ``error_ratio<=0`` would reject
+    every candidate, a perfect one included."""
+    if guard is None or guard.confidence is None or t.metric not in PROPORTIONS:
+        return None
+    if t.op == ">=" and t.value >= 1:
+        side, never = "lower", "is always below 1"
+    elif t.op == "<=" and t.value <= 0:
+        side, never = "upper", "is always above 0"
+    else:
+        return None
+    example = {">=": "0.99", "<=": "0.01"}[t.op]
+    return (f"'{t.metric} {t.op} {t.value:g}' can never be met with --confidence "
+            f"{guard.confidence:g} (`confidence` in Python): the Wilson {side} bound of "
+            f"{t.metric} {never}, so every candidate, a perfect one included, would be "
+            f"rejected; give a bar the bound can clear (e.g. {t.metric}{t.op}{example}) or "
+            "bind without --confidence to compare the value itself")
+
+
 _THRESHOLD = re.compile(r"^\s*([a-z0-9_]+)\s*(>=|<=|==|>|<)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -211,7 +233,7 @@ def settings_from(doc: Any) -> BindingSettings:
     # Checked here, where a binding is made, not in the model: a snapshot frozen before
     # this check must still load.
     for t in settings.thresholds:
-        why = unreachable(t)
+        why = unreachable(t) or unreachable_under_guard(t, settings.guard)
         if why is not None:
             raise ConfigError(f"binding threshold: {why}")
     return settings

@@ -3,7 +3,10 @@ metrics of its run, with the statistical guard and non-inferiority.
 
 The outcome is binary for a candidate that was fully evaluated: ``activate`` when every
 check of every dataset passes, ``reject`` otherwise. ``fail`` means the evaluation
-could not complete (a run FAILED); the live version stays as it is in both cases.
+could not complete: a run FAILED, or items of a run could not be evaluated because of
+the provider or the workers (``not_evaluated`` in its metrics: rate limits, an
+exhausted quota, server errors, timeouts, workers killed holding the items...), which
+say nothing about the candidate; the live version stays as it is in both cases.
 """
 
 from __future__ import annotations
@@ -155,6 +158,9 @@ def evaluate_dataset(name: str, settings: BindingSettings, run: Mapping[str, Any
     if status != "FINALIZED":
         return DatasetResult(name, status, False, reason=run.get("reason") or status.lower())
     metrics = dict(run["metrics"] or {})
+    lost = not_evaluated(metrics)
+    if lost is not None:  # partial data: no check is made (decide() fails the update)
+        return DatasetResult(name, status, False, metrics=metrics, reason=lost)
     checks = [check_threshold(t, metrics, settings) for t in settings.thresholds]
     base_metrics = None
     if settings.non_inferiority is not None:
@@ -162,6 +168,12 @@ def evaluate_dataset(name: str, settings: BindingSettings, run: Mapping[str, Any
             return DatasetResult(name, str(baseline["status"]), False, metrics=metrics,
                                  reason="baseline run: " + str(baseline.get("reason")
                                                                or baseline["status"]))
+        base_lost = not_evaluated(baseline.get("metrics")) if baseline else None
+        if base_lost is not None:
+            return DatasetResult(name, status, False, metrics=metrics,
+                                 baseline_metrics=dict(baseline["metrics"] or {})
+                                 if baseline else None,
+                                 reason="baseline run: " + base_lost)
         base_metrics = dict(baseline["metrics"] or {}) if baseline else None
         ni = check_non_inferiority(settings, metrics, base_metrics)
         if ni is not None:
@@ -170,17 +182,34 @@ def evaluate_dataset(name: str, settings: BindingSettings, run: Mapping[str, Any
                          base_metrics)
 
 
-def decide(datasets: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
-           ) -> Decision:
+def not_evaluated(metrics: Mapping[str, Any] | None) -> str | None:
+    """What of a run could not be evaluated, from its metrics (``12 of 40 items could
+    not be evaluated: server_error 10, timeout 2``), or None when every item was."""
+    if not metrics:
+        return None
+    lost = int(metrics.get("counts", {}).get("not_evaluated", 0) or 0)
+    if lost <= 0:
+        return None
+    total = lost + int(metrics.get("counts", {}).get("items", 0) or 0)
+    classes = ", ".join(f"{cls} {n}" for cls, n in
+                        (metrics.get("not_evaluated") or {}).items())
+    return (f"{lost} of {total} item{'s' if total != 1 else ''} could not be evaluated"
+            + (f": {classes}" if classes else ""))
+
+
+def decide(datasets: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]],
+           *, prompt: str | None = None, candidate: int | None = None) -> Decision:
     """The decision over every bound dataset.
 
     ``datasets`` are the snapshot's entries (``name``, ``id``, ``binding``); ``runs``
     the update's runs (``dataset_id``, ``subject``, ``status``, ``metrics``, ``reason``),
-    all terminal.
+    all terminal. ``prompt`` and ``candidate`` (the version) only word the advice of a
+    decision that failed for the provider's or the workers' errors.
     """
     by_key = {(int(r["dataset_id"]), str(r["subject"])): r for r in runs}
     results: list[DatasetResult] = []
     failed: list[str] = []
+    infrastructure = False
     for ds in datasets:
         settings = BindingSettings.model_validate(ds["binding"])
         cand = by_key.get((int(ds["id"]), "candidate"))
@@ -190,17 +219,36 @@ def decide(datasets: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, An
             results.append(DatasetResult(ds["name"], "MISSING", False, reason="no run"))
             continue
         for r in (cand, base):
-            if r is not None and r["status"] in ("FAILED", "CANCELLED"):
+            if r is None:
+                continue
+            if r["status"] in ("FAILED", "CANCELLED"):
                 failed.append(f"{ds['name']} ({r['subject']}): {r.get('reason') or r['status']}")
+            elif r["status"] == "FINALIZED" and (lost := not_evaluated(r.get("metrics"))):
+                failed.append(f"{ds['name']} ({r['subject']}): {lost}")
+                infrastructure = True
         results.append(evaluate_dataset(ds["name"], settings, cand, base))
     if failed:
-        return Decision("fail", "evaluation could not complete: " + "; ".join(failed),
-                        results)
+        reason = "evaluation could not complete: " + "; ".join(failed)
+        if infrastructure:
+            reason += " (" + _rerun_advice(prompt, candidate) + ")"
+        return Decision("fail", reason, results)
     losing = [f"{r.dataset}: " + (r.reason or ", ".join(
         _describe(c) for c in r.checks if not c.passed)) for r in results if not r.passed]
     if losing:
         return Decision("reject", "; ".join(losing), results)
     return Decision("activate", "passed every threshold", results)
+
+
+def _rerun_advice(prompt: str | None, candidate: int | None) -> str:
+    """What to do about items the provider or the workers failed: they say nothing about
+    the candidate, so nothing was judged; the same candidate proposed again re-runs."""
+    again = "propose the candidate again"
+    if prompt is not None:
+        again = f"`lockgate prompt propose {prompt}` with the same content"
+        if candidate is not None:
+            again += f" (it re-uses version {candidate})"
+    return ("errors of the provider or the workers, not of the candidate, which was not "
+            f"judged; live unchanged. Re-run the evaluation once they are resolved: {again}")
 
 
 def _describe(c: Check) -> str:

@@ -11,12 +11,17 @@ Conventions, chosen so that errors can never flatter a candidate:
   candidate failed on is a false negative;
 * latency percentiles use the winning attempt of each item that got an answer, with
   linear interpolation between order statistics (numpy's default);
-* tokens and cost count every attempt of an item, retries and discarded calls included.
+* tokens and cost count every attempt of an item, retries and discarded calls included;
+* an item that could not be evaluated (its task ended on an error of the provider or of
+  the workers, not of the candidate: ``Sample.unevaluated``) is in no metric: it is
+  counted apart, per error class (``not_evaluated``), and the decision fails the
+  evaluation rather than judge the candidate on what is left.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -35,6 +40,9 @@ class Sample:
     latency_ms: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Why the item could not be evaluated (an error class of the provider or the
+    #: workers, e.g. ``server_error``), or None for an item that was.
+    unevaluated: str | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -73,7 +81,12 @@ def _ratio(k: int, n: int) -> float | None:
 def compute(samples: Sequence[Sample], *, positive: Any = None,
             prices: tuple[float, float] | None = None) -> dict[str, Any]:
     """Every metric of a run, plus the counts behind them (``counts``) and the (k, n)
-    of each proportion (``proportions``, for the statistical guard)."""
+    of each proportion (``proportions``, for the statistical guard).
+
+    Items that could not be evaluated are left out of every metric and counted apart:
+    ``counts["not_evaluated"]``, and per error class in ``not_evaluated``."""
+    lost = Counter(s.unevaluated for s in samples if s.unevaluated is not None)
+    samples = [s for s in samples if s.unevaluated is None]
     n = len(samples)
     match = sum(1 for s in samples if s.verdict == "MATCH")
     error = sum(1 for s in samples if s.verdict == "ERROR")
@@ -106,7 +119,9 @@ def compute(samples: Sequence[Sample], *, positive: Any = None,
     out["tokens_per_item"] = _ratio(tin + tout, n)
     out["cost_per_item"] = ((tin * prices[0] + tout * prices[1]) / 1e6 / n
                             if prices is not None and n else None)
-    counts.update(input_tokens=tin, output_tokens=tout, latencies=len(latencies))
+    counts.update(input_tokens=tin, output_tokens=tout, latencies=len(latencies),
+                  not_evaluated=sum(lost.values()))
     out["counts"] = counts
+    out["not_evaluated"] = dict(sorted(lost.items()))
     out["proportions"] = proportions
     return out

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from lockgate.errors import ConfigError, StoreError
+from lockgate.errors import ConfigError, ErrorClass, StoreError
 from lockgate.gate.binding import BindingSettings
 from lockgate.gate.compare import Comparator, fold_label
 from lockgate.gate.decision import decide
@@ -242,7 +243,8 @@ class GateRoles:
         """Every run is terminal: decide, then activate (CAS) or conclude."""
         snap = self.snapshot(update_id)
         runs = self.gs.runs(update_id)
-        decision = decide(snap["datasets"], runs)
+        decision = decide(snap["datasets"], runs, prompt=snap.get("prompt"),
+                          candidate=snap.get("candidate", {}).get("version"))
         doc = decision.document()
         if decision.outcome == "activate":
             out = self.gs.activate(update_id, doc)
@@ -259,6 +261,46 @@ def _leased(run: dict[str, Any]) -> bool:
     return until is not None and int(until) > int(run["db_now"])
 
 
+#: The error classes an evaluation item can end with that come from the candidate itself:
+#: its output (invalid, filtered), its request (refused, over the context window), its
+#: template (cannot be rendered with the item's input). They count against it (ERROR).
+#: Every other way a task can end without an answer says nothing about the prompt: the
+#: provider (rate limited, quota exhausted, server error, timeout, connection error,
+#: auth error), the workers (lease expired: killed holding it; released at shutdown;
+#: internal error), the database (storage error), or a task cancelled or deleted by
+#: hand. Such an item could not be evaluated: it is counted apart, and the evaluation
+#: ends FAILED instead of judging the candidate on partial data.
+CANDIDATE_ERRORS: frozenset[str] = frozenset({
+    ErrorClass.INVALID_OUTPUT, ErrorClass.CONTENT_FILTERED, ErrorClass.INVALID_REQUEST,
+    ErrorClass.CONTEXT_LENGTH_EXCEEDED, ErrorClass.RENDER_ERROR,
+})
+
+#: The error a run item stores for a task that ended without an answer (written by
+#: :func:`score_item`): ``task DEAD: server_error: 503 ...``.
+_TASK_ERROR = re.compile(r"^task ([A-Z]+): ([a-z_]*)")
+_CLASSES = frozenset(str(c) for c in ErrorClass)
+_MISSING = "task missing (deleted?)"
+
+
+def unevaluated(error: str | None) -> str | None:
+    """Why an item with this stored ``error`` could not be evaluated (the error class,
+    ``cancelled`` or ``task_missing``), or None when the error is the candidate's own
+    (or the item has none, or the user's scorer raised on the candidate's output)."""
+    if not error:
+        return None
+    if error == _MISSING:
+        return "task_missing"
+    m = _TASK_ERROR.match(error)
+    if m is None:
+        return None  # "scorer raised ...": scored on the candidate's output
+    status, cls = m.groups()
+    if status == "CANCELLED":
+        return "cancelled"
+    if cls in CANDIDATE_ERRORS:
+        return None
+    return cls if cls in _CLASSES else "unclassified"
+
+
 def score_item(comp: Comparator, row: dict[str, Any]) -> dict[str, Any]:
     """The verdict of one run item from its task's terminal state and result."""
     fig = row.get("figures") or {}
@@ -269,7 +311,7 @@ def score_item(comp: Comparator, row: dict[str, Any]) -> dict[str, Any]:
     }
     status = row.get("status")
     if status is None:
-        return {**out, "verdict": Verdict.ERROR, "error": "task missing (deleted?)"}
+        return {**out, "verdict": Verdict.ERROR, "error": _MISSING}
     if status != "SUCCEEDED":
         why = ": ".join(x for x in (row.get("error_class"), row.get("error_message")) if x)
         return {**out, "verdict": Verdict.ERROR, "error": f"task {status}: {why}"[:2000]}
@@ -297,8 +339,10 @@ def run_metrics(outcomes: list[dict[str, Any]], settings: BindingSettings,
                 predicted = comp(expected, orjson.loads(o["actual"])).predicted
         if ic:
             predicted, truth = fold_label(predicted), fold_label(truth)
+        lost = unevaluated(o["error"]) if o["verdict"] == Verdict.ERROR else None
         samples.append(Sample(o["verdict"], predicted, truth, o["latency_ms"],
-                              int(o["input_tokens"] or 0), int(o["output_tokens"] or 0)))
+                              int(o["input_tokens"] or 0), int(o["output_tokens"] or 0),
+                              unevaluated=lost))
     positive = fold_label(settings.positive_label) if ic else settings.positive_label
     prices = ((settings.prices.input_per_mtok, settings.prices.output_per_mtok)
               if settings.prices else None)
