@@ -162,8 +162,8 @@ class Prompts:
         return self.registry.prompts()
 
     def history(self, name: str) -> dict[str, Any]:
-        """Every version, and the audit trail (create, propose, activate, reject, stale,
-        cancel, rollback, label: who, when, from, to, why)."""
+        """Every version, and the audit trail (its actions: create, propose, activate,
+        rejected, failed, stale, cancel, rollback, label; who, when, from, to, why)."""
         return {"prompt": self.registry.prompt(name), "versions": self.registry.versions(name),
                 "audit": self.registry.audit_trail(name)}
 
