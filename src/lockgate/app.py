@@ -44,9 +44,12 @@ from lockgate.files import (
     Intake,
     Reading,
     Spool,
+    batch_id_problem,
     check_file,
+    file_batch,
     read_tasks,
     refusal,
+    rereadable,
     valid_tasks,
 )
 from lockgate.flow.window import BatchPlan
@@ -188,6 +191,9 @@ class Lockgate:
         task's own ``batch_id``), else each into its own ``batch_id`` or ``"default"``.
         ``plan`` sets the weight, deadline or time window (docs/flow.md) of the batches
         written."""
+        problem = None if batch_id is None else batch_id_problem(batch_id)
+        if problem is not None:
+            raise SpecError(problem, field="batch_id")
         intake = Intake(self._checks(), self._pool_of)
         rows = [intake.task(t, i) for i, t in enumerate(tasks, start=1)]
         moved = [0]
@@ -264,20 +270,33 @@ class Lockgate:
         the line and submit the file again to complete it), or, with ``on_bad_line=
         "cancel"``, the tasks it wrote that no worker has finished are cancelled."""
         p = Path(path)
+        bid = file_batch(p, batch_id)  # checked as a line's batch_id is
         intake = Intake(self._checks(), self._pool_of)
-        bid = batch_id or p.stem
         if stream:
             return self._submit_streamed(p, format, intake, bid, skip_invalid, rejects,
                                          progress, plan, on_bad_line, batch_id is not None)
-        with Spool(p.parent) as spool:
+        # A pipe (``<(...)``, a FIFO, /dev/stdin on a pipe) is read once: its checked rows
+        # must be kept, in the temporary folder if its own folder (/dev/fd) takes no file.
+        once = not rereadable(p)
+        with Spool(p.parent, temp_fallback=once) as spool:
             with _rejects_file(rejects) as sink:
                 checked = check_file(p, format, reject_sink=sink, intake=intake,
                                      spool=spool)
             if checked.rejected and not skip_invalid:
                 raise SpecError(refusal(p, checked.valid, checked.rejected))
             skip = {n for n, _ in checked.rejected}
-            # The rows the check kept on disk; the file again if it could not keep them.
-            rows = spool.rows() if spool.finish() else valid_tasks(p, format, skip, intake)
+            # The rows the check kept on disk; the file again if it could not keep them
+            # (a pipe cannot be read again: refused, before anything is written).
+            if spool.finish():
+                rows = spool.rows()
+            elif once:
+                raise LockgateError(
+                    f"{p} can be read only once (a pipe), and its checked tasks could not "
+                    f"be kept on disk for writing ({spool.problem}); nothing was "
+                    "submitted. Save it to a file and submit that, or submit it with "
+                    "--stream (stream=True), which reads it once")
+            else:
+                rows = valid_tasks(p, format, skip, intake)
             moved = [0]
             return self._settled(self.store.submit_rows(
                 _into(rows, batch_id, moved), batch_id=bid, source=str(p),
@@ -289,11 +308,14 @@ class Lockgate:
                          progress: Callable[[int], None] | None, plan: BatchPlan | None,
                          on_bad_line: Literal["keep", "cancel"], named: bool) -> SubmitReport:
         moved = [0]
-        with _rejects_file(rejects) as sink, _WrittenIds() as written:
+        with contextlib.ExitStack() as stack, _rejects_file(rejects) as sink, \
+                _WrittenIds() as written:
             reading = Reading()
-            rows = _into(read_tasks(p, format, intake, reading, reject_sink=sink,
-                                    on_bad="skip" if skip_invalid else "stop"),
-                         bid if named else None, moved)
+            # The file is opened (or refused: missing, a folder) here, before the batch.
+            reader = read_tasks(p, format, intake, reading, reject_sink=sink,
+                                on_bad="skip" if skip_invalid else "stop")
+            stack.enter_context(contextlib.closing(reader))
+            rows = _into(reader, bid if named else None, moved)
             if named:
                 reading.batches = {None}  # every line goes to the named batch
             try:

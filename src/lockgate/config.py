@@ -526,8 +526,10 @@ class Settings(_Strict):
 
 
 def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Settings:
-    """Read the TOML file (``path``, ``$LOCKGATE_CONFIG`` or ``./lockgate.toml``)."""
-    chosen = path or os.environ.get("LOCKGATE_CONFIG")
+    """Read the TOML file (``path``, ``$LOCKGATE_CONFIG`` or ``./lockgate.toml``). An
+    empty ``$LOCKGATE_CONFIG`` counts as unset (as an empty ``$LOCKGATE_DATABASE_URL``
+    does): a variable cleared with ``LOCKGATE_CONFIG=`` names no file."""
+    chosen = path or os.environ.get("LOCKGATE_CONFIG") or None
     data: dict[str, Any] = {}
     if chosen is None and Path("lockgate.toml").exists():
         chosen = "lockgate.toml"

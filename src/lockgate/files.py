@@ -12,17 +12,20 @@ Out: JSONL, CSV and the OpenAI Batch API output format.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import json
 import logging
 import marshal
+import os
+import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 import orjson
 
@@ -251,6 +254,44 @@ class _Config:
     inputs: set[tuple[str, ...]]
 
 
+def batch_id_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as a batch id, or None: the checks a line's own
+    ``batch_id`` gets (:class:`TaskSpec`: 1 to 191 printable characters, no leading or
+    trailing whitespace, not the release gate's ``gate:``), for a batch named apart from
+    the lines (``--batch``, or a task file's name)."""
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_TASK_ID:
+        return f"should have at most {MAX_TASK_ID} characters (it has {len(value):,})"
+    try:
+        TaskSpec._printable(value)  # the field's own check, with its words
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+
+
+def file_batch(path: Path, batch_id: str | None) -> str:
+    """The batch a file's tasks go to unless a line names its own: ``batch_id`` (the
+    submit's ``--batch``) when given, else the file's name without its extension; each
+    checked as a line's ``batch_id`` is (:func:`batch_id_problem`), so that a batch id
+    the database would cut (MariaDB) or refuse in its own words (PostgreSQL) is refused
+    here, naming where it came from, before anything is written."""
+    if batch_id is not None:
+        problem = batch_id_problem(batch_id)
+        if problem is not None:
+            raise SpecError(f"--batch {_shown(batch_id)}: {problem}")
+        return batch_id
+    problem = batch_id_problem(path.stem)
+    if problem is not None:
+        raise SpecError(f"the file name {_shown(path.name)} makes a bad batch id "
+                        f"({_shown(path.stem)}: {problem}); name the batch with --batch")
+    return path.stem
+
+
 def _plain_id(v: str) -> bool:
     """What ``TaskSpec`` accepts as a task or batch id (the fast path's check)."""
     return (0 < len(v) <= MAX_TASK_ID and v.isprintable() and v == v.strip()
@@ -372,12 +413,34 @@ class Intake:
         return row
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def rereadable(path: Path) -> bool:
+    """Whether ``path`` can be read a second time from its start: a regular file (or
+    what cannot be looked at: opening it says why). A pipe, a FIFO, ``/dev/stdin`` on a
+    pipe or a process substitution (``<(...)``) gives its lines once."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True
+
+
+def _lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
+    """The file's non-blank lines, numbered. The file is opened by this call, not when
+    the lines are first asked for: a missing file, a folder or a file that cannot be
+    read is refused before a submit writes anything (a batch row too)."""
+    if not path.exists():
+        raise LockgateError(f"file {path} does not exist")
     try:
         fh = path.open("rb")
     except OSError as exc:
         raise cannot("read", path, exc) from None
+    lines = _numbered(fh)
+    next(lines)  # inside its with block: the file is closed however the lines end
+    return lines
+
+
+def _numbered(fh: BinaryIO) -> Generator[tuple[int, bytes], None, None]:
     with fh:
+        yield 0, b""  # taken by _lines
         for n, raw in enumerate(fh, start=1):
             if raw.strip():
                 yield n, raw
@@ -399,17 +462,38 @@ class Spool:
     takes about as much room as the file's inputs and ids, less than the file) and
     deleted at once, so nothing is left behind however the process ends. A spool that
     cannot write (a read-only folder, a full disk) gives up quietly, and the write pass
-    reads the file again."""
+    reads the file again; :attr:`problem` says why.
+
+    A file that can be read only once (a pipe: see :func:`rereadable`) gets
+    ``temp_fallback``: when its folder takes no file (``/dev/fd`` for ``<(...)``, a
+    read-only folder), the spool is made in the temporary folder instead."""
 
     CHUNK = 5000
 
-    def __init__(self, folder: Path | None = None) -> None:
+    def __init__(self, folder: Path | None = None, *, temp_fallback: bool = False) -> None:
         self._folder = folder
+        self._temp_fallback = temp_fallback and folder is not None
         self._file: Any = None
         self._rows: list[tuple[Any, ...]] = []
         self._configs: dict[str, int] = {}  # a chunk's configs: hash -> number
         self._documents: list[tuple[str, str]] = []  # (hash, document) by number
         self.usable = True
+        #: Why the spool gave up (None: it did not).
+        self.problem: str | None = None
+
+    def _open(self) -> Any:
+        """The spool's temporary file: in its folder, else (``temp_fallback``) in the
+        temporary folder."""
+        try:
+            # Kept open across calls; closed by close() (or the with block).
+            return tempfile.TemporaryFile(
+                prefix=".lockgate-submit-", dir=self._folder)
+        except OSError as exc:
+            if not self._temp_fallback:
+                raise
+            log.info("submit: cannot keep the checked rows in %s (%s); keeping them in "
+                     "the temporary folder", self._folder, exc)
+            return tempfile.TemporaryFile(prefix="lockgate-submit-")
 
     def add(self, row: NewTask) -> None:
         if not self.usable:
@@ -429,13 +513,12 @@ class Spool:
             return
         try:
             if self._file is None:
-                # Kept open across calls; closed by close() (or the with block).
-                self._file = tempfile.TemporaryFile(  # noqa: SIM115
-                    prefix=".lockgate-submit-", dir=self._folder)
+                self._file = self._open()
             marshal.dump((self._documents, self._rows), self._file)
         except (OSError, ValueError) as exc:
-            log.info("submit: cannot keep the checked rows on disk (%s); the file is "
-                     "read again to write them", exc)
+            log.info("submit: cannot keep the checked rows on disk (%s)", exc)
+            self.problem = (f"{exc.strerror or exc}" if isinstance(exc, OSError)
+                            else str(exc))
             self.usable = False
             self.close()
         self._rows = []
@@ -484,23 +567,23 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     rows in ``spool`` if given); keep the first errors, count them all. ``intake`` is
     the one the write pass uses after it (it then meets every config already
     checked)."""
-    if not path.exists():
-        raise LockgateError(f"file {path} does not exist")
+    lines = _lines(path)  # opened (or refused) now
     intake = intake or Intake(checks)
     valid = 0
     rejected: list[tuple[int, SpecError]] = []
-    for n, raw in _lines(path):
-        try:
-            row = intake.line(raw, n, fmt)
-            valid += 1
-            if spool is not None:
-                spool.add(row)
-        except SpecError as exc:
-            rejected.append((n, exc))
-            if reject_sink is not None:
-                _write_reject(reject_sink, n, exc, raw)
-        if progress and n % 1000 == 0:
-            progress(n)
+    with contextlib.closing(lines):  # the file closed now, however the loop ends
+        for n, raw in lines:
+            try:
+                row = intake.line(raw, n, fmt)
+                valid += 1
+                if spool is not None:
+                    spool.add(row)
+            except SpecError as exc:
+                rejected.append((n, exc))
+                if reject_sink is not None:
+                    _write_reject(reject_sink, n, exc, raw)
+            if progress and n % 1000 == 0:
+                progress(n)
     return FileCheck(valid, rejected)
 
 
@@ -518,28 +601,35 @@ class Reading:
 
 def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
                on_bad: Literal["stop", "skip"],
-               reject_sink: TextIO | None = None) -> Iterator[NewTask]:
+               reject_sink: TextIO | None = None) -> Generator[NewTask, None, None]:
     """One pass over a file: each line checked and yielded as a row as it is read, for
     a streamed submit that writes while it reads. A bad line is written to
     ``reject_sink`` and then, by ``on_bad``: ``skip`` passes it over; ``stop`` raises
-    its :class:`SpecError` at once."""
-    if not path.exists():
-        raise LockgateError(f"file {path} does not exist")
-    for n, raw in _lines(path):
-        try:
-            row = intake.line(raw, n, fmt)
-        except SpecError as exc:
-            reading.rejected.append((n, exc))
-            if reject_sink is not None:
-                _write_reject(reject_sink, n, exc, raw)
-            if on_bad == "stop":
-                reading.stopped_at = n
-                raise
-            continue
-        reading.valid += 1
-        if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
-            reading.batches.add(row.batch_id)
-        yield row
+    its :class:`SpecError` at once. The file is opened by this call: one that does not
+    exist or cannot be read (a folder) is refused here, before the submit opens its
+    batch."""
+    return _read(_lines(path), fmt, intake, reading, on_bad, reject_sink)
+
+
+def _read(lines: Generator[tuple[int, bytes], None, None], fmt: Format, intake: Intake,
+          reading: Reading, on_bad: Literal["stop", "skip"],
+          reject_sink: TextIO | None) -> Generator[NewTask, None, None]:
+    with contextlib.closing(lines):  # the file closed now, however the loop ends
+        for n, raw in lines:
+            try:
+                row = intake.line(raw, n, fmt)
+            except SpecError as exc:
+                reading.rejected.append((n, exc))
+                if reject_sink is not None:
+                    _write_reject(reject_sink, n, exc, raw)
+                if on_bad == "stop":
+                    reading.stopped_at = n
+                    raise
+                continue
+            reading.valid += 1
+            if row.batch_id not in reading.batches and len(reading.batches) < _REMEMBERED:
+                reading.batches.add(row.batch_id)
+            yield row
 
 
 def refusal(path: Path, valid: int, rejected: list[tuple[int, SpecError]]) -> str:
@@ -556,10 +646,21 @@ def _write_reject(sink: TextIO, n: int, exc: SpecError, raw: bytes) -> None:
 
 
 def valid_tasks(path: Path, fmt: Format, skip: set[int], intake: Intake) -> Iterator[NewTask]:
-    """Second pass: the valid lines as rows (the file was checked already)."""
-    for n, raw in _lines(path):
-        if n not in skip:
-            yield intake.line(raw, n, fmt)
+    """Second pass: the valid lines as rows (the file was checked already). A file that
+    gives its lines once (a pipe) is refused: read again it would give nothing, and the
+    submit would write nothing and say so as if it had succeeded."""
+    if not rereadable(path):
+        raise LockgateError(f"{path} is a pipe and cannot be read a second time; nothing "
+                            "was submitted")
+    return _valid(_lines(path), fmt, skip, intake)
+
+
+def _valid(lines: Generator[tuple[int, bytes], None, None], fmt: Format, skip: set[int],
+           intake: Intake) -> Iterator[NewTask]:
+    with contextlib.closing(lines):  # the file closed now, however the loop ends
+        for n, raw in lines:
+            if n not in skip:
+                yield intake.line(raw, n, fmt)
 
 
 def describe_rejects(rejected: list[tuple[int, SpecError]]) -> str:
@@ -683,7 +784,8 @@ def write_review_jsonl(rows: Iterable[ReviewItem], out: TextIO) -> int:
 
 REVIEW_CSV_COLUMNS = ["task_id", "batch_id", "prompt", "held_at", "reason", "attempts",
                       "input", "messages", "last_output", "last_parse_status",
-                      "last_error_class", "last_error_message", "output_schema"]
+                      "last_error_class", "last_error_message", "output_schema",
+                      "model_config"]
 
 
 #: What a spreadsheet takes a cell starting with for a formula (or the start of one).
@@ -700,7 +802,8 @@ def _cell(text: str | None) -> str:
 
 
 def write_review_csv(rows: Iterable[ReviewItem], out: TextIO) -> int:
-    """CSV for a spreadsheet: JSON columns for the input, the prompt and the schema.
+    """CSV for a spreadsheet: JSON columns for the input, the prompt, the schema and the
+    task's model config (the same fields as the JSONL export's).
     Text cells that start like a formula (=, +, -, @, tab, carriage return) are given a
     leading single quote (the JSON columns start with ``{``, ``[`` or ``"``); this CSV
     is for people, unlike :func:`write_csv`'s, which is an exact round trip."""
@@ -714,7 +817,8 @@ def write_review_csv(rows: Iterable[ReviewItem], out: TextIO) -> int:
                     _json(row.input),
                     _json(row.messages), _cell(row.last_output),
                     _cell(row.last_parse_status), _cell(err.error_class if err else None),
-                    _cell(err.message if err else None), _json(row.output_schema)])
+                    _cell(err.message if err else None), _json(row.output_schema),
+                    _json(row.model_config)])
         n += 1
     return n
 

@@ -294,6 +294,8 @@ def test_worker_refuses_a_bad_configuration(db_url: str, tmp_path: Path) -> None
     assert "worker.concurrency" in flat(result.stderr)
     # a lease so long that a crashed worker's tasks would never come back
     cfg.write_text("")
+    result = lockgate("worker", "--db", db_url, "--config", cfg, "--lease", "2d", "--burst")
+    assert result.exit_code == 2 and "must be at most 1d" in flat(result.stderr)
     result = lockgate("worker", "--db", db_url, "--config", cfg, "--lease", "99999999999d",
                       "--burst")
-    assert result.exit_code == 2 and "must be at most 1d" in flat(result.stderr)
+    assert result.exit_code == 2 and "must be at most 100 years" in flat(result.stderr)

@@ -51,7 +51,7 @@ from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
 from lockgate.durations import parse_duration
 from lockgate.errors import ConfigError, LockgateError, SpecError, StoreError, cannot
-from lockgate.files import REVIEW_WRITERS, WRITERS, Format
+from lockgate.files import REVIEW_WRITERS, WRITERS, Format, file_batch
 from lockgate.flow.status import report as flow_report
 from lockgate.flow.status import trouble
 from lockgate.flow.window import BatchPlan, plan_from_options
@@ -223,6 +223,7 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
                                  deadline=deadline, target=target, now=now)
 
     plan = plan_at(datetime.now())  # the options checked before the database is opened
+    file_batch(file, batch)  # --batch (or the file's name) as a batch id: likewise
     with opened(db, config, create=True) as lg:
         if plan is not None:
             # Placed on the database's clock, as workers read it: this machine's may be
@@ -421,9 +422,12 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         skip_invalid: SkipOpt = False, rejects: RejectsOpt = None,
         concurrency: ConcOpt = None, claim_batch: ClaimOpt = None, lease: LeaseOpt = None,
         processes: ProcOpt = "1") -> None:
-    """Submit FILE and work until every task is finished (one machine), with progress.
-    Stopped before (Ctrl-C, SIGTERM), it exits with code 130: run it again to finish."""
+    """Submit FILE and work until every task is finished (one machine), with progress,
+    then report each batch holding FILE's tasks (also one they belonged to already). A
+    file with no task says there is nothing to run. Stopped before (Ctrl-C, SIGTERM), it
+    exits with code 130: run it again to finish."""
     procs = processes_from(processes)
+    file_batch(file, batch)  # --batch (or the file's name) checked as a batch id
     handler = _ConsoleLog(logging.WARNING)
     logging.getLogger("lockgate").addHandler(handler)
     logging.getLogger("lockgate").setLevel(logging.WARNING)
@@ -433,9 +437,17 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
         _check_endpoints(lg.settings, None, refuse=True)
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects)
         # The tasks' own batches, when their lines name them (the submit's own batch is
-        # then left empty, and not kept).
-        counts = {b: lg.store.batch_counts(b) for b in report.batches or (report.batch_id,)}
-        batches = [b for b, c in counts.items() if sum(c.values())] or [report.batch_id]
+        # then left empty, and not kept), and those that held the file's task ids
+        # already (not moved by the submit): the run works and reports them all.
+        named = [*(report.batches or (report.batch_id,)),
+                 *sorted(b for b in report.elsewhere if b not in report.batches)]
+        counts = {b: lg.store.batch_counts(b) for b in named}
+        batches = [b for b, c in counts.items() if sum(c.values())]
+        if not batches:  # an empty file, or every line rejected (--skip-invalid)
+            console.print(f"nothing to run: {file} holds no task"
+                          + (" that passed its checks" if skip_invalid else ""),
+                          markup=False)
+            return
         # finished by an earlier run: not this run's throughput
         before = {b: _done(counts.get(b, {})) for b in batches}
         elapsed = run_batch(lg, batches, procs, **overrides)

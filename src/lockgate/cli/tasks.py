@@ -22,6 +22,7 @@ from lockgate.cli._common import (
     print_json,
 )
 from lockgate.errors import LockgateError, SpecError
+from lockgate.registry.content import read_text
 
 tasks_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Inspect a task; run failed tasks again; cancel tasks; "
@@ -78,15 +79,16 @@ def cancel(task_id: str, db: DbOpt = None) -> None:
 
 
 def _result_arg(value: str) -> Any:
-    """``--result``: JSON text, or ``@FILE`` holding it."""
+    """``--result``: JSON text, or ``@FILE`` holding it (UTF-8 text: a file that cannot
+    be read or is not UTF-8 is refused naming it, never with a traceback)."""
     text = value
     if value.startswith("@"):
         path = Path(value[1:])
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecError(f"cannot read {path}: {exc.strerror or exc}; give JSON text or "
-                            "@FILE of an existing file", field="result") from None
+            text = read_text(path, "the result file")
+        except SpecError as exc:
+            raise SpecError(f"{exc.reason}; give JSON text, or @FILE of a UTF-8 text file",
+                            field="result") from None
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
