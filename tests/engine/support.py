@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import event
+from typer.testing import Result
 
 from helpers import clean_env, rows, scalar, wait_for
 from lockgate.config import Settings, WorkerSettings
@@ -317,3 +318,14 @@ class BackgroundWorker:
     def __exit__(self, *exc: object) -> None:
         if self._thread.is_alive():
             self.stop()
+
+
+def one_error(result: Result) -> str:
+    """The single ``error:`` line of a refused command (exit code 2, no traceback)."""
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output, result.output
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.output
+    return errors[0]

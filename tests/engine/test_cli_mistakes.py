@@ -19,22 +19,12 @@ from lockgate.cli import app
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.store import Store
 
-from .support import rows, status_counts, tasks, write_jsonl
+from .support import one_error, rows, status_counts, tasks, write_jsonl
 
 
 def lockgate(*args: str | Path, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
-
-def one_error(result: Result) -> str:
-    """The single ``error:`` line of a refused command (no traceback, exit code 2)."""
-    assert result.exit_code == 2, result.output
-    assert not isinstance(result.exception, Exception) or isinstance(
-        result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    errors = [ln for ln in result.output.splitlines() if ln.startswith("error")]
-    assert len(errors) == 1 and errors[0].startswith("error: "), result.output
-    return errors[0]
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import template_key
 from lockgate.store import Store
 
-from .support import TEMPLATE, status_counts, task, tasks, write_jsonl
+from .support import TEMPLATE, one_error, status_counts, task, tasks, write_jsonl
 
 
 def lockgate(*args: str | Path, env: dict[str, str] | None = None) -> Result:
@@ -46,16 +46,6 @@ def lockgate(*args: str | Path, env: dict[str, str] | None = None) -> Result:
 
     return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
-
-def one_error(result: Result) -> str:
-    """The single ``error:`` line of a refused command (exit code 2, no traceback)."""
-    assert result.exit_code == 2, (result.output, result.exception)
-    assert not isinstance(result.exception, Exception) or isinstance(
-        result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    errors = [ln for ln in result.output.splitlines() if ln.startswith("error")]
-    assert len(errors) == 1 and errors[0].startswith("error: "), result.output
-    return errors[0]
 
 
 def _lines(n: int, prefix: str = "p") -> bytes:
