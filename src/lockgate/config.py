@@ -541,6 +541,7 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
             raw = p.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+        raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte order mark (Notepad, PowerShell)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:

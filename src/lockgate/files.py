@@ -438,10 +438,20 @@ def _lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
     return lines
 
 
+#: The UTF-8 byte order mark some editors and tools (PowerShell, Excel) put at the
+#: start of a file: not part of its first line.
+_BOM = b"\xef\xbb\xbf"
+
+
 def _numbered(fh: BinaryIO) -> Generator[tuple[int, bytes], None, None]:
     with fh:
         yield 0, b""  # taken by _lines
-        for n, raw in enumerate(fh, start=1):
+        first = fh.readline()
+        if first.startswith(_BOM):
+            first = first[len(_BOM):]
+        if first.strip():
+            yield 1, first
+        for n, raw in enumerate(fh, start=2):
             if raw.strip():
                 yield n, raw
 
