@@ -622,8 +622,11 @@ def _export_to(output: Path, write: Callable[[IO[str]], int]) -> int:
             direct = output.open("w", encoding="utf-8", newline="")
         except OSError as exc:
             raise cannot("write", output, exc) from None
-        with direct:
-            return write(direct)
+        try:
+            with direct:
+                return write(direct)
+        except OSError as exc:  # a full device (/dev/full), a FIFO's reader gone
+            raise cannot("write", output, exc) from None
     try:
         with fh:
             n = write(fh)
