@@ -26,6 +26,7 @@ Example ``lockgate.toml``::
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import os
 import tomllib
@@ -541,7 +542,7 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
             raw = p.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
-        raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte order mark (Notepad, PowerShell)
+        raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte order mark (Notepad, PowerShell)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:

@@ -12,6 +12,7 @@ Out: JSONL, CSV and the OpenAI Batch API output format.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import hashlib
@@ -438,17 +439,12 @@ def _lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
     return lines
 
 
-#: The UTF-8 byte order mark some editors and tools (PowerShell, Excel) put at the
-#: start of a file: not part of its first line.
-_BOM = b"\xef\xbb\xbf"
-
-
 def _numbered(fh: BinaryIO) -> Generator[tuple[int, bytes], None, None]:
     with fh:
         yield 0, b""  # taken by _lines
         first = fh.readline()
-        if first.startswith(_BOM):
-            first = first[len(_BOM):]
+        # A byte order mark some tools put at the start (PowerShell, Excel): not the line's.
+        first = first.removeprefix(codecs.BOM_UTF8)
         if first.strip():
             yield 1, first
         for n, raw in enumerate(fh, start=2):

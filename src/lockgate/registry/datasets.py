@@ -17,6 +17,7 @@ are valid JSON (``3``, ``true``, ``{"a": 1}``) are read as JSON, others as text.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 from collections import Counter
@@ -82,18 +83,14 @@ def item_from(obj: Any, line: int) -> DatasetItem:
     return DatasetItem(_default_id(inputs), inputs, expected, line, derived_key=True)
 
 
-#: The UTF-8 byte order mark some tools put at the start of a file (PowerShell, Excel).
-BOM = b"\xef\xbb\xbf"
-
-
 def read_jsonl(path: Path) -> Iterator[DatasetItem]:
     """Items of a JSONL file (a byte order mark at its start is skipped)."""
     with path.open("rb") as fh:
         offset = 0  # of the line in the file, for a byte that is not UTF-8
         for n, raw in enumerate(fh, start=1):
             start, offset = offset, offset + len(raw)
-            if n == 1 and raw.startswith(BOM):  # a byte order mark: not the line's
-                raw = raw[len(BOM):]
+            if n == 1:  # a byte order mark (PowerShell, Excel): not the line's
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if not raw.strip():
                 continue
             try:
