@@ -566,8 +566,22 @@ class Lockgate:
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
         from lockgate.quality.report import quality_report  # deferred: start-up time
 
-        return quality_report(self.store, prompt, since_s=parse_duration(
+        rows = quality_report(self.store, prompt, since_s=parse_duration(
             since, field="since", allow_zero=False), by=by)
+        if not rows and prompt is not None and not prompt.startswith("inline:"):
+            self._known_prompt(prompt.split("@", 1)[0])
+        return rows
+
+    def _known_prompt(self, name: str) -> None:
+        """:class:`NotFound` (with a likely name) if the registry has no prompt ``name``:
+        a mistyped name would read as a prompt that made no calls."""
+        names = [p["name"] for p in self.prompts.list()]
+        if name in names:
+            return
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise NotFound(f"no prompt named {name!r} in the registry{hint}; `lockgate prompt "
+                       "list` lists them, and an inline template's key starts with inline:")
 
     def alerts(self, *, everything: bool = False) -> list[Alert]:
         """Open quality alerts, oldest first; with ``everything`` resolved ones too,

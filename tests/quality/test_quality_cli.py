@@ -9,6 +9,7 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from helpers import rows
+from lockgate import Lockgate
 from lockgate.cli import app
 from lockgate.config import Endpoint
 from lockgate.quality.writer import RollupWriter
@@ -144,3 +145,21 @@ def test_a_narrow_terminal_gets_each_row_as_a_block_of_figures(
 def test_check_refuses_options_it_does_not_use(db_url: str, store: Store) -> None:
     result = CliRunner().invoke(app, ["quality", "--db", db_url, "--check", "--since", "7d"])
     assert result.exit_code == 2 and "drop --since and --by" in " ".join(result.stderr.split())
+
+
+def test_a_prompt_the_registry_lacks_is_named_not_shown_as_idle(db_url: str,
+                                                                 store: Store) -> None:
+    """A mistyped name read as a prompt that made no calls (exit 0): it is refused with
+    the likely name; a registered prompt without calls, or an inline key, says so."""
+    with Lockgate(db_url) as lg:
+        lg.prompts.create("labels", [{"role": "user", "content": "{text}"}],
+                          model_config={"name": "m"})
+    runner = CliRunner()
+    typo = runner.invoke(app, ["quality", "label", "--db", db_url])
+    assert typo.exit_code == 2
+    assert "no prompt named 'label' in the registry (did you mean labels?)" in " ".join(
+        typo.stderr.split())
+    for name in ("labels", "labels@1", "inline:0123abcd"):
+        idle = runner.invoke(app, ["quality", name, "--db", db_url])
+        assert idle.exit_code == 0, idle.output
+        assert idle.stdout.strip() == f"no attempts of {name} recorded in the last 24h"

@@ -77,7 +77,8 @@ def quality(prompt: Annotated[str | None, typer.Argument(
         print_json(rows)
         return
     if not rows:
-        out.print(f"no attempts recorded in the last {since}", markup=False)
+        of = f" of {prompt}" if prompt else ""
+        out.print(f"no attempts{of} recorded in the last {since}", markup=False)
         return
     second = {"model": ["model"], "hour": ["hour (UTC)"]}.get(by, [])
     columns = ["prompt", *second, "tasks", "calls", "complete", "conform", "invalid json",
