@@ -510,6 +510,24 @@ def test_stats_count_duplicates(client: Client, simulator: SimulatorProcess) -> 
     assert simulator.stats()["requests"] == 0
 
 
+def test_stats_give_the_span_from_the_first_request_to_the_last(
+        client: Client, simulator: SimulatorProcess) -> None:
+    """A client's throughput is measured over this span, to the request."""
+    simulator.reset()
+    idle = simulator.stats()
+    assert idle["first_request_s"] is None and idle["last_request_s"] is None
+    assert client.chat(messages("x"))[0] == 200
+    one = simulator.stats()
+    assert one["first_request_s"] == one["last_request_s"] >= 0
+    time.sleep(0.2)
+    assert client.chat(messages("x"))[0] == 200
+    two = simulator.stats()
+    assert two["first_request_s"] == one["first_request_s"]
+    assert two["last_request_s"] - two["first_request_s"] >= 0.2
+    simulator.reset()
+    assert simulator.stats()["first_request_s"] is None
+
+
 def test_a_task_is_its_key_without_the_claim_and_attempt() -> None:
     """lockgate's workers send ``{task_id}:{claim}:{attempt}``; task ids may hold colons
     (release-gate items do); other clients send ``{task_id}:{attempt}``."""

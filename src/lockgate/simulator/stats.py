@@ -55,6 +55,11 @@ class Stats:
     def reset(self) -> None:
         """Start counting from zero."""
         self.started = time.time()
+        self._mono = time.monotonic()
+        #: When the first and the last request arrived (monotonic): the span a client's
+        #: throughput is measured over, to the request (a sampler is off by its period).
+        self.first_at: float | None = None
+        self.last_at: float | None = None
         self.requests = 0
         self.in_flight = 0
         self.hanging = 0
@@ -82,6 +87,9 @@ class Stats:
         """Count an incoming chat-completion request."""
         self.requests += 1
         now = time.monotonic()
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
         arrivals = self._arrivals
         arrivals.append(now)
         while arrivals[0] <= now - 1.0:
@@ -128,6 +136,10 @@ class Stats:
             "uptime_s": round(time.time() - self.started, 3),
             "requests": self.requests,
             "peak_requests_1s": self.peak_1s,
+            "first_request_s": None if self.first_at is None else
+            round(self.first_at - self._mono, 6),
+            "last_request_s": None if self.last_at is None else
+            round(self.last_at - self._mono, 6),
             "in_flight": self.in_flight,
             "hanging": self.hanging,
             "by_status": dict(self.by_status),
