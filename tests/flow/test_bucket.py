@@ -197,6 +197,16 @@ def test_a_pace_is_not_granted_ahead() -> None:
     assert (g.requests, g.req_rate) == (0, 0.0)
 
 
+def test_charges_owe_one_window_of_the_limit_at_most() -> None:
+    """A usage figure no provider would accept (500M tokens on a 600 per minute row)
+    owes one window: the allowance is back in one window, not in years."""
+    b, _ = lease(Bucket(6.0, 10.0, 0), L60, 0, Ask(debt_tokens=500_000_000.0,
+                                                   debt_requests=10_000))
+    assert (b.requests, b.tokens) == (-600.0, -60_000.0)
+    _later, g = lease(b, L60, 62_000, Ask(requests=1, tokens=100.0))
+    assert g.requests == 1 and g.tokens == 100.0
+
+
 def test_calls_sent_before_the_limit_was_known_are_charged() -> None:
     b, _ = lease(Bucket(6.0, 0.0, 0), L60, 0, Ask(debt_requests=50))
     assert b.requests == pytest.approx(-44.0)

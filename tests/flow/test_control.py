@@ -149,6 +149,36 @@ def test_token_bound_calls_all_get_through_without_a_deadlock() -> None:
     assert asyncio.run(main()) == 60
 
 
+def test_one_answer_with_an_impossible_usage_owes_one_window_at_most() -> None:
+    """An answer claiming 500M tokens was charged in full: the endpoint's token
+    allowance owed 500M and every worker's calls waited for days (at 100k a minute).
+    A provider refuses a request larger than its limit per window, so the debt stops
+    at one window: the next calls wait about a window, then go."""
+    async def main() -> int:
+        fc, fake = controller([ep("a", rpm=600_000, tpm=60_000, limit_window_s=1)],
+                              lease_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(fc.run(stop))
+        primary = fc.settings.endpoint[0]
+        bogus = await fc.acquire(claimed(0), CONFIG, primary)
+        fc.release(bogus, result(tokens=(500_000_000, 10)))
+        done = 0
+
+        async def one(i: int) -> None:
+            nonlocal done
+            t = await fc.acquire(claimed(i), CONFIG, primary)
+            fc.release(t, result(tokens=(400, 10)))
+            done += 1
+
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(1, 21))), 10)
+        assert fake.rows["a"][1].tok_allowance >= -60_000
+        stop.set()
+        await loop
+        return done
+
+    assert asyncio.run(main()) == 20
+
+
 def test_concurrency_slots_hold_calls_until_one_finishes() -> None:
     async def main() -> list[str]:
         fc, _ = controller([ep("a", max_concurrency=2, concurrency_policy="fixed")])

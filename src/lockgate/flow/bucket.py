@@ -233,13 +233,14 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
     b = replace(bucket.refilled(limits, now), factor=factor, cut_at=cut_at)
     req, tok = b.requests, b.tokens
     if limits.requests is not None:
-        req = min(limits.cap(limits.requests), req + max(0.0, ask.give_requests)) \
-            - max(0.0, ask.debt_requests)
+        req = owed(min(limits.cap(limits.requests), req + max(0.0, ask.give_requests))
+                   - max(0.0, ask.debt_requests), limits.requests)
     if limits.tokens is not None:
         # Returns and refunds refill only up to the cap (else they would make a burst);
         # charges are always taken, the allowance may go negative.
         back = max(0.0, ask.give_tokens) + max(0.0, -ask.debt_tokens)
-        tok = min(limits.cap(limits.tokens), tok + back) - max(0.0, ask.debt_tokens)
+        tok = owed(min(limits.cap(limits.tokens), tok + back)
+                   - max(0.0, ask.debt_tokens), limits.tokens)
     paused_until = b.paused_until
     if ask.pause_ms > 0:
         paused_until = max(paused_until, now + ask.pause_ms)
@@ -276,6 +277,14 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
                       limits.rate(limits.requests) if limits.sliding else 0.0,
                       tok_from if limits.tokens is not None else math.inf,
                       limits.rate(limits.tokens) if limits.sliding else 0.0)
+
+
+def owed(allowance: float, limit: float) -> float:
+    """An allowance after charges, owing at most one window of the limit: a provider
+    refuses a request larger than its limit per window, so a debt beyond that is a
+    usage figure that cannot be true (one answer claiming 500M tokens stalled a 100k
+    per minute endpoint for days)."""
+    return max(allowance, -limit)
 
 
 def scaled(limits: Limits, factor: float) -> Limits:

@@ -27,6 +27,14 @@ ALPHA = 0.05
 #: With OpenAI-batch input every task may be a task type of its own: an unbounded map
 #: would grow with every task processed.
 MODELS_KEPT = 4096
+#: The most a prompt can hold, per character of its text, plus the chat format's own
+#: tokens: a byte-level tokenizer makes at most one token per UTF-8 byte (four per
+#: character). A usage figure beyond it (or an output beyond ``MAX_OUTPUT_TOKENS``)
+#: is not learned from: one answer claiming 500M tokens made every later call reserve
+#: millions.
+MAX_TOKENS_PER_CHAR = 4.0
+FORMAT_TOKENS = 256
+MAX_OUTPUT_TOKENS = 1_000_000
 
 
 @dataclass(slots=True)
@@ -55,12 +63,15 @@ class TokenModel:
 
     def learn(self, input_chars: int, prompt_tokens: int | None,
               completion_tokens: int | None) -> None:
-        """Move towards one call's real usage (early samples weigh more)."""
+        """Move towards one call's real usage (early samples weigh more); a figure no
+        call could have used is ignored."""
         a = max(ALPHA, 1.0 / (self.samples + 1))
+        chars = max(1, self.fixed_chars + input_chars)
         if prompt_tokens is not None and prompt_tokens > 0:
-            ratio = prompt_tokens / max(1, self.fixed_chars + input_chars)
-            self.tokens_per_char += a * (ratio - self.tokens_per_char)
-        if completion_tokens is not None and completion_tokens >= 0:
+            if prompt_tokens > MAX_TOKENS_PER_CHAR * chars + FORMAT_TOKENS:
+                return
+            self.tokens_per_char += a * (prompt_tokens / chars - self.tokens_per_char)
+        if completion_tokens is not None and 0 <= completion_tokens <= MAX_OUTPUT_TOKENS:
             self.output_tokens += a * (completion_tokens - self.output_tokens)
         self.samples += 1
 
