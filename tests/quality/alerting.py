@@ -4,6 +4,7 @@ a fast evaluator, and a local webhook receiver."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import itertools
@@ -91,12 +92,14 @@ class Received:
 class Receiver:
     """A local HTTP server: answers the statuses of ``script`` in turn, then 200; with
     ``hang`` it holds the first request that long before answering; with ``block`` it
-    holds every request until that event is set (a webhook that does not answer)."""
+    holds every request until that event is set (a webhook that does not answer); with
+    ``endless`` it answers 200 with a body that never ends."""
 
     secret: bytes
     script: list[int] = field(default_factory=list)
     hang: float = 0.0
     block: threading.Event | None = None
+    endless: bool = False
     got: list[Received] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
@@ -120,6 +123,14 @@ class Receiver:
                 if rec.block is not None:
                     rec.block.wait(120)
                 status = rec.script.pop(0) if rec.script else 200
+                if rec.endless:  # no length: the body ends when the connection does
+                    self.send_response(status)
+                    self.end_headers()
+                    with contextlib.suppress(OSError):
+                        for _ in range(600):
+                            self.wfile.write(b"x" * 65536)
+                            time.sleep(0.01)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -93,6 +93,22 @@ def test_retries_stop_at_max_attempts(store: Store, receiver: Receiver) -> None:
     assert _deliveries(store)[0]["last_error"] == "HTTP 500"
 
 
+def test_a_receiver_whose_answer_never_ends_has_its_2xx_counted(store: Store) -> None:
+    """The sender read the receiver's whole answer: one that streamed without end held
+    each post to its timeout and the event was retried until it FAILED, though the
+    receiver had said 200. The status is the answer; the body is not read."""
+    rec = Receiver(SECRET, endless=True).start()
+    try:
+        s = settings(webhook=(rec.webhook(timeout_s=2.0, max_attempts=1),))
+        collapse(store)
+        Evaluator(store, s, worker_id="w1").tick()
+        asyncio.run(Sender(store, s.quality).pass_once())
+        [d] = _deliveries(store)
+        assert (d["status"], d["attempts"], d["last_error"]) == ("DELIVERED", 1, None)
+    finally:
+        rec.stop()
+
+
 _SENDER = textwrap.dedent("""
     import asyncio, sys, time
     from lockgate.config import QualitySettings, Webhook

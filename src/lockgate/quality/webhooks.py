@@ -185,8 +185,9 @@ class Sender:
             async with session.post(w.url, data=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=w.timeout_s),
                                     allow_redirects=False) as resp:
+                # The status is the answer; the body is not read (a receiver streaming
+                # without end would hold the post to its timeout, then be retried).
                 status = resp.status
-                await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             await self._again(w, row, token, f"{type(exc).__name__}: {exc}"[:500])
             return
