@@ -583,12 +583,12 @@ class Lockgate:
         raise NotFound(f"no prompt named {name!r} in the registry{hint}; `lockgate prompt "
                        "list` lists them, and an inline template's key starts with inline:")
 
-    def alerts(self, *, everything: bool = False) -> list[Alert]:
+    def alerts(self, *, everything: bool = False, limit: int = 1000) -> list[Alert]:
         """Open quality alerts, oldest first; with ``everything`` resolved ones too,
-        newest first (docs/quality.md)."""
+        the newest ``limit``, newest first (docs/quality.md)."""
         from lockgate.quality.alerts import list_alerts  # deferred: start-up time
 
-        return list_alerts(self.store, everything=everything)
+        return list_alerts(self.store, everything=everything, limit=limit)
 
     def alert(self, alert_id: int) -> Alert:
         """One alert with its failing samples and webhook deliveries; :class:`NotFound`
@@ -690,8 +690,9 @@ class AsyncLockgate:
                       by: str = "version") -> list[QualityRow]:
         return await asyncio.to_thread(self.sync.quality, prompt, since=since, by=by)
 
-    async def alerts(self, *, everything: bool = False) -> list[Alert]:
-        return await asyncio.to_thread(lambda: self.sync.alerts(everything=everything))
+    async def alerts(self, *, everything: bool = False, limit: int = 1000) -> list[Alert]:
+        return await asyncio.to_thread(lambda: self.sync.alerts(everything=everything,
+                                                                limit=limit))
 
     async def alert(self, alert_id: int) -> Alert:
         return await asyncio.to_thread(self.sync.alert, alert_id)

@@ -209,6 +209,12 @@ def test_cli_lists_shows_and_acks(store: Store, db_url: str) -> None:
                            "on it", "--db", db_url], catch_exceptions=False)
     assert res.exit_code == 0 and "acked by ana" in res.stdout
     assert get_alert(store, e.alert.id).ack_reason == "on it"
+    res = run.invoke(app, ["alerts", "list", "--all", "--limit", "1", "--db", db_url],
+                     catch_exceptions=False)  # as many as the limit: there may be more
+    assert res.exit_code == 0 and "larger --limit" in res.stderr
+    res = run.invoke(app, ["alerts", "list", "--all", "--limit", "2", "--db", db_url],
+                     catch_exceptions=False)
+    assert res.exit_code == 0 and "--limit" not in res.stderr
     res = run.invoke(app, ["alerts", "show", "999", "--db", db_url])
     assert res.exit_code == 2 and "no alert 999" in res.output
     res = run.invoke(app, ["quality", "--check", "--json", "--db", db_url],

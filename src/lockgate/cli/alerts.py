@@ -15,6 +15,7 @@ from lockgate.cli._common import (
     ReasonOpt,
     app,
     command,
+    console,
     opened,
     opened_for_change,
     out,
@@ -55,12 +56,17 @@ def _state(a: Alert) -> str:
 @command(alerts_app, "list")
 def list_(everything: Annotated[bool, typer.Option(
               "--all", help="resolved alerts too (newest first)")] = False,
+          limit: Annotated[int, typer.Option(
+              "--limit", min=1, help="with --all: the newest N alerts")] = 1000,
           as_json: JsonOpt = False, db: DbOpt = None, config: ConfigOpt = None) -> None:
     """Open quality alerts (oldest first): rule, prompt version, model, the value
     against its threshold (limit), tasks touched since onset, OPEN or RESOLVED and
     whether acknowledged."""
     with opened(db, config) as lg:
-        rows = lg.alerts(everything=everything)
+        rows = lg.alerts(everything=everything, limit=limit)
+    if everything and len(rows) == limit:  # there may be more: say so, off stdout
+        console.print(f"the newest {limit:,} alerts; older ones with a larger --limit",
+                      markup=False)
     if as_json:
         print_json(rows)
         return

@@ -460,9 +460,11 @@ def event_body(event: str, delivery_id: str, alert: Alert) -> bytes:
 
 # -- reading --------------------------------------------------------------------------------
 
-def list_alerts(store: Store, *, everything: bool = False) -> list[Alert]:
-    """Open alerts, oldest first; with ``everything`` every alert, newest first."""
-    return [alert_of(r) for r in AlertStore(store).alerts(everything=everything)]
+def list_alerts(store: Store, *, everything: bool = False, limit: int = 1000) -> list[Alert]:
+    """Open alerts, oldest first; with ``everything`` the newest ``limit``, newest
+    first."""
+    return [alert_of(r) for r in AlertStore(store).alerts(everything=everything,
+                                                          limit=limit)]
 
 
 def get_alert(store: Store, alert_id: int) -> Alert:
