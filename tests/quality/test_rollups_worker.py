@@ -58,8 +58,9 @@ def test_a_run_is_rolled_up_per_prompt_with_its_watched_values(
     by_hour = orjson.loads(lockgate("quality", row["prompt"], "--db", db_url, "--json",
                                     "--by", "hour").stdout)
     assert sum(r["tasks"] for r in by_hour) == n
-    assert lockgate("quality", "nosuch", "--db", db_url).stdout.strip() == \
-        "no attempts recorded in the last 24h"
+    other = f"inline:{'0' * 12}"  # no such template: none of its calls
+    assert lockgate("quality", other, "--db", db_url).stdout.strip() == \
+        f"no attempts of {other} recorded in the last 24h"
 
 
 def test_a_registry_task_ended_without_a_call_counts_under_its_version(
