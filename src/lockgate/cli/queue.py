@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import (
@@ -58,6 +58,9 @@ from lockgate.flow.window import BatchPlan, plan_from_options
 from lockgate.redact import redact_url
 from lockgate.results import Status
 from lockgate.store.store import SCHEMA_HEAD, SubmitReport
+
+if TYPE_CHECKING:
+    from lockgate.worker.core import WorkerStats
 
 InputFormatOpt = Annotated[str, typer.Option(
     "--input-format", metavar="FORMAT",
@@ -325,9 +328,21 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
         _check_endpoints(lg.settings, pool, refuse=False)
         stats = lg.run_worker(burst=burst, gate=gate, processes=procs,
                               log_level=log_level, **overrides)
+        if stats.stuck_db:  # closing the database would wait on its hanging calls
+            _stopped(stats)
+    _stopped(stats)
+
+
+def _stopped(stats: WorkerStats) -> None:
+    """Say what the worker did. Stopped at once while the database did not answer,
+    the process ends here: the interpreter's exit would wait on the calls still
+    hanging."""
+    from lockgate.worker.core import exit_if_stuck  # deferred: start-up time
+
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
                   f"{stats.dead:,} dead, {stats.retried:,} retried, "
                   f"{stats.discarded:,} discarded", markup=False)
+    exit_if_stuck(stats)
 
 
 def _done(counts: dict[str, int]) -> int:
@@ -404,13 +419,20 @@ def run_batch(lg: Lockgate, batch_id: str | Sequence[str], processes: int = 1,
         if processes == 1:
             watcher.start()
         try:
-            lg.run_worker(burst=True, processes=processes, tick=poll,
-                          on_progress=lambda stats: show(done0 + stats.finished),
-                          **overrides)
+            stats = lg.run_worker(burst=True, processes=processes, tick=poll,
+                                  on_progress=lambda stats: show(done0 + stats.finished),
+                                  **overrides)
         finally:
             stop.set()
             if watcher.is_alive():
                 watcher.join()
+        if stats.stuck_db:  # stopped at once, the database hanging: no report to read
+            from lockgate.worker.core import exit_if_stuck  # deferred: start-up time
+
+            console.print("interrupted while the database does not answer; run the same "
+                          "command again once it does (tasks already done are skipped)",
+                          markup=False)
+            exit_if_stuck(stats, INTERRUPTED)
         if processes > 1:
             poll()
     return time.perf_counter() - t0

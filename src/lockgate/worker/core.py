@@ -14,6 +14,7 @@ import os
 import random
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,10 +65,29 @@ class WorkerStats:
     version_moves: int = 0
     claims: int = 0
     flushes: int = 0
+    #: Stopped at once (a second signal) while database calls did not answer (a hung
+    #: server): the threads still waiting on them would hold the process at its exit,
+    #: so a command-line process ends without them (:func:`exit_if_stuck`). Summed
+    #: over processes: how many stopped so.
+    stuck_db: int = 0
 
     @property
     def finished(self) -> int:
         return self.succeeded + self.failed + self.dead
+
+
+def exit_if_stuck(stats: WorkerStats, code: int = 0) -> None:
+    """End this process now (``code``) if its worker stopped at once while database
+    calls did not answer: their threads would hold it at its exit for as long as the
+    server hangs. For command-line processes only (a program of its own that runs a
+    worker decides for itself)."""
+    if not stats.stuck_db:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 class SideService(Protocol):
@@ -144,6 +164,9 @@ class WorkerCore:
         self._claim_finished = asyncio.Event()
         self._hard = asyncio.Event()
         self._hard_stop = False
+        #: When a stop at once gives up waiting on the database (monotonic; None: no
+        #: such stop yet).
+        self._hard_by: float | None = None
         self._rng = random.Random(secrets.randbits(64))
         self._db_threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
         #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it

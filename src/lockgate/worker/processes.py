@@ -38,6 +38,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from lockgate.errors import ConfigError, LockgateError
+from lockgate.worker.core import exit_if_stuck
 from lockgate.worker.loop import run_async
 from lockgate.worker.worker import Worker, WorkerStats
 
@@ -102,7 +103,8 @@ def _child(build: WorkerBuilder, log_level: str | None, parent: int, results: An
     with build() as worker:
         worker.early_signals = early
         stats: WorkerStats = run_async(worker.run())
-    results.put((index, asdict(stats)))
+    results.put((index, asdict(stats)))  # written to the pipe before it returns
+    exit_if_stuck(stats)
 
 
 def _supervise(children: list[Any], processes: int, done: threading.Event,

@@ -14,7 +14,10 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
+from collections.abc import Awaitable
+from typing import Any
 
 from lockgate.errors import ErrorClass, StoreError
 from lockgate.states import TaskStatus
@@ -30,6 +33,12 @@ from lockgate.worker.upkeep import Upkeep
 #: (a worker idle for hours spends about 1 ms of CPU a second on it).
 ARRIVAL_LOOK_S = 0.1
 ARRIVAL_LOOK_MAX_S = 0.5
+
+#: After a stop at once (a second signal), how long the worker still waits for the
+#: database to take its results and released tasks before it gives up on them (they
+#: run again when their leases expire).
+HARD_STOP_DB_S = 3.0
+HARD_STOP_ROUNDS = 3
 
 log = logging.getLogger("lockgate.worker")
 
@@ -88,44 +97,113 @@ class Worker(Calls, Upkeep):
         claim = asyncio.create_task(self._claim_loop(), name="lockgate-claim")
         failed = False
         try:
-            done, _ = await asyncio.wait([claim, *side], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not claim and not self._stopping.is_set():
-                    t.result()  # a side loop died: raise its error (stops the worker)
-                    raise RuntimeError(f"{t.get_name()} stopped unexpectedly")
-            await claim
-            self._stopping.set()  # burst drained, or a stop was requested
-            self.flow.wake()
-            await self._drain()
-            # Every result is written back before the worker exits, however long the
-            # database takes to come back (a second stop request gives up on them).
-            await side[0]
-            await asyncio.wait_for(asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60)
+            await self._work(claim, side)
         except BaseException:
             failed = True
             raise
         finally:
+            abandoned = self._hard.is_set()  # before the stop below sets it anyway
             self.request_stop(hard=True)
-            calls = list(self._running.values())
-            for t in [claim, *side, *calls]:
-                t.cancel()
-            # The loops also end on the hard stop: on Python 3.11 ``asyncio.wait_for``
-            # can swallow a cancellation that arrives as its wait ends.
-            with contextlib.suppress(Exception):
-                await asyncio.gather(claim, *side, *calls, return_exceptions=True)
+            await self._end([claim, *side, *self._running.values()], abandoned)
             if failed:
                 await self._give_back()
             for p in self._providers.values():
                 with contextlib.suppress(Exception):
                     await p.close()
             with contextlib.suppress(Exception):
-                await self._db(self.store.heartbeat, self.id, status="stopped",
-                               **self._counters())
+                beat = self._db(self.store.heartbeat, self.id, status="stopped",
+                                **self._counters())
+                await (asyncio.wait_for(beat, self._hard_left()) if abandoned else beat)
             self._remove_signals()
             if listener is not None:
                 listener.stop(timeout_s=0)  # it lets go of its connection within 250 ms
-            self._db_threads.shutdown(wait=True)
+            self._db_threads.shutdown(wait=not abandoned, cancel_futures=abandoned)
+            if abandoned and self._db_waiting():
+                self.stats.stuck_db = 1
+                log.error("stopping now without waiting for the database: it does not "
+                          "answer; unwritten results run again when their leases expire")
         return self.stats
+
+    async def _work(self, claim: asyncio.Task[None], side: list[asyncio.Task[Any]]) -> None:
+        """Claim until stopped (or drained), then finish: the calls in flight within
+        the grace, every result written back. A stop at once (a second signal) waits on
+        nothing that needs the database: a hung server (connections open, no answers)
+        would hold it for ever."""
+        hard = asyncio.ensure_future(self._hard.wait())
+        try:
+            done, _ = await asyncio.wait([claim, *side, hard],
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hard.cancel()
+        for t in done:
+            if t is not claim and t is not hard and not self._stopping.is_set():
+                t.result()  # a side loop died: raise its error (stops the worker)
+                raise RuntimeError(f"{t.get_name()} stopped unexpectedly")
+        if not await self._unless_hard(claim):
+            return
+        self._stopping.set()  # burst drained, or a stop was requested
+        self.flow.wake()
+        # Every result is written back before the worker exits, however long the
+        # database takes to come back (a second stop request gives up on them).
+        if await self._unless_hard(self._drain()) and await self._unless_hard(side[0]):
+            await self._unless_hard(asyncio.wait_for(
+                asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60))
+
+    async def _end(self, tasks: list[asyncio.Task[Any]], abandoned: bool) -> None:
+        """Cancel the loops and calls and wait for them to end; after a stop at once,
+        not for long."""
+        for t in tasks:
+            t.cancel()
+        # The loops also end on the hard stop: on Python 3.11 ``asyncio.wait_for`` can
+        # swallow a cancellation that arrives as its wait ends.
+        ended = asyncio.gather(*tasks, return_exceptions=True)
+        if not abandoned:
+            with contextlib.suppress(Exception):
+                await ended
+            return
+        # A cancellation ends one wait: a loop whose ``finally`` then waits on the hung
+        # database is cancelled again (a few rounds, then left to itself).
+        for _ in range(HARD_STOP_ROUNDS):
+            await asyncio.wait({ended}, timeout=max(0.5, self._hard_left()))
+            if ended.done():
+                return
+            for t in tasks:
+                t.cancel()
+
+    async def _unless_hard(self, aw: Awaitable[Any]) -> bool:
+        """Await ``aw`` (its error raised); after a stop at once, only until
+        :data:`HARD_STOP_DB_S` past it (a database that answers takes milliseconds to
+        take the results and the released tasks; a hung one would hold the stop for
+        ever). False if it was given up (and cancelled)."""
+        task = asyncio.ensure_future(aw)
+        if not self._hard.is_set():
+            hard = asyncio.ensure_future(self._hard.wait())
+            try:
+                await asyncio.wait({task, hard}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hard.cancel()
+        if not task.done():
+            await asyncio.wait({task}, timeout=self._hard_left())
+        if not task.done():
+            task.cancel()
+            return False
+        task.result()
+        return True
+
+    def _hard_left(self) -> float:
+        """Seconds left of :data:`HARD_STOP_DB_S` since the stop at once (it starts
+        counting at the first call)."""
+        if self._hard_by is None:
+            self._hard_by = time.monotonic() + HARD_STOP_DB_S
+        return max(0.0, self._hard_by - time.monotonic())
+
+    @staticmethod
+    def _db_waiting() -> bool:
+        """Whether a thread other than this one that the interpreter joins at exit is
+        still running (a database call that does not return)."""
+        me = threading.current_thread()
+        return any(t.is_alive() and not t.daemon and t is not me
+                   and t is not threading.main_thread() for t in threading.enumerate())
 
     async def _give_back(self) -> None:
         """After a loop died: write back what is buffered and release every other lease
