@@ -7,32 +7,104 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import json
+import logging
 import re
+import zlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
 try:  # the optional fast-http extra
     from pyreqwest.client import ClientBuilder
+    from pyreqwest.exceptions import BodyDecodeError as PyreqwestBodyDecodeError
     from pyreqwest.exceptions import DecodeError as PyreqwestDecodeError
     from pyreqwest.exceptions import PyreqwestError
 except ImportError:  # pragma: no cover - checked by check_http_client
     ClientBuilder = None  # type: ignore[assignment,misc]
     PyreqwestError = OSError  # type: ignore[assignment,misc]
     PyreqwestDecodeError = OSError  # type: ignore[assignment,misc]
+    PyreqwestBodyDecodeError = OSError  # type: ignore[assignment,misc]
 
 from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.headers import parse_retry_after_ms, rate_headers
+from lockgate.redact import redact_url
+
+log = logging.getLogger("lockgate.providers")
 
 #: The largest response body kept as returned (for exports); beyond it only the parsed
 #: answer is kept.
 MAX_BODY = 1 << 20
+#: The longest ``x-request-id`` and answered ``model`` kept: the columns that store
+#: them hold 128 and 200 characters, and PostgreSQL and MariaDB refuse a longer value
+#: (the write-back of the attempt failed, and its task was called again).
+MAX_REQUEST_ID = 128
+MAX_MODEL = 200
+
+
+def _request_id(headers: Mapping[str, str]) -> str | None:
+    """The provider's ``x-request-id``, cut to what the database stores."""
+    value = headers.get("x-request-id")
+    return value[:MAX_REQUEST_ID] if value else None
+
+
+def _charset(headers: Mapping[str, str]) -> str | None:
+    """The charset a Content-Type declares (``application/json; charset=gbk``)."""
+    found = re.search(r'(?i)charset\s*=\s*"?([\w.:-]+)', headers.get("content-type") or "")
+    return found.group(1) if found else None
+
+
+def _as_utf8(status: int, raw: bytes, headers: Mapping[str, str]) -> bytes:
+    """The body in UTF-8, which everything after reads: a body in another charset its
+    Content-Type declares (GBK, ISO-8859-1, UTF-16...) is decoded with it. Without a
+    charset, or with one Python does not know, the body is left as it came (read as
+    UTF-8, leniently). A 2xx body that is not valid in its declared charset is a
+    failed answer that says so; an error body is classified by its status anyway."""
+    name = _charset(headers)
+    if name is None or not raw:
+        return raw
+    try:
+        codec = codecs.lookup(name).name
+    except LookupError:
+        return raw
+    if codec == "utf-8":
+        return raw
+    try:
+        return raw.decode(codec).encode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        if not 200 <= status < 300:
+            return raw
+        raise ProviderError(ErrorClass.SERVER_ERROR, f"HTTP {status} with a body that is "
+                            f"not valid {name}, the charset its Content-Type declares "
+                            f"({exc.reason} at byte {exc.start}): "
+                            f"{raw[:120]!r}", http_status=status,
+                            request_id=_request_id(headers)) from None
+
+
+def _inflated(raw: bytes, headers: Mapping[str, str]) -> bytes:
+    """A body pyreqwest was told not to decode (so that a failure names its status
+    and encoding, as aiohttp's does), decoded here: gzip, or deflate with or without
+    its zlib header (aiohttp takes both; reqwest took only the first)."""
+    encoding = (headers.get("content-encoding") or "").strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    try:
+        if encoding in ("gzip", "x-gzip"):
+            return zlib.decompress(raw, wbits=16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            try:
+                return zlib.decompress(raw)
+            except zlib.error:
+                return zlib.decompress(raw, wbits=-zlib.MAX_WBITS)
+    except zlib.error as exc:
+        raise ValueError(f"not valid {encoding} data ({exc})") from None
+    raise ValueError(f"an encoding lockgate does not decode: {encoding!r}")
 
 
 def _lenient_json(raw: bytes) -> Any:
@@ -60,35 +132,90 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
     """Map an error response to the most specific :class:`ErrorClass`."""
     err = body.get("error") if isinstance(body, dict) else None
     code, etype, message = _error_fields(body, err)
-    retry_after = parse_retry_after_ms(headers)
-    if status == 402 or _QUOTA_WORDS.search(f"{code} {etype}"):
-        # 402 Payment Required (an account without balance) or an OpenAI-style
-        # insufficient_quota: the fallback endpoint takes over.
-        cls = ErrorClass.QUOTA_EXHAUSTED
-    elif status == 429:
-        cls = ErrorClass.RATE_LIMITED
-    elif code == "context_length_exceeded" or "maximum context length" in message:
-        cls = ErrorClass.CONTEXT_LENGTH_EXCEEDED
-    elif status in (401, 403):
-        cls = ErrorClass.AUTH_ERROR
-    elif status in (408, 504):
-        cls = ErrorClass.TIMEOUT
-    elif status >= 500:
-        cls = ErrorClass.SERVER_ERROR
-    elif code == "content_filter" or etype == "content_filter":
-        cls = ErrorClass.CONTENT_FILTERED
-    else:
-        cls = ErrorClass.INVALID_REQUEST
-    return ProviderError(cls, f"HTTP {status}: {message}", http_status=status,
-                         retry_after_ms=retry_after, rate_limit=rate_headers(headers),
-                         request_id=headers.get("x-request-id"), body=_kept_body(raw))
+    return ProviderError(_error_class(status, code, etype, message),
+                         f"HTTP {status}: {message}", http_status=status,
+                         retry_after_ms=parse_retry_after_ms(headers),
+                         rate_limit=rate_headers(headers), request_id=_request_id(headers),
+                         body=_kept_body(raw))
 
 
-#: Error codes and types of an account out of money or quota (OpenAI, DeepSeek and
-#: others).
-_QUOTA_WORDS = re.compile(r"(?i)insufficient_(?:quota|balance|funds)|billing|arrears")
+def _error_class(status: int, code: str, etype: str, message: str) -> ErrorClass:
+    """The class of an error answer, from its status and what its body says. What the
+    body names beats the status where providers disagree on statuses: an exhausted
+    balance comes as 400, 402, 403 or 429, a context length as 400 or 413, a filtered
+    prompt as 400 or 500. (A 5xx is the server failing: its message is not taken for an
+    exhausted balance, only its code.)"""
+    if status == 402 or is_quota(code, etype, message if status < 500 else ""):
+        return ErrorClass.QUOTA_EXHAUSTED
+    if status == 429:
+        return ErrorClass.RATE_LIMITED
+    if is_context_length(code, etype, message):
+        return ErrorClass.CONTEXT_LENGTH_EXCEEDED
+    if status in (401, 403):
+        return ErrorClass.AUTH_ERROR
+    if status in (408, 504):
+        return ErrorClass.TIMEOUT
+    if _FILTER_WORDS.search(f"{code} {etype}"):
+        # before the 5xx: a filter is the prompt's, another attempt meets it again
+        return ErrorClass.CONTENT_FILTERED
+    if status >= 500:
+        return ErrorClass.SERVER_ERROR
+    return ErrorClass.INVALID_REQUEST
+
+
+#: Codes and types that name an account out of money or quota whatever the message
+#: says (OpenAI's insufficient_quota, DashScope's Arrearage, Moonshot's
+#: exceeded_current_quota_error, DeepSeek's and others' balance...). A bare "quota" is
+#: not one: DashScope's rate limit is ``Throttling.RateQuota``.
+_QUOTA_CODES = re.compile(
+    r"(?i)insufficient.?(?:quota|balance|funds|credits?)|arrear|billing|payment.?required"
+    r"|exceeded.?current.?quota|quota.?exhausted|out.?of.?credits?|not.?enough.?balance"
+    r"|credit.?balance")
+#: Messages that say so. Checked only when the message does not speak of a rate
+#: (:data:`_RATE_MESSAGE`): OpenAI's rate limit for a free account invites to "add a
+#: payment method ... /account/billing", Gemini's per-minute one says "You exceeded your
+#: current quota ... Please retry in 43s".
+_QUOTA_MESSAGE = re.compile(
+    r"(?i)arrear|good standing|insufficient.?(?:quota|balance|funds|credits?)"
+    r"|(?:balance|credits?|funds)\b.{0,20}\b(?:too low|insufficient|not enough|exhausted"
+    r"|depleted|run out|ran out)|out of (?:credits?|balance|funds)"
+    r"|exceeded your (?:current )?quota|quota (?:has been |is )?(?:exhausted|used up)"
+    r"|billing (?:details|hard limit|limit|account|is not active|not active)"
+    r"|plans? (?:&|and) billing|payment required|(?:add|purchase|buy) (?:more )?credits"
+    r"|余额不足|欠费|充值")
+#: Words of a rate limit: it passes by itself, where an exhausted quota does not.
+_RATE_MESSAGE = re.compile(
+    r"(?i)rate.?limit|too many requests|throttl|per (?:second|minute|min)\b"
+    r"|\b(?:rpm|tpm|rps|tps)\b|(?:try again|retry) (?:in|after) \d|并发|频繁|限流")
 #: Error codes and types of a rate limit (in a body whose status does not say so).
 _RATE_WORDS = re.compile(r"(?i)rate.?limit|too.?many.?requests|throttl")
+#: Codes and types of a prompt or answer the provider's filter stopped.
+_FILTER_WORDS = re.compile(r"(?i)content.?filter|content.?policy|data_inspection_failed")
+
+
+def is_quota(code: str, etype: str, message: str) -> bool:
+    """Whether an error says the account is out of money or quota (not a rate limit,
+    which passes by itself): by its code or type, else by its message unless the
+    message speaks of a rate."""
+    if _QUOTA_CODES.search(f"{code} {etype}"):
+        return True
+    return not _RATE_MESSAGE.search(message) and bool(_QUOTA_MESSAGE.search(message))
+
+
+#: Codes, types and messages of a prompt longer than the model's context, in the
+#: words of OpenAI, vLLM, Anthropic, llama.cpp, TGI, Gemini, Mistral, DashScope... A
+#: parameter out of range ("max_tokens must be <= 4096") is not one.
+_CONTEXT_WORDS = re.compile(
+    r"(?i)context.?length.?exceeded|exceeds?.?(?:the )?(?:available |model'?s? )?context"
+    r".?(?:size|window|length)|context.?window.?exceeded|maximum context length"
+    r"|prompt is too long|input token count.{0,40}exceeds"
+    r"|inputs?`? tokens.{0,60}must be <=|range of input length"
+    r"|too (?:long|large) for (?:the |this )?model")
+
+
+def is_context_length(code: str, etype: str, message: str) -> bool:
+    """Whether an error says the prompt does not fit the model's context."""
+    return bool(_CONTEXT_WORDS.search(f"{code} {etype} {message}"))
 
 
 def _first_choice(choices: Any) -> Any:
@@ -107,21 +234,55 @@ def _either(usage: Mapping[str, Any], name: str, other: str) -> Any:
 
 
 def _error_fields(body: Any, err: Any) -> tuple[str, str, str]:
-    """Code, type and message of an error body: OpenAI's ``{"error": {...}}``, a plain
-    ``{"error": "text"}``, vLLM's ``{"object": "error", "message": ...}``, or any other
-    text (its first 500 characters)."""
+    """Code, type and message of an error body: OpenAI's ``{"error": {...}}`` (Gemini's
+    ``status`` taken as its type), a plain ``{"error": "text"}`` (TGI's ``error_type``
+    as its type), vLLM's ``{"object": "error", "message": ...}``, or any other text
+    (its first 500 characters)."""
     if isinstance(err, dict):
         message = err.get("message") or err.get("msg") or orjson.dumps(err).decode()
-        return str(err.get("code") or ""), str(err.get("type") or ""), str(message)[:500]
+        etype = err.get("type") or err.get("status") or ""
+        return str(err.get("code") or ""), str(etype), str(message)[:500]
     if isinstance(body, dict):
         message = err if isinstance(err, str) and err else body.get("message") \
             or body.get("detail") or orjson.dumps(body, default=str).decode()
-        return str(body.get("code") or ""), str(body.get("type") or ""), str(message)[:500]
+        etype = body.get("type") or body.get("error_type") or ""
+        return str(body.get("code") or ""), str(etype), str(message)[:500]
     return "", "", str(body)[:500]
 
 
+#: Codes and types of a key the provider refused, and of a request it refused as such.
+_AUTH_WORDS = re.compile(r"(?i)authenticat|invalid.?api.?key|unauthori[sz]ed|permission"
+                         r"|forbidden|access.?denied")
+_INVALID_WORDS = re.compile(r"(?i)invalid.?request|not.?found|invalid.?(?:value|param"
+                            r"|argument)|bad.?request|validation|unsupported")
+
+
+def _class_in_body(code: str, etype: str, message: str) -> ErrorClass:
+    """The class of an error object in a 2xx answer, which has no status of its own to
+    go by: what its code, type and message name, else the HTTP status its code may be
+    (``"code": 503``), else ``server_error`` (the provider failed to answer: worth
+    another attempt)."""
+    kind = f"{code} {etype}"
+    inner = int(code) if code.isdigit() and 400 <= int(code) < 600 else None
+    if is_quota(code, etype, message) or inner == 402:
+        return ErrorClass.QUOTA_EXHAUSTED
+    if _RATE_WORDS.search(kind) or _RATE_MESSAGE.search(message) or inner == 429:
+        return ErrorClass.RATE_LIMITED
+    if is_context_length(code, etype, message):
+        return ErrorClass.CONTEXT_LENGTH_EXCEEDED
+    if _AUTH_WORDS.search(kind):
+        return ErrorClass.AUTH_ERROR
+    if _FILTER_WORDS.search(kind):
+        return ErrorClass.CONTENT_FILTERED
+    if _INVALID_WORDS.search(kind):
+        return ErrorClass.INVALID_REQUEST
+    if inner is not None:
+        return _error_class(inner, code, etype, message)
+    return ErrorClass.SERVER_ERROR
+
+
 def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
-                   raw: bytes) -> ProviderError | None:
+                   raw: bytes, where: str = "the body") -> ProviderError | None:
     """A 2xx answer that carries an error object instead of choices (gateways do so):
     classified by its code, type and message, as its status would have been; None
     when the body holds no error."""
@@ -129,23 +290,11 @@ def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
     if not err and not (isinstance(data, dict) and data.get("object") == "error"):
         return None
     code, etype, message = _error_fields(data, err)
-    said = f"{code} {etype} {message}"
-    inner = int(code) if code.isdigit() and 400 <= int(code) < 600 else None
-    if _QUOTA_WORDS.search(said):
-        as_status = 402
-    elif _RATE_WORDS.search(said):
-        as_status = 429
-    elif inner is not None:
-        as_status = inner
-    elif "context_length" in said or "maximum context length" in said:
-        as_status = 400
-    else:
-        as_status = 500  # the provider failed to answer: worth another attempt
-    found = classify_response(as_status, data, headers, raw)
-    return ProviderError(found.error_class, f"HTTP {status} with an error in the body: "
-                         f"{message}", http_status=status,
-                         retry_after_ms=found.retry_after_ms, rate_limit=found.rate_limit,
-                         request_id=found.request_id, body=found.body)
+    return ProviderError(_class_in_body(code, etype, message),
+                         f"HTTP {status} with an error in {where}: {message}",
+                         http_status=status, retry_after_ms=parse_retry_after_ms(headers),
+                         rate_limit=rate_headers(headers), request_id=_request_id(headers),
+                         body=_kept_body(raw))
 
 
 def _unreadable(exc: BaseException, status: int | None = None,
@@ -157,6 +306,32 @@ def _unreadable(exc: BaseException, status: int | None = None,
         if headers is not None else ""
     return ProviderError(ErrorClass.SERVER_ERROR, f"{said}the body could not be read "
                          f"({type(exc).__name__}: {exc}{encoding})", http_status=status)
+
+
+def _tool_names(calls: Any) -> str:
+    """The functions a model called, for the error message."""
+    items = calls if isinstance(calls, list) else [calls]
+    names = [str((c.get("function") or c).get("name") or "?") if isinstance(c, dict)
+             else "?" for c in items]
+    return ", ".join(names)[:200] or "?"
+
+
+def _not_http(detail: str) -> ProviderError:
+    """An answer the HTTP client could not parse (a bad status line, a bad
+    Content-Length, both Content-Length and Transfer-Encoding): the endpoint answered,
+    wrongly. A failed answer (``server_error``: an attempt spent, retried), not an
+    unreachable endpoint that tasks would wait for."""
+    return ProviderError(ErrorClass.SERVER_ERROR,
+                         f"the endpoint's answer was not valid HTTP: {detail}")
+
+
+def _last_cause(exc: BaseException) -> str:
+    """The innermost cause pyreqwest names (``invalid HTTP status-code parsed``)."""
+    details = getattr(exc, "details", None)
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if isinstance(causes, list) and causes and isinstance(causes[-1], dict):
+        return str(causes[-1].get("message") or exc)
+    return str(exc)
 
 
 def _content(content: Any) -> str:
@@ -181,8 +356,20 @@ def _not_a_completion(status: int, data: Any, raw: bytes,
         return f"HTTP {status} with a body that is not JSON ({kind}): {start!r}"
     if data is None:
         return f"HTTP {status} with a body that is not valid JSON ({len(raw)} bytes, " \
-               f"cut off?): {start!r}"
+               f"{_why_not_json(raw)}): {start!r}"
     return f"HTTP {status} without choices[0].message in the body: {start!r}"
+
+
+def _why_not_json(raw: bytes) -> str:
+    """Why a body that starts as JSON is not: bytes that are no UTF-8 (a charset
+    other than the one declared, none declared), or an end that never comes."""
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        if exc.reason != "unexpected end of data":
+            return f"not valid UTF-8 at byte {exc.start}: a charset its Content-Type " \
+                   "does not declare?"
+    return "cut off?"
 
 
 #: The largest token count taken from a provider's ``usage`` (it is stored in 32-bit
@@ -254,12 +441,17 @@ class OpenAICompatible:
                     "a request carries one Authorization header. Remove the credentials "
                     "from base_url, or the other one")
             self._headers["Authorization"] = basic
+        if http_client == "pyreqwest" and not any(k.lower() == "accept-encoding"
+                                                  for k in self._headers):
+            # What aiohttp asks for; pyreqwest leaves the decoding to _inflated
+            self._headers["Accept-Encoding"] = "gzip, deflate"
         self._send_key = send_idempotency_key
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._reqwest: Any = None  # pyreqwest's client, made on first use
         self._durations: dict[float, timedelta] = {}
+        self._warned_redirect = False
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -284,6 +476,9 @@ class OpenAICompatible:
         else:
             status, resp_headers, raw = await self._post_aiohttp(
                 orjson.dumps(body), headers, request.timeout_s)
+        if 300 <= status < 400:
+            raise self._redirected(status, resp_headers)
+        raw = _as_utf8(status, raw, resp_headers)
         strict = True
         try:
             data = orjson.loads(raw) if raw else None
@@ -300,6 +495,23 @@ class OpenAICompatible:
         answer.body = _kept_body(raw) if strict else None
         return answer
 
+    def _redirected(self, status: int, headers: Mapping[str, str]) -> ProviderError:
+        """A 3xx: never followed (a redirected POST comes back as a GET without its
+        body, or is sent again elsewhere with the same Idempotency-Key). It is the
+        endpoint's configuration, the same for every call: said once in the log and
+        in each task's error, which fails at once (fix base_url, then retry them)."""
+        location = headers.get("location")
+        where = f"to {redact_url(urljoin(self.url, location))}" if location \
+            else "without a Location"
+        message = (f"HTTP {status}: the endpoint redirects {where}; lockgate does not "
+                   f"follow redirects: set endpoint '{self.name}' base_url to the address "
+                   "it redirects to (typically https:// instead of http://)")
+        if not self._warned_redirect:
+            self._warned_redirect = True
+            log.warning("endpoint '%s' (%s): %s", self.name, redact_url(self.url), message)
+        return ProviderError(ErrorClass.INVALID_REQUEST, message, http_status=status,
+                             request_id=_request_id(headers))
+
     async def _post_aiohttp(self, body: bytes, headers: Mapping[str, str],
                             timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
         timeout = self._timeouts.get(timeout_s)
@@ -307,7 +519,7 @@ class OpenAICompatible:
             timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().post(self.url, data=body, headers=headers,
-                                           timeout=timeout) as resp:
+                                           timeout=timeout, allow_redirects=False) as resp:
                 try:
                     return resp.status, resp.headers, await resp.read()
                 except aiohttp.ClientPayloadError as exc:
@@ -316,17 +528,29 @@ class OpenAICompatible:
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
+        except aiohttp.ClientResponseError as exc:
+            # Before ClientError: its subclass for an answer aiohttp could not parse
+            # (a bad status line or Content-Length...), its status the 400 aiohttp
+            # gives it. The endpoint answered: a failed answer, not an unreachable one.
+            raise _not_http(" ".join(str(exc.message).split()).rstrip(" ^")) from None
+        except aiohttp.ClientPayloadError as exc:
+            raise _unreadable(exc) from None
         except aiohttp.ClientError as exc:
             raise ProviderError(ErrorClass.CONNECTION_ERROR,
                                 f"{type(exc).__name__}: {exc}") from None
 
     async def _post_reqwest(self, body: bytes, headers: Mapping[str, str],
                             timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
-        """The same POST on pyreqwest. Its timeouts are TimeoutErrors; every other
-        failure of the request is a PyreqwestError, a connection error here."""
+        """The same POST on pyreqwest. Its timeouts are TimeoutErrors; a DecodeError is
+        an answer it could not parse (not valid HTTP); every other failure of the
+        request is a PyreqwestError, a connection error here."""
         if self._reqwest is None:
+            # Bodies are decoded here, not by reqwest (_inflated), and redirects are
+            # not followed (_redirected).
             self._reqwest = (ClientBuilder().max_connections(self._max_connections)
-                             .pool_idle_timeout(timedelta(seconds=30)).build())
+                             .pool_idle_timeout(timedelta(seconds=30))
+                             .follow_redirects(False).gzip(False).deflate(False)
+                             .brotli(False).zstd(False).build())
         timeout = self._durations.get(timeout_s)
         if timeout is None:
             timeout = self._durations[timeout_s] = timedelta(seconds=timeout_s)
@@ -334,16 +558,18 @@ class OpenAICompatible:
             resp = await (self._reqwest.post(self.url).body_bytes(body).headers(headers)
                           .timeout(timeout).build().send())
             try:
-                raw = bytes(await resp.bytes())
-            except PyreqwestError as exc:
+                raw = _inflated(bytes(await resp.bytes()), resp.headers)
+            except (PyreqwestError, ValueError) as exc:
                 # A status line came: the endpoint answered.
                 raise _unreadable(exc, int(resp.status), resp.headers) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
-        except PyreqwestDecodeError as exc:
-            # Read with the status (pyreqwest decodes the body before it answers).
+        except PyreqwestBodyDecodeError as exc:
             raise _unreadable(exc) from None
+        except PyreqwestDecodeError as exc:
+            # Not the body's: the status line or the headers hyper could not parse.
+            raise _not_http(_last_cause(exc)) from None
         except PyreqwestError as exc:
             raise ProviderError(ErrorClass.CONNECTION_ERROR,
                                 f"{type(exc).__name__}: {exc}") from None
@@ -360,6 +586,12 @@ class OpenAICompatible:
             raise ProviderError(ErrorClass.SERVER_ERROR,
                                 _not_a_completion(status, data, raw, headers),
                                 http_status=status) from None
+        if finish == "error" or isinstance(choice.get("error"), dict):
+            # OpenRouter: the upstream provider failed, said in the choice
+            found = _error_in_body(status, {"error": choice.get("error") or {}}, headers,
+                                   raw, where="choices[0]")
+            if found is not None:
+                raise found
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
                                 http_status=status)
@@ -370,19 +602,27 @@ class OpenAICompatible:
             raise ProviderError(ErrorClass.CONTENT_FILTERED,
                                 f"the model refused: {refusal.strip()[:300]}",
                                 http_status=status)
+        calls = choice["message"].get("tool_calls") or choice["message"].get("function_call")
+        if not content.strip() and calls:
+            # Not an answer to retry as "not JSON": the model called a tool instead of
+            # writing text (a prompt or endpoint that offers tools)
+            raise ProviderError(ErrorClass.INVALID_OUTPUT,
+                                "the model answered with tool_calls, not text: "
+                                f"{_tool_names(calls)}", http_status=status,
+                                request_id=_request_id(headers), body=_kept_body(raw))
         usage = data.get("usage")
         if not isinstance(usage, dict):
             usage = {}
         answered = data.get("model")
         return Completion(
             content=content, http_status=status,
-            model=answered if isinstance(answered, str) and answered else model,
+            model=answered[:MAX_MODEL] if isinstance(answered, str) and answered else model,
             # OpenAI's names, else those some gateways pass on (Anthropic's)
             prompt_tokens=token_count(_either(usage, "prompt_tokens", "input_tokens")),
             completion_tokens=token_count(_either(usage, "completion_tokens",
                                                   "output_tokens")),
             finish_reason=finish if isinstance(finish, str) else None,
-            request_id=headers.get("x-request-id"), rate_limit=rate_headers(headers))
+            request_id=_request_id(headers), rate_limit=rate_headers(headers))
 
     async def close(self) -> None:
         """Close the HTTP session (and its connections)."""
