@@ -207,6 +207,27 @@ def test_after_a_lost_lease_the_retry_budget_counts_calls(
     assert simulator.stats()["requests"] == 2
 
 
+def test_a_task_run_again_by_hand_keeps_its_retry_budget_after_a_lost_lease(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """``tasks retry`` gives a DEAD task a fresh budget; its earlier run's retries stay
+    in the trace. They were counted as this run's, so a claim lost with a crashed worker
+    counted as a spent retry: the task ended DEAD after one call, not two."""
+    simulator.configure(rate_500=1.0)
+    store.submit([parse_task(t) for t in tasks(
+        1, retry={"max_retries": 1, "base_delay_ms": 10, "jitter": 0.0})], batch_id="b")
+    run_worker(store, concurrency=2)
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
+        (1, "retry"), (2, "dead")]
+    store.retry("t-00000")
+    _lose_leases(store, 1)
+    run_worker(store, concurrency=2)
+    row = task_row(store, "t-00000")
+    assert (row["status"], row["error_class"]) == ("DEAD", "server_error")
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(store, "t-00000")] == [
+        (1, "retry"), (2, "dead"), (2, "retry"), (3, "dead")]
+    assert simulator.stats()["requests"] == 4  # two calls a run
+
+
 def test_a_frozen_worker_does_not_call_the_tasks_it_kept_ready_once_their_leases_ran_out(
         store: Store, simulator: SimulatorProcess) -> None:
     """A worker frozen past its lease (SIGSTOP, a VM paused) while holding tasks it had

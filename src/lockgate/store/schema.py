@@ -122,6 +122,9 @@ task = Table(
     Column("http_status", Integer),
     Column("request_id", String(128)),
     Column("response", LongText),
+    # 0012: run again by hand, the last task_attempt id of the earlier runs (the retry
+    # budget counts the attempts after it)
+    Column("trace_from", BigInteger),
     Index("ix_task_claim", "status", "visible_at"),
     Index("ix_task_batch_status", "batch_id", "status"),
     # Per-pool, per-batch claims and the discovery of batches with pending work.

@@ -68,7 +68,7 @@ _REVISION = sql("SELECT version_num FROM alembic_version")
 _NEWEST_TASK = sql("SELECT MAX(id) FROM task")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
-SCHEMA_HEAD = "0011"
+SCHEMA_HEAD = "0012"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 #: A batch is complete once no submit of it is left unfinished.
@@ -84,11 +84,13 @@ _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 #: PENDING is checked under the row lock by ``Dialect.owned`` first.
 _RENEW = sql("UPDATE task SET visible_at = :now + :lease_ms, updated_at = :now "
              "WHERE id IN :ids AND lease_token = :tok", "ids")
-_RETRIES_BEFORE = sql("SELECT COUNT(*) FROM task_attempt WHERE task_pk = :pk "
-                      "AND attempt < :n AND outcome = 'retry'")
-_LAST_RETRY = sql("SELECT error_class, error_message FROM task_attempt WHERE task_pk = :pk "
-                  "AND attempt < :n AND outcome = 'retry' ORDER BY attempt DESC, id DESC "
-                  "LIMIT 1")
+#: The attempts of the task's current run: a task run again by hand keeps the earlier
+#: runs' trace, before ``trace_from``.
+_THIS_RUN = ("task_pk = :pk AND attempt < :n AND outcome = 'retry' AND id > COALESCE("
+             "(SELECT trace_from FROM task WHERE id = :pk), 0)")
+_RETRIES_BEFORE = sql(f"SELECT COUNT(*) FROM task_attempt WHERE {_THIS_RUN}")
+_LAST_RETRY = sql(f"SELECT error_class, error_message FROM task_attempt WHERE {_THIS_RUN} "
+                  "ORDER BY attempt DESC, id DESC LIMIT 1")
 _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
 
 

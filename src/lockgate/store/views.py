@@ -72,7 +72,10 @@ _RETRY = sql("UPDATE task SET status = 'PENDING', visible_at = :now, updated_at 
              "result = NULL, parse_status = NULL, error_class = NULL, "
              "error_message = NULL, model = NULL, input_tokens = NULL, "
              "output_tokens = NULL, latency_ms = NULL, http_status = NULL, "
-             "request_id = NULL, response = NULL, version = version + 1 "
+             "request_id = NULL, response = NULL, version = version + 1, "
+             # the new run's trace starts after the earlier runs' (its retry budget)
+             "trace_from = (SELECT COALESCE(MAX(a.id), 0) FROM task_attempt a "
+             "WHERE a.task_pk = task.id) "
              "WHERE task_id = :tid AND status IN ('FAILED', 'DEAD', 'CANCELLED')")
 _RETRY_BATCH = sql(_RETRY.text.replace("WHERE task_id = :tid AND status IN "
                                       "('FAILED', 'DEAD', 'CANCELLED')",
