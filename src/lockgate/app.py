@@ -66,7 +66,7 @@ from lockgate.results import (
     TaskView,
     utc,
 )
-from lockgate.spec import TaskConfig, TaskSpec, load_config, registry_reference
+from lockgate.spec import TaskConfig, TaskSpec, load_config, registry_reference, unencodable
 from lockgate.states import CircuitState, TaskStatus
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
@@ -516,7 +516,11 @@ class Lockgate:
             observe = RollupWriter(self.store, shard=shard,
                                    endpoint=self.settings.endpoint_named,
                                    keywords=self.settings.quality.keywords).record
-        self.store.resolve(task_id, orjson.dumps(result).decode(),
+        try:
+            text = orjson.dumps(result).decode()
+        except (TypeError, orjson.JSONEncodeError) as exc:  # 10**30, a set, a cycle
+            raise SpecError(unencodable(exc), field="result") from None
+        self.store.resolve(task_id, text,
                            actor=actor_of(actor), reason=reason, prompt_version=version,
                            observe=observe)
 

@@ -161,17 +161,25 @@ def loads_line(raw: bytes, line: int) -> Any:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise SpecError(f"not valid JSON ({exc})", line=line) from None
-    if raw.translate(_DIGIT_RUNS).find(_LONG_RUN) >= 0:
-        try:
-            exact = json.loads(raw, parse_int=_int_or_big)
-        except (ValueError, RecursionError):  # nested past what a task may be: refused
-            return obj
-        where = _big_int_field(exact)
-        if where is not None:
-            raise SpecError("holds an integer beyond 64 bits, which would be read as a "
-                            "float and lose digits: write it as a string",
-                            field=where or None, line=line)
+    where = big_int_field(raw)
+    if where is not None:
+        raise SpecError("holds an integer beyond 64 bits, which would be read as a "
+                        "float and lose digits: write it as a string",
+                        field=where or None, line=line)
     return obj
+
+
+def big_int_field(raw: bytes) -> str | None:
+    """In valid JSON text, the path of the first integer beyond 64 bits, which orjson
+    reads as a float ("" for the text itself); None when there is none (most texts:
+    one translation and a find tell)."""
+    if raw.translate(_DIGIT_RUNS).find(_LONG_RUN) < 0:
+        return None
+    try:
+        exact = json.loads(raw, parse_int=_int_or_big)
+    except (ValueError, RecursionError):  # nested past what a task may be: refused
+        return None
+    return _big_int_field(exact)
 
 
 def _big_int_field(value: Any) -> str | None:

@@ -470,7 +470,7 @@ def encode_input(input_data: dict[str, Any], *, max_bytes: int = MAX_INPUT_BYTES
     return raw
 
 
-def _unencodable(exc: Exception) -> str:
+def unencodable(exc: Exception) -> str:
     """Why a value cannot be stored as JSON, and what to do about it."""
     text = str(exc)
     if "surrogates" in text:
@@ -494,7 +494,7 @@ def check_storable(spec: TaskSpec, line: int | None = None) -> None:
         try:
             canonical_json(value)
         except (TypeError, orjson.JSONEncodeError) as exc:
-            raise SpecError(_unencodable(exc), field=name, line=line) from None
+            raise SpecError(unencodable(exc), field=name, line=line) from None
 
 
 def _missing_hint(name: str) -> str:

@@ -90,6 +90,21 @@ def test_paths_that_cannot_be_read_or_written_are_one_line(
     assert words_in_env_config(sqlite_url, folder)
 
 
+def test_an_export_over_the_database_it_reads_is_refused(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """``export -o`` naming the SQLite file it exports from renamed the export over
+    it: "exported 2 task(s)", then every task was gone ("file is not a database")."""
+    assert lockgate("submit", write_jsonl(tmp_path / "b.jsonl", tasks(2)),
+                    "--db", sqlite_url).exit_code == 0
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    for target in (db, db.with_name(db.name + "-wal")):
+        if not target.exists():
+            continue
+        error = one_error(lockgate("export", "b", "-o", target, "--db", sqlite_url))
+        assert f"{target} is the database this exports from" in error
+    assert lockgate("status", "--db", sqlite_url).exit_code == 0  # still a database
+
+
 def words_in_env_config(url: str, folder: str) -> bool:
     error = one_error(lockgate("status", "--db", url, env={"LOCKGATE_CONFIG": folder}))
     return f"cannot read config file {folder}: Is a directory" in error

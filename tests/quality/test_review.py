@@ -171,6 +171,16 @@ def test_review_from_the_command_line(db_url: str, simulator: SimulatorProcess,
     assert again.exit_code == 2 and "resolve needs REVIEW" in again.output
     nojson = lockgate("tasks", "resolve", "b-1", "--result", "{nope", "--db", db_url)
     assert nojson.exit_code == 2 and "result" in nojson.output
+    # An integer beyond 64 bits was read as a float and stored with its digits lost.
+    big = lockgate("tasks", "resolve", "b-1", "--result",
+                   '{"label": "no", "order": 12345678901234567890123}', "--db", db_url)
+    assert big.exit_code == 2 and "result.order" in big.output
+    assert "beyond 64 bits" in big.output and task_row_status(db_url, "b-1") == "REVIEW"
+    with Lockgate(db_url, migrate=False) as lg:  # the Python API: no bare TypeError
+        for value in ({"label": "no", "order": 10**30}, {"label": "no", "tags": {1}}):
+            with pytest.raises(SpecError) as err:
+                lg.resolve("b-1", value)
+            assert err.value.field == "result"
     assert lockgate("tasks", "cancel", "b-2", "--db", db_url).exit_code == 0
     assert lockgate("export", "--db", db_url).exit_code == 2  # a batch, or --review
 

@@ -623,9 +623,23 @@ def export(batch: Annotated[str | None, typer.Argument(
         if output is None:
             n = writers[fmt](rows, sys.stdout)
         else:
+            _not_the_database(output, lg.store.engine.url)
             n = _export_to(output, lambda fh: writers[fmt](rows, fh))
     console.print(f"exported {n:,} task(s)" + (" held for review" if review else ""),
                   markup=False)
+
+
+def _not_the_database(output: Path, url: Any) -> None:
+    """Refuse an export written over the SQLite database it reads (or its journal):
+    the export's rename put it in the database's place, and every task was lost."""
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return
+    db = Path(url.database)
+    for f in (db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(OSError):
+            if os.path.samefile(output, f):
+                raise LockgateError(f"{output} is the database this exports from ({f}); "
+                                    "write the export to another file")
 
 
 def _export_to(output: Path, write: Callable[[IO[str]], int]) -> int:

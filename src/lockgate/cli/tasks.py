@@ -81,6 +81,8 @@ def cancel(task_id: str, db: DbOpt = None) -> None:
 def _result_arg(value: str) -> Any:
     """``--result``: JSON text, or ``@FILE`` holding it (UTF-8 text: a file that cannot
     be read or is not UTF-8 is refused naming it, never with a traceback)."""
+    from lockgate.files import big_int_field  # deferred: start-up time
+
     text = value
     if value.startswith("@"):
         path = Path(value[1:])
@@ -90,10 +92,16 @@ def _result_arg(value: str) -> Any:
             raise SpecError(f"{exc.reason}; give JSON text, or @FILE of a UTF-8 text file",
                             field="result") from None
     try:
-        return orjson.loads(text)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise SpecError(f"not JSON ({exc}); a text result is a JSON string, e.g. "
                         "'\"yes\"'", field="result") from None
+    where = big_int_field(text.encode())
+    if where is not None:  # orjson read it as a float: its digits would be lost
+        raise SpecError("holds an integer beyond 64 bits, which would be read as a float "
+                        "and lose digits: write it as a string",
+                        field=f"result.{where}" if where else "result")
+    return value
 
 
 @command(tasks_app, "resolve")

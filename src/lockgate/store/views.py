@@ -199,7 +199,10 @@ class TaskViews:
                     error_class: str | None = None) -> int:
         """Every task of a batch in one of ``statuses`` (FAILED, DEAD, CANCELLED), and
         with ``error_class`` if given, back to PENDING with a fresh attempt budget, in
-        one statement; returns how many. Running it again finds nothing more to do."""
+        one statement; returns how many. Running it again finds nothing more to do. One
+        status may be given as a string."""
+        if isinstance(statuses, str):  # "DEAD" was read as D, E, A, D
+            statuses = [statuses]
         wanted = sorted({str(st).upper() for st in statuses})
         bad = set(wanted) - {"FAILED", "DEAD", "CANCELLED"}
         if bad or not wanted:
