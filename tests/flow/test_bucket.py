@@ -10,7 +10,17 @@ from dataclasses import replace
 
 import pytest
 
-from lockgate.flow.bucket import Ask, Bucket, Grant, Limits, effective, initial, lease
+from lockgate.flow.bucket import (
+    CUT,
+    SPORADIC_CUT,
+    Ask,
+    Bucket,
+    Grant,
+    Limits,
+    effective,
+    initial,
+    lease,
+)
 
 #: No grants ahead (``min_cap_ms=0``): the allowance arithmetic alone.
 L60 = Limits(requests=600, tokens=60_000, window_ms=60_000, headroom=0.02, burst=0.01,
@@ -215,11 +225,11 @@ def test_calls_sent_before_the_limit_was_known_are_charged() -> None:
 def test_a_429_lowers_the_shared_rate_once_per_burst_and_it_recovers() -> None:
     t = 1_000_000
     b = Bucket(0.0, 0.0, refilled_at=t)
-    b, _ = lease(b, L60, t, Ask(cut=True))
+    b, _ = lease(b, L60, t, Ask(cut=CUT))
     assert b.factor == pytest.approx(0.9)
-    b, _ = lease(b, L60, t + 500, Ask(cut=True))  # the same burst: no second cut
+    b, _ = lease(b, L60, t + 500, Ask(cut=CUT))  # the same burst: no second cut
     assert b.factor == pytest.approx(0.9 + 500 * 0.02 / 10_000)
-    b, _ = lease(b, L60, t + 3000, Ask(cut=True))
+    b, _ = lease(b, L60, t + 3000, Ask(cut=CUT))
     assert b.factor < 0.9
     # The refill follows the lowered rate ...
     low = b.factor
@@ -229,5 +239,13 @@ def test_a_429_lowers_the_shared_rate_once_per_burst_and_it_recovers() -> None:
     b3, _ = lease(b, L60, t + 10 * 60_000, Ask())
     assert b3.factor == 1.0
     for _ in range(20):
-        b, _ = lease(b, L60, b.cut_at + 2000, Ask(cut=True))
+        b, _ = lease(b, L60, b.cut_at + 2000, Ask(cut=CUT))
     assert b.factor >= 0.5
+
+
+def test_a_sporadic_429_lowers_the_shared_rate_a_smaller_step() -> None:
+    t = 1_000_000
+    b, _ = lease(Bucket(0.0, 0.0, refilled_at=t), L60, t, Ask(cut=SPORADIC_CUT))
+    assert b.factor == pytest.approx(0.95)
+    b, _ = lease(b, L60, t + 2000, Ask(cut=CUT))  # a burst after it: the full step
+    assert b.factor == pytest.approx((0.95 + 2000 * 0.02 / 10_000) * 0.9)

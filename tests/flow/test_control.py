@@ -574,8 +574,9 @@ def test_a_429_now_and_then_at_the_limit_cuts_the_rate_without_a_pause(
     calls that bunched up on the way, now and then, while the bucket paces at the
     limit (calls wait for its budget). Left alone, those 429s went on at 0.7-0.9 % of
     the calls with the limit configured (0.01 % when each cut the rate). Such a 429
-    cuts the shared rate a step without pausing the endpoint; below the limit (no call
-    waiting for budget) the rate is left alone."""
+    cuts the shared rate a small step (5 %: the rate is about right; a 10 % step cost
+    four times the throughput while the rate climbed back) without pausing the
+    endpoint; below the limit (no call waiting for budget) the rate is left alone."""
     async def main() -> tuple[bool, float, int]:
         fc, fake = controller([ep("a", rpm=6000)], lease_interval_s=0.02)
         stop = asyncio.Event()
@@ -613,4 +614,4 @@ def test_a_429_now_and_then_at_the_limit_cuts_the_rate_without_a_pause(
     paused, factor, waiting = asyncio.run(main())
     assert not paused
     assert (waiting > 0) is at_the_limit
-    assert factor == (pytest.approx(0.9, abs=0.01) if at_the_limit else 1.0)
+    assert factor == (pytest.approx(0.95, abs=0.005) if at_the_limit else 1.0)

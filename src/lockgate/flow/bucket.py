@@ -171,7 +171,9 @@ class Ask:
     #: charged to the request allowance once it is.
     debt_requests: float = 0.0
     pause_ms: int = 0  # a pause it learned from the provider
-    cut: bool = False  # a 429 for the rate: every worker's rate goes down a step
+    #: A 429 for the rate: every worker's rate goes down to this share of itself
+    #: (:data:`CUT`, or :data:`SPORADIC_CUT` for a sporadic one; 1.0: no cut).
+    cut: float = 1.0
     per_call: float = 0.0  # its estimate of one waiting call's tokens
     #: The budget it holds unspent.
     held_requests: float = 0.0
@@ -179,12 +181,16 @@ class Ask:
 
 
 #: A 429 for exceeding the limit lowers the rate of every worker by 10% (at most once
-#: per ``CUT_GAP_MS``, however many calls the burst hit), down to half; it climbs back
+#: per ``CUT_GAP_MS``, however many calls the burst hit), down to half; a sporadic 429
+#: while calls wait for the bucket (a few calls bunched up on the way, the rate is
+#: about right) by 5%, so the throughput it costs while climbing back is a quarter
+#: (half the depth, half the time); it climbs back
 #: by 2% of the limit per period the limit is paced at (at least 1 s, at most 10 s:
 #: per 10 s for a per-minute limit, per second for one enforced per second) without
 #: 429s. The provider's verdict corrects what the bucket cannot see: limits counted
 #: differently, delays that bunch calls up on the way.
 CUT = 0.9
+SPORADIC_CUT = 0.95
 MIN_FACTOR = 0.5
 RECOVER = 0.02
 RECOVER_PER_MS = RECOVER / 10_000  # the slowest recovery
@@ -226,8 +232,8 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
     """
     factor = min(1.0, bucket.factor + max(0, now - bucket.refilled_at) * limits.recover_per_ms)
     cut_at = bucket.cut_at
-    if ask.cut and now - cut_at >= CUT_GAP_MS:
-        factor = max(MIN_FACTOR, factor * CUT)
+    if ask.cut < 1.0 and now - cut_at >= CUT_GAP_MS:
+        factor = max(MIN_FACTOR, factor * ask.cut)
         cut_at = now
     limits = scaled(limits, factor)
     b = replace(bucket.refilled(limits, now), factor=factor, cut_at=cut_at)

@@ -141,7 +141,9 @@ class Ledger:
     give_tok: float = 0.0
     debt_tok: float = 0.0  # tokens used minus tokens reserved, since the last lease
     debt_req: float = 0.0  # calls sent before the limit was learned
-    cut: bool = False  # a 429 for the rate: the shared rate goes down a step
+    #: A 429 for the rate: the shared rate goes down to this share of itself (1.0: no
+    #: cut; see :data:`~lockgate.flow.bucket.CUT`).
+    cut: float = 1.0
     pause_ms: int = 0  # the longest pause learned since the last lease, and why
     pause_reason: str | None = None
     learned_rpm: float | None = None  # limits the provider's headers named

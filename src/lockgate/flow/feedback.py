@@ -17,6 +17,7 @@ from lockgate.config import FlowSettings
 from lockgate.errors import ErrorClass
 from lockgate.flow.admission import Admission, Ticket
 from lockgate.flow.breaker import BreakerState
+from lockgate.flow.bucket import CUT, SPORADIC_CUT
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import charged_tokens
 from lockgate.providers.base import CallOutcome, Completion
@@ -218,11 +219,13 @@ class Feedback:
                 # Now and then, not a limit reached: only this call waits. But calls
                 # waiting for the bucket's budget mean it paces at the limit, and a
                 # provider enforcing the limit over a shorter period than it names
-                # refuses what bunched up on the way: the rate goes down a step (at
-                # most one a CUT_GAP_MS, climbing back without 429s), unpaused.
-                led.cut = led.cut or (st.limited and bool(st.waiters))
+                # refuses what bunched up on the way: the rate goes down a small step
+                # (at most one a CUT_GAP_MS, climbing back without 429s), unpaused.
+                if st.limited and st.waiters:
+                    led.cut = min(led.cut, SPORADIC_CUT)
                 return
-            led.cut = st.limited  # over the limit: every worker's rate goes down a step
+            if st.limited:  # over the limit: every worker's rate goes down a step
+                led.cut = min(led.cut, CUT)
             if not st.req_limited:  # refused for the rate, with no limit known
                 self._pace(st, now - out.latency_ms / 1000.0, now)
             self._pause(st, sig.pause_ms() or int(self.cfg.default_pause_s * 1000),

@@ -229,7 +229,7 @@ class Budget:
             led.give_req = led.give_tok = led.debt_tok = led.debt_req = 0.0
             led.pause_ms = 0
             led.pause_reason = None
-            led.cut = False
+            led.cut = 1.0
             if led.learned_rpm is not None:
                 led.sent_rpm, led.learned_rpm = led.learned_rpm, None
             if led.learned_tpm is not None:
@@ -253,7 +253,7 @@ class Budget:
                     led.debt_tok += r.ask.debt_tokens
                     led.debt_req += r.ask.debt_requests
                     led.publish_pause(r.ask.pause_ms, r.pause_reason or "provider")
-                    led.cut = led.cut or r.ask.cut
+                    led.cut = min(led.cut, r.ask.cut)
             return
         self.leases += 1
         self._apply(results, {r.name: r for r in sent}, before)
