@@ -10,7 +10,8 @@ Modules, in the order a task meets them: :mod:`.template` (placeholders, the
 three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
 :mod:`.render`; then :mod:`.extract`, :mod:`.conform` (field names, types),
 :mod:`.schema` (the compiled delivery rule) and :mod:`.output` (the ladder; its steps in
-:mod:`.search`, :mod:`.settle` and :mod:`.unwrap`).
+:mod:`.search`, :mod:`.settle` and :mod:`.unwrap`; answers cut off at ``max_tokens`` in
+:mod:`.finish`).
 """
 
 from lockgate.runtime.normalize import normalize_text, normalize_value

@@ -35,7 +35,7 @@ import orjson
 
 from lockgate.runtime.names import closest, fold
 from lockgate.runtime.normalize import strip_invisible
-from lockgate.runtime.schema import Node
+from lockgate.runtime.schema import Node, lossy_integral
 
 _INT_RE = re.compile(r"[+-]?\d+(?:\.0*)?")
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
@@ -246,7 +246,7 @@ def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
             return True, "true" if value else "false"
         if isinstance(value, int):
             return True, str(value)  # any size (orjson writes 64 bits)
-        if isinstance(value, float):
+        if isinstance(value, float) and exact_float(value):
             return True, orjson.dumps(value).decode()
         return False, value
     if target == "null":
@@ -266,6 +266,14 @@ def _to(value: Any, target: str, node: Node) -> tuple[bool, Any]:
     return False, value
 
 
+def exact_float(value: float) -> bool:
+    """Whether ``value`` may be what the model wrote: finite (JSON has no infinity or
+    NaN; ``1e999`` overflows), and not an integer past 2^53, where floats skip
+    integers (``9007199254740993`` reads as ...992, a 20-digit integer as ``1.8e+19``):
+    such a value is refused rather than passed on, or written out, as if exact."""
+    return math.isfinite(value) and not lossy_integral(value)
+
+
 def _clean_number(text: str) -> str:
     """A number string as Python reads it: invisible characters and surrounding space
     dropped, full-width digits made ASCII, thousands separators removed."""
@@ -278,9 +286,8 @@ def _clean_number(text: str) -> str:
 def _to_int(value: Any) -> tuple[bool, Any]:
     """An integer read exactly, within signed 64 bits (beyond, it could only be stored
     as an approximating float: refused)."""
-    if isinstance(value, float) and value.is_integer():
-        number = int(value)
-        return (True, number) if _MIN_INT <= number <= _MAX_INT else (False, value)
+    if isinstance(value, float) and value.is_integer() and exact_float(value):
+        return True, int(value)
     if isinstance(value, str):
         text = _clean_number(value)
         if len(text) <= _MAX_DIGITS and _INT_RE.fullmatch(text):

@@ -42,10 +42,11 @@ def fenced_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 _PYTHONISH = re.compile(r"'|\b(?:True|False|None)\b")
-#: Escapes JSON reads otherwise than Python: ``\/`` (a slash) and a surrogate pair
-#: (one character). A text with one is JSON with a flaw (an apostrophe in a value, a
+#: Escapes JSON reads otherwise than Python: ``\/`` (a slash), a surrogate pair (one
+#: character) and Markdown's ``\_`` (read by :func:`repair` as ``_``; Python keeps the
+#: backslash). A text with one is JSON with a flaw (an apostrophe in a value, a
 #: trailing comma), not a Python literal.
-_JSON_ESCAPES = re.compile(r"\\(?:/|u[dD][89abAB])")
+_JSON_ESCAPES = re.compile(r"\\(?:[/_]|u[dD][89abAB])")
 
 
 def python_literal(text: str) -> Any:
@@ -110,12 +111,14 @@ def escape_apostrophes(text: str) -> str | None:
     return "".join(out) if changed else None
 
 
-#: ``\/`` and ``\f`` after an even number of backslashes (so escaped themselves not).
-_REPAIR_ESCAPES = re.compile(r"(?<!\\)((?:\\\\)*)\\([/f])")
+#: ``\/``, ``\f`` and ``\_`` after an even number of backslashes (so escaped
+#: themselves not). ``\_`` is no JSON escape: it is Markdown's (models trained on
+#: Markdown write ``"is\_spam"``; LaTeX's means the same), an underscore.
+_REPAIR_ESCAPES = re.compile(r"(?<!\\)((?:\\\\)*)\\([/f_])")
 
 
 def _plain_escape(m: re.Match[str]) -> str:
-    return m.group(1) + ("/" if m.group(2) == "/" else "\\u000c")
+    return m.group(1) + {"/": "/", "_": "_"}.get(m.group(2), "\\u000c")
 
 
 #: A JSON string (kept), a comment (dropped) or a comma before a closing bracket
@@ -168,6 +171,20 @@ def too_costly(text: str) -> bool:
     return repair_cost(text) > MAX_BARE_WORK
 
 
+#: A JSON string (kept), or a bare ``NaN`` / ``Infinity`` (JavaScript's, JSON5's) where
+#: a value stands: after a colon, an opening bracket or a comma.
+_NON_FINITE = re.compile(r'("(?:[^"\\]|\\.)*")|(?<=[:\[,])(\s*)([-+]?)(NaN|Infinity)\b')
+
+
+def _as_overflow(m: re.Match[str]) -> str:
+    """A bare non-finite number as one that overflows (``1e999``), which reads as an
+    infinite float the ladder refuses; json_repair would make ``NaN`` the string
+    "NaN" and ``-Infinity`` the string "Infinity" (its sign lost): a wrong value."""
+    if m.group(1):
+        return m.group(1)
+    return f"{m.group(2)}{'-' if m.group(3) == '-' else ''}1e999"
+
+
 def repair(text: str) -> Any:
     """``json_repair`` on ``text``; ``None`` when nothing JSON-like comes out, and when
     the repair would cost too much (:data:`MAX_BARE_WORK`: many bare pairs)."""
@@ -176,9 +193,11 @@ def repair(text: str) -> Any:
     if too_costly(text):
         return None
 
-    if "\\/" in text or "\\f" in text:
-        # JSON escapes json_repair keeps as written ("\\/" stays two characters).
+    if "\\/" in text or "\\f" in text or "\\_" in text:
+        # Escapes json_repair keeps as written ("\\/" stays two characters).
         text = _REPAIR_ESCAPES.sub(_plain_escape, text)
+    if "NaN" in text or "Infinity" in text:
+        text = _NON_FINITE.sub(_as_overflow, text)
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)
     except Exception:

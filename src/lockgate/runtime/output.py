@@ -19,6 +19,8 @@ usable output:
    back to its last *finished* value and closed; a list or object field left open is
    dropped. A value counts only if the output finished it, so what was cut off takes
    its fallback (``truncated``; ``keep_truncated`` on the rule keeps cut values).
+   A cut the provider reports is not delivered so unless ``keep_truncated`` asks for it
+   (:mod:`.finish`, below).
 5. **shape** - an array around the object gives its first element; wrappers are
    removed, any number deep (:func:`.unwrap.unwrap`).
 6. **field names** - alias map, then close misspellings (:mod:`.conform`).
@@ -47,6 +49,10 @@ nesting, 10 MB): only a broken delivery rule raises (``SpecError``). Texts over
 ``json_repair`` only sees regions up to :data:`MAX_REPAIR`, so the time per output is
 bounded.
 
+When the provider reports the answer cut off at ``max_tokens`` (``finish_reason``
+"length"), :mod:`.finish` judges the outcome last: what was not complete before the cut
+is ``truncated`` (unusable), never closed and delivered in part.
+
 This module is the entry and step 1; :mod:`.search` holds steps 2-3 (and finds the
 candidates of step 4), :mod:`.settle` steps 4-9 on each candidate value, and
 :mod:`.unwrap` the declared-field check and step 5.
@@ -60,6 +66,7 @@ from typing import Any
 import orjson
 
 from lockgate.runtime.conform import Fixes
+from lockgate.runtime.finish import judge_finish
 from lockgate.runtime.schema import OutputPlan, output_plan
 from lockgate.runtime.search import MAX_REPAIR, MAX_SEARCH, search
 from lockgate.runtime.settle import USABLE, Parsed, ParseStatus, deliverable, fast_ok, finish
@@ -72,17 +79,22 @@ log = logging.getLogger("lockgate.runtime")
 INTERNAL = "internal error while parsing the output"
 
 
-def parse_output(raw: str, rule: DeliveryRule) -> Parsed:
+def parse_output(raw: str, rule: DeliveryRule, *, finish_reason: str | None = None) -> Parsed:
     """Parse a raw model output under a delivery rule (the ladder in the module doc).
+    ``finish_reason`` is the provider's (``length``: cut off at ``max_tokens``, which
+    :func:`.finish.judge_finish` applies; None or ``stop`` change nothing).
 
     Raises only ``SpecError`` for a delivery rule that cannot be used."""
     plan = output_plan(rule)
     try:
-        return _parse(raw, plan)
+        return judge_finish(_parse(raw, plan), plan, finish_reason, raw,
+                            lambda text: _parse(text, plan))
     except Exception as exc:  # a parser bug must not cost the task its raw output
         log.exception("parse_output failed on a %d-character output", len(raw))
-        return Parsed(ParseStatus.INVALID_JSON, None, completeness=0.0, conforms=False,
-                      error=f"{INTERNAL}: {type(exc).__name__}", missing=plan.expected)
+        failed = Parsed(ParseStatus.INVALID_JSON, None, completeness=0.0, conforms=False,
+                        error=f"{INTERNAL}: {type(exc).__name__}", missing=plan.expected)
+    # (unusable: judged without reading the output again)
+    return judge_finish(failed, plan, finish_reason, raw, lambda text: failed)
 
 
 def _parse(raw: str, plan: OutputPlan) -> Parsed:

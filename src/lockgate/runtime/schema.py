@@ -262,6 +262,8 @@ def _build(rule: DeliveryRule) -> OutputPlan:
         walk_schema = _synthesised(rule)
     is_valid, errors = _validator(walk_schema) if walk_schema else (None, None)
     root = _compile(walk_schema, walk_schema, rule.aliases) if walk_schema else Node()
+    if is_valid is not None and errors is not None:
+        is_valid, errors = _exact_numbers(root, is_valid, errors)
     if root.types & {"object"} or root.props or rule.required_keys or rule.fallback_values:
         expect: str | None = "object"
     elif root.types == frozenset({"array"}):
@@ -284,6 +286,65 @@ def _build(rule: DeliveryRule) -> OutputPlan:
         needs_look=root.deep, look_null=_anywhere(root, "no_null"),
         look_int=_anywhere(root, "integer_only"),
     )
+
+
+Errors = Callable[[Any], list[tuple[tuple[Any, ...], str]]]
+#: Beyond this magnitude floats skip integers: an integral float there may not be
+#: the integer the model wrote.
+_MAX_SAFE = float(1 << 53)
+
+
+def _exact_numbers(root: Node, is_valid: Callable[[Any], bool], errors: Errors
+                   ) -> tuple[Callable[[Any], bool], Errors]:
+    """The validity check and errors of a schema, refusing numbers that are not what
+    the model wrote, which JSON Schema accepts: an infinite or NaN float (``1e999``,
+    ``NaN``: JSON has none; stored, they would become null) and, where only integers
+    are declared, an integral float past 2^53 (``9007199254740993.0`` reads as ...992).
+    Such an error has no place (``()``): the whole output is unusable, never mended by
+    a field's fallback."""
+    def valid(value: Any) -> bool:
+        return inexact_number(value, root) is None and is_valid(value)
+
+    def errs(value: Any) -> list[tuple[tuple[Any, ...], str]]:
+        bad = inexact_number(value, root)
+        return [((), bad), *errors(value)] if bad else errors(value)
+
+    return valid, errs
+
+
+def lossy_integral(v: float) -> bool:
+    """Whether an integral float may not be the integer the model wrote: past 2^53 a
+    float skips integers (``9007199254740993`` reads as ...992, a 20-digit integer as
+    ``1.8446744073709552e+19``). One whose shortest form has at most 15 significant
+    digits (``1e17``, ``1.8e19``) is the number written, exactly."""
+    if not v.is_integer() or abs(v) < _MAX_SAFE:
+        return False
+    mantissa = repr(abs(v)).split("e")[0].replace(".", "").strip("0")
+    return len(mantissa) > 15
+
+
+def inexact_number(value: Any, root: Node) -> str | None:
+    """Why a number in ``value`` cannot be delivered as the model wrote it (naming its
+    field), or None; ``root``: the schema's node for ``value``."""
+    stack: list[tuple[Any, Node | None, str]] = [(value, root, "")]
+    while stack:
+        v, node, path = stack.pop()
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return (f"{path or '$'} holds a number JSON cannot hold (infinite or "
+                        "not a number: 1e999, NaN, Infinity)")
+            if node is not None and node.integer_only and lossy_integral(v):
+                return (f"{path or '$'} holds an integer too large to be read exactly "
+                        f"({v!r}: beyond 2^53 a float skips integers); write it as an "
+                        "integer without a fraction or exponent")
+        elif isinstance(v, dict):
+            props = node.props if node is not None else {}
+            stack.extend((c, props.get(k), f"{path}.{k}" if path else str(k))
+                         for k, c in v.items())
+        elif isinstance(v, list):
+            items = node.items if node is not None else None
+            stack.extend((c, items, f"{path}[{i}]") for i, c in enumerate(v))
+    return None
 
 
 def _anywhere(root: Node, what: str) -> bool:

@@ -8,8 +8,9 @@ usable one is the answer.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import orjson
 
@@ -22,6 +23,7 @@ from lockgate.runtime.extract import (
     repair,
     too_costly,
 )
+from lockgate.runtime.finish import EXTRACTED_FROM_CUT
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -49,6 +51,7 @@ _MAX_RESTARTS = 16
 _REGIONS = 64
 _MORE_REGIONS = 1024
 _LAST_REGIONS = 8
+_T = TypeVar("_T")
 #: One level of string escaping over quotes and backslashes.
 _ESCAPED = re.compile(r'\\(["\\])')
 #: What an object inside the answer follows: an array's start, a comma, a key (quoted,
@@ -183,7 +186,9 @@ def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
         inner = fixes.copy()
         inner.repair("repaired:html")
         found = search(_HTML_ENTITY.sub(lambda m: _HTML_CHARS[m.group()], text), plan, inner)
-        if found.usable:
+        if found.usable or found.status is ParseStatus.SCHEMA_VIOLATION:
+            # (read, but not the answer: the text as written, all entities, holds no
+            # better reading, and repairing it costs milliseconds a KB for nothing)
             return found
     if '\\"' in text and '"' not in text.replace('\\"', "") \
             and "unescaped" not in fixes.applied:
@@ -217,7 +222,7 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
         if tagged is not None:
             return tagged
     picks: list[Pick] = []
-    for start, end, block in fenced_spans(text):
+    for start, end, block in _bounded(fenced_spans(text)):
         inner = fixes.copy()
         inner.repair("extracted:fence")
         if first_strict:
@@ -249,16 +254,25 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
     return _search_regions(text, plan, fixes, start_at)
 
 
+def _bounded(found: list[_T]) -> list[_T]:
+    """The fences (or containers) tried, as for regions: the first :data:`_REGIONS`,
+    then the last :data:`_LAST_REGIONS` (each may cost a repair: the time per output
+    stays bounded however many a reply holds)."""
+    if len(found) <= _REGIONS + _LAST_REGIONS:
+        return found
+    return found[:_REGIONS] + found[-_LAST_REGIONS:]
+
+
 def _in_answer_tags(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
     """The answer in an answer container: the first usable one, unless a later one is
     introduced as a correction ("Wait, correction: <answer>...</answer>")."""
     picks: list[Pick] = []
-    for m in _ANSWER_TAG.finditer(text):
+    for start, end, body in _bounded(list(_answer_containers(text))):
         inner = fixes.copy()
         inner.repair("extracted:answer")
-        found = _search_text(m.group(2) if m.group(1) else m.group(4), plan, inner)
+        found = _search_text(body, plan, inner)
         if found.usable:
-            picks.append((m.start(), m.end(), found))
+            picks.append((start, end, found))
             if not _more_wanted(text, picks):
                 break
     return _chosen(text, picks) if picks else None
@@ -282,12 +296,13 @@ _SENTENCE_END = re.compile(r"[.!?…](?=[\s\"')*_]|\Z)|[。！？\n]")
 _CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`]))[\s*_#>\"'“(\-]*"
 #: A value introduced as an example of the format, a draft or a template: the
 #: introduction (the sentence right before the value) is a label made of such words
-#: ("Example:", "Sample output:", "Draft:", "Example of the expected output:"), or it
+#: ("Example:", "Sample output:", "Draft:", "Schema:", "Reference output:"), or it
 #: ends with them ("..., e.g.", "The output format is", "for instance:").
 _EXAMPLE_LABEL = re.compile(
     r"(?i)^[\s*_#>\-]*(?:(?:here(?:'s| is| are)|below is|this is)\s+)?"
     r"(?:(?:an?|the|some|one|another|my)\s+)?"
     r"(?:examples?|samples?|illustrations?|templates?|placeholders?|drafts?|dummy|mock"
+    r"|schemas?|references?"
     r"|for (?:example|instance)|e\.g\.|(?:expected |output |response |answer |json )*"
     r"format)\b(?:[\s,]+(?!(?:is|are|was|were|gives?|yields?|returns?|shows?)\b)"
     r"[\w().-]+){0,4}?[\s*_]*[:：,]?[\s*_]*\Z")
@@ -317,8 +332,8 @@ _HYPOTHETICAL = re.compile(
 #: before and this one ("Actually,", "Wait, I misread.", "Let me fix that:",
 #: "Updated answer:", "Final answer:", "On second thought", "更正：").
 _CORRECTION = re.compile(
-    _CLAUSE + r"(?i:(?:(?:and|so|but|ok(?:ay)?|hmm+|well|now|then|here(?:'s| is| are)"
-    r"|this is|the|my|a|an)[,\s]+)*"
+    _CLAUSE + r"(?i:(?:(?:and|so|but|however|instead|rather|yet|ok(?:ay)?|hmm+|well|now"
+    r"|then|here(?:'s| is| are)|this is|the|my|a|an)[,\s]+)*"
     r"(?:actually|correction|wait|hold on|oops|sorry|no,? wait|not quite"
     r"|(?:that|this|it)(?:'s| is| was) (?:wrong|incorrect|not right)"
     r"|(?:revised|corrected|updated|fixed|amended)\b"
@@ -336,6 +351,15 @@ _CORRECTION = re.compile(
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
 
 
+#: A value labelled as rejected ("Wrong:", "Incorrect:", "Bad example:", "Invalid
+#: output:") or introduced by a negation ("Not {...} but {...}", "the answer is not"):
+#: what the answer is not.
+_REJECTED = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:wrong|incorrect|bad|invalid|rejected|not this|don'?t|do not"
+    r"|avoid|错误|不对|不正确)(?:[ \t]+[\w-]+){0,2}[\s*_]*[:：][\s*_]*\Z"
+    r"|\b(?:not|never|rather than|isn't|wasn't|aren't)[\s*_]*\Z|不是\s*\Z")
+
+
 def _lead(text: str, start: int, floor: int) -> str:
     """The sentence that introduces the value at ``start``: the text before it back to
     the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
@@ -348,12 +372,14 @@ def _lead(text: str, start: int, floor: int) -> str:
 
 def _not_the_answer(text: str, start: int, floor: int) -> bool:
     """Whether the value at ``start`` is introduced as an example, a draft, a template,
-    the input, or as what the answer would be under a condition or in contrast."""
+    the input, as what the answer would be under a condition or in contrast, or as
+    what it is not (labelled wrong, or negated)."""
     lead = _lead(text, start, floor)
     return bool(lead) and (_EXAMPLE_LABEL.search(lead) is not None
                            or _EXAMPLE_END.search(lead) is not None
                            or _INPUT_LABEL.search(lead) is not None
-                           or _HYPOTHETICAL.search(lead) is not None)
+                           or _HYPOTHETICAL.search(lead) is not None
+                           or _REJECTED.search(lead) is not None)
 
 
 def _correction(text: str, begin: int, end: int) -> bool:
@@ -560,7 +586,7 @@ def _region_picks(text: str, plan: OutputPlan, fixes: Fixes, start_at: re.Patter
                   ) -> tuple[list[Pick], list[Parsed], list[Region]]:
     """The usable values of the regions of ``text`` (as many as :func:`_more_wanted`
     asks for), the failures before them, and the regions."""
-    found = regions(text, start_at, _REGIONS)
+    found = _unquoted_regions(text, start_at)
     if len(found) == _REGIONS and found[-1].closed:
         # Many brace groups first (LaTeX's \frac{a}{b}, a list of examples): the answer
         # usually ends the reply, so the last few regions are tried as well.
@@ -585,6 +611,29 @@ def _region_picks(text: str, plan: OutputPlan, fixes: Fixes, start_at: re.Patter
     return picks, failures, found
 
 
+def _unquoted_regions(text: str, start_at: re.Pattern[str]) -> list[Region]:
+    """The first :data:`_REGIONS` regions of ``text``, none starting inside a quotation
+    in prose that holds escaped quotes (``"{\\"label\\": ...}" is in the review``): JSON
+    quoted as a string is cited, not written (read as written, its escaped quotes
+    would run into the text after it; the answer encoded twice is decoded by
+    :func:`_encoded`)."""
+    quoted = [span for span in _string_spans(text) if span[2]
+              and '\\"' in text[span[0]:span[1]]] if '\\"' in text else []
+    out: list[Region] = []
+    pos = 0
+    while len(out) < _REGIONS:
+        batch = regions(text, start_at, _REGIONS - len(out), pos=pos)
+        for region in batch:
+            inside = _containing(quoted, region.start)
+            if inside is not None:
+                pos = inside[1]  # scan again after the quotation
+                break
+            out.append(region)
+        else:
+            break
+    return out
+
+
 #: (value, fix labels, needed repair?, the cut region it was read from - or None)
 Candidate = tuple[Any, tuple[str, ...], bool, Region | None]
 
@@ -607,8 +656,11 @@ def _candidates(text: str, region: Region, plan: OutputPlan) -> Iterator[Candida
         own = _read(text[region.start:] + region.tail, (*where, "truncated"), None)
     elif region.safe_end > region.start + 1:  # some value finished before the cut
         own = _read(region.trimmed(text), (*where, "truncated"), region)
+    # (labelled: complete objects, but parts of an answer the output ended inside,
+    # which a provider's report of a cut must not deliver as if whole, :mod:`.finish`)
     inner = (c for s, e in region.inner
-             for c in _read(text[s:e], ("extracted:chatter",), None, repair_it=False)
+             for c in _read(text[s:e], ("extracted:chatter", EXTRACTED_FROM_CUT), None,
+                            repair_it=False)
              # an object inside a cut list answer is no list answer of its own
              if plan.expect != "array" or not isinstance(c[0], dict))
     if text[region.start] == "[" and plan.expect != "array":
@@ -665,17 +717,96 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
             yield value, (*labels, "repaired:json"), True, cut
 
 
-#: The tags that hold the answer itself (searched first, in order).
-_ANSWER_TAG = re.compile(r"(?is)<(answer|final_answer|final|output|result)>(.*?)</\1>"
-                         r"|<\|begin_of_solution\|>()(.*?)<\|end_of_solution\|>")
+#: The tags that hold the answer itself (searched first, in order), opening or
+#: closing: group 1 the slash, group 2 the name (or ``solution`` for DeepSeek's form).
+_ANSWER_TAG = re.compile(r"(?i)<(/?)(answer|final_answer|final|output|result)>"
+                         r"|<\|(begin|end)_of_(solution)\|>")
+#: What the string scan stops at outside a string: a double quote or a bracket.
+_STRING_SYNTAX = re.compile(r'["{}\[\]]')
+#: The rest of a JSON string after its opening quote; outside brackets it must close
+#: on its line (JSON strings hold no raw line break: an unmatched quote is prose).
+_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.S)
+_LINE_STRING_REST = re.compile(r'(?:[^"\\\n]|\\.)*"')
+
+
+def _string_spans(text: str) -> list[tuple[int, int, bool]]:
+    """Where the JSON string literals of ``text`` stand (quotes included), in order,
+    and whether each stands outside brackets (a quotation in prose): a tag inside one
+    is content (a note quoting ``<answer>`` or ``</think>``), never structure. One pass
+    (each quote's string is matched once), so it is linear."""
+    spans: list[tuple[int, int, bool]] = []
+    depth = pos = 0
+    while (m := _STRING_SYNTAX.search(text, pos)) is not None:
+        at = m.start()
+        c = text[at]
+        if c == '"':
+            rest = (_STRING_REST if depth else _LINE_STRING_REST).match(text, at + 1)
+            if rest is not None:
+                spans.append((at, rest.end(), not depth))
+                pos = rest.end()
+            elif depth:
+                spans.append((at, len(text), False))  # cut off inside the string
+                break
+            else:
+                # An unmatched quote in prose: no string starts on the rest of its line
+                # (trying each later quote again would make the scan quadratic).
+                eol = text.find("\n", at)
+                pos = len(text) if eol < 0 else eol
+            continue
+        depth = depth + 1 if c in "{[" else max(0, depth - 1)
+        pos = at + 1
+    return spans
+
+
+def _outside_strings(matches: Iterator[re.Match[str]], text: str
+                     ) -> list[re.Match[str]]:
+    """The tag ``matches`` that do not lie inside a JSON string literal of ``text``."""
+    found = list(matches)
+    if not found or '"' not in text:
+        return found
+    spans = _string_spans(text)
+    return [m for m in found if _containing(spans, m.start()) is None]
+
+
+def _containing(spans: list[tuple[int, int, bool]], at: int) -> tuple[int, int, bool] | None:
+    """The span of ``spans`` (sorted, not overlapping) that holds ``at``, if any."""
+    i = bisect_right(spans, at, key=lambda span: span[0]) - 1  # the last starting <= at
+    return spans[i] if i >= 0 and at < spans[i][1] else None
+
+
+def _answer_containers(text: str) -> Iterator[tuple[int, int, str]]:
+    """The answer containers of ``text`` in order (start, end, body): each opening tag
+    outside a string up to the first closing tag of its name outside a string, none
+    nested in another. Tags are paired by a sorted index of closing tags rather than a
+    regex ``<t>(.*?)</t>``, which rescans to the end for every unclosed tag."""
+    tags = _outside_strings(_ANSWER_TAG.finditer(text), text)
+    closes: dict[str, list[re.Match[str]]] = {}  # each name's closing tags, in order
+    for m in tags:
+        if _closing(m):
+            closes.setdefault(_tag_name(m), []).append(m)
+    after = 0
+    for m in tags:
+        if _closing(m) or m.start() < after:
+            continue
+        ends = closes.get(_tag_name(m), [])
+        i = bisect_left(ends, m.end(), key=lambda close: close.start())
+        if i < len(ends):
+            after = ends[i].end()
+            yield m.start(), after, text[m.end():ends[i].start()]
+
+
+def _closing(tag: re.Match[str]) -> bool:
+    return bool(tag.group(1)) or tag.group(3) == "end"
+
+
+def _tag_name(tag: re.Match[str]) -> str:
+    return (tag.group(2) or tag.group(4)).lower()
+
+
 #: The tags reasoning models wrap their scratch work in.
 _TAGS = r"think|thinking|thought|thoughts|reasoning|scratchpad|analysis|seed:think"
-_REASONING_TAG = re.compile(rf"(?i)</?(?:{_TAGS})>")
-_CLOSE_TAG = re.compile(rf"(?i)</(?:{_TAGS})>")
-#: A reasoning block that opens a line (or follows another): closed, or cut off at the
-#: end of the output.
-_THINK_BLOCK = re.compile(
-    rf"(?im)(?:^|(?<=>))[ \t]*<({_TAGS})>(?s:.*?)(?:</\1>|\Z)")
+#: A reasoning tag: group 1 the slash of a closing one, group 2 the name.
+_REASONING_TAG = re.compile(rf"(?i)<(/?)({_TAGS})>")
 #: Reasoning marked otherwise than by a tag, each read as ``<think>...</think>``:
 #: Kimi's ``◁think▷``, Magistral's ``[THINK]``, ``<|begin_of_thought|>``, the
 #: analysis channel of gpt-oss's harmony format left unparsed (and its other tokens),
@@ -718,20 +849,49 @@ def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
     might instead be an answer holding the text ``</think>`` (the caller then searches
     the whole output if the rest holds no answer). Third: whether the output ends inside
     a block (cut off while thinking)."""
-    rest, sure = text, True
-    close = _CLOSE_TAG.search(text)
-    end = -1 if close is None else close.start()
-    if close is not None and _THINK_BLOCK.search(text, 0, close.end()) is None:
-        head = text[:end]
-        sure = "{" not in head and "[" not in head
-        rest = text[close.end():]
-    cut = False
-
-    def drop(m: re.Match[str]) -> str:
-        nonlocal cut
-        cut = cut or (m.end() == len(rest) and _CLOSE_TAG.search(m.group()) is None)
-        return ""
-    rest, blocks = _THINK_BLOCK.subn(drop, rest)
-    if not blocks and close is None:
+    tags = _outside_strings(_REASONING_TAG.finditer(text), text)
+    if not tags:
         return None
-    return rest, sure, cut
+    first_close = next((m for m in tags if m.group(1)), None)
+    blocks = _think_blocks(text, tags)
+    rest_at, sure = 0, True
+    if first_close is not None and not any(s < first_close.start() for s, _, _ in blocks):
+        head = text[:first_close.start()]
+        sure = "{" not in head and "[" not in head
+        rest_at = first_close.end()
+    if rest_at == 0 and not blocks:
+        return None
+    pieces, at = [], rest_at
+    for start, end, _ in blocks:
+        pieces.append(text[at:start])
+        at = end
+    pieces.append(text[at:])
+    # (a block left open is one the output ends inside: cut off while thinking)
+    return "".join(pieces), sure, any(not closed for _, _, closed in blocks)
+
+
+def _think_blocks(text: str, tags: list[re.Match[str]]) -> list[tuple[int, int, bool]]:
+    """The reasoning blocks among ``tags`` (outside strings): an opening tag that opens
+    a line or follows another tag, up to the first closing tag of its name, or to the
+    end of the text (a block cut off); as (start, end, closed), none nested."""
+    closes: dict[str, list[int]] = {}
+    for m in tags:
+        if m.group(1):
+            closes.setdefault(m.group(2).lower(), []).append(m.start())
+    blocks: list[tuple[int, int, bool]] = []
+    after = 0
+    for m in tags:
+        if m.group(1) or m.start() < after:
+            continue
+        start = m.start()
+        while start and text[start - 1] in " \t":
+            start -= 1
+        if start and text[start - 1] not in "\n>":
+            continue  # inside a line of prose: a mention, not a block
+        name = m.group(2).lower()
+        ends = closes.get(name, [])
+        i = bisect_left(ends, m.end())
+        closed = i < len(ends)
+        after = ends[i] + len(name) + 3 if closed else len(text)  # len("</" name ">")
+        blocks.append((start, after, closed))
+    return blocks

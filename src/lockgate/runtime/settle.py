@@ -33,6 +33,9 @@ class ParseStatus(StrEnum):
     INVALID_JSON = "invalid_json"
     NO_JSON_FOUND = "no_json_found"
     SCHEMA_VIOLATION = "schema_violation"
+    #: The provider reported the answer cut off at max_tokens (finish_reason "length")
+    #: and it was not complete before the cut (:mod:`.finish`).
+    TRUNCATED = "truncated"
 
 
 USABLE = frozenset({ParseStatus.VALID, ParseStatus.REPAIRED, ParseStatus.COERCED,

@@ -85,6 +85,11 @@ _ANSWER_KEYS = frozenset({"result", "results", "output", "answer", "response", "
 _INPUT_KEYS = frozenset({"input", "inputs", "prompt", "prompts", "request", "query",
                          "question", "source", "context", "instruction", "instructions",
                          "messages", "inputids"})
+def _input_key(key: Any) -> bool:
+    """Whether ``key`` names what the model was given (:data:`_INPUT_KEYS`)."""
+    return isinstance(key, str) and fold(key) in _INPUT_KEYS
+
+
 #: The place of a value reached through a JSON text in a string (never a text path).
 _DECODED = "\x00decoded"
 
@@ -94,9 +99,17 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
     """What a wrapper object wraps: its only value, or its only object value, or the
     only one of its object values that leads to declared fields (an object written as
     a JSON text in a string under an answer key, :data:`_ANSWER_KEYS`, counts as an
-    object value unless the object reports an error: :func:`failed`)."""
+    object value unless the object may report an error: :func:`failed`). Never in an
+    object whose values report an error or a refusal (:func:`reports_failure`: what it
+    holds is no answer; a success envelope, ``{"error": null, "data": {...}}``, is
+    unwrapped), nor under a key that holds the input (:data:`_INPUT_KEYS`: the model
+    echoing what it was given) - the rule of list answers too (:func:`_list_in`)."""
+    if reports_failure(obj):
+        return None
     if len(obj) == 1:
         ((key, inner),) = obj.items()
+        if _input_key(key):
+            return None
         if isinstance(inner, str) and inner.lstrip().startswith(("{", "[")):
             try:
                 inner = orjson.loads(inner)
@@ -109,6 +122,8 @@ def _wrapped(obj: dict[str, Any], plan: OutputPlan,
     for i, (k, v) in enumerate(obj.items()):
         if i >= _MAX_KEYS:
             break
+        if _input_key(k):
+            continue
         if isinstance(v, dict):
             objects.append((k, v))
         elif decode and isinstance(v, str) and v.lstrip()[:1] == "{" \
@@ -186,7 +201,7 @@ def _unwrap_list(obj: dict[str, Any], plan: OutputPlan, fixes: Fixes) -> tuple[A
         return obj, ()
     if len(obj) == 1:
         ((key, inner),) = obj.items()
-        if isinstance(inner, list):
+        if isinstance(inner, list) and not _input_key(key):
             fixes.repair("unwrapped:object")
             return inner, (key,)
     if plan.is_valid is None:
@@ -229,6 +244,22 @@ def failed(obj: dict[str, Any]) -> bool:
     return status and reason
 
 
+def reports_failure(obj: dict[str, Any]) -> bool:
+    """Whether an object's values say the call failed or was refused: an error, errors
+    or refusal key holding something (not null, false, empty or 0), or a status (or
+    state) of error, failed, failure, refused or rejected. A success envelope
+    (``{"error": null, "data": ...}``, ``{"status": "ok", "message": ...}``) does not."""
+    for i, (k, v) in enumerate(obj.items()):
+        if i >= _MAX_KEYS:
+            break
+        key = fold(k) if isinstance(k, str) else ""
+        if key in _ERROR_KEYS and v not in (None, False, 0, "") and v != [] and v != {}:
+            return True
+        if key in _STATUS_KEYS and isinstance(v, str) and v.strip().casefold() in _FAILED:
+            return True
+    return False
+
+
 def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, int] | None:
     """The only list value of ``obj`` (or the only valid one, or the only one in a JSON
     text) beside scalar values, else of its only object value, and so on down: the
@@ -243,8 +274,7 @@ def _list_in(obj: dict[str, Any], plan: OutputPlan) -> tuple[list[Any], Path, in
         lists: list[tuple[str, list[Any]]] = []
         objects: list[tuple[str, dict[str, Any]]] = []
         for i, (k, v) in enumerate(current.items()):
-            if i >= _MAX_KEYS or (isinstance(k, str) and fold(k) in _INPUT_KEYS
-                                  and isinstance(v, list | dict | str)):
+            if i >= _MAX_KEYS or (_input_key(k) and isinstance(v, list | dict | str)):
                 return None
             if isinstance(v, list):
                 lists.append((k, v))

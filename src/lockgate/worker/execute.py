@@ -87,7 +87,10 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
                              sent)
     latency = (time.perf_counter() - t0) * 1000
     try:
-        parsed = runtime.parse_output(completion.content, config.delivery_rule)
+        # The provider's finish_reason goes with the text: an answer it cut off at
+        # max_tokens may look finished (prose) or be closed by the repair (JSON).
+        parsed = runtime.parse_output(completion.content, config.delivery_rule,
+                                      finish_reason=completion.finish_reason)
     except LockgateError as exc:  # the delivery rule itself is broken: not retryable
         return AttemptResult(rendered, completion, None, ErrorClass.INVALID_REQUEST,
                              f"delivery_rule: {exc}", None, latency, completion.http_status,
