@@ -132,8 +132,16 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
     """Map an error response to the most specific :class:`ErrorClass`."""
     err = body.get("error") if isinstance(body, dict) else None
     code, etype, message = _error_fields(body, err)
-    return ProviderError(_error_class(status, code, etype, message),
-                         f"HTTP {status}: {message}", http_status=status,
+    return _answered_error(_error_class(status, code, etype, message),
+                           f"HTTP {status}: {message}", status, headers, raw)
+
+
+def _answered_error(cls: ErrorClass, text: str, status: int, headers: Mapping[str, str],
+                    raw: bytes) -> ProviderError:
+    """An error the endpoint answered with (a status, headers, a body): with what the
+    answer tells beside the class: when to try again, the rate-limit headers, the
+    request id and the body (kept when small)."""
+    return ProviderError(cls, text, http_status=status,
                          retry_after_ms=parse_retry_after_ms(headers),
                          rate_limit=rate_headers(headers), request_id=_request_id(headers),
                          body=_kept_body(raw))
@@ -290,11 +298,9 @@ def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
     if not err and not (isinstance(data, dict) and data.get("object") == "error"):
         return None
     code, etype, message = _error_fields(data, err)
-    return ProviderError(_class_in_body(code, etype, message),
-                         f"HTTP {status} with an error in {where}: {message}",
-                         http_status=status, retry_after_ms=parse_retry_after_ms(headers),
-                         rate_limit=rate_headers(headers), request_id=_request_id(headers),
-                         body=_kept_body(raw))
+    return _answered_error(_class_in_body(code, etype, message),
+                           f"HTTP {status} with an error in {where}: {message}",
+                           status, headers, raw)
 
 
 def _unreadable(exc: BaseException, status: int | None = None,
