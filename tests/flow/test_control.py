@@ -125,6 +125,22 @@ def ep(name: str, **kw: Any) -> dict[str, Any]:
     return {"name": name, "base_url": "http://127.0.0.1:9/v1", **kw}
 
 
+async def _calls(fc: FlowControl, ids: range, timeout_s: float) -> int:
+    """Calls ``ids`` through the controller at once, each answered with 400 + 10 tokens;
+    how many went (within ``timeout_s``)."""
+    primary = fc.settings.endpoint[0]
+    done = 0
+
+    async def one(i: int) -> None:
+        nonlocal done
+        t = await fc.acquire(claimed(i), CONFIG, primary)
+        fc.release(t, result(tokens=(400, 10)))
+        done += 1
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+    return done
+
+
 def test_token_bound_calls_all_get_through_without_a_deadlock() -> None:
     """Plenty of requests but few tokens: leases must still bring tokens."""
     async def main() -> int:
@@ -132,16 +148,7 @@ def test_token_bound_calls_all_get_through_without_a_deadlock() -> None:
                                lease_interval_s=0.02)
         stop = asyncio.Event()
         loop = asyncio.create_task(fc.run(stop))
-        primary = fc.settings.endpoint[0]
-        done = 0
-
-        async def one(i: int) -> None:
-            nonlocal done
-            t = await fc.acquire(claimed(i), CONFIG, primary)
-            fc.release(t, result(tokens=(400, 10)))
-            done += 1
-
-        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(60))), 20)
+        done = await _calls(fc, range(60), 20)
         stop.set()
         await loop
         return done
@@ -159,18 +166,9 @@ def test_one_answer_with_an_impossible_usage_owes_one_window_at_most() -> None:
                               lease_interval_s=0.02)
         stop = asyncio.Event()
         loop = asyncio.create_task(fc.run(stop))
-        primary = fc.settings.endpoint[0]
-        bogus = await fc.acquire(claimed(0), CONFIG, primary)
+        bogus = await fc.acquire(claimed(0), CONFIG, fc.settings.endpoint[0])
         fc.release(bogus, result(tokens=(500_000_000, 10)))
-        done = 0
-
-        async def one(i: int) -> None:
-            nonlocal done
-            t = await fc.acquire(claimed(i), CONFIG, primary)
-            fc.release(t, result(tokens=(400, 10)))
-            done += 1
-
-        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(1, 21))), 10)
+        done = await _calls(fc, range(1, 21), 10)
         assert fake.rows["a"][1].tok_allowance >= -60_000
         stop.set()
         await loop
