@@ -328,15 +328,13 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
         _check_endpoints(lg.settings, pool, refuse=False)
         stats = lg.run_worker(burst=burst, gate=gate, processes=procs,
                               log_level=log_level, **overrides)
-        if stats.stuck_db:  # closing the database would wait on its hanging calls
-            _stopped(stats)
-    _stopped(stats)
+        _stopped(stats)  # before the database closes: it would wait on hanging calls
 
 
 def _stopped(stats: WorkerStats) -> None:
     """Say what the worker did. Stopped at once while the database did not answer,
-    the process ends here: the interpreter's exit would wait on the calls still
-    hanging."""
+    the process ends here: closing the database, or the interpreter's exit, would
+    wait on the calls still hanging."""
     from lockgate.worker.core import exit_if_stuck  # deferred: start-up time
 
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
