@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from lockgate.errors import ErrorClass
 from lockgate.runtime import ParseStatus, parse_output
+from lockgate.runtime.finish import ended_inside
 from lockgate.spec import DeliveryRule
 
 SCHEMA = {"type": "object", "required": ["label", "reason"],
@@ -150,9 +151,14 @@ _RULES = [
 ]
 
 
+#: What may stand before an answer, brackets left open in prose and reasoning included.
+_CHATTER = ["", "Sure:\n", "```json\n", "See [1 below:\n", "Sure :-[ here:\n",
+            "<think>Options are [yes or {no</think>\n", "(a) {see the note\n"]
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=_DOCS, indent=st.booleans(), where=st.floats(0.0, 1.0),
-       rule=st.sampled_from(_RULES), chatter=st.sampled_from(["", "Sure:\n", "```json\n"]))
+       rule=st.sampled_from(_RULES), chatter=st.sampled_from(_CHATTER))
 @example(doc={"label": "yes", "reason": "late"}, indent=False, where=0.99, rule=JSON_RULE,
          chatter="")
 @example(doc=[{"label": "yes", "reason": "a"}, {"label": "no"}], indent=False, where=0.7,
@@ -170,3 +176,50 @@ def test_json_cut_anywhere_inside_is_never_delivered_with_finish_reason_length(
     assert not parsed.usable, (raw, parsed)
     assert parsed.status is ParseStatus.TRUNCATED, (raw, parsed)
     assert parsed.value is None
+
+
+# -- a complete answer, brackets left open elsewhere, cut after it ---------------------------
+
+@pytest.mark.parametrize("raw", [
+    '<think>Options are [yes or no; the customer says</think>\n{"label": "yes", '
+    '"reason": "late"}\n\nWhy: the parcel was la',
+    '<think>maybe {label: yes...</think>{"label": "yes", "reason": "late"}\nNote: it is la',
+    'Here is my answer (see [1 below:\n{"label": "yes", "reason": "late"}\n\nWhy: it wa',
+    'Sure :-[ here:\n{"label": "yes", "reason": "late"}\n\nWhy: it wa',
+    "{'label': 'yes', 'reason': 'late { parcel'}\n\nWhy: the parcel was la",
+    '{"label": "yes", // see [1\n "reason": "late"}\n\nWhy: the parcel was la',
+    '{"label": "yes", /* [todo */ "reason": "late"}\n\nWhy: the parcel was la',
+    '｛"label"： "yes"， "reason"： "late"｝\n\n[Why: the parcel was la',
+], ids=["reasoning-bracket", "reasoning-brace", "prose-bracket", "emoticon",
+        "python-quotes", "line-comment", "block-comment", "full-width"])
+def test_a_complete_answer_is_delivered_though_a_bracket_elsewhere_stays_open(
+        raw: str) -> None:
+    # The first bracket never closed is in reasoning, prose, a Python-quoted string or a
+    # comment: not where the answer began, so the cut fell after the answer.
+    plain = parse_output(raw, JSON_RULE)
+    assert plain.usable
+    parsed = parse_output(raw, JSON_RULE, finish_reason="length")
+    assert parsed.usable and parsed.value == plain.value, parsed
+    assert parsed.fixes == (*plain.fixes, "finish_reason:length")
+
+
+_WORDS = st.lists(st.sampled_from(["the", "parcel", "was", "late", "(see", "[1", ":-[",
+                                   "don't", '6"', "it's", "{", "{see", "->", "a/b", "x]"]),
+                  max_size=12).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(label=st.sampled_from(["yes", "no"]),
+       reason=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20),
+       before=_WORDS, after=_WORDS, where=st.floats(0.0, 1.0))
+def test_a_complete_answer_cut_in_the_prose_after_it_is_delivered(
+        label: str, reason: str, before: str, after: str, where: float) -> None:
+    doc = {"label": label, "reason": reason}
+    tail = "\n\nExplanation: " + after
+    raw = (before + "\n" if before else "") + orjson.dumps(doc).decode() \
+        + tail[:max(1, int(len(tail) * where))]
+    plain = parse_output(raw, JSON_RULE)
+    if plain.value != doc or ended_inside(plain):
+        return  # the prose misleads the ladder, or reads as a bracket the answer is in
+    parsed = parse_output(raw, JSON_RULE, finish_reason="length")
+    assert parsed.usable and parsed.value == doc, (raw, parsed)

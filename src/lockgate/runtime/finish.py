@@ -19,6 +19,7 @@ the provider's report next to the status.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -94,31 +95,74 @@ def _before_open(parsed: Parsed, raw: str, reread: Callable[[str], Parsed]) -> b
 
 
 def first_open(text: str) -> int | None:
-    """Where the first bracket that never closes stands in ``text`` (None: all close).
-    Quotes count only inside brackets (prose has apostrophes and inch marks; JSON strings
-    stand inside brackets), and a backslash there outside a string escapes the next
-    character (JSON written with its quotes escaped, ``{\\"a\\": 1}``)."""
+    """Where the first bracket that never closes and opens JSON stands in ``text`` (None:
+    none). Full-width brackets (``｛ ｝ ［ ］``) count as the ladder reads them. Quotes
+    count only inside brackets (prose has apostrophes and inch marks; JSON strings stand
+    inside brackets): a double quote, and a single quote where a Python-style string may
+    begin (after an opening bracket, a colon or a comma); there a backslash outside a
+    string escapes the next character (JSON written with its quotes escaped,
+    ``{\\"a\\": 1}``), and ``//`` and ``/* */`` comments are skipped. A bracket left open
+    in prose (``see [1 below``, ``:-[``) is not where JSON began: only one followed by
+    what may open JSON content counts (:func:`_opens_json`)."""
     opened: list[int] = []
-    in_string = False
+    quote = ""
+    last = "{"  # the last character outside strings and blanks, inside brackets
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if in_string:
+        if quote:
             if c == "\\":
                 i += 1
-            elif c == '"':
-                in_string = False
-        elif c in "{[":
+            elif c == quote:
+                quote = ""
+                last = c
+        elif c in _OPENS:
             opened.append(i)
-        elif c in "}]":
+            last = "{"
+        elif c in _CLOSES:
             if opened:
                 opened.pop()
-        elif opened and c == "\\":
+            last = "}"
+        elif not opened or c.isspace():
+            pass
+        elif c == "\\":
             i += 1
-        elif opened and c == '"':
-            in_string = True
+        elif c == '"' or (c == "'" and last in "{:,"):
+            quote = c
+        elif c == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            continue
+        else:
+            last = "," if c in ",，" else ":" if c in ":：" else c
         i += 1
-    return opened[0] if opened else None
+    return next((at for at in opened if _opens_json(text, at)), None)
+
+
+_OPENS = frozenset("{[｛［")
+_CLOSES = frozenset("}]｝］")
+#: What may follow an opening bracket that begins an array: a value (a string, a
+#: bracket, a number followed by a separator, a literal), its closing bracket, a comment,
+#: or the end or the start of a number or literal the output ends in (cut right there).
+_ARRAY_CONTENT = re.compile(
+    r"""\s*+(?:\Z|["'“‘＂{\[｛［\]］]|\\"|//|/\*
+    |-?\d[\d.eE+\-]*+\s*+(?:[,，\]］}｝]|\Z)
+    |(?:true|false|null|True|False|None)\b|-\Z|[tfnTFN][a-z]*+\Z)""", re.X)
+#: What may follow an opening brace that begins an object: a key (quoted, or bare and
+#: followed by a colon), its closing brace, a comment, or the end.
+_OBJECT_CONTENT = re.compile(
+    r"""\s*+(?:\Z|["'“‘＂}｝]|\\"|//|/\*|[A-Za-z_][\w\-]*+\s*+(?:[:：]|\Z))""", re.X)
+
+
+def _opens_json(text: str, at: int) -> bool:
+    """Whether what follows the bracket at ``at`` may be JSON content (the end of the text
+    too: a bracket the output was cut right after)."""
+    content = _OBJECT_CONTENT if text[at] in "{｛" else _ARRAY_CONTENT
+    return content.match(text, at + 1) is not None
 
 
 def cut_off_error(reason: str, what: str = "the answer was cut off", where: str = "") -> str:

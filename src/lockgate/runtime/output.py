@@ -66,9 +66,9 @@ from typing import Any
 import orjson
 
 from lockgate.runtime.conform import Fixes
-from lockgate.runtime.finish import judge_finish
+from lockgate.runtime.finish import cut_off, judge_finish
 from lockgate.runtime.schema import OutputPlan, output_plan
-from lockgate.runtime.search import MAX_REPAIR, MAX_SEARCH, search
+from lockgate.runtime.search import MAX_REPAIR, MAX_SEARCH, reasoning_aside, search
 from lockgate.runtime.settle import USABLE, Parsed, ParseStatus, deliverable, fast_ok, finish
 from lockgate.spec import DeliveryRule
 
@@ -87,7 +87,12 @@ def parse_output(raw: str, rule: DeliveryRule, *, finish_reason: str | None = No
     Raises only ``SpecError`` for a delivery rule that cannot be used."""
     plan = output_plan(rule)
     try:
-        return judge_finish(_parse(raw, plan), plan, finish_reason, raw,
+        parsed = _parse(raw, plan)
+        # (a cut answer is judged on the part the ladder read: brackets left open in
+        # reasoning set aside are not where the answer began)
+        answer = (reasoning_aside(raw) if "stripped:think" in parsed.fixes
+                  and cut_off(finish_reason) else raw)
+        return judge_finish(parsed, plan, finish_reason, answer,
                             lambda text: _parse(text, plan))
     except Exception as exc:  # a parser bug must not cost the task its raw output
         log.exception("parse_output failed on a %d-character output", len(raw))

@@ -840,6 +840,15 @@ def _as_think_tags(text: str) -> str:
     return text
 
 
+def reasoning_aside(text: str) -> str:
+    """``text`` as the ladder reads it once its reasoning is set aside (reasoning markers
+    read as ``<think>`` tags, the blocks removed); ``text`` when it holds none."""
+    if _OTHER_REASONING.search(text) is not None:
+        text = _as_think_tags(text)
+    aside = _set_aside_reasoning(text)
+    return text if aside is None else aside[0]
+
+
 def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
     """The reply without its reasoning (``<think>...</think>`` blocks - or
     ``<thinking>``, ``<reasoning>`` -, one cut off at the end included, and a headless
