@@ -170,3 +170,17 @@ def test_an_answer_after_many_brace_groups_is_found() -> None:
     # 80 brace groups of LaTeX first: only the first 64 regions were tried.
     working = " + ".join(f"\\frac{{{i}}}{{{i + 1}}}" for i in range(40))
     assert _value(f"Let x = {working}. So the answer: {json.dumps(POS)}") == POS
+
+
+@pytest.mark.parametrize("raw", [
+    '{"name": "classify", "arguments": "{\\"answer\\": \\"yes\\", \\"reason\\": \\"late\\"}"}',
+    '{"type": "function", "function": {"name": "classify", "arguments": '
+    '"{\\"answer\\": \\"yes\\", \\"reason\\": \\"late\\"}"}}',
+    '<tool_call>\n{"name": "classify", "parameters": "{\\"answer\\": \\"yes\\", '
+    '\\"reason\\": \\"late\\"}"}\n</tool_call>',
+    '{"name": "classify", "arguments": {"answer": "yes", "reason": "late"}}',
+], ids=["openai-arguments-text", "openai-tool-call", "parameters-text", "arguments-object"])
+def test_an_answer_written_as_a_tool_call_is_read_from_its_arguments(raw: str) -> None:
+    # Models trained on function calling answer with the call: the arguments, often as a
+    # JSON text in a string, are the answer.
+    assert _value(raw, YESNO) == {"answer": "yes", "reason": "late"}

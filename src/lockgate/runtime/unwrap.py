@@ -77,9 +77,11 @@ def _holds_no_object(node: Node) -> bool:
 
 
 #: Keys whose JSON text beside metadata may be the answer (never the input: prompt,
-#: input, request, query, source ...).
+#: input, request, query, source ...); ``arguments`` as a tool call writes them
+#: (``{"name": "classify", "arguments": "{\\"label\\": ...}"}``).
 _ANSWER_KEYS = frozenset({"result", "results", "output", "answer", "response", "data",
-                          "content", "completion", "json", "结果", "输出", "答案"})
+                          "content", "completion", "json", "arguments", "args",
+                          "parameters", "结果", "输出", "答案"})
 #: Keys that hold what the model was given, never its answer: an object holding one of
 #: them (as a list, an object or a text) gives no list answer.
 _INPUT_KEYS = frozenset({"input", "inputs", "prompt", "prompts", "request", "query",
