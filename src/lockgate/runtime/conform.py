@@ -5,8 +5,9 @@ One walk over the value, guided by the compiled schema (:class:`~.schema.Node`):
 * **Field names** (objects): a key the schema does not know is renamed when its folded
   form (case, ``_``/``-``/space, full-width) matches a property or a declared alias
   (``delivery_rule.aliases``), else when it is a close misspelling of exactly one
-  property that is still missing (:func:`~.names.closest`). A rename never overwrites a
-  key that is present. Unknown keys are kept, or dropped when the schema says
+  property that is still missing (:func:`~.names.closest`) and its value can be that
+  property's type (``"data": {...}`` is not ``date``, a string). A rename never
+  overwrites a key that is present. Unknown keys are kept, or dropped when the schema says
   ``additionalProperties: false``.
 * **Types**: a value of the wrong JSON type is converted when the conversion is
   lossless and unambiguous: ``"3"`` -> ``3``, ``"0.5"`` -> ``0.5``, ``3.0`` -> ``3``,
@@ -15,7 +16,9 @@ One walk over the value, guided by the compiled schema (:class:`~.schema.Node`):
   value -> a one-element array (``"Washington, D.C."`` -> ``["Washington, D.C."]``), a
   list written in a string split only where the split is the one reading (``"甲、乙"``,
   ``"red, blue"`` for an enum of colours, ``"1, 2"`` for integers); an enum member
-  written in another case or width -> the member. Integers are read exactly, within
+  written in another case or width, with spaces, hyphens or underscores between its
+  words, or ending a sentence -> the member (when exactly one member reads so);
+  ``"Yes."`` -> ``true``. Integers are read exactly, within
   signed 64 bits.
 * **Nulls**: a ``null`` in a field that is not required and whose schema does not admit
   null is dropped, as if absent (``null_dropped:...``), at any depth.
@@ -165,21 +168,7 @@ def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) ->
     props = node.props
     unknown = [k for k in obj if k not in props]
     if unknown:
-        renames: dict[str, str] = {}
-        taken = {k for k in obj if k in props}
-        for key in unknown[:MAX_RENAMES]:
-            if len(taken) == len(props):
-                break
-            folded = fold(key)
-            target = node.lookup.get(folded)
-            how = "alias" if folded in node.alias_folds else "case"
-            if target is None:
-                target = closest(key, [p for p in props if p not in taken])
-                how = "fuzzy"
-            if target is not None and target not in taken:
-                renames[key] = target
-                taken.add(target)
-                fixes.repair(f"renamed:{how}:{_join(path, key)}->{target}")
+        renames = _renames(obj, unknown, node, fixes, path)
         if renames or not node.additional:
             rebuilt: dict[str, Any] = {}
             for k, v in obj.items():
@@ -204,6 +193,42 @@ def _conform_object(obj: dict[str, Any], node: Node, fixes: Fixes, path: str) ->
                     out = dict(obj)
                 out[name] = new
     return out
+
+
+def _renames(obj: dict[str, Any], unknown: list[str], node: Node, fixes: Fixes,
+             path: str) -> dict[str, str]:
+    """The unknown keys of ``obj`` to rename, each to the property it names."""
+    props = node.props
+    renames: dict[str, str] = {}
+    taken = {k for k in obj if k in props}
+    for key in unknown[:MAX_RENAMES]:
+        if len(taken) == len(props):
+            break
+        folded = fold(key)
+        target = node.lookup.get(folded)
+        how = "alias" if folded in node.alias_folds else "case"
+        if target is None:
+            target = closest(key, [p for p in props if p not in taken])
+            how = "fuzzy"
+            if target is not None and fold(target) != folded \
+                    and not _may_be(obj[key], props[target]):
+                # a guess by spelling that the value contradicts: "data": {...} is
+                # no misspelt "date" string
+                target = None
+        if target is not None and target not in taken:
+            renames[key] = target
+            taken.add(target)
+            fixes.repair(f"renamed:{how}:{_join(path, key)}->{target}")
+    return renames
+
+
+def _may_be(value: Any, node: Node) -> bool:
+    """Whether ``value`` has, or converts to, a type the schema allows at ``node`` (an
+    enum without a type allows its members' types); null and unknown types may be."""
+    types = node.types or frozenset(json_type(m) for m in node.enum or ())
+    if value is None or not types or _type_ok(value, types):
+        return True
+    return any(_to(value, t, node)[0] for t in types)
 
 
 def _drop_null(out: dict[str, Any], obj: dict[str, Any], name: str, fixes: Fixes,
@@ -316,10 +341,11 @@ def _to_number(value: Any) -> tuple[bool, Any]:
 def _to_bool(value: Any) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = unicodedata.normalize("NFKC", value).strip().casefold()
-        if text in _TRUE:
-            return True, True
-        if text in _FALSE:
-            return True, False
+        for form in (text, text.rstrip(_CLOSING_MARKS)):  # "Yes." ends a sentence
+            if form in _TRUE:
+                return True, True
+            if form in _FALSE:
+                return True, False
     if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
         return True, bool(value)
     return False, value
@@ -386,6 +412,8 @@ def _split(text: str, items: Node | None) -> list[str] | None:
 
 #: What may end a one-word answer as a sentence (after NFKC: ASCII forms).
 _CLOSING_MARKS = " .!。"
+#: Spaces, hyphens and underscores between two letters or digits: one word separator.
+_WORD_GAP = re.compile(r"(?<=[^\W_])[\s_\-]+(?=[^\W_])")
 
 
 def fold_value(text: str) -> str:
@@ -396,14 +424,28 @@ def fold_value(text: str) -> str:
     return " ".join(text.split())
 
 
+def _words(folded: str) -> str:
+    """A folded enum value with every space, hyphen or underscore run between two
+    letters or digits made one ``_``: "request changes" is "request_changes"; signs
+    and edges stay ("+1", "-1", "A-")."""
+    return _WORD_GAP.sub("_", folded)
+
+
 def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> Any:
     if isinstance(value, str):
         folded = fold_value(value)
-        matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
+        matches: list[Any] = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
         if not matches and folded.rstrip(_CLOSING_MARKS) != folded:
             # "positive." - a sentence's end, where no member ends so
             folded = folded.rstrip(_CLOSING_MARKS)
             matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
+        if not matches and _WORD_GAP.search(folded):
+            # "Request Changes" for request_changes: only when one member reads so
+            # (two that differ only in separators both match, and neither is taken)
+            words = _words(folded)
+            matches = [m for m in enum if isinstance(m, str) and _words(fold_value(m)) == words]
+        if not matches and None in enum and fold_value(value) in _NULL:
+            matches = [None]  # "null", "N/A" where null is a member (strict mode)
         if len(matches) != 1:
             num_ok, num = _to_number(value)
             matches = [m for m in enum if num_ok and not isinstance(m, bool | str) and m == num]

@@ -126,14 +126,29 @@ def _plain_escape(m: re.Match[str]) -> str:
 _LENIENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*(?s:.*?)\*/|,(?=\s*[}\]])')
 
 
+#: A string (kept), or JavaScript's bare ``undefined`` where a value stands: after a
+#: colon, an opening bracket or a comma, before a comma, a closing bracket or the end.
+_UNDEFINED = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\\n]|\\.)*')"""
+                        r"|(?<=[:\[,])(\s*)undefined(?=\s*(?:[,}\]]|\Z))")
+
+
+def undefined_as_null(text: str) -> str:
+    """``text`` with JavaScript's bare ``undefined`` values as ``null`` (a value not
+    given: the rule's handling of a null or missing field applies), never inside a
+    string; json_repair would make it the string "undefined"."""
+    if "undefined" not in text:
+        return text
+    return _UNDEFINED.sub(lambda m: m.group(1) or f"{m.group(2)}null", text)
+
+
 def lenient_json(text: str) -> Any:
     """JSON with the flaws models add most (trailing commas, ``//`` and ``/* */``
-    comments) taken out, read by the strict parser: exact where a general repair is
-    not (``json_repair`` drops a string's trailing ``\\n``). ``None`` when the text is
-    still not strict JSON (or not an object or array)."""
-    if "," not in text and "/" not in text:
+    comments, a bare ``undefined``) taken out, read by the strict parser: exact where a
+    general repair is not (``json_repair`` drops a string's trailing ``\\n``). ``None``
+    when the text is still not strict JSON (or not an object or array)."""
+    if "," not in text and "/" not in text and "undefined" not in text:
         return None
-    cleaned = _LENIENT.sub(lambda m: m.group(1) or "", text)
+    cleaned = _LENIENT.sub(lambda m: m.group(1) or "", undefined_as_null(text))
     if cleaned == text:
         return None
     try:
@@ -198,6 +213,7 @@ def repair(text: str) -> Any:
         text = _REPAIR_ESCAPES.sub(_plain_escape, text)
     if "NaN" in text or "Infinity" in text:
         text = _NON_FINITE.sub(_as_overflow, text)
+    text = undefined_as_null(text)
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)
     except Exception:

@@ -161,8 +161,15 @@ _OBJECT_CONTENT = re.compile(
 def _opens_json(text: str, at: int) -> bool:
     """Whether what follows the bracket at ``at`` may be JSON content (the end of the text
     too: a bracket the output was cut right after)."""
-    content = _OBJECT_CONTENT if text[at] in "{｛" else _ARRAY_CONTENT
-    return content.match(text, at + 1) is not None
+    while True:
+        content = _OBJECT_CONTENT if text[at] in "{｛" else _ARRAY_CONTENT
+        m = content.match(text, at + 1)
+        if m is None:
+            return False
+        inner = m.end() - 1
+        if text[at] in "{｛" or inner <= at or text[inner] not in "{[｛［":
+            return True
+        at = inner  # [[1 in prose (":-[ [1"): the inner bracket decides
 
 
 def cut_off_error(reason: str, what: str = "the answer was cut off", where: str = "") -> str:

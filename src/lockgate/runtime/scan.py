@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +110,56 @@ def _string_end(text: str, start: int) -> int | None:
             return pos
 
 
+def string_closes(text: str, pos: int) -> bool:
+    """Whether a quote just before ``pos`` may end a string: JSON syntax follows it."""
+    return _CLOSES.match(text, pos) is not None
+
+
+def escape_inner_quotes(text: str) -> str | None:
+    """``text`` with each double quote inside a string that does not end it escaped,
+    read as the scan reads strings (a quote ends a string only where JSON syntax may
+    follow it): ``"The 5" screen"`` is ``"The 5\\" screen"``, an inch mark as text
+    (``json_repair`` ends the string there, or keeps the closing quote in the value).
+    Single-quoted strings are skipped as they are. None when no quote is escaped,
+    when the text ends inside a string, or when a quote that does not end its string
+    is followed by a space and another quote (``["slow" "cold"]``: a comma missing
+    between two strings is as likely, and json_repair reads it so)."""
+    if text.count('"') < 3:
+        return None
+    out: list[str] = []
+    pos = done = 0
+    while (m := _QUOTE.search(text, pos)) is not None:
+        start = m.start()
+        if text[start] == "'":
+            end = _string_end(text, start)
+            if end is None:
+                return None
+            pos = end
+            continue
+        at = start + 1
+        while True:
+            inner = _DQ.match(text, at)
+            if inner is None:
+                return None
+            at = inner.end()
+            if _CLOSES.match(text, at):
+                break
+            if _NEXT_STRING.match(text, at):
+                return None  # "a" "b": a comma missing between strings, more likely
+            out.append(text[done:at - 1])  # a quote no JSON syntax follows: text
+            out.append('\\"')
+            done = at
+        pos = at
+    if not out:
+        return None
+    out.append(text[done:])
+    return "".join(out)
+
+
+_QUOTE = re.compile("[\"']")
+_NEXT_STRING = re.compile('[ \t]+"')
+
+
 def regions(text: str, start_at: re.Pattern[str], limit: int = 64, *,
             pos: int = 0) -> list[Region]:
     """The top-level regions of ``text`` from ``pos`` in order (at most ``limit``);
@@ -125,12 +177,41 @@ def regions(text: str, start_at: re.Pattern[str], limit: int = 64, *,
     return out
 
 
+def last_regions(text: str, start_at: re.Pattern[str], count: int, *,
+                 pos: int = 0) -> list[Region]:
+    """The last ``count`` top-level regions of ``text`` from ``pos`` (only the last can
+    be cut), however many come before them: each is read once by the state machine
+    (linear in the text, where a failed strict read of every region would cost the
+    length before it), the strict JSON among those kept then read as such."""
+    kept: deque[Region] = deque(maxlen=count)
+    while (m := start_at.search(text, pos)) is not None:
+        flat = _FLAT.match(text, m.start())  # {a_0}: nothing in it the scan reads
+        region = Region(m.start(), flat.end(), True) if flat else _scan(text, m.start())
+        kept.append(region)
+        if not region.closed:
+            break
+        pos = region.end
+    for region in kept:
+        if region.closed:
+            with suppress(orjson.JSONDecodeError):
+                region.value = orjson.loads(text[region.start:region.end])
+    return list(kept)
+
+
+#: A bracket group with no bracket, quote or comment inside (LaTeX's ``{a_0}``).
+_FLAT = re.compile(r"[{\[][^{}\[\]\"'/]*+[}\]]")
 _DECODER = json.JSONDecoder()
+#: Where strict JSON may start: an object's first key or its end, or an array.
+_STRICT_START = re.compile(r'\{[ \t\r\n]*+["}]|\[')
 
 
 def strict_region(text: str, start: int) -> Region | None:
     """The region at ``start`` if it is strict JSON as written (the common case, read
-    by the C scanners of ``json`` and ``orjson`` instead of the state machine)."""
+    by the C scanners of ``json`` and ``orjson`` instead of the state machine). A
+    bracket that cannot start strict JSON (``{x}``) is not tried: a failed read costs
+    the length of the text before it (its error counts the lines)."""
+    if _STRICT_START.match(text, start) is None:
+        return None
     try:
         end = _DECODER.raw_decode(text, start)[1]
         value = orjson.loads(text[start:end])

@@ -11,7 +11,9 @@ rule without a schema gets name repair and type coercion.
 The walker understands ``type`` (one or a list), ``enum``/``const``, ``properties``,
 ``required``, ``additionalProperties: false``, ``items``, local ``$ref``
 (``#/$defs/...``, ``#/definitions/...``) and nullable ``anyOf``/``oneOf`` (``X | None``
-from pydantic). Anything else is left to the validator.
+from pydantic). Anything else is left to the validator. OpenAPI's ``nullable: true``
+(Gemini, OpenAPI 3.0 schemas) is read as its JSON Schema meaning, ``null`` added to the
+``type`` and to an ``enum``, for the walk and the validator alike (:func:`openapi_nulls`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Node:
     no_null: frozenset[str] = frozenset()
     #: whether this node or one below is integer-only or has such properties
     deep: bool = False
+    #: whether the schema names null here in a way the type and enum do not show
+    #: (an ``anyOf``/``oneOf`` of several types with a ``{"type": "null"}`` option)
+    null_option: bool = False
 
     @property
     def structured(self) -> bool:
@@ -66,6 +71,15 @@ class Node:
         if self.enum is not None:
             return None in self.enum
         return not self.types or "null" in self.types
+
+    @property
+    def declares_null(self) -> bool:
+        """Whether the schema names null here: a ``"null"`` type, a ``null`` enum member
+        or ``const``, a ``{"type": "null"}`` option. A required field holding null is
+        then given (the model's "none"); a position of no known type is not enough."""
+        if self.enum is not None:
+            return None in self.enum
+        return "null" in self.types or self.null_option
 
 
 @dataclass(slots=True)
@@ -127,8 +141,10 @@ def _compile(schema: Mapping[str, Any], root: Mapping[str, Any],
                     node.types = node.types | {"null"}
                 if nullable and node.enum is not None and None not in node.enum:
                     node.enum = (*node.enum, None)
+                if nullable and not node.types and node.enum is None:
+                    node.null_option = True
                 return node
-            return Node()
+            return Node(null_option=nullable)
     all_of = schema.get("allOf")
     if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], Mapping):
         rest = {k: v for k, v in schema.items() if k != "allOf"}
@@ -217,6 +233,52 @@ def _load_model(path: str) -> Any:
 _TYPES = "string, number, integer, boolean, object, array or null"
 
 
+#: Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SUB_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems", "unevaluatedItems",
+               "unevaluatedProperties", "contentSchema")
+_SUB_SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                "dependentSchemas")
+
+
+def _mentions_nullable(schema: Any) -> bool:
+    """Whether ``"nullable"`` occurs in the schema at all (cheap: most have none)."""
+    try:
+        return b'"nullable"' in canonical_json(schema)
+    except (TypeError, ValueError):
+        return False
+
+
+def openapi_nulls(schema: Any, depth: int = 0) -> Any:
+    """``schema`` with OpenAPI's ``nullable: true`` written as JSON Schema says it:
+    ``"null"`` added to its ``type`` and, when it has one, to its ``enum`` (a property
+    named ``nullable`` is a field, not the keyword). JSON Schema itself ignores the
+    keyword, so such a schema would refuse the null it means to admit."""
+    if depth > 64 or not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = dict(schema)
+    for key in _SUB_SCHEMA:
+        if isinstance(out.get(key), Mapping):
+            out[key] = openapi_nulls(out[key], depth + 1)
+    for key in _SUB_SCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [openapi_nulls(s, depth + 1) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {n: openapi_nulls(s, depth + 1) for n, s in out[key].items()}
+    if out.get("nullable") is True:
+        del out["nullable"]
+        kind = out.get("type")
+        if isinstance(kind, str) and kind != "null":
+            out["type"] = [kind, "null"]
+        elif isinstance(kind, list) and "null" not in kind:
+            out["type"] = [*kind, "null"]
+        if isinstance(out.get("enum"), list) and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
 def _schema_error(exc: Any) -> SpecError:
     """A metaschema's refusal of an output schema, naming the keyword at fault by its
     place in the schema (``delivery_rule.schema.properties.label.type``)."""
@@ -256,6 +318,8 @@ def _build(rule: DeliveryRule) -> OutputPlan:
     walk_schema: Mapping[str, Any]
     if rule.json_schema:
         walk_schema = rule.json_schema
+        if _mentions_nullable(walk_schema):
+            walk_schema = openapi_nulls(walk_schema)
     elif model is not None:
         walk_schema = model.model_json_schema()
     else:
@@ -416,10 +480,18 @@ def check_delivery_rule(rule: DeliveryRule, *, model_modules: Collection[str] = 
     output_plan(rule)
 
 
-def blank(value: Any) -> bool:
-    """A required field's value that does not count as given: null, or a string of
-    whitespace only."""
-    return value is None or (isinstance(value, str) and not value.strip())
+def blank(value: Any, node: Node | None = None) -> bool:
+    """A required field's value that does not count as given: a string of whitespace
+    only, or null unless the field's schema (``node``) names null
+    (:attr:`Node.declares_null`: OpenAI strict mode's ``["string", "null"]``)."""
+    if value is None:
+        return node is None or not node.declares_null
+    return isinstance(value, str) and not value.strip()
+
+
+def unanswered(value: Mapping[str, Any], name: str, node: Node | None) -> bool:
+    """Whether field ``name`` of ``value`` is not given: absent or :func:`blank`."""
+    return name not in value or blank(value[name], node)
 
 
 def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[str] = ()) -> None:
@@ -444,7 +516,7 @@ def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[st
         for k in plan.required:
             if k not in value:
                 raise SpecError(f"required key '{k}' is missing", field=f"result.{k}")
-            if blank(value[k]):  # as a worker judges a model's answer
+            if blank(value[k], plan.root.props.get(k)):  # as a worker judges an answer
                 raise SpecError(f"required key '{k}' is empty: give it a value",
                                 field=f"result.{k}")
     if plan.errors is not None:

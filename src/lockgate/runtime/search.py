@@ -30,9 +30,12 @@ from lockgate.runtime.scan import (
     OBJECT_START,
     Region,
     ascii_syntax,
+    escape_inner_quotes,
+    last_regions,
     may_be_wide,
     regions,
     strict_region,
+    string_closes,
     wide_bracket,
 )
 from lockgate.runtime.schema import OutputPlan
@@ -46,10 +49,10 @@ MAX_REPAIR = 128 << 10
 #: An object at the start of a line (after text without JSON syntax, if any).
 _LINE_START = re.compile(r"\n[^\n\"'{}\[\],]*\{")
 _MAX_RESTARTS = 16
-#: Regions tried in order; past them, the last :data:`_LAST_REGIONS` of at most
-#: :data:`_MORE_REGIONS` more (the time per output stays bounded).
+#: Regions tried in order; past them, the last :data:`_LAST_REGIONS` of the text
+#: (however many come between: they are only scanned, in one linear pass; the time
+#: per output stays bounded).
 _REGIONS = 64
-_MORE_REGIONS = 1024
 _LAST_REGIONS = 8
 _T = TypeVar("_T")
 #: One level of string escaping over quotes and backslashes.
@@ -180,9 +183,10 @@ def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
     """The answer in JSON whose quotes are all escaped (as HTML entities, or as the
     inside of a JSON string); None when there is none."""
     if "&quot;" in text and '"' not in text and "repaired:html" not in fixes.applied \
-            and _HTML_SYNTAX.search(text) is not None:
+            and _outside_strings(_HTML_SYNTAX.finditer(text), text):
         # JSON written into HTML with its quotes as entities ({&quot;a&quot;: 1}), none
-        # bare: read with the entities undone.
+        # bare: read with the entities undone (not when they are only inside the
+        # single-quoted strings of a Python literal: {'a': 'he typed {&quot;x&quot;'}).
         inner = fixes.copy()
         inner.repair("repaired:html")
         found = search(_HTML_ENTITY.sub(lambda m: _HTML_CHARS[m.group()], text), plan, inner)
@@ -351,6 +355,47 @@ _CORRECTION = re.compile(
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
 
 
+#: A revision of the value before, in words broader than :data:`_CORRECTION`'s (so
+#: they count only next to the values, :func:`_revised`): a revised version or answer
+#: ("Here's the improved version:", "Adjusted output:", "Changing my answer to:"), a
+#: revision label ("Refining:", "Better:", "Re-evaluated:"), another attempt ("Second
+#: attempt:"), "Let me adjust that", "Double-checking", a verdict on the value before
+#: ("that doesn't look right", "that's not right"), "this is more accurate"; 修改后,
+#: 调整后的结果, 改为. "Update:" or "Edit:" alone is none (a note about the reply), nor
+#: "the updated version of the app" (a revised version ends its clause).
+_REVISED = r"(?:revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak)"
+_REVISION = re.compile(
+    _CLAUSE + r"(?i:(?:(?:and|so|but|however|ok(?:ay)?|hmm+|well|now|then|here(?:'s| is| are)"
+    r"|this is|the|my|a|an|I think|I believe)[,\s]+)*"
+    r"(?:(?:" + _REVISED + r"\w*[ \t]+(?:(?:my|the|this|that|json|final)[ \t]+){0,2}"
+    r"(?:version|answer|output|result|json|response|label|classification|object|list"
+    r"|values?|reading|attempt)s?(?=[\s*_]*(?:[:：.!(\-–—]|(?:to|is|below|follows|here)\b|\Z"
+    r"|of[ \t]+(?:the|my|this)[ \t]+(?:answer|output|result|json|response|label"
+    r"|classification|object)))"
+    r"|double[- ]?check\w*|re-?(?:evaluat|assess|examin|analy[sz])\w*"
+    r"|let me (?:adjust|refine|improve|modify|change|amend|tweak|rethink|double[- ]?check)"
+    r"|(?:second|2nd|third|another|new|one more)[ \t]+(?:attempt|try|pass)"
+    r"|(?:that|this|it)(?:'s|’s| is| was)(?:n't|n’t| not)[ \t]+(?:quite[ \t]+)?"
+    r"(?:right|correct|accurate)"
+    r"|(?:that|this|it)(?:'s|’s| is| was)[ \t]+(?:off|inaccurate|a mistake|mistaken)"
+    r"|(?:that|this|it)[ \t]+(?:doesn't|doesn’t|does not|didn't|didn’t|did not)[ \t]+"
+    r"(?:look|seem|sound)[ \t]+(?:quite[ \t]+)?(?:right|correct)"
+    r"|(?:this|that|it|here)(?:[ \t]+one)?(?:'s|’s| is| looks| seems)"
+    r"(?:[ \t]+(?:a|much|even|far))?[ \t]+"
+    r"(?:better|more[ \t]+(?:accurate|correct|appropriate|fitting|precise|suitable))"
+    r")\b"
+    r"|(?:" + _REVISED + r"(?:ed|ied|ing|ying)|better|re-?(?:evaluat|assess|examin|consider"
+    r"|check|think|analy[sz])\w*)[\s*_]*[:：])"
+    r"|修改|调整|改为|改成|更改|修订|订正|更新后|优化后)")
+#: A sentence that ends in a revision ("The label should be negative instead:", "I
+#: think this is more accurate:"), wherever in it the words stand.
+_INSTEAD = re.compile(r"(?i)\binstead\b(?!\s+of)|\bmore (?:accurate|correct|appropriate"
+                      r"|fitting|precise|suitable)\b|更准确|更合适|更恰当")
+#: What stands between a value and the first sentence after it: blanks, a fence's
+#: closing line, Markdown, closing quotes or brackets, a sentence's end.
+_AFTER_VALUE = re.compile(r"(?:\s|```|[*_>#`\"'”’)\]}.,;:])*")
+
+
 #: A value labelled as rejected ("Wrong:", "Incorrect:", "Bad example:", "Invalid
 #: output:") or introduced by a negation ("Not {...} but {...}", "the answer is not"):
 #: what the answer is not.
@@ -397,11 +442,33 @@ def _correction(text: str, begin: int, end: int) -> bool:
     return False
 
 
+def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
+    """Whether a revision (:data:`_REVISION`, :data:`_INSTEAD`) stands in the first
+    sentence after the value before (ending at ``after``; None: none near), or in the
+    sentence that introduces the value at ``start`` (not before ``floor``), in a
+    sentence that states no condition. Farther from both values, such words are prose
+    ("the product was improved in version two")."""
+    sentences = [_lead(text, start, floor)]
+    if after is not None:
+        at = _AFTER_VALUE.match(text, after, start).end()  # type: ignore[union-attr]
+        stop = min(start, at + _INTRO)
+        cut = _SENTENCE_END.search(text, at, stop)
+        sentences.append(text[at:cut.end() if cut is not None else stop])
+    return any(sentence and _HYPOTHETICAL.search(sentence) is None
+               and (_REVISION.search(sentence) is not None
+                    or _INSTEAD.search(sentence) is not None)
+               for sentence in sentences)
+
+
 def _corrected(text: str, picks: list[Pick], i: int) -> bool:
-    """Whether pick ``i`` is introduced as a correction or the final answer."""
+    """Whether pick ``i`` is introduced as a correction or the final answer: a
+    correction phrase between the value before and it, or a revision right after the
+    value before or introducing it."""
     start = picks[i][0]
-    return _correction(text, max(picks[i - 1][1] if i else 0, start - _CORRECTION_REACH),
-                       start)
+    before = picks[i - 1][1] if i else 0
+    begin = max(before, start - _CORRECTION_REACH)
+    return _correction(text, begin, start) or _revised(
+        text, before if i and before >= begin else None, start, begin)
 
 
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
@@ -459,8 +526,10 @@ def _strict_strings(text: str, pick: Pick) -> bool:
 
 def _cued(text: str, start: int, end: int) -> bool:
     """Whether the value at ``start`` is introduced as not the answer, or a correction
-    follows ``end``."""
-    return _not_the_answer(text, start, 0) or _correction(text, end, len(text))
+    or a revision follows ``end`` (where a revision counts is judged once the later
+    value is found, :func:`_corrected`)."""
+    return _not_the_answer(text, start, 0) or _correction(text, end, len(text)) \
+        or _REVISION.search(text, end) is not None or _INSTEAD.search(text, end) is not None
 
 
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
@@ -589,8 +658,8 @@ def _region_picks(text: str, plan: OutputPlan, fixes: Fixes, start_at: re.Patter
     found = _unquoted_regions(text, start_at)
     if len(found) == _REGIONS and found[-1].closed:
         # Many brace groups first (LaTeX's \frac{a}{b}, a list of examples): the answer
-        # usually ends the reply, so the last few regions are tried as well.
-        found += regions(text, start_at, _MORE_REGIONS, pos=found[-1].end)[-_LAST_REGIONS:]
+        # usually ends the reply, so the last few regions of the text are tried as well.
+        found += last_regions(text, start_at, _LAST_REGIONS, pos=found[-1].end)
     failures: list[Parsed] = []
     picks: list[Pick] = []
     for region in found:
@@ -702,6 +771,15 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
     if lenient is not None:
         yield lenient, (*labels, "repaired:json"), True, cut
         return
+    # A quote inside a string that no JSON syntax follows is text (an inch mark: "The
+    # 5" screen"): escaped first, as the scan reads it, when the text is then JSON
+    # (json_repair would end the string there, or keep the closing quote in it).
+    quoted = escape_inner_quotes(body) if '"' in body else None
+    if quoted is not None:
+        value = _json_value(quoted)
+        if value is not None:
+            yield value, (*labels, "repaired:json"), True, cut
+            return
     # A quote inside a single-quoted string that no JSON syntax follows is an
     # apostrophe ('don't know', 'the users' choice'): escaped first, as neither Python
     # (which would join 'users' 'tis' into one string) nor json_repair (which keeps
@@ -717,12 +795,27 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
             yield value, (*labels, "repaired:json"), True, cut
 
 
+def _json_value(text: str) -> Any:
+    """``text`` read as JSON, strictly or by :func:`lenient_json`, when it is an object
+    or an array; else None."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return lenient_json(text)
+    return value if isinstance(value, dict | list) else None
+
+
 #: The tags that hold the answer itself (searched first, in order), opening or
 #: closing: group 1 the slash, group 2 the name (or ``solution`` for DeepSeek's form).
 _ANSWER_TAG = re.compile(r"(?i)<(/?)(answer|final_answer|final|output|result)>"
                          r"|<\|(begin|end)_of_(solution)\|>")
-#: What the string scan stops at outside a string: a double quote or a bracket.
-_STRING_SYNTAX = re.compile(r'["{}\[\]]')
+#: What the string scan stops at outside a string: a double quote, a bracket, or a
+#: single quote where a Python literal's string opens (after an opening bracket, a
+#: colon or a comma).
+_STRING_SYNTAX = re.compile(r"""[{\[:,][ \t\r\n]*+'|["{}\[\]]""")
+_DOUBLE_SYNTAX = re.compile(r'["{}\[\]]')
+#: The rest of a single-quoted string up to a quote, on its line.
+_SINGLE_REST = re.compile(r"(?:[^'\\\n]|\\.)*'")
 #: The rest of a JSON string after its opening quote; outside brackets it must close
 #: on its line (JSON strings hold no raw line break: an unmatched quote is prose).
 _STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.S)
@@ -736,9 +829,29 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
     (each quote's string is matched once), so it is linear."""
     spans: list[tuple[int, int, bool]] = []
     depth = pos = 0
-    while (m := _STRING_SYNTAX.search(text, pos)) is not None:
+    dead = -1  # no single-quoted string closes on the line before this
+    while (m := _STRING_SYNTAX.search(text, pos) if pos >= dead else (
+            _DOUBLE_SYNTAX.search(text, pos, dead) or _STRING_SYNTAX.search(text, dead))
+           ) is not None:
         at = m.start()
         c = text[at]
+        if text[m.end() - 1] == "'":
+            # A single-quoted string of a Python literal ({'a': 'x <think> y'}), inside
+            # brackets; it ends at a quote that JSON syntax follows, on its line.
+            if c in "{[":
+                depth += 1
+            quote = pos = m.end() - 1
+            end = _single_quoted_end(text, quote) if depth else None
+            if end is not None:
+                spans.append((quote, end, False))
+                pos = end
+            else:
+                pos += 1
+                if depth:
+                    # (no later quote of the line closes one either: linear)
+                    eol = text.find("\n", quote)
+                    dead = len(text) if eol < 0 else eol
+            continue
         if c == '"':
             rest = (_STRING_REST if depth else _LINE_STRING_REST).match(text, at + 1)
             if rest is not None:
@@ -758,11 +871,23 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
     return spans
 
 
+def _single_quoted_end(text: str, quote: int) -> int | None:
+    """The end of the single-quoted string opening at ``quote``: after the first quote
+    on its line that JSON syntax follows (an apostrophe is text); None if none."""
+    pos = quote + 1
+    while (m := _SINGLE_REST.match(text, pos)) is not None:
+        pos = m.end()
+        if string_closes(text, pos):
+            return pos
+    return None
+
+
 def _outside_strings(matches: Iterator[re.Match[str]], text: str
                      ) -> list[re.Match[str]]:
-    """The tag ``matches`` that do not lie inside a JSON string literal of ``text``."""
+    """The ``matches`` (tags, syntax) that do not lie inside a string literal of
+    ``text``: a JSON string, or a single-quoted string of a Python literal."""
     found = list(matches)
-    if not found or '"' not in text:
+    if not found or ('"' not in text and "'" not in text):
         return found
     spans = _string_spans(text)
     return [m for m in found if _containing(spans, m.start()) is None]

@@ -19,7 +19,7 @@ import orjson
 from lockgate.errors import ErrorClass
 from lockgate.runtime.conform import Fixes, conform, json_type
 from lockgate.runtime.scan import Path, Region
-from lockgate.runtime.schema import Node, OutputPlan, blank
+from lockgate.runtime.schema import Node, OutputPlan, blank, unanswered
 from lockgate.runtime.unwrap import declares, unwrap
 
 
@@ -69,9 +69,6 @@ class Parsed:
         return None if self.usable else ErrorClass.INVALID_OUTPUT
 
 
-_MISSING = object()
-
-
 def unusable(status: ParseStatus, plan: OutputPlan, error: str,
              fixes: tuple[str, ...] = ()) -> Parsed:
     return Parsed(status, None, fixes, completeness=0.0, conforms=False, error=error,
@@ -109,11 +106,12 @@ def fast_ok(value: Any, plan: OutputPlan, raw: str | None = None) -> bool:
     if plan.expect == "object":
         if not isinstance(value, dict):
             return False
+        props = plan.root.props
         for k in plan.required:
-            if blank(value.get(k)):
+            if unanswered(value, k, props.get(k)):
                 return False
         for k in plan.fallback:
-            if value.get(k) is None:
+            if _to_fill(value, k, plan):
                 return False
         if plan.fields and all(blank(value.get(k)) for k in plan.fields):
             return False
@@ -325,7 +323,8 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
 def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
     if not plan.expected or not isinstance(value, dict):
         return 1.0, ()
-    missing = tuple(k for k in plan.expected if blank(value.get(k)))
+    props = plan.root.props
+    missing = tuple(k for k in plan.expected if unanswered(value, k, props.get(k)))
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
@@ -339,12 +338,23 @@ def _completeness_after(value: Any, plan: OutputPlan, completeness: float,
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
+def _to_fill(value: dict[str, Any], k: str, plan: OutputPlan) -> bool:
+    """Whether field ``k`` takes its fallback: absent, null where its schema does not
+    name null, or (required) blank."""
+    if k not in value:
+        return True
+    current = value[k]
+    node = plan.root.props.get(k)
+    if current is None:
+        return node is None or not node.declares_null
+    return k in plan.required and blank(current, node)
+
+
 def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
           filled: set[str]) -> dict[str, Any]:
     out = value
     for k, fallback in plan.fallback.items():
-        current = value.get(k, _MISSING)
-        if current is _MISSING or current is None or (k in plan.required and blank(current)):
+        if _to_fill(value, k, plan):
             if out is value:
                 out = dict(value)
             out[k] = copy.deepcopy(fallback)
@@ -357,7 +367,9 @@ def _violation(value: Any, plan: OutputPlan, filled: set[str]) -> str | None:
     """Why ``value`` breaks the rule; fields filled from fallbacks are the user's own
     answer and are not judged."""
     if isinstance(value, dict):
-        absent = [k for k in plan.required if k not in filled and blank(value.get(k))]
+        props = plan.root.props
+        absent = [k for k in plan.required
+                  if k not in filled and unanswered(value, k, props.get(k))]
         if absent:
             return f"missing required field(s) {absent} and no fallback value"
     if plan.is_valid is not None and not plan.is_valid(value):
