@@ -9,12 +9,20 @@ for a drift, the watched value; a unique key allows one OPEN alert per incident)
 updated while the rule fires, resolves when it stops firing, and the same incident
 cannot open again before ``[quality] cooldown`` has passed. Each change that is
 announced writes its webhook deliveries (the outbox) in the same transaction.
+
+Workers may run different configurations (a rolling change), so an evaluator resolves
+only the alerts it can judge (:meth:`Evaluator.apply`): a circuit's alert resolves when
+the circuit's recorded state is no longer the OPEN episode it was opened for, whatever
+the holder's configuration; a rule's alert when the holder's rule, with the window and
+bound the alert was opened with, no longer fires on it. An event goes to the webhooks
+of the holder's configuration and to those the alert's earlier events went to.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -27,14 +35,16 @@ import orjson
 from sqlalchemy import func, select
 
 from lockgate.config import Settings
-from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings
+from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings, episode, opened_at
 from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
-from lockgate.quality.rules import Finding
+from lockgate.quality.rules import RULES, Finding
 from lockgate.redact import MASK
 from lockgate.results import plain, utc
+from lockgate.states import CircuitState
 from lockgate.store import schema
 from lockgate.store.alerts import AlertStore, LeaseLost
+from lockgate.store.circuit import CircuitRow, CircuitStore
 from lockgate.store.quality import QualityStore, StoredRollup
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx
@@ -250,27 +260,61 @@ class Evaluator:
         return events
 
     def apply(self, tx: Tx, findings: Sequence[Finding]) -> list[Event]:
-        """One fenced transaction: renew the role, then open, update and resolve."""
+        """One fenced transaction: renew the role, then open, update and resolve.
+
+        Only what this holder can judge is resolved (another worker may hold the role
+        next with another configuration, during a rolling change):
+
+        * a circuit's alert (rule ``completeness_circuit``) resolves when the circuit's
+          recorded state is no longer the OPEN episode the alert was opened in (closed,
+          or closed and opened again since), read here whether or not this holder's
+          configuration has the circuit; while that episode lasts it is the one alert
+          of it (updated by a holder that has the circuit, left as it is by one that
+          has not);
+        * a rule's alert resolves when the rule no longer fires on it, judged by a
+          holder whose settings give the alert's window and bound (its threshold
+          against its baseline); a holder with other settings updates it (and judges
+          it from then on) while its own rule fires on it, and leaves it as it is
+          otherwise, until it has gone a whole ``[quality] window`` without an update:
+          then the settings that opened it are nowhere any more, and it is judged as
+          any other."""
         AlertStore.fence(tx, ROLE, self.token, self.lease_ms)
         fired = {_key_of(f): f for f in findings if f.fired}
+        circuits = CircuitStore.rows_in(tx)
+        # a circuit finding counts only for the episode the circuit is in now
+        fired = {k: f for k, f in fired.items() if f.rule != CIRCUIT_RULE
+                 or _in_episode(circuits.get(f.prompt), f.episode)}
+        on_circuit = {f.prompt: k for k, f in fired.items() if f.rule == CIRCUIT_RULE}
         events: list[Event] = []
         seen: set[str] = set()
         for row in AlertStore.open_alerts(tx):
             key = row["alert_key"]
             seen.add(key)
+            alert_id = int(row["id"])
+            if row["rule"] == CIRCUIT_RULE:
+                if not _episode_lasts(circuits.get(row["prompt"]), int(row["opened_at"])):
+                    if AlertStore.resolve_alert(tx, alert_id):
+                        events.append(self._announce(tx, alert_id, "resolve"))
+                    continue
+                # the episode's alert, whatever subject another configuration gave it
+                key = on_circuit.get(row["prompt"], key)
+                seen.add(key)
             f = fired.get(key)
             if f is None:
-                if AlertStore.resolve_alert(tx, int(row["id"])):
-                    events.append(self._announce(tx, int(row["id"]), "resolve"))
+                # a circuit's alert of the episode under way, or a rule's this holder
+                # does not judge, is left as it is
+                if row["rule"] != CIRCUIT_RULE and self._judges(tx, row) \
+                        and AlertStore.resolve_alert(tx, alert_id):
+                    events.append(self._announce(tx, alert_id, "resolve"))
                 continue
             figures = self._figures(tx, f, int(row["onset_at"]))
             notify = bool(self.q.update_every) and \
                 tx.now - int(row["notified_at"]) >= self.q.update_every * 1000
-            AlertStore.update_alert(tx, int(row["id"]), figures,
+            AlertStore.update_alert(tx, alert_id, figures,
                                     tx.now if notify else int(row["notified_at"]))
-            self._sample(tx, int(row["id"]), f)
+            self._sample(tx, alert_id, f)
             if notify:
-                events.append(self._announce(tx, int(row["id"]), "update"))
+                events.append(self._announce(tx, alert_id, "update"))
         for key, f in sorted(fired.items()):
             if key in seen:
                 continue
@@ -287,6 +331,30 @@ class Evaluator:
             self._sample(tx, alert_id, f)
             events.append(self._announce(tx, alert_id, "open"))
         return events
+
+    def _judges(self, tx: Tx, row: Mapping[str, Any]) -> bool:
+        """Whether this holder judges a rule's alert: its settings give the alert's
+        window and bound, or the alert has gone a whole ``window`` without an update
+        (the settings that opened it are gone)."""
+        if tx.now - int(row["updated_at"]) >= int(self.q.window * 1000):
+            return True
+        rule = str(row["rule"])
+        if rule not in RULES:
+            return False  # a rule this version does not evaluate
+        q = self.q
+        window = q.pollution_minutes * 60.0 if rule == "format_pollution" else q.window
+        if not math.isclose(float(row["window_s"]), window, rel_tol=1e-9):
+            return False
+        if rule == "format_pollution":
+            bound = q.invalid_json_share
+        elif row["baseline"] is None:
+            return True
+        else:
+            base = float(row["baseline"])
+            bound = base * (1 + q.latency_rise) if rule == "performance_degradation" \
+                else base * (1 - (q.drift_drop if rule == "semantic_drift"
+                                  else q.completeness_drop))
+        return math.isclose(float(row["threshold"]), bound, rel_tol=1e-6, abs_tol=1e-12)
 
     # -- figures ------------------------------------------------------------------------
 
@@ -423,8 +491,12 @@ class Evaluator:
     # -- announcing -----------------------------------------------------------------------
 
     def _announce(self, tx: Tx, alert_id: int, event: str) -> Event:
+        """Queue the event to the webhooks the alert's earlier events went to and to
+        this holder's: a holder whose configuration lacks a webhook (a rolling change)
+        still queues the event to it, and a sender that knows it posts it."""
         alert = alert_of(AlertStore.alert_row(tx, alert_id))
-        ids = AlertStore.enqueue(tx, alert_id, event, self.targets,
+        to = list(dict.fromkeys([*announced_to(tx, alert_id), *self.targets]))
+        ids = AlertStore.enqueue(tx, alert_id, event, to,
                                  body_of=lambda did: event_body(event, did, alert))
         return Event(event, alert, tuple(ids))
 
@@ -440,6 +512,18 @@ class Evaluator:
         else:
             log.info("quality alert %d still open: %s: %s (%d tasks, %d batches since "
                      "onset)", a.id, what, _fig(a.rule, a.value), a.tasks, a.batches)
+
+
+def _in_episode(row: CircuitRow | None, ep: int | None) -> bool:
+    """Whether a circuit's recorded state is OPEN in episode ``ep``."""
+    return row is not None and row.state == CircuitState.OPEN and episode(row) == ep
+
+
+def _episode_lasts(row: CircuitRow | None, alert_opened: int) -> bool:
+    """Whether the OPEN episode a circuit's alert was opened in lasts: the circuit is
+    recorded OPEN since (at the latest) the alert's opening."""
+    return row is not None and row.state == CircuitState.OPEN \
+        and opened_at(row) <= alert_opened
 
 
 def _fig(rule: str, v: float | None) -> str:
@@ -498,6 +582,15 @@ def ack_alert(store: Store, alert_id: int, *, actor: str | None = None,
     return get_alert(store, alert_id)
 
 
+def waiting_deliveries(store: Store) -> list[dict[str, Any]]:
+    """Per webhook (target) with PENDING deliveries: ``target``, ``pending`` (how many)
+    and ``oldest_s`` (the oldest's age, seconds). A webhook that no worker's
+    configuration names any more keeps its deliveries PENDING here."""
+    waiting, now = AlertStore(store).waiting()
+    return [{"target": w["target"], "pending": w["pending"],
+             "oldest_s": (now - w["oldest"]) / 1000} for w in waiting]
+
+
 def prune_deliveries(store: Store, older_than_ms: int) -> int:
     """Delete webhook deliveries done (DELIVERED or FAILED) before ``older_than_ms`` ago;
     alerts and their samples stay."""
@@ -512,4 +605,5 @@ def prune_alerts(store: Store, older_than_ms: int) -> tuple[int, int]:
 
 __all__ = ["CANDIDATES", "ROLE", "TOUCHED", "Alert", "AlertSample", "Evaluator", "Event",
            "ack_alert", "alert_key", "alert_of", "announced_to", "event_body", "get_alert",
-           "known_secrets", "list_alerts", "prune_alerts", "prune_deliveries", "scrub"]
+           "known_secrets", "list_alerts", "prune_alerts", "prune_deliveries", "scrub",
+           "waiting_deliveries"]

@@ -13,6 +13,12 @@ are under way (at most ``batch`` at once, at most ``per_webhook`` to one webhook
 a webhook that does not answer holds its posts for up to its timeout, the other
 webhooks' deliveries go out, however many events wait for the silent one.
 
+A sender claims only the deliveries of the webhooks its configuration names: during a
+rolling change of the configuration, a delivery to a webhook this worker does not know
+(renamed, or named only in the other workers' configuration) stays PENDING for a sender
+that knows it, takes no place in a claim, and is reported (a WARNING per webhook, at
+most every :data:`STRANGERS_EVERY_S`, with how many wait and since when).
+
 The body is signed: ``X-Lockgate-Signature: sha256=<hex>``, the HMAC-SHA256 of the raw
 body bytes with the webhook's secret (docs/quality.md shows how to check it).
 """
@@ -25,6 +31,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +48,9 @@ log = logging.getLogger("lockgate.quality")
 #: Added to a webhook's timeout for the claim of a delivery.
 CLAIM_MARGIN_MS = 30_000
 RETRIED = frozenset({408, 429})
+#: Least time between two reports of the deliveries waiting for a webhook a sender does
+#: not know.
+STRANGERS_EVERY_S = 300.0
 
 
 def signature(key: bytes, body: bytes) -> str:
@@ -73,6 +83,8 @@ class Sender:
         self._posting: dict[str, int] = {}
         #: set when a post ends: room for another claim (made by :meth:`run`, in its loop)
         self._ended: asyncio.Event | None = None
+        #: when the deliveries waiting for unknown webhooks were last reported (monotonic)
+        self._reported = float("-inf")
 
     async def pass_once(self) -> int:
         """Claim the due deliveries and post them concurrently; how many were tried
@@ -100,6 +112,9 @@ class Sender:
                     if ready():
                         try:
                             n = len(await self._claim(session))
+                            if time.monotonic() - self._reported >= STRANGERS_EVERY_S:
+                                self._reported = time.monotonic()
+                                await asyncio.to_thread(self.report_strangers)
                         except (StoreError, DBAPIError) as exc:
                             log.warning("quality webhooks: step failed, retrying: %s", exc)
                         except Exception:  # a webhook never stops the worker
@@ -122,7 +137,7 @@ class Sender:
                  for w in self.q.webhook}
         rows = await asyncio.to_thread(
             functools.partial(self.astore.claim_deliveries, token, self.lease_ms, room,
-                              room=share))
+                              targets=list(self.keys), room=share))
         posts = []
         for row in rows:
             target = str(row["target"])
@@ -132,6 +147,20 @@ class Sender:
             task.add_done_callback(functools.partial(self._done, target))
             posts.append(task)
         return posts
+
+    def report_strangers(self) -> list[dict[str, Any]]:
+        """Log a WARNING per webhook this sender does not know that has PENDING
+        deliveries (how many, the oldest's age); returns them (``target``, ``pending``,
+        ``oldest`` in ms)."""
+        waiting, now = self.astore.waiting()
+        strangers = [w for w in waiting if w["target"] not in self.keys]
+        for w in strangers:
+            log.warning("quality webhooks: %d delivery(ies) to webhook %r wait, the oldest "
+                        "for %.0f s: this worker's [quality] names no such webhook, a "
+                        "worker whose configuration names it sends them (docs/quality.md, "
+                        "\"Webhooks\")", w["pending"], w["target"],
+                        (now - w["oldest"]) / 1000)
+        return strangers
 
     def _done(self, target: str, task: asyncio.Task[None]) -> None:
         self._posts.discard(task)
@@ -169,9 +198,10 @@ class Sender:
                     token: str) -> None:
         w = self.q.webhook_named(row["target"])
         rid = int(row["id"])
-        if w is None:
-            await asyncio.to_thread(self.astore.failed, rid, token,
-                                    f"no webhook named {row['target']!r} in [quality]")
+        if w is None:  # not claimed (see AlertStore.claim_deliveries): left for another
+            await asyncio.to_thread(self.astore.retry_later, rid, token, 0,
+                                    f"no webhook named {row['target']!r} in this "
+                                    "worker's [quality]")
             return
         body = str(row["body"]).encode()
         headers = {"Content-Type": "application/json",

@@ -111,9 +111,16 @@ def _version_cond(version: str | None, configs: Sequence[str] | None) -> str:
     return "a.prompt_version IS NULL AND t.config_hash IN :cfg"
 
 # -- outbox -----------------------------------------------------------------------------
+#: Due deliveries to the webhooks a sender knows (``known``: its configuration's names):
+#: a delivery to a webhook it does not know stays PENDING, for a sender that knows it,
+#: and is not read, so it takes no place of the LIMIT.
 _DUE = sql("SELECT id, target FROM alert_delivery WHERE status = 'PENDING' "
-           "AND next_at <= :now AND target NOT IN :full ORDER BY next_at, id LIMIT :lim",
-           "full")
+           "AND next_at <= :now AND target IN :known ORDER BY next_at, id LIMIT :lim",
+           "known")
+#: PENDING deliveries per webhook: how many, and the oldest's creation (ms).
+_WAITING = sql("SELECT target, COUNT(*) AS pending, MIN(created_at) AS oldest "
+               "FROM alert_delivery WHERE status = 'PENDING' GROUP BY target "
+               "ORDER BY target")
 _CLAIM_DELIVERY = sql(
     "UPDATE alert_delivery SET lease_token = :t, next_at = :now + :ms, "
     "attempts = attempts + 1 WHERE id = :id AND status = 'PENDING' AND next_at <= :now")
@@ -332,18 +339,23 @@ class AlertStore:
         return ids
 
     def claim_deliveries(self, token: str, lease_ms: int, limit: int, *,
+                         targets: Iterable[str],
                          room: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
-        """Claim up to ``limit`` due deliveries under ``token`` for ``lease_ms`` (a
-        sender that dies leaves them to be claimed again once that has passed).
+        """Claim up to ``limit`` due deliveries to the webhooks named in ``targets`` (the
+        sender's configuration) under ``token`` for ``lease_ms`` (a sender that dies
+        leaves them to be claimed again once that has passed). A delivery to another
+        webhook is not read: it stays PENDING for a sender that knows it.
         ``room``: how many more a webhook (by target) may have claimed now; those not
         named have ``limit``. A webhook with none left is not read at all."""
         room = dict(room or {})
-        full = sorted(t for t, n in room.items() if n <= 0) or [""]
+        known = sorted({t for t in targets if room.get(t, limit) > 0})
+        if not known:
+            return []
 
         def work(tx: Tx) -> list[dict[str, Any]]:
             out = []
             left = dict(room)
-            for did, target in tx.execute(_DUE, {"lim": limit, "full": full}).all():
+            for did, target in tx.execute(_DUE, {"lim": limit, "known": known}).all():
                 if left.get(target, limit) <= 0:
                     continue  # its share of this claim is taken: due at the next one
                 if tx.execute(_CLAIM_DELIVERY, {"id": did, "t": token,
@@ -383,6 +395,13 @@ class AlertStore:
                 alerts += tx.execute(_DROP_ALERTS, part).rowcount
             return alerts, samples
         return self.store.transaction(work)
+
+    def waiting(self) -> tuple[list[dict[str, Any]], int]:
+        """Per webhook (target) with PENDING deliveries: ``target``, ``pending`` (how
+        many) and ``oldest`` (the oldest's creation, ms); and the database clock."""
+        with self.store.read() as tx:
+            return [{"target": str(r["target"]), "pending": int(r["pending"]),
+                     "oldest": int(r["oldest"])} for r in tx.rows(_WAITING)], tx.now
 
     def pending_deliveries(self) -> int:
         with self.store.read() as tx:

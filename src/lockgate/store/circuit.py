@@ -86,8 +86,13 @@ class CircuitStore:
     def rows(self) -> tuple[dict[str, CircuitRow], int]:
         """Every circuit row by prompt, and the database clock (ms)."""
         with self.store.read() as tx:
-            return ({str(r._mapping["prompt"]): CircuitRow.from_row(r._mapping)
-                     for r in tx.execute(select(_C))}, tx.now)
+            return self.rows_in(tx), tx.now
+
+    @staticmethod
+    def rows_in(tx: Tx) -> dict[str, CircuitRow]:
+        """Every circuit row by prompt, read in ``tx``."""
+        return {str(r._mapping["prompt"]): CircuitRow.from_row(r._mapping)
+                for r in tx.execute(select(_C))}
 
     def move(self, row: CircuitRow, to: str, *, actor: str, reason: str,
              figures: dict[str, Any] | None = None, manual: bool = False) -> CircuitRow | None:
