@@ -184,3 +184,29 @@ def test_a_sender_leaves_the_deliveries_of_a_webhook_it_does_not_know(
         assert waiting_deliveries(store) == []
     finally:
         rec.stop()
+
+
+def test_status_shows_the_deliveries_waiting_over_a_minute_per_webhook(
+        store: Store, db_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from lockgate.cli import app
+
+    now = store.db_now()
+    with store.engine.begin() as conn:
+        conn.execute(schema.alert_delivery.insert(), [
+            {"delivery_id": f"w{k}", "alert_id": 1, "event": "open", "target": target,
+             "body": "{}", "status": "PENDING", "next_at": now, "created_at": created}
+            for k, (target, created) in enumerate([
+                ("ops", now - 600_000), ("ops", now - 5_000), ("fresh", now - 5_000)])])
+    runner = CliRunner()
+    result = runner.invoke(app, ["status", "--db", db_url])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # (said on stderr, beside the tables)
+    assert "webhook 'ops': 2 alert deliveries waiting, the oldest 10m" in text, text
+    assert "'fresh'" not in text  # seconds old: on its way
+    result = runner.invoke(app, ["status", "--db", db_url, "--json"])
+    assert result.exit_code == 0, result.output
+    waiting = {w["target"]: w for w in orjson.loads(result.stdout)["webhooks_waiting"]}
+    assert waiting.keys() == {"ops", "fresh"} and waiting["ops"]["pending"] == 2
+    assert waiting["ops"]["oldest_s"] >= 599

@@ -49,7 +49,7 @@ from lockgate.cli._common import (
 from lockgate.cli.circuit import circuit_table
 from lockgate.cli.report import summary_table
 from lockgate.config import Endpoint, Settings
-from lockgate.durations import parse_duration
+from lockgate.durations import format_duration, parse_duration
 from lockgate.errors import ConfigError, LockgateError, SpecError, StoreError, cannot
 from lockgate.files import REVIEW_WRITERS, WRITERS, Format, file_batch
 from lockgate.flow.status import report as flow_report
@@ -484,16 +484,38 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
 
 @command(app)
 def status(db: DbOpt = None, as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
-    """Tasks per state and batch, leases in flight, workers alive, endpoints, windows."""
+    """Tasks per state and batch, leases in flight, workers alive, endpoints, windows,
+    and alert webhook deliveries waiting."""
+    from lockgate.quality.alerts import waiting_deliveries  # deferred: start-up time
+
     with opened(db, config) as lg:
         st = lg.status()
         flow = flow_report(lg.store, lg.settings, [
             {"endpoints": w.endpoints, "concurrency": w.concurrency} for w in st.workers])
+        waiting = waiting_deliveries(lg.store)
     if as_json:
-        print_json({**st.to_dict(), "flow": flow})
+        print_json({**st.to_dict(), "flow": flow, "webhooks_waiting": waiting})
         return
     _print_status(st)
     _print_flow(flow)
+    _print_waiting(waiting)
+
+
+#: Deliveries pending longer than this are shown by `status` (a delivery normally goes
+#: out within seconds; one waits when its receiver is down or no worker's config names
+#: its webhook).
+WAITING_SHOWN_S = 60.0
+
+
+def _print_waiting(waiting: list[dict[str, Any]]) -> None:
+    late = [w for w in waiting if w["oldest_s"] >= WAITING_SHOWN_S]
+    for w in late:
+        many = "delivery" if w["pending"] == 1 else "deliveries"
+        console.print(f"webhook '{w['target']}': {w['pending']:,} alert {many} waiting, "
+                      f"the oldest {format_duration(int(w['oldest_s']))} old: a worker "
+                      "holding the quality role whose config names this webhook sends "
+                      "them (is its receiver down, or was it renamed? docs/quality.md, "
+                      "Webhooks)", markup=False)
 
 
 def _print_status(st: Status) -> None:
