@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import errno
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ import orjson
 try:  # the optional fast-http extra
     from pyreqwest.client import ClientBuilder
     from pyreqwest.exceptions import BodyDecodeError as PyreqwestBodyDecodeError
+    from pyreqwest.exceptions import ConnectError as PyreqwestConnectError
     from pyreqwest.exceptions import DecodeError as PyreqwestDecodeError
     from pyreqwest.exceptions import PyreqwestError
 except ImportError:  # pragma: no cover - checked by check_http_client
@@ -30,6 +32,7 @@ except ImportError:  # pragma: no cover - checked by check_http_client
     PyreqwestError = OSError  # type: ignore[assignment,misc]
     PyreqwestDecodeError = OSError  # type: ignore[assignment,misc]
     PyreqwestBodyDecodeError = OSError  # type: ignore[assignment,misc]
+    PyreqwestConnectError = OSError  # type: ignore[assignment,misc]
 
 from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
@@ -130,10 +133,29 @@ def _kept_body(raw: bytes) -> str | None:
 def classify_response(status: int, body: Any, headers: Mapping[str, str],
                       raw: bytes = b"") -> ProviderError:
     """Map an error response to the most specific :class:`ErrorClass`."""
+    body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     code, etype, message = _error_fields(body, err)
-    return _answered_error(_error_class(status, code, etype, message),
+    return _answered_error(_error_class(status, code, etype, message, _reasons(err)),
                            f"HTTP {status}: {message}", status, headers, raw)
+
+
+def _unwrapped(body: Any) -> Any:
+    """An error body as one object: Gemini wraps its error in a list of one,
+    ``[{"error": {...}}]``."""
+    if isinstance(body, list) and len(body) == 1 and isinstance(body[0], dict):
+        return body[0]
+    return body
+
+
+def _reasons(err: Any) -> str:
+    """The ``reason`` of each entry of an error's ``details`` (Google's ErrorInfo:
+    ``API_KEY_INVALID``), space-separated."""
+    details = err.get("details") if isinstance(err, dict) else None
+    if not isinstance(details, list):
+        return ""
+    return " ".join(str(d["reason"]) for d in details
+                    if isinstance(d, dict) and d.get("reason"))[:500]
 
 
 def _answered_error(cls: ErrorClass, text: str, status: int, headers: Mapping[str, str],
@@ -147,28 +169,60 @@ def _answered_error(cls: ErrorClass, text: str, status: int, headers: Mapping[st
                          body=_kept_body(raw))
 
 
-def _error_class(status: int, code: str, etype: str, message: str) -> ErrorClass:
+def _error_class(status: int, code: str, etype: str, message: str,
+                 reasons: str = "") -> ErrorClass:
     """The class of an error answer, from its status and what its body says. What the
     body names beats the status where providers disagree on statuses: an exhausted
     balance comes as 400, 402, 403 or 429, a context length as 400 or 413, a filtered
-    prompt as 400 or 500. (A 5xx is the server failing: its message is not taken for an
-    exhausted balance, only its code.)"""
+    prompt as 400 or 500, a refused key as 400 (Gemini), 401 or 403. (A 5xx is the
+    server failing: its message is not taken for an exhausted balance or a refused
+    key, only its code.)"""
     if status == 402 or is_quota(code, etype, message if status < 500 else ""):
         return ErrorClass.QUOTA_EXHAUSTED
     if status == 429:
         return ErrorClass.RATE_LIMITED
     if is_context_length(code, etype, message):
         return ErrorClass.CONTEXT_LENGTH_EXCEEDED
-    if status in (401, 403):
+    if status in (401, 403) or is_key_refused(code, etype, message if status < 500 else "",
+                                              reasons):
         return ErrorClass.AUTH_ERROR
     if status in (408, 504):
         return ErrorClass.TIMEOUT
     if _FILTER_WORDS.search(f"{code} {etype}"):
         # before the 5xx: a filter is the prompt's, another attempt meets it again
         return ErrorClass.CONTENT_FILTERED
-    if status >= 500:
+    if status >= 500 or status in RETRIED_4XX:
         return ErrorClass.SERVER_ERROR
     return ErrorClass.INVALID_REQUEST
+
+
+#: 4xx statuses that say "not now" rather than "not this request": 409 Conflict (a
+#: request with the same Idempotency-Key still in progress, a resource busy) and 425
+#: Too Early (RFC 8470: retry). openai-python and Anthropic's SDK retry 409; they are
+#: ``server_error`` here (retried under the task's policy; a lone one does not open
+#: the breaker, a run of them does, as of 5xx). 408 is ``timeout``, 429 ``rate_limited``.
+RETRIED_4XX = frozenset({409, 425})
+
+#: Codes, types and ``details`` reasons of a refused key (Google's API_KEY_INVALID,
+#: API_KEY_EXPIRED; OpenAI's invalid_api_key).
+_KEY_CODES = re.compile(r"(?i)api.?key.?(?:invalid|expired|not.?valid|service.?blocked)"
+                        r"|(?:invalid|incorrect|expired).?api.?key")
+#: Messages that say so (Gemini's 400 "API key not valid. Please pass a valid API key.",
+#: "API key expired. Please renew the API key.").
+_KEY_MESSAGE = re.compile(
+    r"(?i)\bapi[ _-]?key\b.{0,30}?\b(?:not valid|invalid|expired|revoked|incorrect"
+    r"|(?:is )?(?:missing|required))\b|\b(?:invalid|incorrect|expired|revoked|missing)"
+    r" api[ _-]?key\b")
+#: Messages of Google's PERMISSION_DENIED that speak of the key or the caller.
+_KEY_PERMISSION = re.compile(r"(?i)api[ _-]?key|unregistered callers|consumer")
+
+
+def is_key_refused(code: str, etype: str, message: str, reasons: str = "") -> bool:
+    """Whether an error says the API key was refused (wrong, expired, blocked), in a
+    status that does not say so (Gemini answers a wrong key with 400)."""
+    if _KEY_CODES.search(f"{code} {etype} {reasons}") or _KEY_MESSAGE.search(message):
+        return True
+    return etype.upper() == "PERMISSION_DENIED" and bool(_KEY_PERMISSION.search(message))
 
 
 #: Codes and types that name an account out of money or quota whatever the message
@@ -265,12 +319,12 @@ _INVALID_WORDS = re.compile(r"(?i)invalid.?request|not.?found|invalid.?(?:value|
                             r"|argument)|bad.?request|validation|unsupported")
 
 
-def _class_in_body(code: str, etype: str, message: str) -> ErrorClass:
+def _class_in_body(code: str, etype: str, message: str, reasons: str = "") -> ErrorClass:
     """The class of an error object in a 2xx answer, which has no status of its own to
     go by: what its code, type and message name, else the HTTP status its code may be
     (``"code": 503``), else ``server_error`` (the provider failed to answer: worth
     another attempt)."""
-    kind = f"{code} {etype}"
+    kind = f"{code} {etype} {reasons}"
     inner = int(code) if code.isdigit() and 400 <= int(code) < 600 else None
     if is_quota(code, etype, message) or inner == 402:
         return ErrorClass.QUOTA_EXHAUSTED
@@ -278,14 +332,14 @@ def _class_in_body(code: str, etype: str, message: str) -> ErrorClass:
         return ErrorClass.RATE_LIMITED
     if is_context_length(code, etype, message):
         return ErrorClass.CONTEXT_LENGTH_EXCEEDED
-    if _AUTH_WORDS.search(kind):
+    if _AUTH_WORDS.search(kind) or is_key_refused(code, etype, message, reasons):
         return ErrorClass.AUTH_ERROR
     if _FILTER_WORDS.search(kind):
         return ErrorClass.CONTENT_FILTERED
     if _INVALID_WORDS.search(kind):
         return ErrorClass.INVALID_REQUEST
     if inner is not None:
-        return _error_class(inner, code, etype, message)
+        return _error_class(inner, code, etype, message, reasons)
     return ErrorClass.SERVER_ERROR
 
 
@@ -294,11 +348,12 @@ def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
     """A 2xx answer that carries an error object instead of choices (gateways do so):
     classified by its code, type and message, as its status would have been; None
     when the body holds no error."""
+    data = _unwrapped(data)
     err = data.get("error") if isinstance(data, dict) else None
     if not err and not (isinstance(data, dict) and data.get("object") == "error"):
         return None
     code, etype, message = _error_fields(data, err)
-    return _answered_error(_class_in_body(code, etype, message),
+    return _answered_error(_class_in_body(code, etype, message, _reasons(err)),
                            f"HTTP {status} with an error in {where}: {message}",
                            status, headers, raw)
 
@@ -312,6 +367,20 @@ def _unreadable(exc: BaseException, status: int | None = None,
         if headers is not None else ""
     return ProviderError(ErrorClass.SERVER_ERROR, f"{said}the body could not be read "
                          f"({type(exc).__name__}: {exc}{encoding})", http_status=status)
+
+
+class _StaleConnection(Exception):
+    """A request failed on a connection closed or reset before any answer came (see
+    :func:`_stale_aiohttp`): sent again once on a new connection."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _connection_error(exc: BaseException) -> ProviderError:
+    """A request that reached no server that answered it: ``connection_error``."""
+    return ProviderError(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def _tool_names(calls: Any) -> str:
@@ -338,6 +407,44 @@ def _last_cause(exc: BaseException) -> str:
     if isinstance(causes, list) and causes and isinstance(causes[-1], dict):
         return str(causes[-1].get("message") or exc)
     return str(exc)
+
+
+#: The errors of a socket the server closed or reset (a pooled keep-alive connection
+#: it had let go of when the request reached it).
+_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+
+def _stale_aiohttp(exc: BaseException) -> bool:
+    """Whether aiohttp failed a request on a connection the server closed or reset
+    before any answer came (no status line): the server's idle keep-alive timer fired
+    as the request reached it, so it never processed it. Not a connection that could
+    not be opened (the endpoint down), not a timeout, not an answer cut short."""
+    if isinstance(exc, aiohttp.ClientConnectorError | TimeoutError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # with part of a status line come, its message is that response (a
+        # RawResponseMessage), not the text "Server disconnected"
+        return isinstance(exc.message, str)
+    if isinstance(exc, aiohttp.ClientConnectionResetError):
+        return True  # the request could not be written: the socket was closing
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in _RESET_ERRNOS
+
+
+#: What hyper says of a connection closed or reset before a response head came.
+_STALE_CAUSES = re.compile(r"(?i)connection closed before message completed"
+                           r"|connection reset|broken pipe")
+
+
+def _stale_reqwest(exc: BaseException) -> bool:
+    """:func:`_stale_aiohttp` for pyreqwest: the request's send failed because the
+    connection was closed or reset before a response head came (hyper's "connection
+    closed before message completed"), not because none could be opened."""
+    if not isinstance(exc, PyreqwestConnectError) or isinstance(exc, TimeoutError):
+        return False
+    details = getattr(exc, "details", None)
+    causes = details.get("causes") if isinstance(details, dict) else None
+    said = " | ".join(str(c.get("message")) for c in causes or [] if isinstance(c, dict))
+    return "tcp connect" not in said.lower() and bool(_STALE_CAUSES.search(said))
 
 
 def _content(content: Any) -> str:
@@ -376,6 +483,163 @@ def _why_not_json(raw: bytes) -> str:
             return f"not valid UTF-8 at byte {exc.start}: a charset its Content-Type " \
                    "does not declare?"
     return "cut off?"
+
+
+#: How an event stream begins when no Content-Type says so: a field line (``data:``,
+#: ``event:``, ``id:``, ``retry:``) or a comment (``: keep-alive``).
+_SSE_START = re.compile(rb"\A\s*(?:(?:data|event|id|retry)[ \t]*:|:)")
+
+
+def _is_event_stream(raw: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether a body is Server-Sent Events (what a streamed completion is): by its
+    Content-Type, else by how it begins (a JSON body never begins so)."""
+    start = raw[:64]
+    if start.lstrip()[:1] in (b"{", b"["):  # JSON, whatever its Content-Type says
+        return False
+    kind = (headers.get("content-type") or "").lower()
+    return "text/event-stream" in kind or bool(_SSE_START.match(start))
+
+
+def _sse_events(raw: bytes) -> list[tuple[str, str]]:
+    """The events of a Server-Sent Events body, as (event type, data): the ``data``
+    lines of each event joined with newlines (the WHATWG rules: a blank line ends an
+    event, a line starting with ``:`` is a comment, one space after the colon is not
+    part of the value)."""
+    events: list[tuple[str, str]] = []
+    kind, data = "", list[str]()
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if not line:
+            if data:
+                events.append((kind, "\n".join(data)))
+            kind, data = "", []
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            kind = value
+    if data:
+        events.append((kind, "\n".join(data)))
+    return events
+
+
+def _event_chunk(status: int, kind: str, text: str, headers: Mapping[str, str],
+                 raw: bytes) -> dict[str, Any]:
+    """One event of a stream as the chunk it carries; an error event raised as the
+    error it says (classified as an error body would be)."""
+    try:
+        chunk = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        chunk = _lenient_json(text.encode("utf-8", "surrogatepass"))
+    if kind == "error" and not (isinstance(chunk, dict) and "error" in chunk):
+        chunk = {"error": chunk if isinstance(chunk, dict) else {"message": text[:500]}}
+    found = _error_in_body(status, chunk, headers, raw, where="the event stream")
+    if found is not None:
+        raise found
+    if not isinstance(chunk, dict):
+        raise ProviderError(ErrorClass.SERVER_ERROR, f"HTTP {status} with an event "
+                            f"stream whose data is not a JSON object: {text[:120]!r}",
+                            http_status=status, request_id=_request_id(headers))
+    return chunk
+
+
+class _Assembled:
+    """The first choice of a streamed completion, put together chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: list[Any] = []
+        self.first: dict[str, Any] = {}
+        self.usage: Any = None
+        self.finish: Any = None
+        self.error: Any = None
+        self.seen = False
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "model", "created", "system_fingerprint"):
+            if key not in self.first and chunk.get(key) is not None:
+                self.first[key] = chunk[key]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        for c in choices if isinstance(choices, list) else []:
+            if isinstance(c, dict) and c.get("index", 0) == 0:
+                self._choice(c)
+
+    def _choice(self, c: dict[str, Any]) -> None:
+        self.seen = True
+        delta: Any = c.get("delta")
+        if not isinstance(delta, dict):
+            delta = c.get("message")
+            if not isinstance(delta, dict):
+                delta = {}
+        if delta.get("content") is not None:
+            self.content.append(_content(delta["content"]))
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        for name in ("tool_calls", "function_call"):
+            more = delta.get(name)
+            if more:
+                self.calls.extend(more if isinstance(more, list) else [more])
+        if c.get("finish_reason") is not None:
+            self.finish = c["finish_reason"]
+        if isinstance(c.get("error"), dict):
+            self.error = c["error"]
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.calls:
+            message["tool_calls"] = self.calls
+        choice: dict[str, Any] = {"index": 0, "message": message,
+                                  "finish_reason": self.finish}
+        if self.error is not None:
+            choice["error"] = self.error
+        return {"id": None, "object": "chat.completion", **self.first,
+                "choices": [choice], "usage": self.usage}
+
+
+def _from_event_stream(status: int, raw: bytes, headers: Mapping[str, str]) -> Any:
+    """The completion an event stream carries, as the JSON body of a non-streamed
+    answer would have carried it: a server or gateway that streams although lockgate
+    asked for no stream (``stream`` is never sent). The text of the chunks'
+    ``choices[0].delta.content`` joined, ``finish_reason`` from the last chunk that has
+    one, ``usage`` from the chunk that carries it, ``id`` and ``model`` from the first.
+    An error event is classified as an error body; a stream without a completion, or
+    cut before its answer ended (no ``finish_reason`` and no ``[DONE]``), is
+    ``server_error``."""
+    got = _Assembled()
+    done = False
+    events = _sse_events(raw)
+    for kind, text in events:
+        if text.strip() == "[DONE]":
+            done = True
+        else:
+            got.add(_event_chunk(status, kind, text, headers, raw))
+    start = raw[:120].decode("utf-8", "replace")
+    if not got.seen:
+        raise ProviderError(ErrorClass.SERVER_ERROR, f"HTTP {status} with an event stream "
+                            f"without a completion ({len(events)} events): {start!r}",
+                            http_status=status, request_id=_request_id(headers))
+    if got.finish is None and not done and got.error is None:
+        raise ProviderError(ErrorClass.SERVER_ERROR, f"HTTP {status} with an event stream "
+                            "that ended before its answer did (no finish_reason, no "
+                            f"[DONE]; {len(events)} events): {start!r}",
+                            http_status=status, request_id=_request_id(headers))
+    return got.completion()
+
+
+def _first_event(raw: bytes) -> Any:
+    """The first event of an event stream that is JSON (an error answer sent as one),
+    or None."""
+    for _kind, text in _sse_events(raw)[:8]:
+        found = _lenient_json(text.encode("utf-8", "surrogatepass"))
+        if found is not None:
+            return found
+    return None
 
 
 #: The largest token count taken from a provider's ``usage`` (it is stored in 32-bit
@@ -454,6 +718,8 @@ class OpenAICompatible:
         self._send_key = send_idempotency_key
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._fresh_session: aiohttp.ClientSession | None = None
+        self._reqwest_fresh: Any = None  # the same, for the resend of a stale request
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._reqwest: Any = None  # pyreqwest's client, made on first use
         self._durations: dict[float, timedelta] = {}
@@ -461,12 +727,23 @@ class OpenAICompatible:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                             keepalive_timeout=30, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(
-                connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
-                skip_auto_headers=("User-Agent",))
+            self._session = self._new_session(force_close=False)
         return self._session
+
+    def _fresh_client(self) -> aiohttp.ClientSession:
+        """A session whose every request goes on a new connection (closed after it):
+        for the one resend of a request whose pooled connection was stale."""
+        if self._fresh_session is None or self._fresh_session.closed:
+            self._fresh_session = self._new_session(force_close=True)
+        return self._fresh_session
+
+    def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=0, force_close=force_close,
+            keepalive_timeout=None if force_close else 30, ttl_dns_cache=300)
+        return aiohttp.ClientSession(
+            connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
+            skip_auto_headers=("User-Agent",))
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """POST one chat completion; every failure becomes a classified ProviderError."""
@@ -485,6 +762,8 @@ class OpenAICompatible:
         if 300 <= status < 400:
             raise self._redirected(status, resp_headers)
         raw = _as_utf8(status, raw, resp_headers)
+        if raw and _is_event_stream(raw, resp_headers):
+            return self._streamed(status, raw, resp_headers, request.model)
         strict = True
         try:
             data = orjson.loads(raw) if raw else None
@@ -499,6 +778,24 @@ class OpenAICompatible:
         answer = self._completion(data, status, resp_headers, request.model, raw)
         # A body only the lenient reader takes is not kept: exports read it back strictly.
         answer.body = _kept_body(raw) if strict else None
+        return answer
+
+    def _streamed(self, status: int, raw: bytes, headers: Mapping[str, str],
+                  model: str) -> Completion:
+        """An answer sent as an event stream (:func:`_from_event_stream`): the same
+        completion, or the same classified error, as the JSON body would have given.
+        The body kept for exports is the completion as JSON."""
+        if not 200 <= status < 300:
+            found = _first_event(raw)
+            raise classify_response(status, found if found is not None else raw[:300].decode(
+                "utf-8", "replace"), headers, raw)
+        data = _from_event_stream(status, raw, headers)
+        answer = self._completion(data, status, headers, model, raw)
+        try:
+            kept = orjson.dumps(data)
+        except orjson.JSONEncodeError:  # a lone surrogate the lenient reader took
+            return answer
+        answer.body = kept.decode() if len(kept) <= MAX_BODY else None
         return answer
 
     def _redirected(self, status: int, headers: Mapping[str, str]) -> ProviderError:
@@ -518,19 +815,55 @@ class OpenAICompatible:
         return ProviderError(ErrorClass.INVALID_REQUEST, message, http_status=status,
                              request_id=_request_id(headers))
 
+    def _stale(self, exc: BaseException, deadline: float) -> float | None:
+        """The time left for the one resend of a request whose connection was stale
+        (see :func:`_stale_aiohttp`), or None when it is not resent."""
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return None
+        log.debug("endpoint '%s': the connection was closed before an answer came "
+                  "(%s: %s); sent again on a new connection", self.name,
+                  type(exc).__name__, exc)
+        return left
+
     async def _post_aiohttp(self, body: bytes, headers: Mapping[str, str],
                             timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+        """POST on aiohttp's pooled connections. A request whose connection turns out
+        stale (closed or reset before any answer) is sent again at once, once, on a new
+        connection, within what is left of its timeout: it never reached the model,
+        so it spends no attempt and says nothing of the endpoint's health."""
         timeout = self._timeouts.get(timeout_s)
         if timeout is None:
             timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            async with self._client().post(self.url, data=body, headers=headers,
-                                           timeout=timeout, allow_redirects=False) as resp:
+            return await self._post_aiohttp_on(self._client(), body, headers, timeout,
+                                               timeout_s)
+        except _StaleConnection as stale:
+            left = self._stale(stale.exc, deadline)
+            if left is None:
+                raise _connection_error(stale.exc) from None
+        try:
+            return await self._post_aiohttp_on(
+                self._fresh_client(), body, headers, aiohttp.ClientTimeout(total=left),
+                timeout_s)
+        except _StaleConnection as again:
+            raise _connection_error(again.exc) from None
+
+    async def _post_aiohttp_on(self, session: aiohttp.ClientSession, body: bytes,
+                               headers: Mapping[str, str], timeout: aiohttp.ClientTimeout,
+                               timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+        try:
+            async with session.post(self.url, data=body, headers=headers,
+                                    timeout=timeout, allow_redirects=False) as resp:
                 try:
                     return resp.status, resp.headers, await resp.read()
                 except aiohttp.ClientPayloadError as exc:
                     # A status line came: the endpoint answered.
                     raise _unreadable(exc, resp.status, resp.headers) from None
+                except aiohttp.ClientError as exc:
+                    # Answered, then lost: never sent again (the model may have run)
+                    raise _connection_error(exc) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -542,32 +875,69 @@ class OpenAICompatible:
         except aiohttp.ClientPayloadError as exc:
             raise _unreadable(exc) from None
         except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorClass.CONNECTION_ERROR,
-                                f"{type(exc).__name__}: {exc}") from None
+            if _stale_aiohttp(exc):
+                raise _StaleConnection(exc) from None
+            raise _connection_error(exc) from None
+
+    def _reqwest_client(self, *, fresh: bool = False) -> Any:
+        """pyreqwest's client; with ``fresh``, one that keeps no idle connection (each
+        request on a new one), for the resend of a stale request."""
+        client = self._reqwest_fresh if fresh else self._reqwest
+        if client is None:
+            # Bodies are decoded here, not by reqwest (_inflated), and redirects are
+            # not followed (_redirected).
+            builder = (ClientBuilder().max_connections(self._max_connections)
+                       .follow_redirects(False).gzip(False).deflate(False)
+                       .brotli(False).zstd(False))
+            if fresh:
+                client = self._reqwest_fresh = builder.pool_max_idle_per_host(0).build()
+            else:
+                client = self._reqwest = (builder.pool_idle_timeout(timedelta(seconds=30))
+                                          .build())
+        return client
 
     async def _post_reqwest(self, body: bytes, headers: Mapping[str, str],
                             timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
-        """The same POST on pyreqwest. Its timeouts are TimeoutErrors; a DecodeError is
-        an answer it could not parse (not valid HTTP); every other failure of the
-        request is a PyreqwestError, a connection error here."""
-        if self._reqwest is None:
-            # Bodies are decoded here, not by reqwest (_inflated), and redirects are
-            # not followed (_redirected).
-            self._reqwest = (ClientBuilder().max_connections(self._max_connections)
-                             .pool_idle_timeout(timedelta(seconds=30))
-                             .follow_redirects(False).gzip(False).deflate(False)
-                             .brotli(False).zstd(False).build())
+        """The same POST on pyreqwest, with the same one resend of a request whose
+        pooled connection was stale."""
         timeout = self._durations.get(timeout_s)
         if timeout is None:
             timeout = self._durations[timeout_s] = timedelta(seconds=timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            resp = await (self._reqwest.post(self.url).body_bytes(body).headers(headers)
-                          .timeout(timeout).build().send())
-            try:
-                raw = _inflated(bytes(await resp.bytes()), resp.headers)
-            except (PyreqwestError, ValueError) as exc:
-                # A status line came: the endpoint answered.
-                raise _unreadable(exc, int(resp.status), resp.headers) from None
+            return await self._post_reqwest_on(self._reqwest_client(), body, headers,
+                                               timeout, timeout_s)
+        except _StaleConnection as stale:
+            left = self._stale(stale.exc, deadline)
+            if left is None:
+                raise _connection_error(stale.exc) from None
+        try:
+            return await self._post_reqwest_on(self._reqwest_client(fresh=True), body,
+                                               headers, timedelta(seconds=left), timeout_s)
+        except _StaleConnection as again:
+            raise _connection_error(again.exc) from None
+
+    async def _post_reqwest_on(self, client: Any, body: bytes, headers: Mapping[str, str],
+                               timeout: timedelta,
+                               timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+        """One POST on pyreqwest. Its timeouts are TimeoutErrors; a DecodeError is an
+        answer it could not parse (not valid HTTP); every other failure of the request
+        is a PyreqwestError, a connection error here. The response is streamed (with
+        no body read ahead) so that a body that fails is known to follow a status line,
+        which it names, as on aiohttp."""
+        try:
+            request = (client.post(self.url).body_bytes(body).headers(headers)
+                       .timeout(timeout).streamed_read_buffer_limit(0).build_streamed())
+            async with request as resp:
+                status = int(resp.status)
+                try:
+                    raw = _inflated(bytes(await resp.bytes()), resp.headers)
+                except TimeoutError:
+                    raise
+                except (PyreqwestError, ValueError) as exc:
+                    # A status line came: the endpoint answered.
+                    raise _unreadable(exc, status, resp.headers) from None
+                resp_headers = resp.headers
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -577,9 +947,10 @@ class OpenAICompatible:
             # Not the body's: the status line or the headers hyper could not parse.
             raise _not_http(_last_cause(exc)) from None
         except PyreqwestError as exc:
-            raise ProviderError(ErrorClass.CONNECTION_ERROR,
-                                f"{type(exc).__name__}: {exc}") from None
-        return int(resp.status), resp.headers, raw
+            if _stale_reqwest(exc):
+                raise _StaleConnection(exc) from None
+            raise _connection_error(exc) from None
+        return status, resp_headers, raw
 
     @staticmethod
     def _completion(data: Any, status: int, headers: Mapping[str, str],
@@ -631,10 +1002,12 @@ class OpenAICompatible:
             request_id=_request_id(headers), rate_limit=rate_headers(headers))
 
     async def close(self) -> None:
-        """Close the HTTP session (and its connections)."""
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-            await asyncio.sleep(0)
-        if self._reqwest is not None:
-            client, self._reqwest = self._reqwest, None
-            await client.close()
+        """Close the HTTP sessions (and their connections)."""
+        for session in (self._session, self._fresh_session):
+            if session is not None and not session.closed:
+                await session.close()
+                await asyncio.sleep(0)
+        for client in (self._reqwest, self._reqwest_fresh):
+            if client is not None:
+                await client.close()
+        self._reqwest = self._reqwest_fresh = None
