@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import errno
 import os
 import tempfile
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, TextIO
+from typing import IO, TYPE_CHECKING, Any, Literal, TextIO, cast
 
 import orjson
 
@@ -44,6 +45,7 @@ from lockgate.files import (
     Intake,
     Reading,
     Spool,
+    TaskIds,
     batch_id_problem,
     check_file,
     file_batch,
@@ -82,18 +84,77 @@ if TYPE_CHECKING:
     from lockgate.worker.core import SideService
 
 
+class _RejectsSink:
+    """The file a submit writes its rejected lines to, opened (and emptied) only when
+    the first line is rejected: a submit that rejects nothing leaves it as it was."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def write(self, text: str) -> int:
+        if self._file is None:
+            try:
+                self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise cannot("write", self.path, exc) from None
+        return self._file.write(text)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links too; a path that does not exist
+    yet is compared by where it resolves)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _check_rejects(path: str | Path, source: Path, database: str | None) -> None:
+    """Refuse a rejects file that is the task file itself or the SQLite database (its
+    lines would be written over them), or that cannot be written, before anything is
+    read; nothing is opened or created here."""
+    target = Path(path)
+    if _same_file(target, source):
+        raise LockgateError(
+            f"--rejects {path} is the task file being submitted: writing the rejected "
+            "lines there would destroy it. Name another file, e.g. --rejects "
+            f"{source.with_suffix('.rejects.jsonl').name}")
+    if database:
+        db = Path(database)
+        for name in (db, *(db.with_name(db.name + x) for x in ("-wal", "-shm", "-journal"))):
+            if _same_file(target, name):
+                raise LockgateError(
+                    f"--rejects {path} is the SQLite database's file ({name}): writing the "
+                    "rejected lines there would destroy the database. Name another file, "
+                    f"e.g. --rejects {source.with_suffix('.rejects.jsonl').name}")
+    if target.is_dir():
+        raise cannot("write", path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    folder = target.absolute().parent
+    if not folder.is_dir():
+        raise cannot("write", path, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
+
+
 @contextmanager
-def _rejects_file(path: str | Path | None) -> Iterator[TextIO | None]:
-    """The file a submit writes its rejected lines to (None: not asked for)."""
+def _rejects_file(path: str | Path | None, source: Path | None = None,
+                  database: str | None = None) -> Iterator[TextIO | None]:
+    """The file a submit writes its rejected lines to (None: not asked for), checked
+    first (:func:`_check_rejects`) and opened at the first rejected line."""
     if not path:
         yield None
         return
+    if source is not None:
+        _check_rejects(path, source, database)
+    sink = _RejectsSink(path)
     try:
-        sink = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise cannot("write", path, exc) from None
-    with sink:
-        yield sink
+        yield cast(TextIO, sink)  # it writes text, all a submit asks of it
+    finally:
+        sink.close()
 
 
 class _WrittenIds:
@@ -195,7 +256,12 @@ class Lockgate:
         if problem is not None:
             raise SpecError(problem, field="batch_id")
         intake = Intake(self._checks(), self._pool_of)
-        rows = [intake.task(t, i) for i, t in enumerate(tasks, start=1)]
+        ids = TaskIds()
+        rows = []
+        for i, t in enumerate(tasks, start=1):
+            row = intake.task(t, i)
+            ids.check(row, i)  # the same id with another task: refused, naming both
+            rows.append(row)
         moved = [0]
         report = self.store.submit_rows(
             _into(rows, batch_id, moved), batch_id=batch_id or "default",
@@ -227,6 +293,17 @@ class Lockgate:
                     else "")
             return f"@registry:{ref}: {exc}{hint}"
         return None
+
+    def check_rejects(self, rejects: str | Path, path: str | Path) -> None:
+        """Refuse ``rejects`` as the rejects file of a submit of ``path`` when it is that
+        file or this SQLite database's, or cannot be written (:meth:`submit_file` does
+        this too, before reading anything)."""
+        _check_rejects(rejects, Path(path), self._sqlite_file())
+
+    def _sqlite_file(self) -> str | None:
+        """The SQLite database's file (None: a server database)."""
+        url = self.store.engine.url
+        return url.database if url.get_backend_name() == "sqlite" else None
 
     def _pool_of(self, spec: TaskSpec) -> str:
         return self.settings.pool_of(spec.model)
@@ -279,7 +356,7 @@ class Lockgate:
         # must be kept, in the temporary folder if its own folder (/dev/fd) takes no file.
         once = not rereadable(p)
         with Spool(p.parent, temp_fallback=once) as spool:
-            with _rejects_file(rejects) as sink:
+            with _rejects_file(rejects, p, self._sqlite_file()) as sink:
                 checked = check_file(p, format, reject_sink=sink, intake=intake,
                                      spool=spool)
             if checked.rejected and not skip_invalid:
@@ -308,7 +385,8 @@ class Lockgate:
                          progress: Callable[[int], None] | None, plan: BatchPlan | None,
                          on_bad_line: Literal["keep", "cancel"], named: bool) -> SubmitReport:
         moved = [0]
-        with contextlib.ExitStack() as stack, _rejects_file(rejects) as sink, \
+        with contextlib.ExitStack() as stack, \
+                _rejects_file(rejects, p, self._sqlite_file()) as sink, \
                 _WrittenIds() as written:
             reading = Reading()
             # The file is opened (or refused: missing, a folder) here, before the batch.

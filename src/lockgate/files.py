@@ -21,6 +21,7 @@ import json
 import logging
 import marshal
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -40,8 +41,10 @@ from lockgate.spec import (
     RESERVED_REQUEST_FIELDS,
     ModelConfig,
     TaskSpec,
+    canonical_json,
     check_model_keys,
     check_storable,
+    nonfinite_field,
     parse_task,
     registry_reference,
 )
@@ -61,8 +64,45 @@ def _escape(text: str) -> str:
 def from_openai_batch(obj: Any, line: int | None = None,
                       max_input_bytes: int = MAX_INPUT_BYTES) -> TaskSpec:
     """Turn one OpenAI Batch API request line into a task (messages taken literally)."""
-    return parse_task(openai_batch_task(obj, line), line=line,
-                      max_input_bytes=max_input_bytes)
+    task = openai_batch_task(obj, line)
+    try:
+        return parse_task(task, line=line, max_input_bytes=max_input_bytes)
+    except SpecError as exc:
+        raise batch_error(exc) from None
+
+
+#: Where the fields of a task made of an OpenAI batch line (:func:`openai_batch_task`)
+#: came from in the line, longest prefix first: an error names the line's own field.
+_BATCH_FIELDS = (
+    ("model_config.provider_params.response_format", "body.response_format"),
+    ("model_config.response_format", "body.response_format"),
+    ("model_config.name", "body.model"),
+    ("model_config", "body"),
+    ("prompt_template", "body.messages"),
+    ("delivery_rule.schema", "body.response_format.json_schema.schema"),
+    ("delivery_rule", "body.response_format"),
+    ("task_id", "custom_id"),
+)
+_QUOTED_FIELD = re.compile(r"'((?:model_config|prompt_template|delivery_rule|task_id)"
+                           r"[^']*)'")
+
+
+def batch_field(path: str) -> str:
+    """A task's field path (``model_config.temperature``) as the OpenAI batch line
+    that made the task names it (``body.temperature``)."""
+    for inner, outer in _BATCH_FIELDS:
+        if path == inner or path.startswith((inner + ".", inner + "[")):
+            return outer + path[len(inner):]
+    return path
+
+
+def batch_error(exc: SpecError) -> SpecError:
+    """An error about a task made of an OpenAI batch line, naming the line's fields
+    (``custom_id``, ``body.temperature``, ``body.messages[1].role``), not the task's."""
+    reason = _QUOTED_FIELD.sub(lambda m: f"'{batch_field(m.group(1))}'", exc.reason)
+    reason = reason.replace("model_config.provider_params", "body.provider_params")
+    return type(exc)(reason, field=batch_field(exc.field) if exc.field else None,
+                     line=exc.line)
 
 
 def openai_batch_task(obj: Any, line: int | None = None) -> dict[str, Any]:
@@ -160,6 +200,13 @@ def loads_line(raw: bytes, line: int) -> Any:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:  # orjson's words for it name no byte
+            raise SpecError(f"not UTF-8 text (byte {raw[bad.start]:#04x} at byte offset "
+                            f"{bad.start} of the line): save the file as UTF-8 (from "
+                            "Latin-1 or Windows-1252: iconv -f cp1252 -t utf-8)",
+                            line=line) from None
         raise SpecError(f"not valid JSON ({exc})", line=line) from None
     where = big_int_field(raw)
     if where is not None:
@@ -202,7 +249,8 @@ def _big_int_field(value: Any) -> str | None:
 class Checks:
     """What a submit checks beyond the task schema, set by the configuration and the
     database: the modules whose pydantic models a rule may name, and the largest input
-    the database can store."""
+    the database can store (which bounds a task's metadata and each part of its config
+    too)."""
 
     model_modules: tuple[str, ...] = ()
     max_input_bytes: int = MAX_INPUT_BYTES
@@ -219,7 +267,7 @@ def validate_line(raw: bytes, line: int, fmt: Format, checks: Checks = Checks())
     try:
         check_spec(spec, checks)
     except SpecError as exc:
-        raise exc.at_line(line) from None
+        raise (batch_error(exc) if fmt == "openai-batch" else exc).at_line(line) from None
     return spec
 
 
@@ -241,6 +289,20 @@ def check_spec(spec: TaskSpec, checks: Checks = Checks()) -> None:
     if len(spec.input_json()) > checks.max_input_bytes:
         raise SpecError(f"is {len(spec.input_json()):,} bytes as JSON; this database takes "
                         f"at most {checks.max_input_bytes:,} per task", field="input_data")
+    # The other large fields of a task have the input's bound: a row the database
+    # cannot take in one statement (MySQL/MariaDB: max_allowed_packet) would end the
+    # connection mid-submit, and every run of the submit again.
+    if spec.metadata is not None:
+        _check_size(canonical_json(spec.metadata), "metadata", checks.max_input_bytes)
+    for name, part in spec.config_document().items():
+        _check_size(canonical_json(part), name, checks.max_input_bytes)
+
+
+def _check_size(encoded: bytes | str, field: str, limit: int) -> None:
+    if len(encoded) > limit:
+        raise SpecError(f"is {len(encoded):,} bytes as JSON; this database takes at most "
+                        f"{limit:,} per field of a task (split it, or store it elsewhere "
+                        "and pass a reference)", field=field)
 
 
 #: The keys of a task line that make up its config (content-addressed, checked once).
@@ -294,6 +356,11 @@ def file_batch(path: Path, batch_id: str | None) -> str:
         if problem is not None:
             raise SpecError(f"--batch {_shown(batch_id)}: {problem}")
         return batch_id
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        # A name the system gave (``<(...)`` is /dev/fd/63, /dev/stdin): a batch named
+        # "63" or "stdin" says nothing, and the next pipe would get the same one.
+        raise SpecError(f"{path} is a pipe or a device, whose name makes no batch id; "
+                        "name the batch with --batch NAME")
     problem = batch_id_problem(path.stem)
     if problem is not None:
         raise SpecError(f"the file name {_shown(path.name)} makes a bad batch id "
@@ -333,6 +400,10 @@ class Intake:
         obj = loads_line(raw, line)
         if fmt == "openai-batch":
             obj = openai_batch_task(obj, line)
+            try:
+                return self.mapping(obj, line)
+            except SpecError as exc:  # named as the line names its fields
+                raise batch_error(exc) from None
         return self.mapping(obj, line)
 
     def task(self, task: TaskSpec | dict[str, Any], line: int | None = None) -> NewTask:
@@ -400,7 +471,14 @@ class Intake:
             meta_json = None if meta is None else orjson.dumps(meta).decode()
         except (TypeError, orjson.JSONEncodeError):
             return None
-        if len(raw) > self.checks.max_input_bytes:
+        if len(raw) > self.checks.max_input_bytes or (
+                meta_json is not None and len(meta_json) > self.checks.max_input_bytes):
+            return None
+        # A NaN or an infinity (a mapping built in Python) is written as null: the
+        # full path refuses it, naming the field.
+        if (b"null" in raw and nonfinite_field(data) is not None) or (
+                meta_json is not None and "null" in meta_json
+                and nonfinite_field(meta) is not None):
             return None
         return NewTask(tid, batch, cfg.row, raw.decode(), meta_json, priority, cfg.pool)
 
@@ -442,15 +520,80 @@ def _lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
         fh = path.open("rb")
     except OSError as exc:
         raise cannot("read", path, exc) from None
-    lines = _numbered(fh)
-    next(lines)  # inside its with block: the file is closed however the lines end
+    lines = _numbered(fh, path)
+    # Inside its with block: the file is closed however the lines end. The first line
+    # is read and looked at here: a file that is no JSON Lines text is refused whole.
+    next(lines)
     return lines
 
 
-def _numbered(fh: BinaryIO) -> Generator[tuple[int, bytes], None, None]:
+#: Byte order marks of text that is not UTF-8 (UTF-32's before UTF-16's: they start
+#: alike).
+_OTHER_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+               (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+#: The largest file read whole to tell whether it is one JSON document.
+_DOCUMENT_BYTES = 256 << 20
+
+
+def not_jsonl(path: Path, first: bytes) -> str | None:
+    """Why a file whose first line is ``first`` is no JSON Lines text at all (gzip,
+    UTF-16 or UTF-32 text, one JSON document spread over lines), with the fix; None
+    when it may be (each line is then checked on its own)."""
+    if first.startswith(b"\x1f\x8b"):
+        return (f"{path} is gzip-compressed (line 1 starts with the bytes 1f 8b), not JSON "
+                f"Lines text: decompress it first (gunzip), or submit <(zcat {path}) with "
+                "--batch NAME")
+    for bom, name in _OTHER_BOMS:
+        if first.startswith(bom):
+            return (f"{path} is {name} text (line 1 starts with the byte order mark "
+                    f"{bom.hex(' ')}), not UTF-8: save it as UTF-8 (iconv -f {name} -t "
+                    "UTF-8)")
+    if len(first) > 1 and b"\x00" in first[:2] and first.strip(b"\x00\r\n"):
+        return (f"{path} looks like UTF-16 text (line 1 has a NUL byte beside each "
+                "character), not UTF-8: save it as UTF-8 (iconv -f UTF-16 -t UTF-8)")
+    return _one_document(path, first.removeprefix(codecs.BOM_UTF8).strip())
+
+
+def _one_document(path: Path, first: bytes) -> str | None:
+    """Why a file is refused when it is one JSON document (a pretty-printed array or
+    object) rather than one task per line; None when it is not, or cannot be told (a
+    pipe, read once; a file over 256 MB)."""
+    if not first.startswith((b"[", b"{")):
+        return None
+    if first.startswith(b"{"):
+        try:
+            orjson.loads(first)
+            return None  # a task line
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode) or os.path.getsize(path) > _DOCUMENT_BYTES:
+            return None
+        data = path.read_bytes()
+        doc = orjson.loads(data.removeprefix(codecs.BOM_UTF8))
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    jsonl = path.with_suffix(".jsonl").name
+    last = data.rstrip().count(b"\n") + 1
+    span = f"line 1 to {last:,}" if last > 1 else "line 1"
+    if isinstance(doc, list):
+        return (f"{path} is one JSON document (an array of {len(doc):,} item(s), {span}), "
+                "not JSON Lines: a task file holds one JSON object per line. Convert it "
+                f"with jq -c '.[]' {path} > {jsonl}")
+    if isinstance(doc, dict):  # its first line is not a whole object: spread over lines
+        return (f"{path} is one JSON object spread over {span}, not JSON Lines: a task "
+                f"file holds one JSON object per line. Convert it with jq -c . {path} > "
+                f"{jsonl}")
+    return None
+
+
+def _numbered(fh: BinaryIO, path: Path) -> Generator[tuple[int, bytes], None, None]:
     with fh:
-        yield 0, b""  # taken by _lines
         first = fh.readline()
+        problem = not_jsonl(path, first)
+        if problem is not None:
+            raise SpecError(problem)
+        yield 0, b""  # taken by _lines
         # A byte order mark some tools put at the start (PowerShell, Excel): not the line's.
         first = first.removeprefix(codecs.BOM_UTF8)
         if first.strip():
@@ -573,6 +716,37 @@ class Spool:
         self.close()
 
 
+#: What a line of each format calls its task id.
+_ID_FIELD: dict[str, str] = {"tasks": "task_id", "openai-batch": "custom_id"}
+
+
+class TaskIds:
+    """The task ids of one file (or one call's tasks) met so far, each with its line
+    and a digest of its task, so that a second line with the same id and another task
+    is refused, naming both lines, rather than skipped as "already present". A line
+    repeated as it is (the same id, input, config, batch, metadata and priority) is the
+    same task, submitted once. Memory grows with the file: about 150 bytes a task (a
+    million-line file holds about 150 MB of ids), less than the file itself."""
+
+    _MASK = (1 << 64) - 1
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def check(self, row: NewTask, line: int, field: str = "task_id") -> None:
+        """:class:`SpecError` when ``row``'s id came on an earlier line with another
+        task (``field``: what the line calls its id)."""
+        digest = hash((row.batch_id, row.config.hash, row.input_json, row.metadata_json,
+                       row.priority)) & self._MASK
+        packed = (line << 64) | digest
+        known = self._ids.setdefault(row.task_id, packed)
+        if known != packed and known & self._MASK != digest:
+            raise SpecError(f"{_shown(row.task_id)} is also the {field} of line "
+                            f"{known >> 64}, with another task: a task id names one task "
+                            "(the second would be skipped as already present). Give one "
+                            "of them another id, or delete one", field=field, line=line)
+
+
 def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
                progress: Callable[[int], None] | None = None,
                checks: Checks = Checks(), intake: Intake | None = None,
@@ -583,12 +757,14 @@ def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
     checked)."""
     lines = _lines(path)  # opened (or refused) now
     intake = intake or Intake(checks)
+    ids = TaskIds()
     valid = 0
     rejected: list[tuple[int, SpecError]] = []
     with contextlib.closing(lines):  # the file closed now, however the loop ends
         for n, raw in lines:
             try:
                 row = intake.line(raw, n, fmt)
+                ids.check(row, n, _ID_FIELD[fmt])
                 valid += 1
                 if spool is not None:
                     spool.add(row)
@@ -628,10 +804,12 @@ def read_tasks(path: Path, fmt: Format, intake: Intake, reading: Reading, *,
 def _read(lines: Generator[tuple[int, bytes], None, None], fmt: Format, intake: Intake,
           reading: Reading, on_bad: Literal["stop", "skip"],
           reject_sink: TextIO | None) -> Generator[NewTask, None, None]:
+    ids = TaskIds()
     with contextlib.closing(lines):  # the file closed now, however the loop ends
         for n, raw in lines:
             try:
                 row = intake.line(raw, n, fmt)
+                ids.check(row, n, _ID_FIELD[fmt])
             except SpecError as exc:
                 reading.rejected.append((n, exc))
                 if reject_sink is not None:

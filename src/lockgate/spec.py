@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import random
 import re
 from typing import Annotated, Any, Literal
@@ -254,6 +255,11 @@ class TaskSpec(BaseModel):
                         info: ValidationInfo) -> ModelConfig | None:
         reference = registry_reference(info.data.get("prompt_template")) is not None
         if v is None and not reference:
+            if "prompt_template" not in info.data:
+                # The template was refused (its error says why): whether it needs a
+                # model config is unknown (a malformed @registry: reference needs
+                # none), so a missing one is not added to the error.
+                return None
             raise PydanticCustomError("missing", "Field required")
         if reference and isinstance(v, dict) and "name" not in v:
             # Overrides of the version's model config without a model name: the other
@@ -454,15 +460,47 @@ def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
     return SpecError(msg, field=path, line=line)
 
 
+def nonfinite_field(value: Any) -> str | None:
+    """The path (``text``, ``scores[2]``) of the first NaN or infinite float in
+    ``value`` ("" for ``value`` itself), or None when there is none. JSON has no such
+    numbers: orjson writes them as ``null``, which would store another value than the
+    one given (a file's JSON cannot hold them; a mapping built in Python can)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}" if path else str(k))
+                         for k, x in reversed(v.items()))
+        elif isinstance(v, list | tuple):
+            stack.extend((v[i], f"{path}[{i}]") for i in range(len(v) - 1, -1, -1))
+        elif isinstance(v, float) and not math.isfinite(v):
+            return path
+    return None
+
+
+def check_finite(value: Any, encoded: bytes, field: str) -> None:
+    """:class:`SpecError` naming the field (``input_data.text``) when ``value``, which
+    encoded as ``encoded``, holds a NaN or an infinity (written as ``null``: only a
+    text holding ``null`` is searched)."""
+    if b"null" not in encoded:
+        return
+    path = nonfinite_field(value)
+    if path is not None:
+        raise SpecError("is NaN or infinite, which JSON cannot carry (it would be stored "
+                        "as null): pass a finite number, null or a string",
+                        field=f"{field}.{path}" if path else field)
+
+
 def encode_input(input_data: dict[str, Any], *, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     """``input_data`` as JSON bytes; :class:`SpecError` if it cannot be stored (nested
-    too deep for JSON encoding, or larger than ``max_bytes``)."""
+    too deep for JSON encoding, a NaN or an infinity, or larger than ``max_bytes``)."""
     try:
         raw = orjson.dumps(input_data)
     except (TypeError, orjson.JSONEncodeError) as exc:
         why = ("is nested too deeply (more than 250 levels)" if "Recursion" in str(exc)
                else f"cannot be encoded as JSON: {exc}")
         raise SpecError(why, field="input_data") from None
+    check_finite(input_data, raw, "input_data")
     if len(raw) > max_bytes:
         raise SpecError(f"is {len(raw):,} bytes as JSON; a task's input may hold at most "
                         f"{max_bytes:,} (split it, or store it elsewhere and pass a "
@@ -485,16 +523,19 @@ def unencodable(exc: Exception) -> str:
 
 def check_storable(spec: TaskSpec, line: int | None = None) -> None:
     """:class:`SpecError` naming the field when a task built in Python holds a value no
-    JSON encoding carries (a lone surrogate, an integer beyond 64 bits, a cycle): what
+    JSON encoding carries (a lone surrogate, an integer beyond 64 bits, a cycle, a NaN
+    or an infinity, which orjson would write as null): what
     a file's JSON cannot hold, a dict passed to ``submit`` can."""
     parts: dict[str, Any] = {"metadata": spec.metadata, **spec.config_document()}
     for name, value in parts.items():
         if value is None:
             continue
         try:
-            canonical_json(value)
+            check_finite(value, canonical_json(value), name)
         except (TypeError, orjson.JSONEncodeError) as exc:
             raise SpecError(unencodable(exc), field=name, line=line) from None
+        except SpecError as exc:
+            raise exc.at_line(line) from None
 
 
 def _missing_hint(name: str) -> str:

@@ -74,7 +74,8 @@ SkipOpt = Annotated[bool, typer.Option(
                            "(--rejects) instead of refusing the whole file")]
 RejectsOpt = Annotated[Path | None, typer.Option(
     "--rejects", metavar="FILE",
-    help="where --skip-invalid writes the bad lines [FILE.rejects.jsonl]")]
+    help="where the bad lines are written, opened only when a line is bad "
+         "[FILE.rejects.jsonl with --skip-invalid; a pipe needs --rejects]")]
 ConcOpt = Annotated[int | None, typer.Option(
     "--concurrency", metavar="N", help="calls in flight per worker process [512]")]
 ClaimOpt = Annotated[int | None, typer.Option("--claim-batch", metavar="N",
@@ -139,8 +140,8 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
     if on_bad_line == "cancel" and not stream:
         raise LockgateError("--on-bad-line goes with --stream (without it a file with a "
                             "bad line submits nothing)")
-    if skip_invalid and rejects is None:
-        rejects = file.with_suffix(".rejects.jsonl")
+    rejects = _rejects_path(file, skip_invalid, rejects)
+    before = _stamp(rejects)
     fmt_: Format = "openai-batch" if fmt == "openai-batch" else "tasks"
     with _progress() as prog:
         bar = prog.add_task("submitting", total=None, rate="")
@@ -171,9 +172,43 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
                       f"another batch ({where}); they were not moved"
                       + ("" if report.inserted else
                          f", and batch '{report.batch_id}' was not created"), markup=False)
-    if skip_invalid and rejects is not None and rejects.exists() and rejects.stat().st_size:
+    after = _stamp(rejects)
+    if rejects is not None and after is not None and after != before and after[2]:
         console.print(f"rejected lines written to {rejects}", markup=False)
     return report
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    """What tells whether a submit wrote its rejects file (it is opened only when a
+    line is rejected): its inode, modification time and size; None if it is absent."""
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _system_named(file: Path) -> bool:
+    """Whether ``file`` is named by the system, not the user: a pipe or descriptor
+    (``<(...)`` gives ``/dev/fd/63``), ``/dev/stdin``, anything under /dev or /proc."""
+    where = os.path.abspath(file)
+    return where.startswith(("/dev/", "/proc/"))
+
+
+def _rejects_path(file: Path, skip_invalid: bool, rejects: Path | None) -> Path | None:
+    """Where the rejected lines go: ``--rejects``, else with ``--skip-invalid`` the file
+    beside the task file (``FILE.rejects.jsonl``). A pipe or a device has no such place
+    (``/dev/fd/63.rejects.jsonl``): it needs ``--rejects``."""
+    if rejects is not None or not skip_invalid:
+        return rejects
+    regular = True
+    with contextlib.suppress(OSError):
+        regular = stat.S_ISREG(os.stat(file).st_mode)
+    if not regular or _system_named(file):
+        raise LockgateError(f"--skip-invalid on {file} (a pipe or a device) needs --rejects "
+                            "FILE: where to write the rejected lines (there is no folder "
+                            "of its own to put FILE.rejects.jsonl in)")
+    return file.with_suffix(".rejects.jsonl")
 
 
 @command(app)
@@ -227,7 +262,10 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
 
     plan = plan_at(datetime.now())  # the options checked before the database is opened
     file_batch(file, batch)  # --batch (or the file's name) as a batch id: likewise
+    checked_rejects = _rejects_path(file, skip_invalid, rejects)  # a pipe: --rejects
     with opened(db, config, create=True) as lg:
+        if checked_rejects is not None:  # the task file or the database: refused now
+            lg.check_rejects(checked_rejects, file)
         if plan is not None:
             # Placed on the database's clock, as workers read it: this machine's may be
             # off (the local time zone still gives the wall time of a window).
@@ -448,12 +486,15 @@ def run(file: Path, db: DbOpt = None, config: ConfigOpt = None,
     exits with code 130: run it again to finish."""
     procs = processes_from(processes)
     file_batch(file, batch)  # --batch (or the file's name) checked as a batch id
+    checked_rejects = _rejects_path(file, skip_invalid, rejects)  # a pipe: --rejects
     handler = _ConsoleLog(logging.WARNING)
     logging.getLogger("lockgate").addHandler(handler)
     logging.getLogger("lockgate").setLevel(logging.WARNING)
     overrides = _overrides(concurrency, claim_batch, lease)
     with opened(db, config, create=True) as lg:
         lg.settings.worker.with_changes(**overrides)  # a flag out of range: nothing submitted
+        if checked_rejects is not None:  # the task file or the database: refused now
+            lg.check_rejects(checked_rejects, file)
         _check_endpoints(lg.settings, None, refuse=True)
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects)
         # The tasks' own batches, when their lines name them (the submit's own batch is

@@ -27,6 +27,9 @@ from lockgate.redact import redact_url
 _MYSQL_CONFLICTS = frozenset({1205, 1213})
 #: ... and of a connection that failed or was lost.
 _MYSQL_GONE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
+#: ... and of a statement larger than the server's ``max_allowed_packet`` (it then
+#: closes the connection: not a server that cannot be reached).
+_MYSQL_TOO_LARGE = frozenset({1153, 1301})
 #: PostgreSQL SQLSTATEs of a lock conflict that a retry resolves (serialization
 #: failure, deadlock, lock not available).
 _PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
@@ -128,9 +131,20 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             return StoreError(f"the database{where} does not exist on its server: create "
                               f"it first (CREATE DATABASE {name}), or fix the URL (--db or "
                               "LOCKGATE_DATABASE_URL)")
+        if _mysql_code(exc) in _MYSQL_TOO_LARGE:
+            return StoreError(f"the database{where} refused a statement larger than its "
+                              f"max_allowed_packet: {cause(exc)}. Running it again cannot "
+                              "help: make the task (its input, metadata or template) "
+                              "smaller, or raise max_allowed_packet on the server")
         if is_unavailable(exc):
+            text = cause(exc)
+            sent = (" The server reset the connection while a statement was being sent: "
+                    "it does so to a statement larger than its max_allowed_packet (SELECT "
+                    "@@max_allowed_packet), which no retry can pass."
+                    if _mysql_code(exc) == 2006 and ("ConnectionReset" in text
+                                                     or "BrokenPipe" in text) else "")
             return DatabaseUnavailable(
-                f"cannot reach the database{where}: {cause(exc)}. Is the server running, "
+                f"cannot reach the database{where}: {text}.{sent} Is the server running, "
                 "and is the URL (--db or LOCKGATE_DATABASE_URL) right?")
         hint = sqlite_hint(cause(exc), url) if isinstance(exc.orig, sqlite3.Error) else ""
         return StoreError(f"the database{where} refused the operation: {cause(exc)}{hint}",
