@@ -489,11 +489,13 @@ def test_a_probe_cancelled_while_it_was_sent_frees_its_place_in_the_half_open_br
     assert asyncio.run(main()), "no call passed the half-open breaker after a probe was cancelled"
 
 
-@pytest.mark.parametrize(("status", "opens"), [(401, True), (403, False)])
+@pytest.mark.parametrize(("status", "opens"), [(401, True), (403, False), (400, True)])
 def test_a_refused_key_opens_the_breaker_but_a_403_for_one_model_does_not(
         status: int, opens: bool) -> None:
-    """A 401 is the endpoint's key, refused for every call; a 403 may be one model not
-    enabled on an endpoint that serves others, so it is the task's."""
+    """A 401 is the endpoint's key, refused for every call, and so is a key refused in
+    another 4xx (Gemini's 400 ``API_KEY_INVALID``, classified ``auth_error``); a 403
+    may be one model not enabled on an endpoint that serves others, so it is the
+    task's."""
     async def main() -> str:
         fc, _ = controller([ep("a")], breaker_consecutive=1)
         stop = asyncio.Event()

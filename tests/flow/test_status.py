@@ -8,9 +8,9 @@ from lockgate.config import Settings
 from lockgate.flow.status import endpoints, windows
 
 SETTINGS = Settings.model_validate({"endpoint": [
-    {"name": "hosted", "base_url": "x", "pool": "fast", "fallback": "local",
+    {"name": "hosted", "base_url": "http://x/v1", "pool": "fast", "fallback": "local",
      "cost_input_per_1k": 0.5, "cost_output_per_1k": 1.5},
-    {"name": "local", "base_url": "y", "pool": "fast"}]})
+    {"name": "local", "base_url": "http://y/v1", "pool": "fast"}]})
 
 NOW = 1_000_000
 

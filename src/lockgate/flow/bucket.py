@@ -171,6 +171,9 @@ class Ask:
     #: charged to the request allowance once it is.
     debt_requests: float = 0.0
     pause_ms: int = 0  # a pause it learned from the provider
+    #: It replaces the bucket's pause (a Retry-After for one inferred from headers),
+    #: shorter or longer; else the longer of the two holds.
+    replace_pause: bool = False
     #: A 429 for the rate: every worker's rate goes down to this share of itself
     #: (:data:`CUT`, or :data:`SPORADIC_CUT` for a sporadic one; 1.0: no cut).
     cut: float = 1.0
@@ -249,7 +252,8 @@ def lease(bucket: Bucket, limits: Limits, now: int, ask: Ask) -> tuple[Bucket, G
                    - max(0.0, ask.debt_tokens), limits.tokens)
     paused_until = b.paused_until
     if ask.pause_ms > 0:
-        paused_until = max(paused_until, now + ask.pause_ms)
+        paused_until = now + ask.pause_ms if ask.replace_pause and paused_until > now \
+            else max(paused_until, now + ask.pause_ms)
     n = 0
     tokens = 0.0
     req_from, tok_from = req, tok

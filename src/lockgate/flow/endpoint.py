@@ -24,10 +24,13 @@ RECENT_KEPT = 16_384
 
 #: An inferred pace (:class:`Pace`): the share of the calls the provider answered in
 #: the last enforcement period it starts at, its cut on a later 429 (at most once per
-#: period), its rise per period in which calls waited for it without a 429, its least
-#: rate (calls per second), and the burst it allows (seconds of its rate).
+#: period, for a 429 of a call sent after the last cut), its rise per period in which
+#: calls waited for it without a 429 (x2 back up to the rate that last held a period
+#: without 429s, then 2 %), its least rate (calls per second), and the burst it allows
+#: (seconds of its rate).
 PACE_START = 0.9
 PACE_CUT = 0.85
+PACE_REGAIN = 2.0
 PACE_RISE = 0.02
 PACE_MIN_RATE = 0.2
 PACE_BURST_S = 0.1
@@ -52,7 +55,15 @@ class Pace:
     answered in the last enforcement period, cut on each later 429, raised while calls
     wait for it and no 429 comes (so several workers settle on shares of the provider's
     limit, and a limit raised later is found). A limit configured or named by the
-    provider replaces it (the shared bucket paces from then on)."""
+    provider replaces it (the shared bucket paces from then on).
+
+    A cut needs evidence about the pace in force: a 429 of a call sent after the last
+    cut, a period after it; and, once cut, calls the provider accepted in the last
+    period (a provider refusing everything, overloaded, says nothing of the rate: its
+    429s pause the endpoint, they do not cut the pace to its floor second after
+    second). ``held`` is the rate that last went a period without a 429 (lowered by a
+    cut the provider's acceptances show to be a limit): the pace climbs back to it
+    doubling each period, then by :data:`PACE_RISE`."""
 
     rate: float
     period: float
@@ -60,11 +71,12 @@ class Pace:
     at: float = 0.0  # when the allowance was last refilled (monotonic)
     cut_at: float = 0.0  # the last cut (or the start)
     rose_at: float = 0.0  # the last rise
+    held: float = 0.0  # the rate that last held a period without a 429
 
     @classmethod
     def inferred(cls, answered: int, period: float, now: float) -> Pace:
         rate = max(PACE_MIN_RATE, PACE_START * answered / period)
-        return cls(rate, period, 0.0, now, now, now)
+        return cls(rate, period, 0.0, now, now, now, rate)
 
     def _cap(self) -> float:
         """The most calls that may go at once."""
@@ -92,23 +104,41 @@ class Pace:
         self._refill(now)
         return max(0.0, (1.0 - self.allowance) / self.rate)
 
-    def cut(self, now: float) -> bool:
-        """A 429 for the rate: slow down (once per period, for the calls of one burst;
-        False when not cut)."""
-        if now - self.cut_at < self.period:
+    def hold(self, until: float) -> None:
+        """A pause until ``until`` (longer than any before, or replacing one only
+        inferred): nothing accrues meanwhile, so that the calls
+        waiting do not go at once when it ends (each pause of a storm of 429s would
+        end with a burst of 0.1 s of the rate)."""
+        self.allowance = min(self.allowance, 0.0)
+        self.at = until
+
+    def cut(self, now: float, sent: float | None = None, *, accepted: bool = True) -> bool:
+        """A 429 for the rate of a call sent at ``sent`` (None: now), when the provider
+        ``accepted`` calls in the last period or not: slow down (once per period, for
+        the calls of one burst, and only for a call sent after the last cut; once only,
+        until the next rise, while it accepts nothing). False when not cut."""
+        if now - self.cut_at < self.period or (sent is not None and sent < self.cut_at):
             return False
+        if not accepted and self.cut_at > self.rose_at:
+            return False  # refusing everything: not this pace's doing
         self._refill(now)
         self.rate = max(PACE_MIN_RATE, self.rate * PACE_CUT)
+        if accepted:  # a limit below the rate: do not climb back past it quickly
+            self.held = min(self.held, self.rate)
         self.allowance = min(self.allowance, 0.0)
         self.cut_at = now
         return True
 
     def rise(self, now: float) -> None:
         """An answer while calls wait for the pace: a period without a cut or a rise
-        raises it."""
+        raises it, doubling back up to the rate that last held, then by 2 %."""
         if now - max(self.cut_at, self.rose_at) >= self.period:
             self._refill(now)
-            self.rate *= 1.0 + PACE_RISE
+            self.held = max(self.held, self.rate)  # it held a period
+            if self.rate < self.held:
+                self.rate = min(self.held, self.rate * PACE_REGAIN)
+            else:
+                self.rate *= 1.0 + PACE_RISE
             self.rose_at = now
 
 
@@ -146,6 +176,9 @@ class Ledger:
     cut: float = 1.0
     pause_ms: int = 0  # the longest pause learned since the last lease, and why
     pause_reason: str | None = None
+    #: Whether the provider named it (Retry-After): it then replaces a pause of the
+    #: shared row that was only inferred from its headers (reason ``exhausted``).
+    pause_explicit: bool = False
     learned_rpm: float | None = None  # limits the provider's headers named
     learned_tpm: float | None = None
     #: The limits last reported to the row (the same header again is no news).
@@ -186,10 +219,14 @@ class Ledger:
         self.give_req += 1.0
         self.give_tok += tokens
 
-    def publish_pause(self, ms: int, reason: str) -> None:
-        if ms > self.pause_ms:
+    def publish_pause(self, ms: int, reason: str, *, explicit: bool = False,
+                      replace: bool = False) -> None:
+        """Carry a pause to the next lease: the longest, or this one when it
+        ``replace``-s one only inferred from headers."""
+        if ms > self.pause_ms or replace:
             self.pause_ms = ms
             self.pause_reason = reason
+            self.pause_explicit = explicit
 
 
 @dataclass(slots=True)
@@ -222,10 +259,10 @@ class EndpointState:
     """One endpoint in one worker (see the module docstring)."""
 
     __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "health", "in_flight",
-                 "ledger", "limited", "name", "pace", "pause_reason", "paused_until",
-                 "period_answers", "period_refusals", "recent", "refused",
-                 "refused_recent", "req_limited", "timer", "tok_limited", "waiters",
-                 "waiting_tokens")
+                 "ledger", "limited", "name", "pace", "pause_inferred", "pause_reason",
+                 "paused_until", "period_answers", "period_refusals", "recent", "refused",
+                 "refused_recent", "req_limited", "short_reset", "short_until", "timer",
+                 "tok_limited", "waiters", "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
         self.ep = ep
@@ -268,6 +305,15 @@ class EndpointState:
                                max_open_s=fs.breaker_max_open_s, probes=fs.breaker_probes)
         self.paused_until = 0.0
         self.pause_reason: str | None = None
+        #: Whether the pause in force was only inferred (from headers, or the default
+        #: of a 429 that named none): a Retry-After replaces it, longer or shorter.
+        self.pause_inferred = False
+        #: When the last pause of ``reset / limit`` (the time one call frees, for a
+        #: limit with nothing remaining) ends, and when the reset it was inferred from
+        #: falls: a 429 naming no Retry-After for a call sent in between says the limit
+        #: is a fixed window: its pause is then the reset that 429 names.
+        self.short_until = 0.0
+        self.short_reset = 0.0
         self.factor = 1.0  # share of the limits in force, from the shared row
         self.ledger = Ledger()
         self.health = Health()
@@ -288,6 +334,11 @@ class EndpointState:
         them)."""
         self._forget(now)
         return len(self.period_refusals) < SPORADIC_SHARE * len(self.period_answers)
+
+    def accepted(self, now: float) -> bool:
+        """Whether the provider took calls in the last enforcement period."""
+        self._forget(now)
+        return len(self.period_answers) > len(self.period_refusals)
 
     def _forget(self, now: float) -> None:
         since = now - self.ep.limit_enforced_s

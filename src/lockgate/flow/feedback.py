@@ -3,8 +3,10 @@ breaker's verdict, the settlement of reserved tokens, and the limits and pauses 
 provider's answer names (docs/flow.md, "Learning from the provider").
 
 A 429 for the rate pauses the endpoint and cuts the shared rate; ``insufficient_quota``
-pauses it for ``quota_pause_s``; a remaining of 0 with a reset pauses it until the
-reset. Pauses are published to the shared row with the next lease.
+pauses it for ``quota_pause_s``; a remaining of 0 with a reset pauses it for the time
+one call frees (``reset / limit``), or until the reset when a call sent after such a
+pause is refused again. A Retry-After replaces a pause only inferred from headers.
+Pauses are published to the shared row with the next lease.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from lockgate.flow.bucket import CUT, SPORADIC_CUT
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import charged_tokens
 from lockgate.providers.base import CallOutcome, Completion
-from lockgate.providers.headers import read_signals
+from lockgate.providers.headers import Signals, read_signals
 from lockgate.redact import redact_url
 
 log = logging.getLogger("lockgate.flow")
@@ -33,12 +35,13 @@ ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
 
 
 def key_refused(out: CallOutcome | None) -> bool:
-    """Whether the endpoint refused the key (401, or an auth error without a status):
-    every call to it meets that until the key is fixed. A 403 is not counted: some
-    providers give it for one model not enabled, and the endpoint serves others."""
+    """Whether the endpoint refused the key (an auth error: a 401, a key refused in
+    another 4xx such as Gemini's 400 ``API_KEY_INVALID``, or no status): every call to
+    it meets that until the key is fixed. A 403 is not counted: some providers give it
+    for one model not enabled, and the endpoint serves others."""
     err = out.error if out is not None else None
     return err is not None and err.error_class is ErrorClass.AUTH_ERROR \
-        and err.http_status in (None, 401)
+        and err.http_status != 403
 
 
 def endpoint_failure(out: CallOutcome) -> bool:
@@ -138,7 +141,7 @@ class Feedback:
             if completion is not None:
                 self._settle(t, completion)
         self.admission.cold.done(t.cold, t.model)
-        self._learn(st, out, now)
+        self._learn(st, out, now, t.tokens)
         self.admission.dispatch(st)
 
     def _breaker_changed(self, st: EndpointState, was: BreakerState, now: float) -> None:
@@ -186,7 +189,8 @@ class Feedback:
             st.ledger.debt_tok += charged - t.tokens
         self._learn_tokens(t.batch_id, float(charged))
 
-    def _learn(self, st: EndpointState, out: CallOutcome, now: float) -> None:
+    def _learn(self, st: EndpointState, out: CallOutcome, now: float,
+               tokens: float | None = None) -> None:
         headers = out.rate_limit
         ec = out.error_class
         if out.completion is not None or ec is ErrorClass.RATE_LIMITED:
@@ -224,16 +228,47 @@ class Feedback:
                 if st.limited and st.waiters:
                     led.cut = min(led.cut, SPORADIC_CUT)
                 return
+            sent = now - out.latency_ms / 1000.0
             if st.limited:  # over the limit: every worker's rate goes down a step
                 led.cut = min(led.cut, CUT)
             if not st.req_limited:  # refused for the rate, with no limit known
-                self._pace(st, now - out.latency_ms / 1000.0, now)
-            self._pause(st, sig.pause_ms() or int(self.cfg.default_pause_s * 1000),
-                        "rate_limited", now)
+                self._pace(st, sent, now)
+            self._refused(st, sig, sent, now, tokens)
         else:
-            ms = sig.pause_ms()
+            ms = self._exhausted_ms(st, sig, None, now, tokens)
             if ms:
                 self._pause(st, ms, "exhausted", now)
+
+    def _refused(self, st: EndpointState, sig: Signals, sent: float, now: float,
+                 tokens: float | None) -> None:
+        """Pause after a 429 for the rate: for its Retry-After; else, its headers saying
+        nothing remains, as :meth:`_exhausted_ms` says; else ``default_pause_s``."""
+        if sig.explicit:
+            self._pause(st, sig.pause_ms() or 0, "rate_limited", now, explicit=True)
+        elif (ms := self._exhausted_ms(st, sig, sent, now, tokens)) is not None:
+            self._pause(st, ms, "exhausted", now)
+        else:
+            self._pause(st, int(self.cfg.default_pause_s * 1000), "rate_limited", now)
+
+    @staticmethod
+    def _exhausted_ms(st: EndpointState, sig: Signals, refused_sent: float | None,
+                      now: float, tokens: float | None) -> int | None:
+        """The pause for a limit the headers say has nothing remaining (no Retry-After):
+        the time one call frees, ``reset / limit`` (a reset is the time until the limit
+        is full again), unless this is a 429 for a call sent after such a pause ended
+        (``refused_sent``), before the reset that pause was inferred from: the limit is a
+        fixed window then, and the pause this answer's reset."""
+        ms = sig.pause_ms(tokens)
+        if ms is None:
+            return None
+        full = sig.reset_ms() or ms
+        if refused_sent is not None and st.short_until <= refused_sent < st.short_reset:
+            st.short_until = st.short_reset = 0.0  # the next time: a short pause again
+            return full
+        if ms < full:
+            st.short_until = max(st.short_until, now + ms / 1000.0)
+            st.short_reset = max(st.short_reset, now + full / 1000.0)
+        return ms
 
     def _pace(self, st: EndpointState, sent: float, now: float) -> None:
         """A 429 for the rate (of a call sent at ``sent``) from an endpoint that names no
@@ -243,13 +278,18 @@ class Feedback:
         if st.pace is None:
             if st.refused is None:
                 st.refused = sent
-        elif st.pace.cut(now):
+        elif st.pace.cut(now, sent, accepted=st.accepted(now)):
             log.debug("worker %s: endpoint %s paced at %.3g a second after a 429",
                       self.worker_id, st.name, st.pace.rate)
 
-    def _pause(self, st: EndpointState, ms: int, reason: str, now: float) -> None:
+    def _pause(self, st: EndpointState, ms: int, reason: str, now: float, *,
+               explicit: bool = False) -> None:
+        """Pause ``st`` for ``ms``: never shortening a pause in force, except that a
+        pause the provider named (``explicit``: Retry-After) replaces one only inferred
+        (from its headers, or the default), longer or shorter."""
         until = now + ms / 1000.0
-        if until > st.paused_until:
+        replace = explicit and st.pause_inferred and st.paused(now)
+        if until > st.paused_until or replace:
             if st.paused_until <= now:
                 log.info("worker %s: endpoint %s paused for %d ms (%s)", self.worker_id,
                          st.name, ms, reason)
@@ -257,7 +297,10 @@ class Feedback:
                     st.ledger.give_up()
             st.paused_until = until
             st.pause_reason = reason
-        st.ledger.publish_pause(ms, reason)
+            if st.pace is not None:
+                st.pace.hold(until)
+            st.pause_inferred = not explicit and reason != "quota"
+        st.ledger.publish_pause(ms, reason, explicit=explicit, replace=replace)
         self._wake()  # publish at once: other workers learn it on their next lease
 
 

@@ -41,6 +41,9 @@ class LeaseRequest:
     burst: float
     min_cap_ms: float = 0.0
     pause_reason: str | None = None
+    #: The pause was named by the provider (Retry-After): it replaces a pause of the
+    #: row inferred from headers (reason ``exhausted``), longer or shorter.
+    pause_explicit: bool = False
     learned_rpm: float | None = None
     learned_tpm: float | None = None
     sliding: bool = True  # a provider's limit (see :class:`~lockgate.flow.bucket.Limits`)
@@ -88,13 +91,15 @@ def lease_step(row: BucketRow, req: LeaseRequest) -> tuple[BucketUpdate | None, 
     before = Bucket(s.req_allowance, s.tok_allowance, s.refilled_at, s.paused_until,
                     s.rate_factor, s.cut_at)
     ask = req.ask
+    if req.pause_explicit and ask.pause_ms > 0 and s.pause_reason == "exhausted":
+        ask = replace(ask, replace_pause=True)
     # The database's now was read before the row lock was granted: a worker that
     # waited for it must not compute at a time before the last grant's (its schedule
     # would then start early and overlap the grants made in between).
     now = max(row.now, s.refilled_at)
     after, grant = lease(before, limits, now, ask)
     reason = s.pause_reason
-    if ask.pause_ms > 0 and after.paused_until > before.paused_until:
+    if ask.pause_ms > 0 and after.paused_until != before.paused_until:
         reason = req.pause_reason or "provider"
     result = LeaseResult(row.name, grant, limits.requests, limits.tokens, row.window_ms,
                          reason if grant.paused_ms else None, after.factor, now)
@@ -213,6 +218,7 @@ class Budget:
         reqs = [self._request(st.name, self._ask(st, 2 * self.horizon),
                               period_ms=st.ep.limit_enforced_s * 1000.0,
                               pause_reason=st.ledger.pause_reason,
+                              pause_explicit=st.ledger.pause_explicit,
                               learned_rpm=st.ledger.learned_rpm,
                               learned_tpm=st.ledger.learned_tpm)
                 for st in self.states.values()]
@@ -229,6 +235,7 @@ class Budget:
             led.give_req = led.give_tok = led.debt_tok = led.debt_req = 0.0
             led.pause_ms = 0
             led.pause_reason = None
+            led.pause_explicit = False
             led.cut = 1.0
             if led.learned_rpm is not None:
                 led.sent_rpm, led.learned_rpm = led.learned_rpm, None
@@ -252,7 +259,8 @@ class Budget:
                     led.give_tok += r.ask.give_tokens
                     led.debt_tok += r.ask.debt_tokens
                     led.debt_req += r.ask.debt_requests
-                    led.publish_pause(r.ask.pause_ms, r.pause_reason or "provider")
+                    led.publish_pause(r.ask.pause_ms, r.pause_reason or "provider",
+                                      explicit=r.pause_explicit)
                     led.cut = min(led.cut, r.ask.cut)
             return
         self.leases += 1

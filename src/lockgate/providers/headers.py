@@ -2,7 +2,8 @@
 and the ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers (OpenAI's, and
 most gateways'); :func:`rate_headers` reads the other forms into those: the IETF
 ``RateLimit`` / ``RateLimit-Policy`` fields and the older ``RateLimit-Limit``,
-``-Remaining``, ``-Reset`` triple, and Anthropic's ``anthropic-ratelimit-*``.
+``-Remaining``, ``-Reset`` triple, Anthropic's ``anthropic-ratelimit-*``, and the
+unsuffixed ``x-ratelimit-{limit,remaining,reset}`` (Together's, OpenRouter's).
 
 Providers send these inconsistently: durations as ``6m0s``, ``1.5s``, ``250ms`` or bare
 seconds, ``-1`` for "unknown", ``0`` with a reset of ``0s``, or nothing at all. Every
@@ -12,7 +13,10 @@ header never pauses an endpoint or changes a limit.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -118,8 +122,18 @@ def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
     * Anthropic's ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``,
       per minute, the reset an RFC 3339 time (counted from the response's ``Date``).
 
-    Values it cannot read are left out, never guessed."""
+    Values it cannot read are left out, never guessed.
+
+    Without a ``-requests`` form, the unsuffixed ``x-ratelimit-limit``, ``-remaining``
+    and ``-reset`` (Together's, OpenRouter's, many gateways') are read as the requests
+    ones, beside a ``-tokens`` form if one is sent (Together sends its tokens so): the
+    limit per minute, as the suffixed one is read; the reset as a duration (seconds,
+    or ``6m0s``), or as a time when it is one (above 10^9: epoch seconds; above 10^12:
+    epoch milliseconds), counted from the response's ``Date`` (else this machine's
+    clock); a time past or beyond a day is left out."""
     out = {k: headers[k] for k in RATE_HEADERS if k in headers}
+    if not any(k.endswith("-requests") for k in out):
+        _unsuffixed(headers, out)
     if out:
         return out
     if "ratelimit" in headers or "ratelimit-remaining" in headers:
@@ -136,6 +150,46 @@ def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
             if ms is not None:
                 out[f"x-ratelimit-reset-{kind}"] = f"{ms}ms"
     return out
+
+
+def _unsuffixed(headers: Mapping[str, str], out: dict[str, str]) -> None:
+    """``x-ratelimit-{limit,remaining,reset}`` as the requests ones (see
+    :func:`rate_headers`)."""
+    for part in ("limit", "remaining"):
+        v = headers.get(f"x-ratelimit-{part}")
+        if v is not None and parse_count(v) is not None:
+            out[f"x-ratelimit-{part}-requests"] = v.strip()
+    ms = parse_reset_ms(headers.get("x-ratelimit-reset"), headers.get("date"))
+    if ms is not None:
+        out["x-ratelimit-reset-requests"] = f"{ms}ms"
+
+
+#: A bare reset above this is a time, not a duration (10^9 s is 2001-09-09 as epoch
+#: seconds, 31 years as a duration), and above :data:`_EPOCH_MS` a time in ms.
+_EPOCH_S = 1e9
+_EPOCH_MS = 1e12
+
+
+def parse_reset_ms(raw: str | None, now_raw: str | None = None) -> int | None:
+    """A bare reset in ms: a duration (:func:`parse_duration_ms`), or an epoch time in
+    seconds or milliseconds when it is clearly one (above 10^9, 10^12), counted from
+    the HTTP ``Date`` ``now_raw`` (else this machine's clock). A time already past, or
+    more than a day ahead, and junk give None."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return parse_duration_ms(raw)
+    if not math.isfinite(value) or value < _EPOCH_S:
+        return parse_duration_ms(raw)
+    when_ms = value if value >= _EPOCH_MS else value * 1000.0
+    now_ms = time.time() * 1000.0
+    if now_raw:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            now_ms = parsedate_to_datetime(now_raw).timestamp() * 1000.0
+    ms = when_ms - now_ms
+    return int(ms + 0.999) if 0 < ms <= MAX_PAUSE_MS else None
 
 
 def _params(item: str) -> tuple[str, dict[str, str]]:
@@ -225,15 +279,40 @@ class Signals:
     remaining_tokens: int | None = None
     reset_tokens_ms: int | None = None
 
-    def pause_ms(self) -> int | None:
+    @property
+    def explicit(self) -> bool:
+        """Whether the provider named the pause itself (``retry-after(-ms)``)."""
+        return bool(self.retry_after_ms)
+
+    def pause_ms(self, call_tokens: float | None = None) -> int | None:
         """How long the endpoint should rest, by the provider's own word, or None.
 
         ``retry-after`` wins. Otherwise a remaining count of zero with a positive reset
-        means "nothing left until then"; a zero remaining with reset ``0s`` (or no
-        reset) is contradictory and ignored.
+        means "nothing left for now"; a zero remaining with reset ``0s`` (or no reset)
+        is contradictory and ignored. A reset is the time until the limit is back to
+        its *initial state* (OpenAI's words: the bucket full again; 12 ms with 4,999 of
+        5,000 left), not until the next call may go: with the limit known, the pause is
+        the time one call frees, ``reset / limit`` (``reset * call_tokens / limit`` for
+        tokens, with the call's tokens known), never more than the reset; without it,
+        the reset (:meth:`reset_ms`).
         """
         if self.retry_after_ms:
             return self.retry_after_ms
+        waits = []
+        for rem, reset, limit, need in (
+                (self.remaining_requests, self.reset_requests_ms, self.limit_requests, 1.0),
+                (self.remaining_tokens, self.reset_tokens_ms, self.limit_tokens,
+                 call_tokens)):
+            if rem == 0 and reset:
+                if limit and need is not None and need > 0:
+                    waits.append(max(1, min(reset, math.ceil(reset * need / limit))))
+                else:
+                    waits.append(reset)
+        return max(waits) if waits else None
+
+    def reset_ms(self) -> int | None:
+        """The longest reset of a limit with nothing remaining (a zero remaining with a
+        positive reset), or None: the time until it is full again."""
         waits = [r for rem, r in ((self.remaining_requests, self.reset_requests_ms),
                                   (self.remaining_tokens, self.reset_tokens_ms))
                  if rem == 0 and r]
