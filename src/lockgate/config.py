@@ -54,6 +54,37 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
 #: A setting in seconds: a number, or a duration such as "1m30s" (lockgate.durations).
 Seconds = Annotated[float, BeforeValidator(duration_field)]
 
+_URL_FORM = "write http://HOST[:PORT]/PATH or https://HOST/PATH, e.g. https://api.openai.com/v1"
+
+
+def http_url_problem(url: str) -> str | None:
+    """What keeps ``url`` from being an endpoint's base URL (an http:// or https:// URL
+    with a host and a valid port), or None. Any other scheme would be retried as a
+    connection error for up to ``[flow] endpoint_down_max_s``."""
+    from urllib.parse import urlsplit  # deferred: start-up time
+
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # an unbalanced [ or a port that is not a number below 65536
+        parts, port_ok = urlsplit(url.split("[", 1)[0]), False
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"{url!r} is not an HTTP URL; {_URL_FORM}"
+    if not parts.hostname:
+        return f"{url!r} names no host; {_URL_FORM}"
+    if not port_ok:
+        return f"{url!r} has an invalid port (1-65535); {_URL_FORM}"
+    return None
+
+
+def _http_url(value: Any) -> Any:
+    """A pydantic ``BeforeValidator`` for ``base_url`` (text only: pydantic refuses the
+    rest)."""
+    problem = http_url_problem(value) if isinstance(value, str) else None
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,7 +94,7 @@ class Endpoint(_Strict):
     """One OpenAI-compatible endpoint and its limits."""
 
     name: str = Field(min_length=1, max_length=100)
-    base_url: str
+    base_url: Annotated[str, BeforeValidator(_http_url)]
     api_key_env: str | None = None
     model: str | None = Field(None, description="model name sent instead of the task's")
     models: tuple[str, ...] = Field((), description="task model names routed here")
@@ -147,8 +178,15 @@ class WorkerSettings(_Strict):
     heartbeat_s: Seconds = Field(5.0, gt=0)
     shutdown_grace_s: Seconds = Field(30.0, ge=0,
                                       description="time to finish in-flight calls")
+    unroutable_after_s: Seconds = Field(
+        600.0, ge=0, le=31_536_000,
+        description="a task whose model_config.endpoint is in no worker's config fails "
+                    "(unroutable) once it has waited this long since its submit while no "
+                    "worker with that endpoint ran; until then workers without it hand it "
+                    "back uncalled")
     store_snapshots: bool = Field(True, description="keep the rendered prompt per attempt")
-    pool: str | None = Field(None, description="serve only this pool [all pools]")
+    pool: str | None = Field(None, min_length=1, max_length=100,
+                             description="serve only this pool [all pools]")
     gc_threshold: int | None = Field(
         None, ge=0, le=100_000_000,
         description="the garbage collector's young-generation threshold while the worker "
@@ -500,9 +538,12 @@ class Settings(_Strict):
         """Configured endpoints, or one from the environment (the simulator by default)."""
         if self.endpoint:
             return self.endpoint
+        url = os.environ.get("LOCKGATE_BASE_URL") or DEFAULT_BASE_URL  # empty: unset
+        problem = http_url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"$LOCKGATE_BASE_URL: {problem}")
         return (Endpoint(
-            name="default",
-            base_url=os.environ.get("LOCKGATE_BASE_URL", DEFAULT_BASE_URL),
+            name="default", base_url=url,
             api_key_env=os.environ.get("LOCKGATE_API_KEY_ENV") or None),)
 
     def route(self, model: ModelConfig) -> Endpoint:
@@ -604,6 +645,13 @@ def explain(model: type[BaseModel], e: ErrorDetails) -> str:
     name = str(loc[-1]) if loc else ""
     holder, fld = _located(model, loc)
     if e["type"] == "extra_forbidden" and holder is not None:
+        for f in holder.model_fields.values():  # `timeout` beside `timeout_s`
+            spellings = ([a for a in f.validation_alias.choices if isinstance(a, str)]
+                         if isinstance(f.validation_alias, AliasChoices) else [])
+            if name in spellings and len(spellings) > 1:  # another one was taken
+                others = " or ".join(f"'{s}'" for s in spellings if s != name)
+                return (f"given twice: '{name}' and {others} are spellings of one "
+                        "setting; keep one of them")
         names = [*holder.model_fields, *(a for f in holder.model_fields.values()
                                            if isinstance(f.validation_alias, AliasChoices)
                                            for a in f.validation_alias.choices
@@ -619,6 +667,9 @@ def explain(model: type[BaseModel], e: ErrorDetails) -> str:
                 "per item")
     seconds = fld is not None and any(getattr(m, "func", None) is duration_field
                                       for m in fld.metadata)
+    if e["type"] == "string_too_short" and (e.get("ctx") or {}).get("min_length") == 1:
+        return "must not be empty" + ("" if fld is None or fld.is_required() else
+                                      " (leave the setting out for its default)")
     if e["type"] in _BOUNDS:
         key, words = _BOUNDS[e["type"]]
         bound = (e.get("ctx") or {}).get(key)

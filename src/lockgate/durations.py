@@ -27,23 +27,56 @@ EXAMPLES = "e.g. 45s, 90m, 1h30m, 1.5h or 30d (a plain number is seconds)"
 MAX_SECONDS = 100 * 365.25 * 86400.0
 
 
+class DurationRangeError(SpecError):
+    """A duration in the grammar whose value is refused: negative, zero where it must
+    be longer, or over :data:`MAX_SECONDS`; ``why`` says which ("must not be
+    negative", ...)."""
+
+    def __init__(self, message: str | None = None, *, field: str | None = None,
+                 line: int | None = None, why: str = "") -> None:
+        super().__init__(message, field=field, line=line)
+        self.why = why
+
+
+def _out_of_range(shown: str, why: str, field: str | None) -> DurationRangeError:
+    return DurationRangeError(f"{shown} is not a duration: it {why}", field=field, why=why)
+
+
 def parse_duration(value: str | float, *, field: str | None = None,
                    allow_zero: bool = True) -> float:
     """Seconds in ``value`` (see the module docstring). Raises :class:`SpecError` naming
     ``field`` for anything else, a negative duration, one over :data:`MAX_SECONDS`, or
-    zero unless ``allow_zero``."""
+    zero unless ``allow_zero`` (:class:`DurationRangeError` for these three). Numbers
+    take the same checks as text: ``inf``, ``nan`` and ``1e300`` are refused."""
     if isinstance(value, bool):
         raise SpecError(f"{value!r} is not a duration; {EXAMPLES}", field=field)
-    seconds = float(value) if isinstance(value, int | float) else _parse_text(value, field)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise SpecError(f"{value!r} is not a duration: it must not be negative", field=field)
-    if seconds > MAX_SECONDS:
-        raise SpecError(f"{value!r} is not a duration: it must be at most 100 years",
-                        field=field)
+    if isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond a float: over any bound
+            seconds = math.inf if value > 0 else -math.inf
+    else:
+        seconds = _parse_text(value, field)
+    shown = _shown(value)
+    if math.isnan(seconds):
+        raise SpecError(f"{shown} is not a duration; {EXAMPLES}", field=field)
+    if seconds < 0:
+        raise _out_of_range(shown, "must not be negative", field)
+    if seconds > MAX_SECONDS:  # inf too, and 400 digits (a float overflows to inf)
+        raise _out_of_range(shown, "must be at most 100 years", field)
     if seconds == 0 and not allow_zero:
-        raise SpecError(f"{value!r} is not a duration: it must be longer than zero",
-                        field=field)
+        raise _out_of_range(shown, "must be longer than zero", field)
     return seconds
+
+
+def _shown(value: str | float) -> str:
+    """``value`` as a message quotes it, a long one cut in the middle."""
+    if isinstance(value, int) and value.bit_length() > 128:  # repr may refuse it
+        return f"an integer of {value.bit_length():,} bits"
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    return f"{text[:24]}...{text[-8:]} ({len(str(value)):,} characters)"
 
 
 def _parse_text(text: str, field: str | None) -> float:
@@ -73,15 +106,17 @@ def _parse_text(text: str, field: str | None) -> float:
 
 def duration_field(value: Any) -> Any:
     """A pydantic ``BeforeValidator`` for settings in seconds: strings in the duration
-    grammar become seconds; numbers pass (pydantic checks their range); ``true`` and
-    ``false`` are refused (pydantic would take them for 1 and 0)."""
+    grammar and numbers take the same checks (:func:`parse_duration`: finite, not
+    negative, at most 100 years) and become seconds; the field's own bounds apply
+    after. ``true`` and ``false`` are refused (pydantic would take them for 1 and 0)."""
     if isinstance(value, bool):
         raise ValueError(f"{str(value).lower()} is not a duration; {EXAMPLES}")
-    if isinstance(value, str):
+    if isinstance(value, str | int | float):
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except SpecError as exc:
             raise ValueError(exc.reason) from None
+        return value if isinstance(value, int | float) else seconds  # as written: `0`
     return value
 
 

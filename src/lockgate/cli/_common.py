@@ -80,7 +80,7 @@ FLAGS = {"older_than": "--older-than", "window": "--window", "cron": "--cron",
          "timeout": "--timeout", "processes": "--processes", "since": "--since",
          "by": "--by", "concurrency": "--concurrency", "claim_batch": "--claim-batch",
          "lease_s": "--lease", "shutdown_grace_s": "--grace",
-         "error_class": "--error-class"}
+         "error_class": "--error-class", "pool": "--pool"}
 
 
 def fail(exc: BaseException) -> None:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from lockgate.durations import EXAMPLES, parse_duration
+from lockgate.durations import EXAMPLES, DurationRangeError, parse_duration
 from lockgate.errors import SpecError
 from lockgate.flow.bucket import Limits
 
@@ -269,6 +269,10 @@ def parse_when(spec: str, now: datetime, *, field: str = "deadline") -> datetime
     except ValueError:
         try:
             seconds = parse_duration(s.removeprefix("+"), field=field, allow_zero=False)
+        except DurationRangeError as exc:  # a duration, refused for its value: say why
+            raise SpecError(f"{spec!r}: a {field} given as a duration from now {exc.why}; "
+                            "or give a time (ISO 8601, e.g. 2026-03-10T03:30)",
+                            field=field) from None
         except SpecError:
             raise SpecError(f"{spec!r} is neither a time (ISO 8601, e.g. 2026-03-10T03:30) "
                             f"nor a duration from now ({EXAMPLES})", field=field) from None

@@ -18,8 +18,10 @@ are valid JSON (``3``, ``true``, ``{"a": 1}``) are read as JSON, others as text.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import hashlib
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +30,14 @@ from typing import Any
 import orjson
 
 from lockgate.errors import SpecError, cannot
+from lockgate.files import big_int_field
 from lockgate.registry.content import not_utf8
-from lockgate.spec import canonical_json
+from lockgate.spec import MAX_INPUT_BYTES, canonical_json
 from lockgate.store.registry import DatasetItem
 
 _RESERVED = ("id", "expected", "label")
+_BIG_INT = ("holds an integer beyond 64 bits, which would be read as a float and lose "
+            "digits (two such numbers could become one)")
 
 
 def _default_id(inputs: dict[str, Any]) -> str:
@@ -61,6 +66,9 @@ def item_from(obj: Any, line: int) -> DatasetItem:
     """One dataset item from a JSON object; SpecError naming the line and field."""
     if not isinstance(obj, dict):
         raise SpecError("expected a JSON object", line=line)
+    if "expected" in obj and "label" in obj:  # one would be dropped silently
+        raise SpecError("'expected' and 'label' are two names of the expected value, and "
+                        "the line gives both: keep one", field="label", line=line)
     if "expected" in obj:
         expected = obj["expected"]
     elif "label" in obj:
@@ -101,25 +109,44 @@ def read_jsonl(path: Path) -> Iterator[DatasetItem]:
                 except UnicodeDecodeError as bad:
                     raise not_utf8(path, raw, bad, base=start, line=n) from None
                 raise SpecError(f"not valid JSON ({exc})", line=n) from None
+            if isinstance(obj, dict):  # (anything else is refused by item_from)
+                where = big_int_field(raw)
+                if where is not None:
+                    raise SpecError(f"{_BIG_INT}: write it as a string",
+                                    field=where or None, line=n)
             yield item_from(obj, n)
 
 
-def _cell(value: str) -> Any:
+def _cell(value: str, column: str, line: int) -> Any:
+    """An expected cell: JSON when it parses as JSON, else the text. An integer beyond
+    64 bits in it is refused (JSON would make it a float that lost digits)."""
     try:
-        return orjson.loads(value)
+        parsed = orjson.loads(value)
     except orjson.JSONDecodeError:
         return value
+    where = big_int_field(value.encode())
+    if where is not None:
+        inside = f"{column}{'' if where.startswith('[') or not where else '.'}{where}"
+        raise SpecError(f"{_BIG_INT}: write it as a JSON string, in double quotes "
+                        "(\"123...\" in the cell, \"\"\"123...\"\"\" in the CSV text)",
+                        field=inside, line=line)
+    return parsed
 
 
 def read_csv(path: Path, *, expected_column: str | None = None,
              id_column: str = "id") -> Iterator[DatasetItem]:
-    """Items of a CSV file with a header row."""
-    with path.open(newline="", encoding="utf-8-sig") as fh:
+    """Items of a CSV file with a header row. A cell may hold up to
+    :data:`MAX_INPUT_BYTES` characters (an item's bound), not the csv module's 128 KiB."""
+    with path.open(newline="", encoding="utf-8-sig") as fh, _field_limit(MAX_INPUT_BYTES):
         reader = csv.DictReader(fh, strict=True)  # strict: an unterminated quote is refused
         read = [1]  # the lines read by the last whole row (the header: 1)
         try:
             yield from _csv_items(path, reader, expected_column, id_column, read)
         except csv.Error as exc:
+            if str(exc).startswith("field larger than field limit"):
+                raise SpecError(f"a field holds more than {MAX_INPUT_BYTES >> 20} MiB of "
+                                "text, more than a dataset item may hold (or a quote "
+                                "opened there never closes)", line=read[0] + 1) from None
             raise SpecError(f"not valid CSV ({exc}): a quoted field must end with a "
                             "closing quote", line=read[0] + 1) from None
         except UnicodeDecodeError:
@@ -133,6 +160,28 @@ def read_csv(path: Path, *, expected_column: str | None = None,
             raise SpecError(f"{path}: not UTF-8 text; save the file as UTF-8") from None
 
 
+_LIMIT_LOCK = threading.Lock()
+_LIMIT_USERS = [0, 0]  # readers inside _field_limit, and the limit before the first
+
+
+@contextlib.contextmanager
+def _field_limit(chars: int) -> Iterator[None]:
+    """The csv module's field size limit (process-wide) raised to at least ``chars``
+    while a reader runs, and put back when the last concurrent reader ends."""
+    with _LIMIT_LOCK:
+        if _LIMIT_USERS[0] == 0:
+            _LIMIT_USERS[1] = csv.field_size_limit()
+            csv.field_size_limit(max(chars, _LIMIT_USERS[1]))
+        _LIMIT_USERS[0] += 1
+    try:
+        yield
+    finally:
+        with _LIMIT_LOCK:
+            _LIMIT_USERS[0] -= 1
+            if _LIMIT_USERS[0] == 0:
+                csv.field_size_limit(_LIMIT_USERS[1])
+
+
 def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | None,
                id_column: str, read: list[int]) -> Iterator[DatasetItem]:
     header = list(reader.fieldnames or [])
@@ -142,11 +191,23 @@ def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | N
         raise SpecError(f"{path}: column '{name}' appears "
                         f"{'twice' if times == 2 else f'{times} times'} in the header "
                         "(line 1); rename the repeats so that each column has its own name")
+    blank = [i for i, h in enumerate(header, start=1) if not h.strip()]
+    if blank:  # it would be an input field named "" (or " ")
+        raise SpecError(f"{path}: column {blank[0]} has no name in the header (line 1); "
+                        "name it, or remove the column (and a trailing comma)")
     fields = [h for h in header if h.startswith("expected.")]
+    if expected_column is None and "expected" in header and "label" in header:
+        raise SpecError(f"{path} has both an 'expected' and a 'label' column, two names "
+                        "of the expected value (the other would be an input field): keep "
+                        "one, or pick one with --expected-column")
     column = expected_column or next((c for c in ("expected", "label") if c in header),
                                      None)
     if column is not None and column not in header:
         raise SpecError(f"no column '{column}' in {path} (columns: {header})")
+    if column is not None and fields:  # the expected.FIELD columns would be dropped
+        raise SpecError(f"{path} has an expected column ('{column}') and "
+                        f"'expected.FIELD' columns ({', '.join(fields)}): the expected "
+                        "value is one or the other; remove (or rename) one form")
     if column is None and not fields:
         raise SpecError(f"{path} needs an 'expected' or 'label' column, or "
                         "'expected.FIELD' columns")
@@ -162,9 +223,9 @@ def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | N
             raise SpecError(f"{len(header) - len(missing)} field(s), the header has "
                             f"{len(header)} (no {', '.join(missing)})", line=n)
         if column is not None:
-            expected: Any = _cell(row[column])
+            expected: Any = _cell(row[column], column, n)
         else:
-            expected = {f.split(".", 1)[1]: _cell(row[f]) for f in fields}
+            expected = {f.split(".", 1)[1]: _cell(row[f], f, n) for f in fields}
         inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
         if not inputs:
             raise SpecError("no input columns", line=n)
