@@ -129,6 +129,10 @@ class ErrorClass(StrEnum):
     #: hold); not retried: the same answer would be refused again.
     STORAGE_ERROR = "storage_error"
     LEASE_EXPIRED = "lease_expired"
+    #: No worker could route it: its ``model_config.endpoint`` was in no running worker's
+    #: config for ``[worker] unroutable_after_s`` (a worker's configuration, never the
+    #: task's own error; until then each worker without it hands it back uncalled).
+    UNROUTABLE = "unroutable"
     #: Given back unfinished by a worker that was shutting down (no attempt spent).
     RELEASED_AT_SHUTDOWN = "released_at_shutdown"
     INTERNAL_ERROR = "internal_error"

@@ -63,8 +63,11 @@ def test_sigterm_lets_in_flight_calls_finish_and_exits_cleanly(
 
 
 @pytest.mark.slow
-def test_calls_still_running_when_grace_ends_are_released_unspent(
+def test_calls_still_running_when_grace_ends_are_released_as_lost_leases(
         store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    """Calls sent and cut off by the end of the grace: given back at once (PENDING, no
+    token), their attempt kept, as a lost lease (the provider had the request; see
+    test_rolling_restarts.py)."""
     simulator.configure(latency={"kind": "fixed", "mean_ms": 20_000})
     store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
     proc = workers.start(burst=False, concurrency=CONCURRENCY, grace=0.5, lease=30)
@@ -79,14 +82,15 @@ def test_calls_still_running_when_grace_ends_are_released_unspent(
                        "JOIN task_attempt a ON a.task_pk = t.id")
     assert len(held) == CONCURRENCY
     for r in held:
-        assert (r["attempts"], r["lease_token"], r["leased_by"]) == (0, None, None), r
+        assert (r["attempts"], r["lease_token"], r["leased_by"]) == (1, None, None), r
         assert (r["outcome"], r["error_class"], r["attempt"]) == (
             "released", "released_at_shutdown", 1)
     assert rows(store, "SELECT status FROM worker WHERE id = :w", w=wid) == [
         {"status": "stopped"}]
     assert simulator.stats()["successes"] == 0
 
-    # Another worker completes everything; the released tasks run as attempt 1 again.
+    # Another worker completes everything; the released tasks run as attempt 2 (the
+    # lost lease does not spend their retries), the others as attempt 1.
     simulator.configure(latency={"kind": "fixed", "mean_ms": 0})
     stats = run_worker(store, concurrency=8)
     assert stats.succeeded == N
@@ -94,7 +98,8 @@ def test_calls_still_running_when_grace_ends_are_released_unspent(
     released = {r["task_id"] for r in held}
     for r in rows(store, "SELECT t.task_id, t.attempts, a.attempt FROM task t JOIN "
                          "task_attempt a ON a.task_pk = t.id WHERE a.outcome = 'succeeded'"):
-        assert (r["attempts"], r["attempt"]) == (1, 1), r
+        n = 2 if r["task_id"] in released else 1
+        assert (r["attempts"], r["attempt"]) == (n, n), r
     assert len(released) == CONCURRENCY
     assert simulator.stats()["duplicate_successes"] == 0
 
@@ -103,7 +108,8 @@ def test_tasks_kept_ready_hold_leases_and_go_back_unspent_at_shutdown(
         store: Store, simulator: SimulatorProcess) -> None:
     """Beyond its calls in flight a worker keeps ``prefetch`` claimed tasks ready to
     start. They hold leases but are not called; a stop gives them back without
-    spending an attempt and without an attempt row (no call was made)."""
+    spending an attempt and without an attempt row (no call was made). The calls it cut
+    off keep theirs (their requests were sent)."""
     simulator.configure(latency={"kind": "fixed", "mean_ms": 20_000})
     store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
     with BackgroundWorker(store, concurrency=2, prefetch=3, shutdown_grace_s=0.2) as bg:
@@ -117,7 +123,8 @@ def test_tasks_kept_ready_hold_leases_and_go_back_unspent_at_shutdown(
     assert status_counts(store) == {"PENDING": N}
     assert rows(store, "SELECT attempts, lease_token, leased_by FROM task "
                        "WHERE attempts <> 0 OR lease_token IS NOT NULL "
-                       "OR leased_by IS NOT NULL") == []
+                       "OR leased_by IS NOT NULL") == [
+        {"attempts": 1, "lease_token": None, "leased_by": None}] * 2
     assert rows(store, "SELECT outcome, COUNT(*) AS n FROM task_attempt GROUP BY outcome"
                 ) == [{"outcome": "released", "n": 2}]
     assert rows(store, "SELECT error_class, COUNT(*) AS n FROM task WHERE error_class IS "
@@ -161,8 +168,9 @@ def test_a_second_stop_request_releases_in_flight_calls_at_once(
         stats = bg.stop()
     assert (stats.released, stats.succeeded) == (CONCURRENCY, 0)
     assert simulator.stats()["successes"] == 0
+    # (their requests were sent: each keeps its attempt, a lost lease)
     assert rows(store, "SELECT DISTINCT attempts, lease_token FROM task") == [
-        {"attempts": 0, "lease_token": None}]
+        {"attempts": 1, "lease_token": None}]
 
 
 def test_long_calls_keep_their_lease_by_renewing_it(store: Store,

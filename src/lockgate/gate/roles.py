@@ -267,9 +267,12 @@ def _leased(run: dict[str, Any]) -> bool:
 #: Every other way a task can end without an answer says nothing about the prompt: the
 #: provider (rate limited, quota exhausted, server error, timeout, connection error,
 #: auth error), the workers (lease expired: killed holding it; released at shutdown;
-#: internal error), the database (storage error), or a task cancelled or deleted by
-#: hand. Such an item could not be evaluated: it is counted apart, and the evaluation
-#: ends FAILED instead of judging the candidate on partial data.
+#: internal error; unroutable: no worker had the endpoint its model config names, which
+#: says what the workers' configs hold, not what the prompt is worth), the database
+#: (storage error), or a task cancelled or deleted by hand. Such an item could not be
+#: evaluated: it is counted apart, and the evaluation ends FAILED instead of judging the
+#: candidate on partial data. (A worker whose config lacks the endpoint fails nothing:
+#: it hands the task back for a worker that has it, see ``Calls._unroutable``.)
 CANDIDATE_ERRORS: frozenset[str] = frozenset({
     ErrorClass.INVALID_OUTPUT, ErrorClass.CONTENT_FILTERED, ErrorClass.INVALID_REQUEST,
     ErrorClass.CONTEXT_LENGTH_EXCEEDED, ErrorClass.RENDER_ERROR,

@@ -92,6 +92,10 @@ _RETRIES_BEFORE = sql(f"SELECT COUNT(*) FROM task_attempt WHERE {_THIS_RUN}")
 _LAST_RETRY = sql(f"SELECT error_class, error_message FROM task_attempt WHERE {_THIS_RUN} "
                   "ORDER BY attempt DESC, id DESC LIMIT 1")
 _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
+_TASK_CREATED = sql("SELECT created_at FROM task WHERE id = :pk")
+#: The endpoints of the workers alive since ``:since`` (stopped ones included): each
+#: worker's flow controller reports every endpoint of its config in ``flow``.
+_WORKER_FLOWS = sql("SELECT flow FROM worker WHERE heartbeat_at >= :since")
 
 
 #: What no database column may hold: NUL (PostgreSQL refuses it in text) and lone UTF-16
@@ -633,6 +637,28 @@ class Store(TaskViews):
         with self.read() as tx:
             row = tx.execute(_LAST_RETRY, {"pk": pk, "n": attempt}).first()
         return (None, None) if row is None else (row[0], row[1])
+
+    def task_created_at(self, pk: int) -> int | None:
+        """When task ``pk`` was submitted (ms, database clock; None: it is gone)."""
+        with self.read() as tx:
+            created = tx.execute(_TASK_CREATED, {"pk": pk}).scalar()
+        return None if created is None else int(created)
+
+    def endpoint_configured(self, name: str, within_ms: int) -> bool:
+        """Whether a worker whose config has endpoint ``name`` was alive (a heartbeat)
+        in the last ``within_ms``, running or stopped since: its flow controller reports
+        every endpoint of its config in the worker row (``flow``, a JSON object keyed by
+        endpoint name)."""
+        with self.read() as tx:
+            rows = tx.execute(_WORKER_FLOWS, {"since": tx.now - within_ms}).scalars().all()
+        for flow in rows:
+            try:
+                endpoints = orjson.loads(flow or "{}")
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(endpoints, dict) and name in endpoints:
+                return True
+        return False
 
     def finish(self, rows: Sequence[Finish], *, worker_id: str,
                observe: AttemptObserver | None = None) -> FinishReport:

@@ -41,6 +41,14 @@ MISSING_FALLBACK_RECHECK_S = 30.0
 #: How many times an attempt starts again because the registry version it resolved was
 #: replaced while it waited for admission; the last start sends whatever it resolved.
 MAX_RESOLVES = 3
+#: How long a task this worker cannot route (its endpoint is not in this worker's config)
+#: is handed back for: a worker whose config has the endpoint takes it meanwhile, and
+#: this one does not claim it again at once.
+UNROUTABLE_DELAY_MS = 5_000
+#: How often a worker repeats its warning about one endpoint it lacks (seconds).
+UNROUTABLE_WARN_S = 60.0
+#: How long a worker keeps its last look at which workers have an endpoint (seconds).
+ENDPOINT_SEEN_CACHE_S = 10.0
 
 
 class _VersionMoved(Exception):
@@ -129,16 +137,24 @@ class Calls(WorkerCore):
 
     async def _execute(self, t: ClaimedTask, entry: Entry) -> None:
         started = self._now_ms()
+        claim = (t.id, t.lease_token)
         try:
             finish = await self._attempt(t, entry, started)
         except asyncio.CancelledError:
-            # Shutdown ran out of grace: give the task back without spending an attempt.
+            # Shutdown ran out of grace: give the task back. Before its request was sent
+            # (waiting for admission or a slot) this costs nothing. After, the provider
+            # may be working on it: the claim stays counted, and as its outcome is not
+            # written it counts as a lost lease (``_call_number``), so that rolling
+            # restarts shorter than the call cannot call the provider without end.
+            sent = claim in self._sent
+            why = ("released: worker shut down mid-call, after the request was sent "
+                   "(counted as a lost lease)" if sent else
+                   "released: worker shut down before the request was sent")
             finish = Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
                             error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
-                            error_message="released: worker shut down mid-call",
-                            release_attempt=True,
+                            error_message=why, release_attempt=not sent,
                             attempt={"attempt": t.attempt, "outcome": "released",
-                                     "started_at": started,
+                                     "started_at": started, "error_message": why,
                                      "error_class": str(ErrorClass.RELEASED_AT_SHUTDOWN)})
             self.stats.released += 1
         except Exception as exc:  # a bug must not lose the task: retry it later
@@ -151,8 +167,9 @@ class Calls(WorkerCore):
                                      "started_at": started,
                                      "error_class": str(ErrorClass.INTERNAL_ERROR),
                                      "error_message": f"{type(exc).__name__}: {exc}"[:2000]})
+        self._sent.discard(claim)
         self._buffer.append(finish)
-        self._running.pop((t.id, t.lease_token), None)
+        self._running.pop(claim, None)
         while self._ready and not self._stopping.is_set():
             nxt, entry = self._ready.popleft()
             if not self._lapsed(nxt):
@@ -172,7 +189,9 @@ class Calls(WorkerCore):
         lost with workers that crashed or stalled holding the task. They do not spend
         its retries (a worker killed with its prefetched tasks would end them all at
         ``max_retries = 0``), but a task that keeps losing its lease (it kills its
-        workers) ends DEAD instead of looping."""
+        workers) ends DEAD instead of looping. A claim given back by a worker that was
+        stopped after the request was sent keeps its attempt: it counts here as a lost
+        lease too."""
         max_retries = config.retry_policy.max_retries
         lost = 0
         if t.attempt > 1:
@@ -180,8 +199,9 @@ class Calls(WorkerCore):
                                            self.store.retries_before, t.id, t.attempt)
             lost = max(0, t.attempt - 1 - retried)
         if lost >= max_lost_leases(max_retries):
-            msg = (f"its lease was lost {lost} times (workers crashed or stalled holding "
-                   "it): not called again")
+            msg = (f"its lease was lost {lost} times (its workers crashed, stalled, or "
+                   "were stopped while its call was under way: a shutdown grace shorter "
+                   "than the call): not called again")
             return _uncalled(t, started, TaskStatus.DEAD, ErrorClass.LEASE_EXPIRED, msg, msg,
                              config, prompt_version)
         call_no = t.attempt - lost
@@ -242,22 +262,26 @@ class Calls(WorkerCore):
                    "under [runtime] model_modules; this worker does not import it")
             return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST, msg,
                              msg, config, prompt_version)
-        budget = await self._call_number(t, config, prompt_version, started)
-        if isinstance(budget, Finish):
-            return budget
-        call_no = budget
         route_key = t.config_hash if prompt_version is None else \
             f"{t.config_hash}@{prompt_version}"
         route = self._routes.get(route_key)
         if route is None:
             try:
                 endpoint = self.settings.route(config.model)
+            except ConfigError as exc:  # this worker's config lacks the endpoint: the
+                # task is handed back (checked first: it spends and decides nothing)
+                return await self._unroutable(t, config, prompt_version, started, exc)
+            try:
                 route = (endpoint, self._provider(endpoint),
                          provider_params(config, endpoint, self.id))
             except ConfigError as exc:  # not retryable: the operator must fix the config
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
                                  f"configuration: {exc}", str(exc), config, prompt_version)
             self._routes[route_key] = route
+        budget = await self._call_number(t, config, prompt_version, started)
+        if isinstance(budget, Finish):
+            return budget
+        call_no = budget
         endpoint, _provider, params = route
         circuit_from = None
         if fallback_endpoint is not None and fallback_endpoint != endpoint.name:
@@ -274,7 +298,9 @@ class Calls(WorkerCore):
             # The flow controller picks the endpoint (the primary, or its fallback; its
             # own copy of the settings, so compared by name). A plain function: the
             # coroutine it returns is awaited directly, one frame fewer to resume at
-            # every step of the HTTP call.
+            # every step of the HTTP call. From here on the request is sent.
+            self._sent.add((t.id, t.lease_token))
+            self._unroutable_streak = 0
             return run_attempt(config, input_data, ep, provider,
                                idempotency_key=key, now_ms=self._now_ms,
                                params=params if ep.name == endpoint.name else
@@ -310,6 +336,73 @@ class Calls(WorkerCore):
             output_tokens=c.completion_tokens if c else None,
             latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
             request_id=res.request_id, response=res.response_body, sent_at=res.sent_at)
+
+    async def _unroutable(self, t: ClaimedTask, config: TaskConfig,
+                          prompt_version: str | None, started: int,
+                          exc: ConfigError) -> Finish:
+        """The write-back of a task whose endpoint this worker's config does not have (a
+        rolling config change: the task was submitted with a newer config). Handed back
+        uncalled, its attempt not spent, for ``UNROUTABLE_DELAY_MS``: a worker that has
+        the endpoint takes it. It fails (``unroutable``, never the task's own error) at
+        once if its retry policy stops on ``unroutable``, or once it has waited
+        ``unroutable_after_s`` since it was submitted while no worker with the endpoint
+        in its config was alive during that time."""
+        name = config.model.endpoint
+        if not name:  # (cannot happen: a config's default endpoint is checked)
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
+                             f"configuration: {exc}", str(exc), config, prompt_version)
+        have = ", ".join(e.name for e in self.settings.endpoints())
+        why = (f"model_config.endpoint '{name}' is not in the config of worker {self.id} "
+               f"(its endpoints: {have})")
+        fix = (f"deploy the config with endpoint '{name}' ([[endpoint]] name = \"{name}\") "
+               "to the workers")
+        if ErrorClass.UNROUTABLE in config.retry_policy.stop_on:
+            msg = (f"{why}; retry_policy.stop_on names unroutable, so it is not left to "
+                   f"another worker: {fix}, then `lockgate tasks retry`")
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.UNROUTABLE, msg, msg,
+                             config, prompt_version)
+        bound_ms = int(self.ws.unroutable_after_s * 1000)
+        created = await self._db_retry("reading the task", self.store.task_created_at, t.id)
+        if created is not None and self._now_ms() - created >= bound_ms \
+                and not await self._endpoint_seen(name, bound_ms):
+            waited = f"{bound_ms / 60_000:g} min" if bound_ms >= 60_000 else \
+                f"{bound_ms / 1000:g} s"
+            msg = (f"no worker with endpoint '{name}' in its config ran in the "
+                   f"{waited} since the task was submitted ({why}): {fix}, then "
+                   "`lockgate tasks retry`")
+            log.warning("task %s FAILED unroutable: %s", t.task_id, msg)
+            return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.UNROUTABLE, msg, msg,
+                             config, prompt_version)
+        now = time.monotonic()
+        last, count = self._unroutable_warned.get(name, (0.0, 0))
+        count += 1
+        if now - last >= UNROUTABLE_WARN_S:
+            log.warning("this worker's config lacks endpoint '%s' named by task %s (and %d "
+                        "more handed back since the last warning): handed back for %g s "
+                        "for a worker that has it, attempt not spent; %s",
+                        name, t.task_id, count - 1, UNROUTABLE_DELAY_MS / 1000, fix)
+            last, count = now, 0
+        self._unroutable_warned[name] = (last, count)
+        self.stats.unroutable += 1
+        self._unroutable_streak += 1
+        return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
+                      error_class=str(ErrorClass.UNROUTABLE),
+                      error_message=(f"waiting for a worker with endpoint '{name}': {why}; "
+                                     f"{fix}")[:2000],
+                      delay_ms=UNROUTABLE_DELAY_MS, release_attempt=True)
+
+    async def _endpoint_seen(self, name: str, within_ms: int) -> bool:
+        """Whether a worker with endpoint ``name`` in its config was alive in the last
+        ``within_ms`` (its row's heartbeat; its config's endpoints are those its flow
+        controller reports), looked up at most every ``ENDPOINT_SEEN_CACHE_S``."""
+        now = time.monotonic()
+        cached = self._endpoints_seen.get(name)
+        if cached is not None and now - cached[0] < ENDPOINT_SEEN_CACHE_S:
+            return cached[1]
+        seen = await self._db_retry("reading the workers' endpoints",
+                                    self.store.endpoint_configured, name, within_ms)
+        self._endpoints_seen[name] = (now, seen)
+        return seen
 
     async def _if_current(self, call: Callable[[Endpoint, Provider],
                                                Coroutine[Any, Any, AttemptResult]],

@@ -63,6 +63,9 @@ class WorkerStats:
     #: Admitted calls sent back to resolve again: their prompt's version was replaced
     #: (a rollback, an activation) while they waited for admission.
     version_moves: int = 0
+    #: Tasks handed back uncalled, their attempt not spent: their endpoint is not in
+    #: this worker's config (a rolling config change; another worker takes them).
+    unroutable: int = 0
     claims: int = 0
     flushes: int = 0
     #: Stopped at once (a second signal) while database calls did not answer (a hung
@@ -134,6 +137,18 @@ class WorkerCore:
         #: re-claimed by this same worker while its first call still runs.
         self._held: dict[tuple[int, str], ClaimedTask] = {}
         self._running: dict[tuple[int, str], asyncio.Task[None]] = {}
+        #: The claims running whose request went to the provider (or is going now): one
+        #: given back at shutdown keeps its attempt (a lost lease, not a free retry).
+        self._sent: set[tuple[int, str]] = set()
+        #: Per endpoint missing from this worker's config: when it was last warned of
+        #: (monotonic seconds) and the tasks handed back since.
+        self._unroutable_warned: dict[str, tuple[float, int]] = {}
+        #: Per endpoint: when this worker looked (monotonic seconds) and whether a worker
+        #: with it in its config was alive lately (:meth:`Calls._endpoint_seen`).
+        self._endpoints_seen: dict[str, tuple[float, bool]] = {}
+        #: Tasks handed back for an endpoint this worker lacks since its last call: its
+        #: claim loop then claims one task at a time, slowly (``Worker``).
+        self._unroutable_streak = 0
         #: Claimed, held and not started yet: each starts the moment a call ends, so
         #: the calls in flight stay at ``concurrency`` while the next claim is made.
         self._ready: collections.deque[tuple[ClaimedTask, Entry]] = collections.deque()

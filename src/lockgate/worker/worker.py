@@ -214,7 +214,8 @@ class Worker(Calls, Upkeep):
             Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.PENDING,
                    error_class=str(ErrorClass.RELEASED_AT_SHUTDOWN),
                    error_message="released: the worker stopped on an internal error",
-                   release_attempt=True)
+                   # a call already sent keeps its attempt: a lost lease (Calls._execute)
+                   release_attempt=claim not in self._sent)
             for claim, t in self._held.items() if claim not in buffered]
         self._buffer = []
         if not batch:
@@ -285,12 +286,24 @@ class Worker(Calls, Upkeep):
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            probing = self._unroutable_streak > 0
+            if probing and not self._sent:
+                # Since its last call this worker only handed tasks back uncalled (their
+                # endpoint is not in its config), and no call is under way: until its
+                # next call it claims one task at a time, each after twice the longest
+                # idle poll, so that an idle worker that has the endpoint looks at least
+                # once in between and wins the race for them (claiming as usual, this
+                # one would win every race and take them away in batches).
+                await self._sleep(2 * self.ws.poll_max_s)
+                if self._stopping.is_set():
+                    break
             # Word of tasks that arrives from here on wakes the idle sleep below.
             self._arrived.clear()
             asked = time.monotonic()
             try:
-                rows = await self.flow.claim(min(room, self.ws.claim_batch),
-                                             lease_ms=self._lease_ms, worker_id=self.id)
+                rows = await self.flow.claim(
+                    1 if probing else min(room, self.ws.claim_batch),
+                    lease_ms=self._lease_ms, worker_id=self.id)
                 failures = 0
             except StoreError as exc:  # the database is down or refuses: wait for it
                 failures += 1
