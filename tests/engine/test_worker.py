@@ -152,6 +152,22 @@ def test_burst_worker_waits_for_a_task_backing_off(store: Store,
     assert status_counts(store) == {"DEAD": 1}
 
 
+def test_a_long_flush_period_holds_neither_the_last_results_nor_the_stop(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """The write-behind waited out its whole period for a batch to gather: with
+    ``flush_interval_s`` of a minute a burst run's last results waited a minute (a
+    config with ``inf`` hung), and a stop was not heard until the period ended."""
+    store.submit([parse_task(t) for t in tasks(3)], batch_id="b")
+    stats = run_worker(store, concurrency=4, flush_interval_s=300, timeout=60)
+    assert stats.succeeded == 3
+    assert status_counts(store) == {"SUCCEEDED": 3}
+    store.submit([parse_task(t) for t in tasks(2, prefix="more")], batch_id="c")
+    stats = run_worker(store, until=lambda: simulator.stats()["successes"] >= 5,
+                       concurrency=4, flush_interval_s=300, timeout=60)
+    assert stats.succeeded == 2, "the stop writes the results gathered"
+    assert status_counts(store) == {"SUCCEEDED": 5}
+
+
 def test_a_second_stop_request_releases_in_flight_calls_at_once(
         store: Store, simulator: SimulatorProcess) -> None:
     """Worker.request_stop: "a second signal means: now", also once the grace period

@@ -178,8 +178,11 @@ class Calls(WorkerCore):
         self._ended += 1
         if self._ended >= self._wake_after:
             self._slot_free.set()
-        if len(self._buffer) == 1 or len(self._buffer) >= self.ws.flush_rows:
-            self._flush_wake.set()  # the first row to write (the loop sleeps till then)
+        if len(self._buffer) == 1 or len(self._buffer) >= self.ws.flush_rows \
+                or not self._running:
+            # the first row to write (the loop sleeps till then), a full batch, or the
+            # last call ended (nothing more to gather)
+            self._flush_wake.set()
 
     async def _call_number(self, t: ClaimedTask, config: TaskConfig,
                            prompt_version: str | None, started: int) -> int | Finish:

@@ -37,8 +37,14 @@ class Upkeep(WorkerCore):
                 self._flush_wake.clear()
                 await self._flush_wake.wait()
                 continue
-            if len(self._buffer) < self.ws.flush_rows and not self._stopping.is_set():
-                await asyncio.sleep(self.ws.flush_interval_s)  # let a batch gather
+            if len(self._buffer) < self.ws.flush_rows and self._running \
+                    and not self._stopping.is_set():
+                # Let a batch gather while calls are in flight, until a full batch, the
+                # last call's end or a stop (each sets the wake-up): a long flush period
+                # must not hold a burst run's last results, or a stop, for its length.
+                self._flush_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._flush_wake.wait(), self.ws.flush_interval_s)
             batch = self._buffer[:self.ws.flush_rows]
             del self._buffer[:len(batch)]
             landed = await self._writeback.write(batch, hard_stop=self._hard)
