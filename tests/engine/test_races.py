@@ -148,6 +148,7 @@ def test_a_worker_that_re_claims_a_task_it_still_runs_keeps_track_of_both_calls(
         stats = bg.stop()  # graceful; the second call outlives the grace period
     assert (stats.discarded, stats.released) == (1, 1)
     row = task_row(store, "t-00000")
-    assert (row["status"], row["lease_token"], row["attempts"]) == ("PENDING", None, 1)
+    # (the second call's request was sent: its claim keeps its attempt, a lost lease)
+    assert (row["status"], row["lease_token"], row["attempts"]) == ("PENDING", None, 2)
     assert [(a["attempt"], a["outcome"], a["lease_token"]) for a in attempts_of(
         store, "t-00000")][1:] == [(2, "released", second["lease_token"])]

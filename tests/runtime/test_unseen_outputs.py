@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lockgate.runtime import ParseStatus, parse_output
@@ -100,6 +100,9 @@ _answers = st.fixed_dictionaries({
 
 @SETTINGS
 @given(draft=_answers, final=_answers, before=_prose, after=_prose, headless=st.booleans())
+@example(draft={"label": "positive", "score": 0.0, "summary": "{"},
+         final={"label": "positive", "score": 0.0, "summary": ""}, before='"', after="",
+         headless=False)  # a quote before the draft: its "string" ran past </think>
 def test_property_reasoning_drafts_never_leak(draft: dict[str, Any], final: dict[str, Any],
                                               before: str, after: str,
                                               headless: bool) -> None:

@@ -412,8 +412,9 @@ def _split(text: str, items: Node | None) -> list[str] | None:
 
 #: What may end a one-word answer as a sentence (after NFKC: ASCII forms).
 _CLOSING_MARKS = " .!。"
-#: Spaces, hyphens and underscores between two letters or digits: one word separator.
-_WORD_GAP = re.compile(r"(?<=[^\W_])[\s_\-]+(?=[^\W_])")
+#: Spaces, hyphens and underscores between a letter and a letter or digit: one word
+#: separator (never between two digits: "1 2" is no range "1-2"; "U 235" is "U-235").
+_WORD_GAP = re.compile(r"(?<=[^\W\d_])[\s_\-]+(?=[^\W_])|(?<=[^\W_])[\s_\-]+(?=[^\W\d_])")
 
 
 def fold_value(text: str) -> str:
@@ -426,7 +427,8 @@ def fold_value(text: str) -> str:
 
 def _words(folded: str) -> str:
     """A folded enum value with every space, hyphen or underscore run between two
-    letters or digits made one ``_``: "request changes" is "request_changes"; signs
+    letters (or a letter and a digit) made one ``_``: "request changes" is
+    "request_changes"; signs
     and edges stay ("+1", "-1", "A-")."""
     return _WORD_GAP.sub("_", folded)
 

@@ -81,8 +81,8 @@ def ended_inside(parsed: Parsed) -> bool:
 
 def _before_open(parsed: Parsed, raw: str, reread: Callable[[str], Parsed]) -> bool:
     """Whether ``parsed`` comes from the part of ``raw`` before the first bracket the
-    output left open: a usable value read from there too, or a failure where there is
-    JSON there to fail. The ladder marks only the regions it reads as cut: an object
+    output left open: a usable value read from there too, or the same failure read
+    from there (its status and error). The ladder marks only the regions it reads as cut: an object
     inside a list of other things (``[1, {"label": "yes"}, 3``) is read as a region of
     its own, complete, though the output ended inside the list around it."""
     at = first_open(raw)
@@ -91,7 +91,7 @@ def _before_open(parsed: Parsed, raw: str, reread: Callable[[str], Parsed]) -> b
     before = reread(raw[:at])
     if parsed.usable:
         return before.usable and before.value == parsed.value
-    return before.status is not ParseStatus.NO_JSON_FOUND
+    return before.status is parsed.status and before.error == parsed.error
 
 
 def first_open(text: str) -> int | None:
@@ -153,9 +153,11 @@ _ARRAY_CONTENT = re.compile(
     |-?\d[\d.eE+\-]*+\s*+(?:[,，\]］}｝]|\Z)
     |(?:true|false|null|True|False|None)\b|-\Z|[tfnTFN][a-z]*+\Z)""", re.X)
 #: What may follow an opening brace that begins an object: a key (quoted, or bare and
-#: followed by a colon), its closing brace, a comment, or the end.
+#: followed by a colon and what may start a value), its closing brace, a comment, or
+#: the end.
 _OBJECT_CONTENT = re.compile(
-    r"""\s*+(?:\Z|["'“‘＂}｝]|\\"|//|/\*|[A-Za-z_][\w\-]*+\s*+(?:[:：]|\Z))""", re.X)
+    r"""\s*+(?:\Z|["'“‘＂}｝]|\\"|//|/\*
+    |[A-Za-z_][\w\-]*+\s*+(?:\Z|[:：]\s*+(?:\Z|["'“‘{\[｛［\d]|-\d|[A-Za-z_])))""", re.X)
 
 
 def _opens_json(text: str, at: int) -> bool:

@@ -121,9 +121,12 @@ def escape_inner_quotes(text: str) -> str | None:
     follow it): ``"The 5" screen"`` is ``"The 5\\" screen"``, an inch mark as text
     (``json_repair`` ends the string there, or keeps the closing quote in the value).
     Single-quoted strings are skipped as they are. None when no quote is escaped,
-    when the text ends inside a string, or when a quote that does not end its string
+    when the text ends inside a string, when a quote that does not end its string
     is followed by a space and another quote (``["slow" "cold"]``: a comma missing
-    between two strings is as likely, and json_repair reads it so)."""
+    between two strings is as likely, and json_repair reads it so), or when a string
+    would hold a quotation that opens (a quote after a space, before a word) and
+    never closes: ``"called it "awful"}`` lacks its own closing quote, and
+    json_repair keeps the quotation's end."""
     if text.count('"') < 3:
         return None
     out: list[str] = []
@@ -137,6 +140,7 @@ def escape_inner_quotes(text: str) -> str | None:
             pos = end
             continue
         at = start + 1
+        opening = 0  # escaped quotes that open a quotation ( "awful), less those closing
         while True:
             inner = _DQ.match(text, at)
             if inner is None:
@@ -149,6 +153,17 @@ def escape_inner_quotes(text: str) -> str | None:
             out.append(text[done:at - 1])  # a quote no JSON syntax follows: text
             out.append('\\"')
             done = at
+            before = text[at - 2] if at - 2 > start else " "
+            after = text[at:at + 1] or " "
+            if before.isspace() and not after.isspace():
+                opening += 1
+            elif opening and not before.isspace() and not after[0].isalnum():
+                opening -= 1
+        if opening:
+            # A quotation left open ("called it "awful"}): the string's own closing
+            # quote is more likely missing, the last quote the quotation's end;
+            # json_repair reads it so.
+            return None
         pos = at
     if not out:
         return None
@@ -186,13 +201,14 @@ def last_regions(text: str, start_at: re.Pattern[str], count: int, *,
     kept: deque[Region] = deque(maxlen=count)
     while (m := start_at.search(text, pos)) is not None:
         flat = _FLAT.match(text, m.start())  # {a_0}: nothing in it the scan reads
-        region = Region(m.start(), flat.end(), True) if flat else _scan(text, m.start())
+        region = Region(m.start(), flat.end(), True) if flat else (
+            _simple_region(text, m.start()) or _scan(text, m.start()))
         kept.append(region)
         if not region.closed:
             break
         pos = region.end
     for region in kept:
-        if region.closed:
+        if region.closed and region.value is NOT_READ:
             with suppress(orjson.JSONDecodeError):
                 region.value = orjson.loads(text[region.start:region.end])
     return list(kept)
@@ -200,6 +216,22 @@ def last_regions(text: str, start_at: re.Pattern[str], count: int, *,
 
 #: A bracket group with no bracket, quote or comment inside (LaTeX's ``{a_0}``).
 _FLAT = re.compile(r"[{\[][^{}\[\]\"'/]*+[}\]]")
+#: A bracket group with no bracket inside but in double-quoted strings, no single
+#: quote or comment (``{"s": 1}``): when it is strict JSON, the scan reads it the same.
+_SIMPLE = re.compile(r"""[{\[](?:[^{}\[\]"'/]++|"(?:[^"\\\n]|\\.)*+")*+[}\]]""")
+
+
+def _simple_region(text: str, start: int) -> Region | None:
+    """The region at ``start`` when it is a flat group of strict JSON (read by a regular
+    expression and ``orjson``, without the state machine); else None."""
+    m = _SIMPLE.match(text, start)
+    if m is None:
+        return None
+    try:
+        value = orjson.loads(text[start:m.end()])
+    except orjson.JSONDecodeError:
+        return None
+    return Region(start, m.end(), True, value=value)
 _DECODER = json.JSONDecoder()
 #: Where strict JSON may start: an object's first key or its end, or an array.
 _STRICT_START = re.compile(r'\{[ \t\r\n]*+["}]|\[')

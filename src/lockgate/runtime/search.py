@@ -298,6 +298,15 @@ _SENTENCE_END = re.compile(r"[.!?…](?=[\s\"')*_]|\Z)|[。！？\n]")
 #: bracket, tag or fence), or after a sentence's end, a line break, a comma, a colon or
 #: a semicolon (space, Markdown and quotes skipped).
 _CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`]))[\s*_#>\"'“(\-]*"
+#: The same as a lookbehind of one character (a clause's end, or what may follow one):
+#: the run of space, Markdown and quotes before the word is checked by
+#: :func:`_clause_start` instead, so that a search never rescans a long run of blank
+#: lines at each of its positions (quadratic); then the first letter of a phrase of
+#: :data:`_CORRECTION` (a cheap test first).
+_CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`\s*_#\"'“(\-]))"
+              r"(?=[A-Za-z最更修改纠正实结等不重])")
+_CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、}]>`")
+_CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
 #: A value introduced as an example of the format, a draft or a template: the
 #: introduction (the sentence right before the value) is a label made of such words
 #: ("Example:", "Sample output:", "Draft:", "Schema:", "Reference output:"), or it
@@ -336,8 +345,8 @@ _HYPOTHETICAL = re.compile(
 #: before and this one ("Actually,", "Wait, I misread.", "Let me fix that:",
 #: "Updated answer:", "Final answer:", "On second thought", "更正：").
 _CORRECTION = re.compile(
-    _CLAUSE + r"(?i:(?:(?:and|so|but|however|instead|rather|yet|ok(?:ay)?|hmm+|well|now"
-    r"|then|here(?:'s| is| are)|this is|the|my|a|an)[,\s]+)*"
+    _CLAUSE_AT + r"(?i:(?:(?:and|so|but|however|instead|rather|yet|ok(?:ay)?|hmm+|well|now"
+    r"|then|here(?:'s| is| are)|this is|the|my|a|an)[,\s]+){0,4}"
     r"(?:actually|correction|wait|hold on|oops|sorry|no,? wait|not quite"
     r"|(?:that|this|it)(?:'s| is| was) (?:wrong|incorrect|not right)"
     r"|(?:revised|corrected|updated|fixed|amended)\b"
@@ -355,42 +364,67 @@ _CORRECTION = re.compile(
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
 
 
-#: A revision of the value before, in words broader than :data:`_CORRECTION`'s (so
-#: they count only next to the values, :func:`_revised`): a revised version or answer
-#: ("Here's the improved version:", "Adjusted output:", "Changing my answer to:"), a
-#: revision label ("Refining:", "Better:", "Re-evaluated:"), another attempt ("Second
-#: attempt:"), "Let me adjust that", "Double-checking", a verdict on the value before
-#: ("that doesn't look right", "that's not right"), "this is more accurate"; 修改后,
-#: 调整后的结果, 改为. "Update:" or "Edit:" alone is none (a note about the reply), nor
-#: "the updated version of the app" (a revised version ends its clause).
+#: A revision of the value before, in words broader than :data:`_CORRECTION`'s, in the
+#: sentence that introduces the later value (:func:`_revised`): a revised version or
+#: answer ("Here's the improved version:", "Adjusted output:", "Changing my answer
+#: to:"), a revision label ("Refining:", "Better:", "Re-evaluated:"), another attempt
+#: ("Second attempt:"), "Let me adjust that", or a verdict on the value before
+#: (:data:`_VERDICT`). "Update:" or "Edit:" alone is none (a note about the reply), nor
+#: "the updated version of the app" (a revised version ends its clause), nor
+#: "Double-checking" or "Re-examining the other review" (checks, of anything).
 _REVISED = r"(?:revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak)"
+#: A verdict on the value before ("that doesn't look right", "That's not right, ...",
+#: "Let me adjust that."), ending its clause ("not quite right for sarcastic reviews
+#: in general" is about something else).
+_VERDICT_WORDS = (
+    r"(?:(?:that|this|it)(?:'s|’s| is| was)(?:n't|n’t| not)[ \t]+(?:quite[ \t]+)?"
+    r"(?:right|correct|accurate)"
+    r"|(?:that|this|it)(?:'s|’s| is| was)[ \t]+(?:off|inaccurate|a mistake|mistaken)"
+    r"|(?:that|this|it)[ \t]+(?:doesn't|doesn’t|does not|didn't|didn’t|did not)[ \t]+"
+    r"(?:look|seem|sound)[ \t]+(?:quite[ \t]+)?(?:right|correct)"
+    r"|let me (?:adjust|refine|improve|modify|change|amend|tweak|rethink)(?:[ \t]+(?:that"
+    r"|this|it|(?:my|the)[ \t]+(?:answer|output|result|label|classification|json)))?)"
+    r"(?=[\s*_]*(?:[.,!;:…—–]|\Z))")
+_CONNECTIVES = (r"(?:(?:and|so|but|however|ok(?:ay)?|hmm+|well|now|then"
+                r"|here(?:'s| is| are)|this is|the|my|a|an|I think|I believe)[,\s]+)*")
+_VERDICT = re.compile(_CLAUSE + r"(?i:" + _CONNECTIVES + _VERDICT_WORDS + r")")
 _REVISION = re.compile(
-    _CLAUSE + r"(?i:(?:(?:and|so|but|however|ok(?:ay)?|hmm+|well|now|then|here(?:'s| is| are)"
-    r"|this is|the|my|a|an|I think|I believe)[,\s]+)*"
+    _CLAUSE + r"(?i:" + _CONNECTIVES +
     r"(?:(?:" + _REVISED + r"\w*[ \t]+(?:(?:my|the|this|that|json|final)[ \t]+){0,2}"
     r"(?:version|answer|output|result|json|response|label|classification|object|list"
     r"|values?|reading|attempt)s?(?=[\s*_]*(?:[:：.!(\-–—]|(?:to|is|below|follows|here)\b|\Z"
     r"|of[ \t]+(?:the|my|this)[ \t]+(?:answer|output|result|json|response|label"
     r"|classification|object)))"
-    r"|double[- ]?check\w*|re-?(?:evaluat|assess|examin|analy[sz])\w*"
-    r"|let me (?:adjust|refine|improve|modify|change|amend|tweak|rethink|double[- ]?check)"
     r"|(?:second|2nd|third|another|new|one more)[ \t]+(?:attempt|try|pass)"
-    r"|(?:that|this|it)(?:'s|’s| is| was)(?:n't|n’t| not)[ \t]+(?:quite[ \t]+)?"
-    r"(?:right|correct|accurate)"
-    r"|(?:that|this|it)(?:'s|’s| is| was)[ \t]+(?:off|inaccurate|a mistake|mistaken)"
-    r"|(?:that|this|it)[ \t]+(?:doesn't|doesn’t|does not|didn't|didn’t|did not)[ \t]+"
-    r"(?:look|seem|sound)[ \t]+(?:quite[ \t]+)?(?:right|correct)"
-    r"|(?:this|that|it|here)(?:[ \t]+one)?(?:'s|’s| is| looks| seems)"
-    r"(?:[ \t]+(?:a|much|even|far))?[ \t]+"
-    r"(?:better|more[ \t]+(?:accurate|correct|appropriate|fitting|precise|suitable))"
-    r")\b"
+    r")\b|" + _VERDICT_WORDS +
     r"|(?:" + _REVISED + r"(?:ed|ied|ing|ying)|better|re-?(?:evaluat|assess|examin|consider"
-    r"|check|think|analy[sz])\w*)[\s*_]*[:：])"
-    r"|修改|调整|改为|改成|更改|修订|订正|更新后|优化后)")
-#: A sentence that ends in a revision ("The label should be negative instead:", "I
-#: think this is more accurate:"), wherever in it the words stand.
-_INSTEAD = re.compile(r"(?i)\binstead\b(?!\s+of)|\bmore (?:accurate|correct|appropriate"
-                      r"|fitting|precise|suitable)\b|更准确|更合适|更恰当")
+    r"|check|think|analy[sz])\w*)[\s*_]*[:：]))")
+#: A sentence that ends in a revision, right before the later value ("The label should
+#: be negative instead:", "I think this is more accurate:", "this one is better:",
+#: 修改后：, 调整后的结果：, 改为：); a comparison ("more accurate than the baseline")
+#: is none.
+_REVISION_END = re.compile(
+    r"(?i)(?:\binstead|\b(?:this|that|it|here)(?:[ \t]+one)?(?:'s|’s| is| looks| seems)"
+    r"(?:[ \t]+(?:a|much|even|far))?[ \t]+(?:better|more[ \t]+(?:accurate|correct"
+    r"|appropriate|fitting|precise|suitable))\b|更准确|更合适|更恰当"
+    r"|(?:修改|调整|更改|修订|订正|更新|优化)后?(?:的)?(?:结果|答案|输出|版本|标签|分类|判断)?"
+    r"|改为|改成)[\s*_]*[.:：!]?[\s*_]*\Z")
+#: A later value introduced as another item than the answer: another review or record,
+#: a reference, a template, a sample, a baseline, an older model's output.
+_OTHER_ITEM = re.compile(
+    r"(?i)#[ \t]*\d|\b(?:second|2nd|third|other|another|next)[ \t]+(?:\w+[ \t]+)?"
+    r"(?:reviews?|items?|examples?|cases?|inputs?|records?|entr(?:y|ies)|texts?|comments?"
+    r"|customers?|messages?|tickets?|rows?|documents?|ones?)\b|\breferences?\b|\btemplates?\b"
+    r"|\bsamples?\b|\bbaselines?\b|\b(?:old|older|previous|prior|earlier|original|raw)[ \t]+"
+    r"(?:model|system|version|classifier|approach|prompt|output|result)"
+    r"|另一|其他|参考|模板|样例|示例|基线")
+#: A cheap look ahead for a revision after a value (:func:`_cued`): any of its words.
+_REVISION_HINT = re.compile(
+    r"(?i)(?=[rimacfutbolp修调更改优订])(?:revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
+    r"|more accurate|more appropriate|more fitting|more precise|more suitable|instead"
+    r"|attempt|\btry\b|\bpass\b|re-?(?:evaluat|assess|examin|consider|check|think|analy)"
+    r"|right|\boff\b|mistake|let me|更准确|更合适|更恰当|修改|调整|更改|修订|订正|更新|优化"
+    r"|改为|改成)")
 #: What stands between a value and the first sentence after it: blanks, a fence's
 #: closing line, Markdown, closing quotes or brackets, a sentence's end.
 _AFTER_VALUE = re.compile(r"(?:\s|```|[*_>#`\"'”’)\]}.,;:])*")
@@ -427,10 +461,55 @@ def _not_the_answer(text: str, start: int, floor: int) -> bool:
                            or _REJECTED.search(lead) is not None)
 
 
+def _clause_start(text: str, at: int) -> bool:
+    """Whether a clause starts at ``at`` (:data:`_CLAUSE`): the start of the text, or
+    after a clause's end, then only space, Markdown and quotes. Walks back over that
+    run once (each run is behind one word: linear over a search)."""
+    i = at - 1
+    while i >= 0:
+        c = text[i]
+        if c in _CLAUSE_ENDS:
+            return True
+        if not (c.isspace() or c in _CLAUSE_SKIPS):
+            return False
+        i -= 1
+    return True
+
+
+def _corrections(text: str, begin: int, end: int) -> Iterator[re.Match[str]]:
+    """The correction phrases that start a clause in ``text[begin:end]``, in order. A
+    long stretch (the rest of the text after each value, :func:`_cued`) is served from
+    the phrases of the whole text, found once per text."""
+    if end - begin > _LONG_STRETCH:
+        global _SITES
+        sites = _SITES  # (one read: another thread may replace it)
+        if sites[0] is not text:
+            sites = _SITES = (text, [m.start() for m in _corrections(text, 0, -1)])
+        starts = sites[1]
+        for at in starts[bisect_left(starts, begin):bisect_left(starts, end)]:
+            m = _CORRECTION.match(text, at, end)
+            if m is not None:
+                yield m
+        return
+    pos, stop = begin, len(text) if end < 0 else end
+    while (m := _CORRECTION.search(text, pos, stop)) is not None:
+        if not _clause_start(text, m.start()):
+            pos = m.start() + 1  # (a clause may still start inside: "so, actually")
+            continue
+        pos = m.end()
+        yield m
+
+
+#: Longer stretches are searched for corrections once per text (:func:`_corrections`).
+_LONG_STRETCH = 4096
+_SITES: tuple[str, list[int]] = ("", [])
+
+
 def _correction(text: str, begin: int, end: int) -> bool:
     """Whether a correction phrase starts a clause in ``text[begin:end]``, in a
-    sentence that states no condition."""
-    for m in _CORRECTION.finditer(text, begin, end):
+    sentence that states no condition. Linear: the pattern is tried only at words
+    (:data:`_CLAUSE_AT`), each then checked by :func:`_clause_start`."""
+    for m in _corrections(text, begin, end):
         reach = min(end, m.end() + _INTRO)
         cut = _SENTENCE_END.search(text, m.end(), reach)
         sentence_end = cut.start() if cut is not None else reach
@@ -443,21 +522,30 @@ def _correction(text: str, begin: int, end: int) -> bool:
 
 
 def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
-    """Whether a revision (:data:`_REVISION`, :data:`_INSTEAD`) stands in the first
-    sentence after the value before (ending at ``after``; None: none near), or in the
-    sentence that introduces the value at ``start`` (not before ``floor``), in a
-    sentence that states no condition. Farther from both values, such words are prose
-    ("the product was improved in version two")."""
-    sentences = [_lead(text, start, floor)]
-    if after is not None:
-        at = _AFTER_VALUE.match(text, after, start).end()  # type: ignore[union-attr]
-        stop = min(start, at + _INTRO)
-        cut = _SENTENCE_END.search(text, at, stop)
-        sentences.append(text[at:cut.end() if cut is not None else stop])
-    return any(sentence and _HYPOTHETICAL.search(sentence) is None
-               and (_REVISION.search(sentence) is not None
-                    or _INSTEAD.search(sentence) is not None)
-               for sentence in sentences)
+    """Whether the value at ``start`` is introduced as a revision of the value before
+    (ending at ``after``; None: none near), in a sentence that states no condition:
+    the sentence that introduces it (not before ``floor``) holds a revision
+    (:data:`_REVISION`, no other item named after it) or ends with one
+    (:data:`_REVISION_END`); or the first sentence after the value before is a verdict
+    on it (:data:`_VERDICT`) and nothing between introduces the later value as another
+    item (:data:`_OTHER_ITEM`). Elsewhere such words are prose ("the product was
+    improved in version two", "more accurate than the baseline")."""
+    lead = _lead(text, start, floor)
+    if lead and _HYPOTHETICAL.search(lead) is None:
+        if _REVISION_END.search(lead) is not None and _OTHER_ITEM.search(lead) is None:
+            return True
+        m = _REVISION.search(lead)
+        if m is not None and _OTHER_ITEM.search(lead, m.end()) is None:
+            return True
+    if after is None:
+        return False
+    at = _AFTER_VALUE.match(text, after, start).end()  # type: ignore[union-attr]
+    stop = min(start, at + _INTRO)
+    cut = _SENTENCE_END.search(text, at, stop)
+    sentence = text[at:cut.end() if cut is not None else stop]
+    m = _VERDICT.search(sentence)
+    return m is not None and _HYPOTHETICAL.search(sentence) is None \
+        and _OTHER_ITEM.search(text, at + m.end(), start) is None
 
 
 def _corrected(text: str, picks: list[Pick], i: int) -> bool:
@@ -526,10 +614,34 @@ def _strict_strings(text: str, pick: Pick) -> bool:
 
 def _cued(text: str, start: int, end: int) -> bool:
     """Whether the value at ``start`` is introduced as not the answer, or a correction
-    or a revision follows ``end`` (where a revision counts is judged once the later
-    value is found, :func:`_corrected`)."""
+    follows ``end``, or a revision may (a verdict right after it, or revision words
+    introducing a later bracket; whether it counts is judged once the later value is
+    found, :func:`_corrected`)."""
     return _not_the_answer(text, start, 0) or _correction(text, end, len(text)) \
-        or _REVISION.search(text, end) is not None or _INSTEAD.search(text, end) is not None
+        or _revision_after(text, end)
+
+
+def _revision_after(text: str, end: int) -> bool:
+    """Whether the first sentence after ``end`` is a verdict on the value there, or a
+    bracket after it is introduced as a revision. Linear: only the brackets right
+    after a revision word (:data:`_REVISION_HINT`) are tried, each once."""
+    at = _AFTER_VALUE.match(text, end).end()  # type: ignore[union-attr]
+    cut = _SENTENCE_END.search(text, at, at + _INTRO)
+    if _VERDICT.search(text[at:cut.end() if cut is not None else at + _INTRO]):
+        return True
+    pos = end
+    while (hint := _REVISION_HINT.search(text, pos)) is not None:
+        bracket = ANY_START.search(text, hint.end())
+        if bracket is None:
+            return False
+        at = bracket.start()
+        if at - hint.end() > _INTRO:
+            pos = at - _INTRO  # (a word farther before it introduces nothing)
+            continue
+        if _revised(text, None, at, max(end, at - _CORRECTION_REACH)):
+            return True
+        pos = at + 1
+    return False
 
 
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
@@ -830,6 +942,7 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
     spans: list[tuple[int, int, bool]] = []
     depth = pos = 0
     dead = -1  # no single-quoted string closes on the line before this
+    opened = _first_openings(text)
     while (m := _STRING_SYNTAX.search(text, pos) if pos >= dead else (
             _DOUBLE_SYNTAX.search(text, pos, dead) or _STRING_SYNTAX.search(text, dead))
            ) is not None:
@@ -842,6 +955,8 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
                 depth += 1
             quote = pos = m.end() - 1
             end = _single_quoted_end(text, quote) if depth else None
+            if end is not None and opened and _closes_reasoning(text, quote, end, opened):
+                end = None  # a quote in reasoning (`label: 'pos</think>{'a': 1}`)
             if end is not None:
                 spans.append((quote, end, False))
                 pos = end
@@ -854,7 +969,14 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
             continue
         if c == '"':
             rest = (_STRING_REST if depth else _LINE_STRING_REST).match(text, at + 1)
-            if rest is not None:
+            ends = _line_closing_tag(text, at, rest.end(), opened) \
+                if rest is not None and depth and opened else None
+            if ends is not None:
+                # A "string" over lines that a reasoning block's closing tag opening a
+                # line ends: brackets and quotes of the reasoning (`<think>"{"a": "{"}`
+                # then `</think>` on its line), never a JSON value holding that line
+                depth, pos = 0, ends
+            elif rest is not None:
                 spans.append((at, rest.end(), not depth))
                 pos = rest.end()
             elif depth:
@@ -869,6 +991,46 @@ def _string_spans(text: str) -> list[tuple[int, int, bool]]:
         depth = depth + 1 if c in "{[" else max(0, depth - 1)
         pos = at + 1
     return spans
+
+
+def _line_closing_tag(text: str, quote: int, end: int, opened: dict[str, int]) -> int | None:
+    """The end of the first closing tag of a reasoning block opened before ``quote`` that
+    opens a line inside ``text[quote:end]`` (a double-quoted span over lines); None if
+    none."""
+    if text.find("\n", quote, end) < 0:
+        return None
+    for m in _REASONING_TAG.finditer(text, quote, end):
+        if not m.group(1) or opened.get(m.group(2).lower(), end) >= quote:
+            continue
+        line = text.rfind("\n", quote, m.start())
+        if line >= 0 and not text[line + 1:m.start()].strip():
+            return m.end()
+    return None
+
+
+def _first_openings(text: str) -> dict[str, int]:
+    """Where each reasoning tag's name first opens in ``text`` (when any closes)."""
+    opened: dict[str, int] = {}
+    if "</" in text:
+        for m in _REASONING_TAG.finditer(text):
+            if not m.group(1):
+                opened.setdefault(m.group(2).lower(), m.start())
+    return opened
+
+
+def _closes_reasoning(text: str, quote: int, end: int, opened: dict[str, int]) -> bool:
+    """Whether the single-quoted string ``text[quote:end]`` holds the closing tag of a
+    reasoning block opened before it (and not in it): then the quote is an apostrophe
+    or a quotation in the reasoning, the tag its end (``<think>... label: 'positive
+    </think>{'label': ...}``), never the content of a Python literal's string."""
+    inside: set[str] = set()
+    for m in _REASONING_TAG.finditer(text, quote, end):
+        name = m.group(2).lower()
+        if not m.group(1):
+            inside.add(name)
+        elif name not in inside and opened.get(name, end) < quote:
+            return True
+    return False
 
 
 def _single_quoted_end(text: str, quote: int) -> int | None:
