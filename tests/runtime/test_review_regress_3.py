@@ -19,20 +19,10 @@ import pytest
 from lockgate.runtime import parse_output
 from lockgate.spec import DeliveryRule
 
-SENT = DeliveryRule.model_validate({"schema": {
-    "type": "object", "required": ["label", "confidence"],
-    "properties": {"label": {"enum": ["positive", "negative", "neutral"]},
-                   "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-                   "reasons": {"type": "array", "items": {"type": "string"}}}}})
-RATING = DeliveryRule.model_validate({"schema": {
-    "type": "object", "required": ["rating"],
-    "properties": {"rating": {"type": "integer", "minimum": 1, "maximum": 5},
-                   "rationale": {"type": "string"}}}})
+from .test_review_search_3 import RATING, SENT, ZH
+
 TEXT = DeliveryRule.model_validate({"schema": {
     "type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}})
-ZH = DeliveryRule.model_validate({"schema": {
-    "type": "object", "required": ["情感", "理由"],
-    "properties": {"情感": {"enum": ["正面", "负面", "中性"]}, "理由": {"type": "string"}}}})
 
 A = '{"label": "positive", "confidence": 0.9}'
 B = '{"label": "negative", "confidence": 0.6}'
