@@ -330,6 +330,10 @@ class Status(_Row):
     #: Workers that never said they stopped and have been silent for over 30 s (up to
     #: an hour): crashed, killed or cut off; their leases expire and others take over.
     silent_workers: list[WorkerInfo] = field(default_factory=list)
+    #: PENDING tasks handed back by workers whose config lacks the endpoint they name
+    #: (error class ``unroutable``): waiting for a worker that has it (a rolling config
+    #: change; docs/operations.md, "Upgrading").
+    unroutable: int = 0
 
     @property
     def review(self) -> int:

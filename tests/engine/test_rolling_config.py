@@ -12,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from typer.testing import CliRunner
+
 from helpers import rows, scalar
+from lockgate.cli import app
 from lockgate.config import Endpoint, Settings, WorkerSettings
 from lockgate.gate.roles import unevaluated
 from lockgate.simulator.testing import SimulatorProcess
@@ -65,7 +68,7 @@ def handed_back(n: int) -> Callable[[Worker], bool]:
 
 
 def test_worker_without_the_endpoint_hands_tasks_back_uncalled(
-        store: Store, simulator: SimulatorProcess) -> None:
+        store: Store, db_url: str, simulator: SimulatorProcess) -> None:
     """Worker B's older config lacks endpoint ``new``: it neither calls nor fails the
     tasks (before the fix: FAILED invalid_request "not a configured endpoint", for
     good); they wait, visibly, and worker A, which has the endpoint, does them with the
@@ -81,6 +84,12 @@ def test_worker_without_the_endpoint_hands_tasks_back_uncalled(
         assert r["visible_at"] - r["updated_at"] >= 5_000  # handed back with a delay
     assert simulator.stats()["requests"] == 0
     assert scalar(store, "SELECT COUNT(*) FROM task_attempt") == 0  # no call, no row
+    # `status` says what they wait for, not just "backing off"
+    assert store.status().unroutable == N
+    result = CliRunner().invoke(app, ["status", "--db", db_url])
+    assert result.exit_code == 0, result.output
+    assert f"unroutable: {N} task(s) wait for a worker whose config has the endpoint" \
+        in " ".join(result.output.split()), result.output
 
     with store.engine.begin() as conn:  # (the hand-back's delay, passed)
         conn.exec_driver_sql("UPDATE task SET visible_at = 0")
@@ -90,6 +99,7 @@ def test_worker_without_the_endpoint_hands_tasks_back_uncalled(
     assert simulator.stats()["requests"] == N
     for r in rows(store, "SELECT attempts, error_class FROM task"):
         assert r == {"attempts": 1, "error_class": None}
+    assert store.status().unroutable == 0
 
 
 def _age_tasks(store: Store, ms: int) -> None:

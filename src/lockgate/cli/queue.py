@@ -340,7 +340,8 @@ class _ConsoleLog(logging.Handler):
 def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = None,
            claim_batch: ClaimOpt = None, lease: LeaseOpt = None, grace: GraceOpt = None,
            burst: Annotated[bool, typer.Option(
-               "--burst", help="exit when no task is pending")] = False,
+               "--burst", help="exit when no task is pending (in --pool's pool, "
+                            "with --pool)")] = False,
            gate: Annotated[bool, typer.Option(
                "--gate/--no-gate", help="also run the release gate's roles")] = True,
            pool: Annotated[str | None, typer.Option(
@@ -577,6 +578,11 @@ def _print_status(st: Status) -> None:
                       + (" there" if where else "") + " to complete it", markup=False)
     out.print(f"leases in flight: {st.leased:,}   backing off: {st.backing_off:,}"
               + (f"   scheduled: {st.scheduled:,}" if st.scheduled else ""), markup=False)
+    if st.unroutable:
+        console.print(f"unroutable: {st.unroutable:,} task(s) wait for a worker whose config "
+                      "has the endpoint they name (`lockgate tasks show ID` names it): "
+                      "deploy that config to the workers (docs/operations.md, "
+                      "Upgrading)", markup=False)
     w = table(f"workers alive: {len(st.workers)}",
               ["worker", "status", "in flight", "succeeded", "failed", "discarded",
                "heartbeat"],

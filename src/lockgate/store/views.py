@@ -35,6 +35,9 @@ T = TypeVar("T")
 #: pace: no error yet).
 _WAITING = sql("SELECT error_class IS NULL, COUNT(*) FROM task WHERE status = 'PENDING' "
                "AND lease_token IS NULL AND visible_at > :now GROUP BY error_class IS NULL")
+#: PENDING tasks a worker handed back because its config lacks their endpoint.
+_UNROUTABLE = sql("SELECT COUNT(*) FROM task WHERE status = 'PENDING' "
+                  "AND error_class = 'unroutable'")
 _BATCH_COUNTS = sql("SELECT status, COUNT(*) FROM task WHERE batch_id = :b GROUP BY status")
 _BATCH_EXISTS = sql("SELECT id FROM batch WHERE id = :b")
 _CANCEL = sql("UPDATE task SET status = 'CANCELLED', finished_at = :now, updated_at = :now, "
@@ -113,6 +116,7 @@ class TaskViews:
                 counts.setdefault(b, {})[s] = int(n)
             leased = tx.execute(_LEASED).scalar_one()
             waiting = {bool(no_error): int(n) for no_error, n in tx.execute(_WAITING)}
+            unroutable = int(tx.execute(_UNROUTABLE).scalar_one())
             workers: list[WorkerInfo] = []
             silent: list[WorkerInfo] = []
             for r in tx.execute(select(w).where(
@@ -131,7 +135,8 @@ class TaskViews:
             return Status(now=now, batches=counts, leased=int(leased),
                           backing_off=waiting.get(False, 0), workers=workers,
                           incomplete_batches=incomplete, unfinished_submits=unfinished,
-                          scheduled=waiting.get(True, 0), silent_workers=silent)
+                          scheduled=waiting.get(True, 0), silent_workers=silent,
+                          unroutable=unroutable)
 
     def task(self, task_id: str) -> TaskView:
         """One task with its config and every attempt, for ``lockgate tasks show``."""
