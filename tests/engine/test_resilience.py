@@ -153,9 +153,9 @@ class Flaky(Store):
         self._trip("configs")
         return super().configs(hashes)
 
-    def queue_state(self) -> tuple[bool, int | None, int]:
+    def queue_state(self, pool: str | None = None) -> tuple[bool, int | None, int]:
         self._trip("queue_state")
-        return super().queue_state()
+        return super().queue_state(pool)
 
     def register_worker(self, worker_id: str, **kwargs: Any) -> int:
         self._trip("register_worker")

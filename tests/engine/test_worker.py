@@ -140,6 +140,16 @@ def test_burst_worker_on_an_empty_queue_stops_at_once(store: Store,
     assert (w["status"], w["concurrency"]) == ("stopped", 4)
 
 
+def test_a_burst_worker_of_one_pool_ends_when_its_pool_is_drained(
+        store: Store, simulator: SimulatorProcess) -> None:
+    """A burst worker serving pool ``other`` waited for ever while another pool's tasks
+    were PENDING (the queue as a whole was not drained): they are not its work."""
+    store.submit([parse_task(t) for t in tasks(2)], batch_id="b")  # pool "default"
+    stats = run_worker(store, concurrency=2, pool="other", timeout=30)
+    assert (stats.claimed, stats.succeeded) == (0, 0)
+    assert status_counts(store) == {"PENDING": 2}
+
+
 def test_burst_worker_waits_for_a_task_backing_off(store: Store,
                                                    simulator: SimulatorProcess) -> None:
     """Burst mode ends only when nothing is PENDING, including tasks backing off."""

@@ -92,6 +92,8 @@ _RETRIES_BEFORE = sql(f"SELECT COUNT(*) FROM task_attempt WHERE {_THIS_RUN}")
 _LAST_RETRY = sql(f"SELECT error_class, error_message FROM task_attempt WHERE {_THIS_RUN} "
                   "ORDER BY attempt DESC, id DESC LIMIT 1")
 _EARLIEST_PENDING = sql("SELECT MIN(visible_at) FROM task WHERE status = 'PENDING'")
+_EARLIEST_PENDING_IN = sql("SELECT MIN(visible_at) FROM task WHERE pool = :pool "
+                           "AND status = 'PENDING'")
 _TASK_CREATED = sql("SELECT created_at FROM task WHERE id = :pk")
 #: The endpoints of the workers alive since ``:since`` (stopped ones included): each
 #: worker's flow controller reports every endpoint of its config in ``flow``.
@@ -764,10 +766,12 @@ class Store(TaskViews):
 
         return self.transaction(work)
 
-    def queue_state(self) -> tuple[bool, int | None, int]:
-        """(any task PENDING, earliest visible_at among them, database now)."""
+    def queue_state(self, pool: str | None = None) -> tuple[bool, int | None, int]:
+        """(any task PENDING, of ``pool`` if given, earliest visible_at among them,
+        database now)."""
         with self.read() as tx:
-            earliest = tx.execute(_EARLIEST_PENDING).scalar()
+            earliest = (tx.execute(_EARLIEST_PENDING) if pool is None else
+                        tx.execute(_EARLIEST_PENDING_IN, {"pool": pool})).scalar()
             return earliest is not None, earliest, tx.now
 
     def newest_task_id(self) -> int:

@@ -357,10 +357,12 @@ class Worker(Calls, Upkeep):
             await self._sleep(min(every, left), *wake)
 
     async def _queue_drained(self) -> bool:
-        """Burst mode ends when nothing is held here and nothing is PENDING anywhere."""
+        """Burst mode ends when nothing is held here and nothing is PENDING anywhere (in
+        its pool, for a worker that serves one: the others' tasks are not its work)."""
         if not self.burst or self._held:
             return False
-        pending, _next, _now = await self._db_retry("reading the queue", self.store.queue_state)
+        pending, _next, _now = await self._db_retry("reading the queue", self.store.queue_state,
+                                                    self.ws.pool)
         if pending or self._held:
             return False
         for s in self._services:
