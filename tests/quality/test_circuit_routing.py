@@ -200,18 +200,23 @@ def test_no_task_is_lost_or_delivered_twice_while_a_circuit_switches(
         with bg:
             flipper = threading.Thread(target=toggle)
             flipper.start()
+            waves = 0
             try:
-                for w in range(n_waves):
+                # at least n_waves, and on until the circuit has switched 4 times (the
+                # waves' speed, not the switching, decides how many that takes)
+                while waves < n_waves or (len(switches) < 4 and waves < 40):
+                    w = waves
                     lg.submit([task(f"w{w}-{i:03d}", f"order {i}") for i in range(per_wave)],
                               batch_id=f"w{w}")
                     wait_for(lambda: not lg.status().batches.get(f"w{w}", {}).get(  # noqa: B023
                         "PENDING"), f"wave {w} to leave PENDING", timeout=60)
+                    waves += 1
             finally:
                 stop.set()
                 flipper.join()
             stats = bg.stop()
         assert len(switches) >= 4
-        total = n_waves * per_wave
+        total = waves * per_wave
         states = {r["task_id"]: r["status"] for r in rows(
             lg.store, "SELECT task_id, status FROM task")}
         assert len(states) == total and set(states.values()) <= {"SUCCEEDED", "REVIEW"}
