@@ -18,6 +18,8 @@ import psutil
 from aiohttp import web
 from sqlalchemy import text
 
+from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.providers.openai import OpenAICompatible
 from lockgate.store import Store
 
 
@@ -162,3 +164,19 @@ def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
     finally:
         state["loop"].call_soon_threadsafe(state["loop"].stop)
         thread.join(10)
+
+
+def call_model(url: str, model: str, client: str = "aiohttp") -> Completion | ProviderError:
+    """One chat completion through lockgate's provider to ``url``: the ``Completion``,
+    or the ``ProviderError`` it raised."""
+    async def main() -> Completion | ProviderError:
+        prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
+        try:
+            return await prov.complete(CompletionRequest(
+                messages=[{"role": "user", "content": "hi"}], model=model, timeout_s=10,
+                params={}, idempotency_key=None))
+        except ProviderError as exc:
+            return exc
+        finally:
+            await prov.close()
+    return asyncio.run(main())

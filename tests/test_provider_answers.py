@@ -18,10 +18,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from helpers import chat_server
+from helpers import call_model, chat_server
 from lockgate.errors import ErrorClass
-from lockgate.providers.base import Completion, CompletionRequest, ProviderError
-from lockgate.providers.openai import OpenAICompatible
+from lockgate.providers.base import Completion, ProviderError
 
 CLIENTS = ["aiohttp", "pyreqwest"]
 OK = {"id": "x", "model": "m-1", "choices": [{"index": 0, "finish_reason": "stop",
@@ -152,22 +151,8 @@ def provider_url() -> Iterator[str]:
         yield url
 
 
-def _call(url: str, model: str, client: str = "aiohttp") -> Completion | ProviderError:
-    async def main() -> Completion | ProviderError:
-        prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
-        try:
-            return await prov.complete(CompletionRequest(
-                messages=[{"role": "user", "content": "hi"}], model=model, timeout_s=10,
-                params={}, idempotency_key=None))
-        except ProviderError as exc:
-            return exc
-        finally:
-            await prov.close()
-    return asyncio.run(main())
-
-
 def _error(url: str, model: str, client: str = "aiohttp") -> ProviderError:
-    got = _call(url, model, client)
+    got = call_model(url, model, client)
     assert isinstance(got, ProviderError), got
     return got
 
@@ -175,7 +160,7 @@ def _error(url: str, model: str, client: str = "aiohttp") -> ProviderError:
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("model", ["ok", "created", "good-gzip"])
 def test_a_completion_in_any_2xx_is_read(provider_url: str, model: str, client: str) -> None:
-    got = _call(provider_url, model, client)
+    got = call_model(provider_url, model, client)
     assert isinstance(got, Completion), got
     assert got.content == '{"label": "yes"}' and got.prompt_tokens == 5
 
@@ -185,7 +170,7 @@ def test_the_first_choice_is_index_0_and_usage_is_read_under_either_name(
         provider_url: str, client: str) -> None:
     """The choice listed first was taken, whatever its ``index``; usage named
     ``input_tokens`` / ``output_tokens`` was read as none."""
-    got = _call(provider_url, "unordered", client)
+    got = call_model(provider_url, "unordered", client)
     assert isinstance(got, Completion), got
     assert (got.content, got.prompt_tokens, got.completion_tokens) == (
         '{"label": "yes"}', 7, 2)
@@ -201,7 +186,7 @@ def test_a_refusal_is_a_refusal_not_an_answer_without_json(provider_url: str,
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_content_given_as_parts_is_their_text(provider_url: str, client: str) -> None:
-    got = _call(provider_url, "parts", client)
+    got = call_model(provider_url, "parts", client)
     assert isinstance(got, Completion), got
     assert got.content == '{"label": "yes"}'
 
@@ -269,7 +254,7 @@ def test_retry_after_as_a_date_pauses_until_then(provider_url: str, client: str)
 def test_a_body_in_its_declared_charset_is_read(provider_url: str, client: str,
                                                 model: str, note: str) -> None:
     # A complete answer in GBK with "charset=gbk" ended DEAD: "not valid JSON (cut off?)"
-    got = _call(provider_url, model, client)
+    got = call_model(provider_url, model, client)
     assert isinstance(got, Completion), got
     assert json.loads(got.content) == {"label": "yes", "note": note}
     assert got.body is not None and note in got.body
@@ -333,7 +318,7 @@ def test_a_redirect_is_not_followed_and_names_the_fix(provider_url: str,
 @pytest.mark.parametrize("client", CLIENTS)
 def test_deflate_without_its_zlib_header_is_read_by_both_clients(
         provider_url: str, client: str) -> None:
-    got = _call(provider_url, "raw-deflate", client)
+    got = call_model(provider_url, "raw-deflate", client)
     assert isinstance(got, Completion), got
 
 
@@ -342,7 +327,7 @@ def test_a_long_request_id_and_model_are_cut_to_their_columns(
         provider_url: str, client: str) -> None:
     # PostgreSQL and MariaDB refuse more than 128 and 200 characters: the write-back
     # of the attempt failed
-    got = _call(provider_url, "long-ids", client)
+    got = call_model(provider_url, "long-ids", client)
     assert isinstance(got, Completion), got
     assert got.request_id == "r" * 128 and got.model == "m" * 200
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from helpers import chat_server
+from helpers import call_model, chat_server
 from lockgate import Lockgate
 from lockgate.errors import ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
@@ -319,28 +319,14 @@ def sse_url() -> Iterator[str]:
         yield url
 
 
-def _model_call(url: str, model: str, client: str) -> Completion | ProviderError:
-    async def main() -> Completion | ProviderError:
-        prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
-        try:
-            return await prov.complete(CompletionRequest(
-                messages=[{"role": "user", "content": "hi"}], model=model, timeout_s=10,
-                params={}, idempotency_key=None))
-        except ProviderError as exc:
-            return exc
-        finally:
-            await prov.close()
-    return asyncio.run(main())
-
-
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("model", ["sse", "sse-crlf", "sse-untyped", "sse-text", None])
 def test_an_answer_sent_as_events_is_the_completion_it_carries(
         sse_url: str, raw: RawServer, client: str, model: str | None) -> None:
     # It was "HTTP 200 with a body that is not JSON": billed calls retried until DEAD.
     # (None: from a server that sends no Content-Type at all.)
-    got = _model_call(sse_url, model, client) if model else \
-        _model_call(raw.url("sse"), "m", client)
+    got = call_model(sse_url, model, client) if model else \
+        call_model(raw.url("sse"), "m", client)
     assert isinstance(got, Completion), got
     assert (got.content, got.finish_reason, got.model, got.prompt_tokens,
             got.completion_tokens, got.http_status) == (
@@ -369,7 +355,7 @@ def test_an_answer_sent_as_events_is_the_completion_it_carries(
 ])
 def test_an_error_in_an_event_stream_is_classified_as_in_a_body(
         sse_url: str, client: str, model: str, want: ErrorClass, says: str) -> None:
-    got = _model_call(sse_url, model, client)
+    got = call_model(sse_url, model, client)
     assert isinstance(got, ProviderError), got
     assert got.error_class is want, got
     assert got.message.startswith(says), got.message
@@ -378,10 +364,10 @@ def test_an_error_in_an_event_stream_is_classified_as_in_a_body(
 @pytest.mark.parametrize("client", CLIENTS)
 def test_an_event_stream_is_kept_as_a_json_body_is(sse_url: str, client: str) -> None:
     # a lone surrogate escape is read leniently, as in a JSON body, and not kept
-    got = _model_call(sse_url, "sse-surrogate", client)
+    got = call_model(sse_url, "sse-surrogate", client)
     assert isinstance(got, Completion) and got.content == "\ud800ok" and got.body is None
     # beyond MAX_BODY the completion is read, the body not kept
-    big = _model_call(sse_url, "sse-big", client)
+    big = call_model(sse_url, "sse-big", client)
     assert isinstance(big, Completion), big
     assert len(big.content) == 1_100_000 and big.finish_reason == "length"
     assert big.body is None

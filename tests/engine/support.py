@@ -7,12 +7,14 @@ condition against a deadline and fails with a message naming what did not happen
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,3 +331,19 @@ def one_error(result: Result) -> str:
     errors = [ln for ln in result.output.splitlines() if ln.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith("error: "), result.output
     return errors[0]
+
+
+@contextlib.contextmanager
+def pipe_file(data: bytes) -> Iterator[Path]:
+    """``/dev/fd/N``: the read end of a pipe holding ``data`` (as ``<(cat file)`` gives
+    a command), whose folder takes no file."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)  # small: it fits in the pipe's buffer
+        os.close(w)
+        w = -1
+        yield Path(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)

@@ -7,9 +7,7 @@ run). Each test failed before its fix."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -21,7 +19,7 @@ from lockgate.cli import app
 from lockgate.errors import SpecError
 from lockgate.store import Store
 
-from .support import one_error, status_counts, task, tasks, write_jsonl
+from .support import one_error, pipe_file, status_counts, task, tasks, write_jsonl
 
 
 def lockgate(*args: str | Path) -> Result:
@@ -125,20 +123,6 @@ def test_a_rejects_file_in_a_missing_folder_is_refused_before_anything_is_read(
 # -- a pipe: --skip-invalid needs --rejects, and the batch needs a name ---------------------
 
 
-@contextlib.contextmanager
-def _pipe(data: bytes) -> Iterator[Path]:
-    r, w = os.pipe()
-    try:
-        os.write(w, data)
-        os.close(w)
-        w = -1
-        yield Path(f"/dev/fd/{r}")
-    finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
-
-
 def _lines(n: int, prefix: str = "p") -> bytes:
     return b"".join(orjson.dumps(t) + b"\n" for t in tasks(n, prefix=prefix))
 
@@ -147,7 +131,7 @@ def _lines(n: int, prefix: str = "p") -> bytes:
 def test_skip_invalid_on_a_pipe_asks_for_rejects(sqlite_url: str, command: str) -> None:
     """It said `cannot write /dev/fd/63.rejects.jsonl: No such file or directory`, and
     `/dev/stdin` wrote /dev/stdin.rejects.jsonl into /dev."""
-    with _pipe(_lines(2) + b"{bad\n") as path:
+    with pipe_file(_lines(2) + b"{bad\n") as path:
         error = one_error(lockgate(command, path, "--batch", "p", "--skip-invalid",
                                    "--db", sqlite_url))
     assert f"--skip-invalid on {path} (a pipe or a device) needs --rejects FILE" in error
@@ -156,7 +140,7 @@ def test_skip_invalid_on_a_pipe_asks_for_rejects(sqlite_url: str, command: str) 
 
 def test_skip_invalid_on_a_pipe_with_rejects_works(tmp_path: Path, sqlite_url: str) -> None:
     rejects = tmp_path / "r.jsonl"
-    with _pipe(_lines(2) + b"{bad\n") as path:
+    with pipe_file(_lines(2) + b"{bad\n") as path:
         result = lockgate("submit", path, "--batch", "p", "--skip-invalid", "--rejects",
                           rejects, "--db", sqlite_url)
     assert result.exit_code == 0, result.output
@@ -168,7 +152,7 @@ def test_skip_invalid_on_a_pipe_with_rejects_works(tmp_path: Path, sqlite_url: s
 def test_a_pipe_without_batch_is_refused_naming_batch(sqlite_url: str,
                                                       command: str) -> None:
     """`submit <(...)` named the batch `63`, after the descriptor."""
-    with _pipe(_lines(1)) as path:
+    with pipe_file(_lines(1)) as path:
         error = one_error(lockgate(command, path, "--db", sqlite_url))
     assert error == (f"error: {path} is a pipe or a device, whose name makes no batch id; "
                      "name the batch with --batch NAME")

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -36,7 +35,15 @@ from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import template_key
 from lockgate.store import Store
 
-from .support import TEMPLATE, one_error, status_counts, task, tasks, write_jsonl
+from .support import (
+    TEMPLATE,
+    one_error,
+    pipe_file,
+    status_counts,
+    task,
+    tasks,
+    write_jsonl,
+)
 
 
 def lockgate(*args: str | Path, env: dict[str, str] | None = None) -> Result:
@@ -59,26 +66,10 @@ def _batches(store: Store) -> list[dict[str, object]]:
 # -- 1. a task file given as a pipe is read once, and submitted whole ------------------
 
 
-@contextlib.contextmanager
-def _pipe(data: bytes) -> Iterator[Path]:
-    """``/dev/fd/N``: the read end of a pipe holding ``data`` (as ``<(cat file)`` gives
-    a command), whose folder takes no file."""
-    r, w = os.pipe()
-    try:
-        os.write(w, data)  # small: it fits in the pipe's buffer
-        os.close(w)
-        w = -1
-        yield Path(f"/dev/fd/{r}")
-    finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
-
-
 def test_a_pipe_as_the_task_file_is_submitted_whole(db_url: str, store: Store) -> None:
     """`lockgate submit <(cat fresh.jsonl)` said `0 submitted`, exit 0: the check pass
     could not keep its rows in /dev/fd, and the write pass read the empty pipe again."""
-    with _pipe(_lines(3)) as path:
+    with pipe_file(_lines(3)) as path:
         result = lockgate("submit", path, "--batch", "fresh", "--db", db_url)
     assert result.exit_code == 0, result.output
     assert "batch fresh: 3 submitted" in result.output
@@ -127,7 +118,7 @@ def test_a_pipe_whose_rows_cannot_be_kept_anywhere_is_refused_loudly(
     """Neither its folder nor the temporary folder takes the spool: read again, the pipe
     would give nothing; the submit is refused, and nothing (no batch) is written."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
-    with _pipe(_lines(3)) as path:
+    with pipe_file(_lines(3)) as path:
         error = one_error(lockgate("submit", path, "--batch", "fresh", "--db", db_url))
     assert "can be read only once" in error and "nothing was submitted" in error, error
     assert "--stream" in error
@@ -136,7 +127,7 @@ def test_a_pipe_whose_rows_cannot_be_kept_anywhere_is_refused_loudly(
 
 
 def test_a_streamed_pipe_still_works(db_url: str, store: Store) -> None:
-    with _pipe(_lines(3)) as path:
+    with pipe_file(_lines(3)) as path:
         result = lockgate("submit", path, "--stream", "--batch", "s", "--db", db_url)
     assert result.exit_code == 0, result.output
     assert status_counts(store) == {"PENDING": 3}
