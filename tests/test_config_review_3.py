@@ -156,6 +156,25 @@ def test_a_base_url_from_the_environment_is_checked_too(
     assert Settings().endpoints()[0].base_url.startswith("http://127.0.0.1:")
 
 
+@pytest.mark.parametrize("url, words", [
+    ("http:///hook", "names no host"),
+    ("ftp://hooks.example/x", "is not an HTTP URL"),
+    ("https://hooks.example:0/x", "has an invalid port"),
+])
+def test_a_webhook_url_is_checked_as_a_base_url_is(tmp_path: Path, url: str,
+                                                   words: str) -> None:
+    """``http:///hook`` passed a ``^https?://`` pattern, and every delivery then failed
+    at send time; ``HTTPS://`` was refused though any client takes it."""
+    message = refused(tmp_path, f'[[quality.webhook]]\nurl = "{url}"\n')
+    assert "'quality.webhook.0.url'" in message and words in message, message
+
+
+def test_a_webhook_url_in_capitals_passes(tmp_path: Path) -> None:
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[quality.webhook]]\nurl = "HTTPS://hooks.example/x"\n')
+    assert load_settings(cfg).quality.webhook[0].url == "HTTPS://hooks.example/x"
+
+
 # -- two spellings of one setting ------------------------------------------------------
 
 def test_both_spellings_of_a_setting_are_named_as_such(tmp_path: Path) -> None:

@@ -278,7 +278,7 @@ class Webhook(_Strict):
 
     name: str | None = Field(None, min_length=1, max_length=100,
                              description="its name in the outbox [the URL's host]")
-    url: str = Field(min_length=1, pattern=r"^https?://")
+    url: Annotated[str, BeforeValidator(_http_url)]
     secret: str | None = Field(None, min_length=1, description="HMAC key of the signature")
     secret_env: str | None = Field(None, min_length=1,
                                    description="environment variable holding the key")
