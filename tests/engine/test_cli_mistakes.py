@@ -295,6 +295,23 @@ def test_retry_refuses_an_unknown_error_class(sqlite_url: str, tmp_path: Path) -
                      "did you mean 'connection_error'?")
 
 
+def test_a_worker_of_a_pool_no_endpoint_is_in_is_warned(sqlite_url: str,
+                                                         tmp_path: Path) -> None:
+    """``--pool fast`` with no endpoint in pool 'fast' started silently, and the worker
+    never had an endpoint for its tasks."""
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[endpoint]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                   'pool = "slow"\n')
+    got = lockgate("worker", "--burst", "--pool", "fast", "--db", sqlite_url,
+                   "--config", cfg)
+    assert got.exit_code == 0, got.output
+    assert "no endpoint of this config is in pool 'fast' (its pools: 'slow')" in \
+        " ".join(got.output.split()), got.output
+    served = lockgate("worker", "--burst", "--pool", "slow", "--db", sqlite_url,
+                      "--config", cfg)
+    assert "no endpoint of this config is in pool" not in served.output
+
+
 def test_an_unreachable_endpoint_from_the_environment_names_the_variable(
         sqlite_url: str, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "b.jsonl", tasks(1))

@@ -299,6 +299,14 @@ def _check_endpoints(settings: Settings, pool: str | None, *, refuse: bool) -> N
 
     eps = _served(settings, pool)
     if not eps:
+        if pool is not None:
+            pools = sorted({e.pool for e in settings.endpoints()})
+            console.print(
+                f"WARNING: no endpoint of this config is in pool {pool!r} (its pools: "
+                f"{', '.join(map(repr, pools))}): a task of that pool names an endpoint "
+                "this worker does not have, and is handed back for a worker that has it. "
+                "Set the endpoint's pool in the config, or start the worker with one of "
+                "those pools", markup=False)
         return
     for ep in eps:  # a key variable that is not set: every call would fail
         try:
