@@ -40,6 +40,21 @@ def _write(path: Path, *objs: dict[str, Any] | bytes) -> Path:
     return path
 
 
+# -- a batch id that is not text, after a line of the same config ----------------------
+
+
+@pytest.mark.parametrize("batch", [[], ["a"], {"b": 1}])
+def test_a_batch_id_that_is_a_list_or_an_object_is_refused_naming_it(
+        tmp_path: Path, batch: Any) -> None:
+    """Found by the fuzz: after a first line of the same config, such a line took the
+    fast path and raised TypeError (unhashable type) out of the submit."""
+    path = _write(tmp_path / "d.jsonl", _task(1), _task(2, batch_id=batch))
+    checked = check_file(path, "tasks")
+    assert checked.valid == 1
+    [(n, exc)] = checked.rejected
+    assert n == 2 and exc.field == "batch_id", exc
+
+
 # -- two lines of one file with the same task id ----------------------------------------
 
 

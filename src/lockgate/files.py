@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Literal, TextIO
 
 import orjson
 
-from lockgate.errors import LockgateError, SpecError, cannot
+from lockgate.errors import LockgateError, SpecError, cannot, not_utf8
 from lockgate.results import ReviewItem, TaskResult, iso
 from lockgate.runtime import check_delivery_rule, check_template
 from lockgate.spec import (
@@ -203,10 +203,7 @@ def loads_line(raw: bytes, line: int) -> Any:
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:  # orjson's words for it name no byte
-            raise SpecError(f"not UTF-8 text (byte {raw[bad.start]:#04x} at byte offset "
-                            f"{bad.start} of the line): save the file as UTF-8 (from "
-                            "Latin-1 or Windows-1252: iconv -f cp1252 -t utf-8)",
-                            line=line) from None
+            raise SpecError(not_utf8(raw, bad, of_line=True), line=line) from None
         raise SpecError(f"not valid JSON ({exc})", line=line) from None
     where = big_int_field(raw)
     if where is not None:
@@ -454,9 +451,9 @@ class Intake:
                 or tid.startswith(RESERVED_ID_PREFIX) or tuple(data) not in cfg.inputs:
             return None
         batch = obj.get("batch_id")
-        if batch is not None and batch not in self._batches:
+        if batch is not None and (type(batch) is not str or batch not in self._batches):
             if type(batch) is not str or not _plain_id(batch):
-                return None
+                return None  # (a list or an object: the full path names the field)
             if len(self._batches) >= _REMEMBERED:
                 self._batches.clear()
             self._batches.add(batch)
