@@ -46,7 +46,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from lockgate.durations import EXAMPLES, duration_field, format_duration
-from lockgate.errors import ConfigError, SpecError
+from lockgate.errors import ConfigError, SpecError, not_utf8
 from lockgate.spec import ModelConfig, load_config
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
@@ -583,13 +583,14 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
             raw = p.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+        bom = len(raw)
         raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte order mark (Notepad, PowerShell)
+        bom -= len(raw)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             line = raw[:exc.start].count(b"\n") + 1
-            raise ConfigError(f"{p}: line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}); "
-                              "save the file as UTF-8") from None
+            raise ConfigError(f"{p}: line {line}: {not_utf8(raw, exc, base=bom)}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: {exc}") from None
     overrides = {k: v for k, v in worker_overrides.items() if v is not None}

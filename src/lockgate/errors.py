@@ -111,6 +111,18 @@ def cannot(verb: str, path: object, exc: OSError) -> LockgateError:
     return LockgateError(f"cannot {verb} {path}: {exc.strerror or exc}")
 
 
+def not_utf8(data: bytes, exc: UnicodeDecodeError, *, base: int = 0,
+             of_line: bool = False) -> str:
+    """The words for text that is not UTF-8, the same for every file a user gives
+    (task files, datasets, templates, the config): the first bad byte, its offset
+    (``data`` starts at byte ``base`` of the file; ``of_line``: the offset counts from
+    the line's start) and the fix."""
+    where = " of the line" if of_line else ""
+    return (f"not UTF-8 text (byte {data[exc.start]:#04x} at byte offset "
+            f"{base + exc.start}{where}): save the file as UTF-8 (from Latin-1 or "
+            "Windows-1252: iconv -f cp1252 -t utf-8)")
+
+
 class ErrorClass(StrEnum):
     """Why an attempt failed. Stored on attempts and tasks; named by ``stop_on``."""
 

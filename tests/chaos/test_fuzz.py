@@ -238,7 +238,14 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
     """Found by the fuzz: a byte that is not UTF-8 raised UnicodeDecodeError."""
     path = tmp_path / "lockgate.toml"
     path.write_bytes(b"[worker]\nconcurrency = 4\n\x80lease_s = 60\n")
-    with pytest.raises(ConfigError, match=r"line 3: not UTF-8 text \(byte 0x80\)"):
+    with pytest.raises(ConfigError, match=r"line 3: not UTF-8 text \(byte 0x80 at byte "
+                                          r"offset 25\): save the file as UTF-8 \(from "
+                                          r"Latin-1 or Windows-1252: iconv"):
+        load_settings(path)
+    # the offset is the file's, a byte order mark included
+    path.write_bytes(b"\xef\xbb\xbf[worker]\nconcurrency = 4\n\x80lease_s = 60\n")
+    with pytest.raises(ConfigError, match=r"line 3: not UTF-8 text \(byte 0x80 at byte "
+                                          r"offset 28\)"):
         load_settings(path)
 
 

@@ -174,8 +174,8 @@ def test_files_that_are_not_utf8_are_one_error_line_naming_file_and_byte(
         cli: CliRunner, tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes(b"id,text,expected\na,caf\xe9,y\n")
     out = _refused(cli, "dataset", "add", "d", str(tmp_path / "d.csv"))
-    assert "d.csv: line 2: not UTF-8 text (byte 0xe9 at byte offset 22); save the file " \
-           "as UTF-8" in out
+    assert "d.csv: line 2: not UTF-8 text (byte 0xe9 at byte offset 22): save the file " \
+           "as UTF-8 (from Latin-1 or Windows-1252: iconv -f cp1252 -t utf-8)" in out
     (tmp_path / "d.jsonl").write_bytes(b'{"id":"a","input":{"text":"x"},"expected":"y"}\n'
                                        b'{"id":"b","input":{"text":"caf\xe9"},"expected":"y"}\n')
     out = _refused(cli, "dataset", "add", "d", str(tmp_path / "d.jsonl"))

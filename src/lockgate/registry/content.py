@@ -17,6 +17,7 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from lockgate.errors import SpecError
+from lockgate.errors import not_utf8 as not_utf8_text  # (this module's not_utf8 names the file)
 from lockgate.runtime import check_delivery_rule, placeholders
 from lockgate.spec import (
     DeliveryRule,
@@ -88,8 +89,7 @@ def not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError, *, base: int = 0,
     ``line`` when given), and the fix."""
     if line is None:
         line = data.count(b"\n", 0, exc.start) + 1
-    return SpecError(f"{path}: line {line}: not UTF-8 text (byte {data[exc.start]:#04x} at "
-                     f"byte offset {base + exc.start}); save the file as UTF-8")
+    return SpecError(f"{path}: line {line}: {not_utf8_text(data, exc, base=base)}")
 
 
 def read_text(path: Path, what: str) -> str:
