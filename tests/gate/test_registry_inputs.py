@@ -170,6 +170,26 @@ def _refused(runner: CliRunner, *args: str) -> str:
     return res.output
 
 
+def test_keys_beside_input_are_named_as_not_stored(cli: CliRunner, tmp_path: Path) -> None:
+    """They were dropped without a word: a field meant for the template (``context``)
+    was missing only when the gate rendered it."""
+    path = _jsonl(tmp_path / "d.jsonl", [
+        {"id": "a", "input": {"text": "x"}, "expected": "y", "context": "c", "note": "n"},
+        {"id": "b", "input": {"text": "z"}, "expected": "y", "context": "d"},
+        {"id": "c", "text": "w", "expected": "n"}])
+    res = cli.invoke(app, ["dataset", "add", "d", str(path)])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "not stored, beside 'input': 'context' (2 items), 'note' (1 item)" in said, said
+    shown = cli.invoke(app, ["dataset", "show", "d", "--json"])
+    assert "context" not in shown.output and '"w"' in shown.output, shown.output
+    # a file with nothing beside 'input' gets no note
+    clean = _jsonl(tmp_path / "e.jsonl", [{"id": "a", "input": {"text": "x"},
+                                           "expected": "y"}])
+    res = cli.invoke(app, ["dataset", "add", "e", str(clean)])
+    assert res.exit_code == 0 and "not stored" not in res.output, res.output
+
+
 def test_files_that_are_not_utf8_are_one_error_line_naming_file_and_byte(
         cli: CliRunner, tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_bytes(b"id,text,expected\na,caf\xe9,y\n")

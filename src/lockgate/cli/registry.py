@@ -233,6 +233,12 @@ def dataset_add(name: str, file: Path,
     console.print(f"dataset {name} revision {r['revision']}: {r['items']:,} "
                   f"items ({r['added']:,} added, {r['changed']:,} changed, "
                   f"{r['retired']:,} retired, {r['unchanged']:,} unchanged)", markup=False)
+    if r["ignored_keys"]:
+        keys = ", ".join(f"'{k}' ({n:,} item{'s' if n > 1 else ''})"
+                         for k, n in sorted(r["ignored_keys"].items()))
+        console.print(f"note: not stored, beside 'input': {keys}. Only id, input and "
+                      "expected (or label) are kept; an input field goes inside 'input'",
+                      markup=False)
 
 
 @command(dataset_app, "show")

@@ -213,7 +213,9 @@ class Datasets:
             replace: bool = False, expected_column: str | None = None,
             description: str | None = None) -> dict[str, Any]:
         """Add items from a JSONL/CSV file or a list; ``replace`` makes the dataset hold
-        exactly these items. Returns counts (added, changed, retired, unchanged)."""
+        exactly these items. Returns counts (added, changed, retired, unchanged) and
+        ``ignored_keys``: keys beside ``input`` that were not stored, with the number of
+        items that had each."""
         check_name(name, "dataset")
         if isinstance(source, str | Path):
             items = read_items(source, expected_column=expected_column)
@@ -222,8 +224,14 @@ class Datasets:
             items = [_given(i, n) if isinstance(i, DatasetItem) else item_from(i, n)
                      for n, i in enumerate(source, start=1)]
             origin = None
-        return self.registry.add_items(name, items, replace=replace, source=origin,
-                                       description=description)
+        report = self.registry.add_items(name, items, replace=replace, source=origin,
+                                         description=description)
+        ignored: dict[str, int] = {}
+        for item in items:
+            for k in item.ignored:
+                ignored[k] = ignored.get(k, 0) + 1
+        report["ignored_keys"] = ignored
+        return report
 
     def show(self, name: str, *, limit: int = 5) -> dict[str, Any]:
         """The dataset (revision, size, items hash, input fields) and its first items."""

@@ -6,7 +6,8 @@ JSONL, one object per line::
 
 ``expected`` may be any JSON value (``"yes"``, an object, a list); ``label`` is accepted
 for it. Without ``input``, every key but ``id``/``expected``/``label`` is an input
-field. Without ``id``, the item id is the first 16 hex digits of the SHA-256 of its
+field; with it, other keys (notes, a split) are not stored, and ``dataset add`` says
+which. Without ``id``, the item id is the first 16 hex digits of the SHA-256 of its
 input, so re-adding the same file is idempotent.
 
 CSV with a header: the ``id`` column (optional), the expected column (``expected`` or
@@ -76,19 +77,22 @@ def item_from(obj: Any, line: int) -> DatasetItem:
     else:
         raise SpecError("is required (the expected output or label)", field="expected",
                         line=line)
+    ignored: tuple[str, ...] = ()
     if "input" in obj:
         inputs = obj["input"]
         if not isinstance(inputs, dict) or not inputs:
             raise SpecError("must be a non-empty object of input fields", field="input",
                             line=line)
+        ignored = tuple(k for k in obj if k not in _RESERVED and k != "input")
     else:
         inputs = {k: v for k, v in obj.items() if k not in _RESERVED}
         if not inputs:
             raise SpecError("no input fields (give 'input' or other keys)", field="input",
                             line=line)
     if "id" in obj:
-        return DatasetItem(_key(obj["id"], line), inputs, expected, line)
-    return DatasetItem(_default_id(inputs), inputs, expected, line, derived_key=True)
+        return DatasetItem(_key(obj["id"], line), inputs, expected, line, ignored=ignored)
+    return DatasetItem(_default_id(inputs), inputs, expected, line, derived_key=True,
+                       ignored=ignored)
 
 
 def read_jsonl(path: Path) -> Iterator[DatasetItem]:

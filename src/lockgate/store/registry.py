@@ -143,6 +143,8 @@ class DatasetItem:
     line: int | None = field(default=None, compare=False)
     #: Whether ``key`` was derived from the input (the item gave no id).
     derived_key: bool = field(default=False, compare=False)
+    #: Keys of the line beside ``input`` that are none of its fields (not stored).
+    ignored: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def content_hash(self) -> str:
