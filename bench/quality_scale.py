@@ -18,10 +18,12 @@ The rollups are those of a steady production: ``--prompts`` inline prompts x 2 m
 2 worker shards, minute rows for the last 2 days, hour rows for 15 days and day rows for
 90 (one realistic row, built by observing 300 attempts, copied to every key and bucket);
 they stay the same at both sizes. The attempt rows are filled by the database itself
-(``INSERT ... SELECT`` over ``generate_series`` or a recursive CTE), in steps of 1M,
+(``INSERT ... SELECT`` over ``generate_series``, a recursive CTE or MariaDB's sequence
+engine), in steps of 1M,
 then ANALYZEd.
 
     python bench/quality_scale.py --backends postgresql,sqlite --rounds 5
+    python bench/quality_scale.py --backends mariadb --rounds 5
     python bench/quality_scale.py --backends postgresql --sizes 1000000,10000000 --flushes 20
 
 Target (issue: the quality loop): rule evaluation and rollup update time flat with 1M
@@ -142,7 +144,13 @@ def _source(dialect: str, lo: int, hi: int) -> tuple[str, str]:
     if dialect == "sqlite":
         return (f"WITH RECURSIVE s(g) AS (SELECT {lo} UNION ALL SELECT g + 1 FROM s "
                 f"WHERE g < {hi}) ", "s")
-    raise SystemExit(f"{dialect}: not supported by this benchmark (postgresql, sqlite)")
+    if dialect == "mysql":  # MariaDB's sequence engine (built in since 10.1)
+        return "", f"(SELECT seq AS g FROM seq_{lo}_to_{hi}) AS s"
+    raise SystemExit(f"{dialect}: not supported by this benchmark")
+
+
+def _concat(dialect: str, a: str, b: str) -> str:
+    return f"CONCAT({a}, {b})" if dialect == "mysql" else f"{a} || {b}"
 
 
 def fill_sql(dialect: str, first: int, last: int, hashes: list[str],
@@ -153,11 +161,12 @@ def fill_sql(dialect: str, first: int, last: int, hashes: list[str],
     cases = " ".join(f"WHEN {k} THEN '{h}'" for k, h in enumerate(hashes))
     result = '{"category": "logistics", "summary": "late parcel"}'
     pre, src = _source(dialect, first, last)
+    task_id = _concat(dialect, "'fill-'", "g")
     tasks = (
         f"{pre}INSERT INTO task (task_id, batch_id, config_hash, input_data, status, "
         f"visible_at, created_at, updated_at, finished_at, attempts, version, priority, "
         f"result, parse_status, model, input_tokens, output_tokens, latency_ms, "
-        f"http_status) SELECT 'fill-' || g, 'fill', CASE g % {len(hashes)} {cases} END, "
+        f"http_status) SELECT {task_id}, 'fill', CASE g % {len(hashes)} {cases} END, "
         f"'{{\"text\": \"complaint\"}}', 'SUCCEEDED', 0, {now}, {now}, {now}, 2, 2, 0, "
         f"'{result}', 'valid', 'sim-small', 120, 22, 512.5, 200 FROM {src}")
     pre, src = _source(dialect, 2 * first - 1, 2 * last)
