@@ -199,6 +199,27 @@ def test_a_second_stop_request_releases_in_flight_calls_at_once(
         {"attempts": 1, "lease_token": None}]
 
 
+def test_a_second_sigterm_with_a_healthy_database_says_nothing_of_a_hung_one(
+        store: Store, simulator: SimulatorProcess, workers: WorkerPool) -> None:
+    """A stop at once looked at the database threads the instant they were told to
+    end: still alive, they were taken for calls that do not return, the log said "the
+    database does not answer" and the process ended by ``os._exit`` (3 runs of 3)."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 20_000})
+    store.submit([parse_task(t) for t in tasks(N)], batch_id="b")
+    proc = workers.start(burst=False, concurrency=CONCURRENCY, grace=60, lease=30,
+                         log_level="INFO")
+    wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight", timeout=60)
+    proc.signal(signal.SIGTERM)
+    wait_for(lambda: "stopping: no new tasks" in proc.log(), "the first stop to be heard")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(15) == 0, proc.log()
+    log = proc.log()
+    assert "stopping now:" in log, log
+    assert "without waiting for the database" not in log, log
+    assert "worker stopped:" in log, log
+    assert status_counts(store) == {"PENDING": N}
+
+
 def test_long_calls_keep_their_lease_by_renewing_it(store: Store,
                                                     simulator: SimulatorProcess) -> None:
     """Calls last more than twice the lease; a second worker polls all along and must

@@ -183,7 +183,10 @@ class WorkerCore:
         #: such stop yet).
         self._hard_by: float | None = None
         self._rng = random.Random(secrets.randbits(64))
-        self._db_threads = ThreadPoolExecutor(max_workers=3, thread_name_prefix="lockgate-db")
+        #: Named for this worker: a stop at once looks at its own threads only.
+        self._db_prefix = f"lockgate-db-{secrets.token_hex(4)}"
+        self._db_threads = ThreadPoolExecutor(max_workers=3,
+                                              thread_name_prefix=self._db_prefix)
         #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
         #: has acted on it (a supervisor that is also a worker forwards it on).
         self.on_signal: Callable[[int], None] | None = None

@@ -38,6 +38,9 @@ ARRIVAL_LOOK_MAX_S = 0.5
 #: database to take its results and released tasks before it gives up on them (they
 #: run again when their leases expire).
 HARD_STOP_DB_S = 3.0
+#: How long a stop at once gives its idle database threads to end before it reports
+#: the database as not answering.
+DB_THREADS_END_S = 0.5
 HARD_STOP_ROUNDS = 3
 
 log = logging.getLogger("lockgate.worker")
@@ -118,7 +121,7 @@ class Worker(Calls, Upkeep):
             if listener is not None:
                 listener.stop(timeout_s=0)  # it lets go of its connection within 250 ms
             self._db_threads.shutdown(wait=not abandoned, cancel_futures=abandoned)
-            if abandoned and self._db_waiting():
+            if abandoned and await self._db_waiting():
                 self.stats.stuck_db = 1
                 log.error("stopping now without waiting for the database: it does not "
                           "answer; unwritten results run again when their leases expire")
@@ -197,13 +200,18 @@ class Worker(Calls, Upkeep):
             self._hard_by = time.monotonic() + HARD_STOP_DB_S
         return max(0.0, self._hard_by - time.monotonic())
 
-    @staticmethod
-    def _db_waiting() -> bool:
-        """Whether a thread other than this one that the interpreter joins at exit is
-        still running (a database call that does not return)."""
-        me = threading.current_thread()
-        return any(t.is_alive() and not t.daemon and t is not me
-                   and t is not threading.main_thread() for t in threading.enumerate())
+    async def _db_waiting(self) -> bool:
+        """Whether one of this worker's database threads is still in a call that does
+        not return, after a moment for those just told to end (they were idle or
+        finishing a call of milliseconds: looked at at once, they were still alive, and
+        a healthy database was reported as not answering)."""
+        until = time.monotonic() + max(DB_THREADS_END_S, self._hard_left())
+        while True:
+            alive = [t for t in threading.enumerate()
+                     if t.name.startswith(self._db_prefix) and t.is_alive()]
+            if not alive or time.monotonic() >= until:
+                return bool(alive)
+            await asyncio.sleep(0.01)
 
     async def _give_back(self) -> None:
         """After a loop died: write back what is buffered and release every other lease
