@@ -475,7 +475,8 @@ L2V = [{"name": "Apple", "type": "ORG"}, {"name": "Tim Cook", "type": "PER"}]
     f"答案：{G}\n\n评论：很差\n答案：{N}",
     f'**Answer:** {G}\n\n---\n**Review 2:** "meh"\n**Answer:** {N}',
     f"My first guess was {G}, but the reviewer clearly liked it.\n\nAnswer: {N}",
-    f"Before: {G}\nAfter: {N}",
+    # ("Before: {G}\nAfter: {N}" was here: "Before:" labels the input echoed, so the
+    # value after it is the answer, test_review_i18n_4.py)
 ])
 def test_r1_a_later_answer_label_does_not_replace_the_first_value(raw: str) -> None:
     # Few-shot continuations label every value "Answer:": the first value stays.

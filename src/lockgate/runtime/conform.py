@@ -48,10 +48,15 @@ _THOUSANDS_RE = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d*)?")
 #: Digits a number string may be read from (longer ones are not a model's number).
 _MAX_DIGITS = 400
 #: Digits of other scripts' full-width forms only (NFKC would also turn "10²" into
-#: "102").
-_WIDE_DIGITS = str.maketrans("０１２３４５６７８９＋－．，", "0123456789+-.,")
+#: "102"), and the dashes that stand for a minus sign ("−5" is -5).
+_WIDE_DIGITS = str.maketrans("０１２３４５６７８９＋－．，−–—‐‑﹣",
+                             "0123456789+-.,------")
 _LIST_SPLIT_RE = re.compile(r"\s*[,，、;；]\s*")
 _ENUMERATION_SPLIT_RE = re.compile(r"\s*、\s*")
+#: Commas and semicolons: a text with both is no list of either's parts (the commas
+#: may be decimal commas, "1,5; 2,5", or belong to the items).
+_COMMA_RE = re.compile("[,，]")
+_SEMICOLON_RE = re.compile("[;；]")
 #: The integers a JSON value may hold exactly (signed 64 bits).
 _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
 #: Below this magnitude a float holds every integer exactly (2**53; 2**53 + 1 is not
@@ -393,6 +398,8 @@ def _split(text: str, items: Node | None) -> list[str] | None:
         if not any(_LIST_SPLIT_RE.search(p) for p in parts):
             return parts
         return None
+    if _COMMA_RE.search(text) and _SEMICOLON_RE.search(text):
+        return None  # "1,5; 2,5": a comma inside items separated by semicolons
     parts = [p for p in _LIST_SPLIT_RE.split(text) if p]
     if len(parts) < 2:
         return None

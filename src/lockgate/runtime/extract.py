@@ -223,3 +223,173 @@ def repair(text: str) -> Any:
     if isinstance(value, dict | list):
         return value
     return None
+
+
+#: Dashes that stand for a minus sign right before a digit where a value starts: the
+#: minus sign, en and em dashes, hyphens, the small and the full-width hyphen-minus.
+_DASHES = "\u2212\u2013\u2014\u2010\u2011\ufe63\uff0d"
+_LITERAL = r"(?:true|false|null|True|False|None)(?![\w$])"
+#: A bare value: a number (its sign an ASCII or another dash), or a literal, or a
+#: negated literal (``!true``), or a dash not right before a digit (``− 5``, ``−−5``,
+#: ``-true``), or a mark of approximation or comparison before a number or literal
+#: (``~5``, ``≈5``, ``>5``, ``±5``: kept whole, so refused by a number field).
+_BARE_VALUE = re.compile(
+    r"[-" + _DASHES + r"]?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?"
+    r"|!?(?:true|false|null|True|False|None)(?![\w$])"
+    r"|[-" + _DASHES + r"](?=[ \t]*(?:[-" + _DASHES + r"\d]|" + _LITERAL + r"))"
+    r"|[~≈∼≃<>≤≥≲≳±∓≠](?=[ \t]*(?:[-+" + _DASHES + r"\d.]|" + _LITERAL + r"))")
+#: What ends a bare value: a comma, a closing bracket, a line break; looked for at most
+#: this far (a bound on the work per value: linear over a text).
+_VALUE_END = re.compile(r"[,}\]\n]")
+_MAX_REST = 1024
+#: The separators a number's digit groups may be written with: space, no-break and
+#: narrow no-break space, thin and figure space, zero-width space, apostrophes.
+_GROUP_SEPS = " \u00a0\u202f\u2009\u2007\u200b'\u2019"
+#: One to three digits, then groups of exactly three with one consistent separator.
+_GROUPED = re.compile(r"(-?[1-9]\d{0,2})(?:([" + _GROUP_SEPS + r"])\d{3})(?:\2\d{3})*"
+                      r"(?:\.\d+)?")
+#: What may follow a whole bare value on its line: space, a comment, or the next
+#: quoted key (a comma left out).
+_VALUE_TAIL_OK = re.compile(r"[^\S\n]*(?:\Z|//|/\*|#)|[^\S\n]+[\"']")
+#: Quotation marks of other languages that a model may write as a string's quotes
+#: where a key or value starts (``«C'est bien»``, ``»so«``, ``„so“``, ``「良い」``): the
+#: string they enclose on one line, when JSON syntax follows the closing one. A repair
+#: would keep the closing mark in the value ("C'est bien»").
+_QUOTE_PAIRS = {"«": "»", "»": "«", "‹": "›", "„": "“", "‚": "‘", "「": "」", "『": "』"}
+_AFTER_QUOTED = re.compile(r"[ \t\r\n]*(?:[,:}\]]|\Z)")
+#: The longest string so enclosed (a bound on the look for its closing mark).
+_MAX_QUOTED = 4096
+#: Digits after commas, right after a number ("3,5", "1,000,000").
+_COMMA_DIGITS = re.compile(r"(?:,\d+)+")
+#: A double-quoted string (to its end, or the end of the text).
+_DQ_STRING = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\Z)', re.S)
+#: The start of a single-quoted string: only where a key or value starts.
+_SQ_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'(?=\s*(?:[:,}\]]|\Z))")
+
+
+def bare_values(text: str) -> str | None:
+    """``text`` with its bare values read as written, never cut short; None when
+    there is nothing to change. Where a value starts (after a colon, or in a list):
+
+    * a dash before a digit is a minus sign (``−5``, ``–2.5`` are -5, -2.5: a repair
+      would drop the dash and deliver the positive number);
+    * a number followed, before the next comma, closing bracket or line end, by more
+      than space is one value, not its first token: digit groups of exactly three with
+      one consistent separator after an object key are the number
+      (``1 234 567``, ``1'234``); anything else (``1 2``, ``2 million``, ``3 or 4``,
+      ``5 - 2``, ``0. 5``, ``3½``, ``1 299,99``) becomes the string written, which no
+      number field accepts (refused, never the first token). So does a literal
+      followed by more (``true or false``) or negated (``!true``), and a number
+      followed by a comma and a digit after an object key (a decimal comma).
+
+    A string in other quotation marks (``«C'est bien»``, :data:`_QUOTE_PAIRS`) where a
+    key or value starts is read as a JSON string.
+
+    Linear: one pass, strings skipped."""
+    if not any(c in text for c in _DASHES) and _NUMBER_THEN_MORE.search(text) is None \
+            and "!" not in text and not any(c in text for c in _QUOTE_PAIRS):
+        return None
+    out: list[str] = []
+    stack: list[str] = []
+    last = ""  # the last character outside strings that was not space
+    copied = i = 0
+    n = len(text)
+    changed = False
+    while i < n:
+        c = text[i]
+        if c == '"':
+            m = _DQ_STRING.match(text, i)
+            i = m.end() if m is not None else n
+            last = '"'
+            continue
+        if c == "'" and last in "{[,:":
+            m = _SQ_STRING.match(text, i)
+            if m is not None:
+                i = m.end()
+                last = "'"
+                continue
+        if c.isspace():
+            i += 1
+            continue
+        if c in _QUOTE_PAIRS and last in "{[,:":
+            close = text.find(_QUOTE_PAIRS[c], i + 1, min(n, i + _MAX_QUOTED))
+            if close > 0 and "\n" not in text[i:close] \
+                    and _AFTER_QUOTED.match(text, close + 1) is not None:
+                out.append(text[copied:i])
+                out.append(orjson.dumps(text[i + 1:close]).decode())
+                changed = True
+                copied = i = close + 1
+                last = '"'
+                continue
+        if c in "{[":
+            stack.append(c)
+        elif c in "}]":
+            if stack:
+                stack.pop()
+        elif (last == ":" or (last in "[," and stack and stack[-1] == "[")) and (
+                m := _BARE_VALUE.match(text, i)) is not None:
+            new = _bare_value(text, i, m.end(), last == ":")
+            if new is not None:
+                out.append(text[copied:i])
+                out.append(new[0])
+                changed = True
+                copied = i = new[1]
+            else:
+                i = m.end()
+            last = "0"
+            continue
+        last = ":" if c == ":" and _keys_colon(text, i) else "x" if c == ":" else c
+        i += 1
+    if not changed:
+        return None
+    out.append(text[copied:])
+    return "".join(out)
+
+
+def _keys_colon(text: str, at: int) -> bool:
+    """Whether the colon at ``at`` ends a key: a quoted one, or one bare word right
+    after an opening brace or a comma (``{label: 1}``), not a colon inside an unquoted
+    value (``{note: at 12:30 or so}``)."""
+    j = at - 1
+    while j >= 0 and text[j] in " \t\r\n":
+        j -= 1
+    if j < 0 or text[j] in "\"'":
+        return True
+    while j >= 0 and (text[j].isalnum() or text[j] in "_$-"):
+        j -= 1
+    while j >= 0 and text[j] in " \t\r\n":
+        j -= 1
+    return j < 0 or text[j] in "{,"
+
+
+#: A digit or literal followed by more than space before a comma, a closing bracket
+#: or a line end (the cheap test of :func:`bare_values`; it may say yes too often).
+_NUMBER_THEN_MORE = re.compile(
+    r"[~≈∼≃<>≤≥≲≳±∓≠][ \t]*[\d.tfnTFN+-]|-[ \t]*[tfTF]"
+    r"|\d[^\d\s,}\].eE\"'/#]|\d\.[ \t]|\d,\d|-[ \t]*[-" + _DASHES + r"]|-[ \t]+\d"
+    r"|(?:\d|true|false|null|True|False|None)[ \t" + _GROUP_SEPS[1:] + r"]+[^\s,}\]/#]")
+
+
+def _bare_value(text: str, start: int, end: int, keyed: bool) -> tuple[str, int] | None:
+    """What to write for the bare value ``text[start:end]`` and where what it replaces
+    ends (see :func:`bare_values`); None to keep it as written."""
+    value = text[start:end]
+    signed = value[:1] in _DASHES
+    if signed:
+        value = "-" + value[1:]
+    found = _VALUE_END.search(text, end, end + _MAX_REST)
+    stop = found.start() if found is not None else min(len(text), end + _MAX_REST)
+    decimal = keyed and value[-1:].isdigit() and text[stop:stop + 1] == "," \
+        and text[stop + 1:stop + 2].isdigit()
+    rest = text[end:stop]
+    if not decimal and not value.startswith("!") and _VALUE_TAIL_OK.match(rest):
+        return (value, end) if signed else None
+    if decimal:  # "3,5", "1 299,99", "1,000,000": its digits after commas belong to it
+        after = _COMMA_DIGITS.match(text, stop).end()  # type: ignore[union-attr]
+        found = _VALUE_END.search(text, after, after + _MAX_REST)
+        stop = found.start() if found is not None else min(len(text), after + _MAX_REST)
+    whole = (value + text[end:stop]).rstrip()
+    if keyed and not decimal and _GROUPED.fullmatch(whole) is not None:
+        return "".join(ch for ch in whole if ch.isdigit() or ch in "-."), \
+            end + len(text[end:stop].rstrip())
+    return orjson.dumps(whole).decode(), end + len(text[end:stop].rstrip())

@@ -16,6 +16,7 @@ import orjson
 
 from lockgate.runtime.conform import Fixes
 from lockgate.runtime.extract import (
+    bare_values,
     escape_apostrophes,
     fenced_spans,
     lenient_json,
@@ -23,7 +24,7 @@ from lockgate.runtime.extract import (
     repair,
     too_costly,
 )
-from lockgate.runtime.finish import EXTRACTED_FROM_CUT
+from lockgate.runtime.finish import EXTRACTED_FROM_CUT, first_open
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -251,8 +252,8 @@ def _search_text(text: str, plan: OutputPlan, fixes: Fixes,
             outside = _region_picks(text, plan, fixes, start_at)[0]
             if any(not _not_the_answer(text, s, outside[i - 1][1] if i else 0)
                    for i, (s, _e, _p) in enumerate(outside)):
-                return _chosen(text, outside)
-        return _chosen(text, picks)
+                return _answer(text, outside, plan, fixes)
+        return _answer(text, picks, plan, fixes)
     if first_strict:
         return _first_strict(text, plan, fixes, start_at)
     return _search_regions(text, plan, fixes, start_at)
@@ -279,7 +280,7 @@ def _in_answer_tags(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
             picks.append((start, end, found))
             if not _more_wanted(text, picks):
                 break
-    return _chosen(text, picks) if picks else None
+    return _answer(text, picks, plan, fixes) if picks else None
 
 
 #: A usable candidate, and where it stands in the text searched.
@@ -297,15 +298,16 @@ _SENTENCE_END = re.compile(r"[.!?…](?=[\s\"')*_]|\Z)|[。！？\n]")
 #: Where a clause starts: the start of the text, right after a value (a closing
 #: bracket, tag or fence), or after a sentence's end, a line break, a comma, a colon or
 #: a semicolon (space, Markdown and quotes skipped).
-_CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`]))[\s*_#>\"'“(\-]*"
+_CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`]))[\s*_#>\"'“(\-]*"
 #: The same as a lookbehind of one character (a clause's end, or what may follow one):
 #: the run of space, Markdown and quotes before the word is checked by
 #: :func:`_clause_start` instead, so that a search never rescans a long run of blank
 #: lines at each of its positions (quadratic); then the first letter of a phrase of
 #: :data:`_CORRECTION` (a cheap test first).
-_CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、}\]>`\s*_#\"'“(\-]))"
-              r"(?=[A-Za-z最更修改纠正实结等不重])")
-_CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、}]>`")
+_CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`\s*_#\"'“(\-]))"
+              r"(?=[A-Za-z\u00c0-\u024f\u0400-\u04ff\u0600-\u06ff\uac00-\ud7af"
+              r"最更修改纠正实実结等不重訂いや待ちすご])")
+_CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、،}]>`")
 _CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
 #: A value introduced as an example of the format, a draft or a template: the
 #: introduction (the sentence right before the value) is a label made of such words
@@ -361,7 +363,41 @@ _CORRECTION = re.compile(
     r"|label|response|classification|object|list)|final(?:ly)?|in conclusion|to conclude"
     r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
-    r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新)")
+    r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
+    # English beyond the above; then de, fr, es, it, pt, ru, nl, pl, tr, ar, ja, ko
+    r"|hmm+,?[ \t]+no(?![\w'’])|never[ \t]?mind(?![\w'’])"
+    r"|disregard[ \t]+(?:that|this|it|the[ \t]+(?:above|previous|first|last|earlier))"
+    r"|(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer|result|json))?"
+    r"[ \t]+(?:is|was)[ \t]+(?:wrong|incorrect|not right)"
+    r"|(?:oh|ah),?[ \t]+(?:now[ \t]+)?I[ \t]+see[ \t]*[,.!—–]"
+    r"|korrektur|berichtigung|moment(?:[ \t]+mal)?[,!]|eigentlich|tatsächlich"
+    r"|(?:die[ \t]+)?(?:richtige|korrekte|endgültige|finale)[ \t]+(?:antwort|ausgabe)"
+    r"|rectification|en fait|en réalité|attends|attendez"
+    r"|(?:la[ \t]+)?(?:bonne|vraie)[ \t]+réponse|réponse[ \t]+(?:finale|correcte)"
+    r"|corrección|en realidad|rectifico|respuesta[ \t]+(?:final|correcta)"
+    r"|correzione|in realtà|risposta[ \t]+(?:finale|corretta)"
+    r"|correção|na verdade|na realidade|resposta[ \t]+(?:final|correta)"
+    r"|исправлени\w*|поправка|на самом деле|подожди\w*|погоди\w*"
+    r"|окончательн\w+[ \t]+ответ|правильн\w+[ \t]+ответ"
+    r"|correctie|eigenlijk|(?:het[ \t]+)?(?:juiste|definitieve)[ \t]+antwoord"
+    r"|poprawka|korekta|właściwie|w rzeczywistości|(?:poprawna|ostateczna)[ \t]+odpowiedź"
+    r"|düzeltme|aslında|doğru[ \t]+cevap|doğrusu"
+    r"|تصحيح|في الواقع|الإجابة الصحيحة"
+    r"|訂正|いや|正しくは|実際は|実は|最終的"
+    r"|수정|정정|사실은|잠깐|최종|정답은"
+    # a corrected answer; "wait"; "I was wrong"; "sorry"; the final answer
+    r"|(?:(?:réponse|sortie|respuesta|salida|resposta|saída|risposta|antwort|ausgabe|ответ"
+    r"|antwoord|odpowiedź|cevap|الإجابة)[ \t]+)?(?:korrigiert\w*|corrigée?s?|corregid[oa]s?"
+    r"|corrigid[oa]s?|corrett[oa]|исправленн\w*|gecorrigeerd\w*|verbeterd\w*|poprawion\w*"
+    r"|düzeltilmiş|المصححة|المصحح)"
+    r"|(?:warte|wartet|wacht|czekaj|bekle|espera|espere|aspetta|attends|attendez"
+    r"|подожди\w*|постой\w*|погоди\w*|انتظر|待って|ちょっと待って|잠깐만|等一下)"
+    r"[ \t]*[,.!:：—–、，،]"
+    r"|ошибс\w+|ошиблась|ich habe mich geirrt|je me suis trompée?|me equivoqu[ée]"
+    r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist"
+    r"|entschuldigung|pardon|perdón|perdona|scusa|scusate|desculpe|извини\w*"
+    r"|простите|przepraszam|özür dilerim|عذرا|すみません|ごめん|죄송"
+    r"|son cevap|nihai cevap|definitie[fv]e?[ \t]+antwoord|الإجابة النهائية|最終)")
 
 
 #: A revision of the value before, in words broader than :data:`_CORRECTION`'s, in the
@@ -398,7 +434,10 @@ _REVISION = re.compile(
     r"|(?:second|2nd|third|another|new|one more)[ \t]+(?:attempt|try|pass)"
     r")\b|" + _VERDICT_WORDS +
     r"|(?:" + _REVISED + r"(?:ed|ied|ing|ying)|better|re-?(?:evaluat|assess|examin|consider"
-    r"|check|think|analy[sz])\w*)[\s*_]*[:：]))")
+    r"|check|think|analy[sz])\w*"
+    # "Correct:" and its words in other languages, as the value's own label
+    r"|correct|richtig|correcto|corretto|correto|correcte|правильно|juist|doğru|poprawnie"
+    r"|صحيح|正しい|正确|올바른)[\s*_]*[:：]))")
 #: A sentence that ends in a revision, right before the later value ("The label should
 #: be negative instead:", "I think this is more accurate:", "this one is better:",
 #: 修改后：, 调整后的结果：, 改为：); a comparison ("more accurate than the baseline")
@@ -420,7 +459,8 @@ _OTHER_ITEM = re.compile(
     r"|另一|其他|参考|模板|样例|示例|基线")
 #: A cheap look ahead for a revision after a value (:func:`_cued`): any of its words.
 _REVISION_HINT = re.compile(
-    r"(?i)(?=[rimacfutbolp修调更改优订])(?:revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
+    r"(?i)(?=[rimacfutbolpdjп修调更改优订正올ص])(?:richtig|juist|doğru|правильно|poprawnie"
+    r"|صحيح|正しい|正确|올바른|revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
     r"|more accurate|more appropriate|more fitting|more precise|more suitable|instead"
     r"|attempt|\btry\b|\bpass\b|re-?(?:evaluat|assess|examin|consider|check|think|analy)"
     r"|right|\boff\b|mistake|let me|更准确|更合适|更恰当|修改|调整|更改|修订|订正|更新|优化"
@@ -439,11 +479,110 @@ _REJECTED = re.compile(
     r"|\b(?:not|never|rather than|isn't|wasn't|aren't)[\s*_]*\Z|不是\s*\Z")
 
 
+#: A label that introduces a value as not the answer, in English beyond
+#: :data:`_EXAMPLE_LABEL` and in the common languages (de, fr, es, it, pt, ru, nl, pl,
+#: tr, ar, zh, ja, ko). Words that say so wherever they stand in a short label ending
+#: with a colon ("Beispielausgabe:", "Exemple de sortie :", "For reference, a typical
+#: output looks like:"): an example, a sample, a template, a draft.
+_EXAMPLE_WORDS = (
+    r"examples?|illustrative|illustration|typical|for reference"
+    r"|beispiel\w*|vorlage|muster\w*|entwurf|schablone"
+    r"|exemples?|par ex\.?|gabarit|brouillon"
+    r"|ejemplos?|p\.\s?ej\.?|plantilla|borrador"
+    r"|esempio|esempi|ad es\.?|bozza"
+    r"|exemplos?|rascunho"
+    r"|пример\w*|например|шаблон\w*|образ[еэ]ц\w*|черновик\w*"
+    r"|voorbeeld\w*|sjabloon"
+    r"|przykład\w*|szablon\w*|wzór|szkic\w*"
+    r"|örnek\w*|şablon\w*|taslak"
+    r"|bijvoorbeeld|örneğin|المثال|مثال|قالب|مسودة")
+#: Words that say so only as the label's head (an article before, at most two words
+#: after: "Before:", "The data:", "Entrée :", "JSON schema:", "Falsch:"): the input
+#: echoed, the structure or schema, what is wrong ("Normalized record:" is no echo).
+_HEAD_WORDS = (
+    r"before|raw|text|record|provided|received|data|source|structure|(?:json )?schema"
+    r"|skeleton|eingabe\w*|rohdaten|entrée|entrada|вход\w*|ввод\w*|исходн\w+|invoer"
+    r"|wejście|girdi|المدخلات|الإدخال|schéma|esquema|схема|schemat"
+    r"|falsch\w*|inkorrekt|faux|fausse|incorrect[oa]?|errad[oa]|errat[oa]|sbagliat[oa]"
+    r"|неправильн\w*|неверн\w*|fout|błędn\w*|źle|yanlış|خطأ|خاطئ")
+#: Words that make a label the output's ("Text classification:", "Data extracted:").
+_OUTPUT_WORDS = (
+    r"(?i:result|output|answer|response|classification|label|extract|pars|normali|clean"
+    r"|process|correct|fix|updat|ergebnis|ausgabe|antwort|sortie|résultat|réponse|salida"
+    r"|respuesta|resultado|risposta|resposta|ответ|выход|результат)")
+_OTHER_LABEL = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:[\w'’.,-]+[ \t]+){0,6}?(?:" + _EXAMPLE_WORDS + r")"
+    r"(?:-[\w'’]+)*(?![\w'’-])(?:[ \t]+[\w'’.-]+){0,4}[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:(?:the|die|der|das|le|la|les|el|los|il|lo|o|a|de|het)[ \t]+)?"
+    r"(?:" + _HEAD_WORDS + r")(?![\w'’-])(?:[ \t]+(?!" + _OUTPUT_WORDS + r")[\w'’.-]+)?"
+    r"[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*modèle(?:[ \t]+d[e'’][ \t]*\w+)?[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)(?:[ \t]+"
+    r"(?:de|di|d'|da|do)[ \t]*(?:entrada|input|entrée|ingresso))?[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:eg|ex|e\.g|demo|(?:something[ \t]+)?like(?:[ \t]+this)?)"
+    r"[\s*_]*[:：][\s*_]*\Z"
+    # Chinese, Japanese, Korean: an example's word anywhere in a short label; the
+    # input's or a wrong value's as its head ("入力：", "错误：", not "错误已更正：")
+    r"|^[\s*_#>\-]*[^\n:：。！？]{0,10}(?:例|模板|样板|雛形|テンプレート|サンプル|下書き"
+    r"|草稿|예시|예제|예를 들어|샘플|템플릿|초안)[^\s:：。！？]{0,6}[\s*_]*[:：]?[\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:入力|输入|입력|원본|原文|誤り|間違い|错误|틀린|잘못된?)"
+    r"(?:[ \t]?[^\s:：。！？更修訂改正정수출输出結结答]{1,3})?[\s*_]*[:：][\s*_]*\Z")
+#: A negation in a label ("Not an example but the output:"): it is no such label.
+_NEGATED = re.compile(r"(?i)(?<![\w'’])(?:not|no|kein\w*|nicht|pas|non|ni|не|nie|niet"
+                      r"|değil)(?![\w'’])|不是|ではな|아닌")
+#: A value introduced by a condition, a counterfactual, a contrast or a negation in
+#: another language than English (:data:`_HYPOTHETICAL`): a conditional word that
+#: starts the sentence ("Wenn ...", "Si c'était ...", "Если бы ...", "もし..."), a
+#: counterfactual verb anywhere in it ("wäre", "serait", "fuera"), "otherwise", or a
+#: lone negation ("Nicht {...} sondern {...}").
+_OTHER_CONDITION = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:wenn|falls|sofern|si|indien|если|jeśli|jezeli|jeżeli"
+    r"|gdyby|eğer|إذا|لو|もし|만약|如果|假如|als het|als de|als dit)(?![\w'’-])"
+    r"|(?<![\w'’-])(?:wäre|wären|würde|hätte|serait|seraient|aurait|sería|fuera|fuese"
+    r"|habría|sarebbe|fosse|seria|бы|zou|zouden|byłoby|byłby|olsaydı|olurdu"
+    r"|sonst|andernfalls|ansonsten|sinon|de lo contrario|si no|altrimenti"
+    r"|caso contrário|senão|иначе|w przeciwnym razie|aksi halde|وإلا"
+    r"|im gegenteil|au contraire|al contrario|по-другому)(?![\w'’-])"
+    r"|^[\s*_#>\-]*(?:nicht|pas|non|nein|не|нет|nie|niet|no)[\s*_]*\Z"
+    r"|(?:なら|ならば|だったら|였다면|라면|면)[\s*_,、]*\Z")
+#: An opening tag of an element that holds values that are not the answer.
+_NOT_ANSWER_TAG = re.compile(
+    r"(?i)<(examples?|samples?|drafts?|input|inputs|schema|template|format|reference"
+    r"|user_input|query|question|prompt)(?:[ \t][^<>\n]*)?>")
+#: How far before a value such a tag is looked for.
+_TAG_REACH = 4096
+
+
+def _in_not_answer_tag(text: str, start: int) -> bool:
+    """Whether the value at ``start`` stands inside an element that holds values that
+    are not the answer (``<example>``, ``<draft>``, ``<input>``, ``<schema>`` ...,
+    :data:`_NOT_ANSWER_TAG`): the last such tag opened before it (at most
+    :data:`_TAG_REACH` characters) is not closed before it."""
+    floor = max(0, start - _TAG_REACH)
+    if "<" not in text[floor:start]:
+        return False
+    last = None
+    for last in _NOT_ANSWER_TAG.finditer(text, floor, start):  # noqa: B007 - the last
+        pass
+    if last is None:
+        return False
+    closing = re.compile(r"(?i)</" + re.escape(last.group(1)) + r"\s*>")
+    return closing.search(text, last.end(), start) is None
+
+
+#: A closing tag.
+_CLOSING_TAG = re.compile(r"</[A-Za-z_][\w:|-]*>")
+
+
 def _lead(text: str, start: int, floor: int) -> str:
     """The sentence that introduces the value at ``start``: the text before it back to
     the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
     without the fence line, tag or Markdown between it and the value."""
     stretch = text[max(floor, start - _INTRO):start]
+    tag = _CLOSING_TAG.match(stretch, stretch.rfind("</")) if "</" in stretch else None
+    if tag is not None:
+        # (a closing tag ends what stood before it: "</draft>" introduces nothing)
+        stretch = stretch[tag.end():]
     stretch = stretch[:_LEAD_OUT.search(stretch).start()]  # type: ignore[union-attr]
     ends = list(_SENTENCE_END.finditer(stretch, 0, max(0, len(stretch) - 1)))
     return stretch[ends[-1].end():] if ends else stretch
@@ -452,13 +591,20 @@ def _lead(text: str, start: int, floor: int) -> str:
 def _not_the_answer(text: str, start: int, floor: int) -> bool:
     """Whether the value at ``start`` is introduced as an example, a draft, a template,
     the input, as what the answer would be under a condition or in contrast, or as
-    what it is not (labelled wrong, or negated)."""
+    what it is not (labelled wrong, or negated), in English or another common language
+    (:data:`_OTHER_LABEL`, :data:`_OTHER_CONDITION`), or stands in a tag that holds
+    such values (``<example>``, :func:`_in_not_answer_tag`)."""
+    if _in_not_answer_tag(text, start):
+        return True
     lead = _lead(text, start, floor)
     return bool(lead) and (_EXAMPLE_LABEL.search(lead) is not None
                            or _EXAMPLE_END.search(lead) is not None
                            or _INPUT_LABEL.search(lead) is not None
                            or _HYPOTHETICAL.search(lead) is not None
-                           or _REJECTED.search(lead) is not None)
+                           or _REJECTED.search(lead) is not None
+                           or (_OTHER_LABEL.search(lead) is not None
+                               and _NEGATED.search(lead) is None)
+                           or _OTHER_CONDITION.search(lead) is not None)
 
 
 def _clause_start(text: str, at: int) -> bool:
@@ -644,6 +790,24 @@ def _revision_after(text: str, end: int) -> bool:
     return False
 
 
+def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Parsed:
+    """The answer among usable values (:func:`_chosen`), unless the output ends inside
+    a value after them that is introduced as a correction or the final answer
+    ("Actually, the correct output is {...cut"): then the value it corrects is the one
+    the model took back, and the output is refused (cut off), never delivered so."""
+    end = picks[-1][1]
+    rest = text[end:]
+    # (counted first: a bracket left open is rare, and first_open walks the rest)
+    at = first_open(rest) if sum(map(rest.count, "{[｛［")) > sum(
+        map(rest.count, "}]｝］")) else None
+    if at is not None and _corrected(text, [*picks, (end + at, len(text), picks[-1][2])],
+                                     len(picks)):
+        return unusable(ParseStatus.INVALID_JSON, plan,
+                        "the output was cut off inside the answer that corrects the "
+                        "value before it", (*fixes.labels(), "truncated"))
+    return _chosen(text, picks)
+
+
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
     """The answer among usable values: the values introduced as not the answer
     (examples, drafts, the input, conditions) are left out (unless that leaves none),
@@ -686,7 +850,7 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
     if not found:
         return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
     if picks:
-        return _chosen(text, picks)
+        return _answer(text, picks, plan, fixes)
     if not failures:
         last = found[-1]
         end = None if last.closed else _closes(text, last.start)
@@ -889,9 +1053,20 @@ def _read(body: str, labels: tuple[str, ...], cut: Region | None, *, strict: boo
     quoted = escape_inner_quotes(body) if '"' in body else None
     if quoted is not None:
         value = _json_value(quoted)
+        if value is None and (bare := bare_values(quoted)) is not None:
+            value = _json_value(bare)
         if value is not None:
             yield value, (*labels, "repaired:json"), True, cut
             return
+    # A bare value read whole, never cut short (a dash as a minus sign, "1 234",
+    # "3 or 4" kept whole so that no number field takes its first token).
+    bare = bare_values(body)
+    if bare is not None:
+        value = _json_value(bare)
+        if value is not None:
+            yield value, (*labels, "repaired:json"), True, cut
+            return
+        body = bare
     # A quote inside a single-quoted string that no JSON syntax follows is an
     # apostrophe ('don't know', 'the users' choice'): escaped first, as neither Python
     # (which would join 'users' 'tis' into one string) nor json_repair (which keeps
