@@ -582,9 +582,9 @@ class Lockgate:
         held = [a for a in view.attempt_log if a.outcome == "review"]
         version = held[-1].prompt_version if held else None
         config = self._review_config(view.config_hash, version)
-        if config is not None:
-            runtime.check_result(config.delivery_rule, result,
-                                 model_modules=self.settings.runtime.model_modules)
+        if config is not None:  # (fields with a fallback take it, as in an answer)
+            result = runtime.check_result(config.delivery_rule, result,
+                                          model_modules=self.settings.runtime.model_modules)
         observe = None
         if self.settings.quality.rollups:  # the task ends: counted under its prompt
             from lockgate.quality.writer import RollupWriter  # deferred: start-up time

@@ -120,6 +120,35 @@ def test_review_is_held_exported_resolved_and_cancelled(
         assert lg.summary("b").throughput is None
 
 
+def test_a_resolved_result_takes_the_rules_fallbacks_as_an_answer_does(
+        db_url: str, simulator: SimulatorProcess) -> None:
+    """A model's answer with ``summary`` blank is delivered with its fallback
+    (``filled_fallback``); the same result given by a person was refused ("required key
+    'summary' is empty"), and leaving the key out as "missing"."""
+    schema = {"type": "object", "required": ["label", "summary"],
+              "properties": {"label": {"type": "string", "enum": ["yes", "no"]},
+                             "summary": {"type": "string", "minLength": 1}}}
+    delivery = {"schema": schema, "required_keys": ["label", "summary"],
+                "fallback_values": {"summary": "(none)"}}
+    with Lockgate(db_url, settings=_settings()) as lg:
+        lg.submit([task(f"f-{i}", f"order {i}", delivery=delivery) for i in range(3)],
+                  batch_id="f")
+        lg.open_circuit(KEY, actor="alice", reason="drill")
+        assert lg.run_worker(burst=True).review == 3
+        lg.resolve("f-0", {"label": "no", "summary": ""})
+        lg.resolve("f-1", {"label": "yes"})
+        lg.resolve("f-2", {"label": "yes", "summary": "late parcel"})
+        got = {r.task_id: r.result for r in lg.results("f")}
+        assert got == {"f-0": {"label": "no", "summary": "(none)"},
+                       "f-1": {"label": "yes", "summary": "(none)"},
+                       "f-2": {"label": "yes", "summary": "late parcel"}}
+        # a field without a fallback is judged as before
+        lg.submit([task("g-0", delivery=delivery)], batch_id="g")
+        assert lg.run_worker(burst=True).review == 1
+        with pytest.raises(SpecError, match=r"result\.label.*missing"):
+            lg.resolve("g-0", {"summary": "x"})
+
+
 def test_review_from_the_command_line(db_url: str, simulator: SimulatorProcess,
                                       tmp_path: Path) -> None:
     cfg = _config(tmp_path)

@@ -18,6 +18,7 @@ from pydantic). Anything else is left to the validator. OpenAPI's ``nullable: tr
 
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 import weakref
@@ -494,15 +495,29 @@ def unanswered(value: Mapping[str, Any], name: str, node: Node | None) -> bool:
     return name not in value or blank(value[name], node)
 
 
-def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[str] = ()) -> None:
-    """Refuse a result given by a person (``lockgate tasks resolve``) that the task's
-    delivery rule would not deliver: the wrong format, a required key missing, or a value
-    its output schema (JSON Schema, or the pydantic model's) refuses. One
-    :class:`SpecError` naming the first field at fault (``result.label``)."""
+def takes_fallback(value: Mapping[str, Any], k: str, plan: OutputPlan) -> bool:
+    """Whether field ``k`` of ``value`` takes its fallback value: absent, null where its
+    schema does not name null, or (required) blank."""
+    if k not in value:
+        return True
+    current = value[k]
+    node = plan.root.props.get(k)
+    if current is None:
+        return node is None or not node.declares_null
+    return k in plan.required and blank(current, node)
+
+
+def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[str] = ()) -> Any:
+    """A result given by a person (``lockgate tasks resolve``) as the task's delivery
+    rule delivers it: fields its ``fallback_values`` name that are absent, null or
+    (required) blank take their fallback, as in a worker's answer, and are not judged
+    again. Refused when the rule would not deliver it: the wrong format, a required key
+    missing, or a value its output schema (JSON Schema, or the pydantic model's)
+    refuses; one :class:`SpecError` naming the first field at fault (``result.label``)."""
     if rule.format == "text":
         if not isinstance(value, str):
             raise SpecError("this task delivers text: give a JSON string", field="result")
-        return
+        return value
     if rule.pydantic_model and not model_allowed(rule.pydantic_model, model_modules):
         raise SpecError(f"the task's output model {rule.pydantic_model!r} is not in a module "
                         "listed under [runtime] model_modules, so it cannot be checked here",
@@ -512,16 +527,25 @@ def check_result(rule: DeliveryRule, value: Any, *, model_modules: Collection[st
         raise SpecError("must be a JSON object", field="result")
     if plan.expect == "array" and not isinstance(value, list):
         raise SpecError("must be a JSON array", field="result")
+    filled: set[str] = set()
     if isinstance(value, dict):
+        fills = {k: fb for k, fb in plan.fallback.items() if takes_fallback(value, k, plan)}
+        if fills:
+            value = {**value, **copy.deepcopy(fills)}
+            filled = set(fills)
         for k in plan.required:
+            if k in filled:
+                continue
             if k not in value:
                 raise SpecError(f"required key '{k}' is missing", field=f"result.{k}")
             if blank(value[k], plan.root.props.get(k)):  # as a worker judges an answer
                 raise SpecError(f"required key '{k}' is empty: give it a value",
                                 field=f"result.{k}")
     if plan.errors is not None:
-        errs = plan.errors(value)
+        # (a fallback is the user's own answer, whatever it is: not judged)
+        errs = [e for e in plan.errors(value) if not (e[0] and e[0][0] in filled)]
         if errs:
             path, message = errs[0]
             where = ".".join(["result", *(str(p) for p in path)])
             raise SpecError(message, field=where)
+    return value

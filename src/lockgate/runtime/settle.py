@@ -19,7 +19,7 @@ import orjson
 from lockgate.errors import ErrorClass
 from lockgate.runtime.conform import Fixes, conform, json_type
 from lockgate.runtime.scan import Path, Region
-from lockgate.runtime.schema import Node, OutputPlan, blank, unanswered
+from lockgate.runtime.schema import Node, OutputPlan, blank, takes_fallback, unanswered
 from lockgate.runtime.unwrap import declares, unwrap
 
 
@@ -111,7 +111,7 @@ def fast_ok(value: Any, plan: OutputPlan, raw: str | None = None) -> bool:
             if unanswered(value, k, props.get(k)):
                 return False
         for k in plan.fallback:
-            if _to_fill(value, k, plan):
+            if takes_fallback(value, k, plan):
                 return False
         if plan.fields and all(blank(value.get(k)) for k in plan.fields):
             return False
@@ -338,23 +338,11 @@ def _completeness_after(value: Any, plan: OutputPlan, completeness: float,
     return 1.0 - len(missing) / len(plan.expected), missing
 
 
-def _to_fill(value: dict[str, Any], k: str, plan: OutputPlan) -> bool:
-    """Whether field ``k`` takes its fallback: absent, null where its schema does not
-    name null, or (required) blank."""
-    if k not in value:
-        return True
-    current = value[k]
-    node = plan.root.props.get(k)
-    if current is None:
-        return node is None or not node.declares_null
-    return k in plan.required and blank(current, node)
-
-
 def _fill(value: dict[str, Any], plan: OutputPlan, fixes: Fixes,
           filled: set[str]) -> dict[str, Any]:
     out = value
     for k, fallback in plan.fallback.items():
-        if _to_fill(value, k, plan):
+        if takes_fallback(value, k, plan):
             if out is value:
                 out = dict(value)
             out[k] = copy.deepcopy(fallback)
