@@ -540,8 +540,10 @@ def test_sqlite_writer_gives_up_at_its_deadline(sqlite_store: Store) -> None:
     mine = _other_writer(sqlite_store)
     try:
         other.execute("BEGIN IMMEDIATE")
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+        with pytest.raises(StoreError, match="another process has held its write lock") \
+                as err:
             _begin_immediate(mine, deadline_s=0.05)
+        assert err.value.transient
         assert mine.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_TIMEOUT_MS
         other.execute("ROLLBACK")
         _begin_immediate(mine, deadline_s=0.05)
@@ -549,6 +551,28 @@ def test_sqlite_writer_gives_up_at_its_deadline(sqlite_store: Store) -> None:
     finally:
         other.close()
         mine.close()
+
+
+def test_a_write_lock_held_past_the_deadline_is_a_passing_store_error(
+        sqlite_store: Store, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a chaos review: raised from SQLAlchemy's begin event, the driver's
+    "database is locked" passed every ``except StoreError`` unwrapped: a worker starting
+    meanwhile died, a submit printed a traceback, a write-back dropped its trace."""
+    monkeypatch.setattr(_begin_immediate, "__kwdefaults__", {"deadline_s": 0.3})
+    monkeypatch.setattr("lockgate.store.engine.LOCK_WARN_S", 0.1, raising=False)
+    submit(sqlite_store, 2)
+    other = _other_writer(sqlite_store)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match="the SQLite database is locked") as err:
+            sqlite_store.claim(2, lease_ms=60_000, worker_id="w1")
+        assert err.value.transient
+        assert "waiting for the SQLite write lock" in caplog.text
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert len(sqlite_store.claim(2, lease_ms=60_000, worker_id="w1")) == 2
 
 
 def test_sqlite_batches_are_split_under_the_bound_parameter_limit(

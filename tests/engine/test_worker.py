@@ -4,12 +4,16 @@ burst mode, and its worker row."""
 from __future__ import annotations
 
 import signal
+import sqlite3
+import threading
+import time
 
 import pytest
 
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.spec import parse_task
 from lockgate.store import Store
+from lockgate.store.engine import _begin_immediate
 
 from .support import (
     BackgroundWorker,
@@ -218,6 +222,47 @@ def test_a_second_sigterm_with_a_healthy_database_says_nothing_of_a_hung_one(
     assert "without waiting for the database" not in log, log
     assert "worker stopped:" in log, log
     assert status_counts(store) == {"PENDING": N}
+
+
+@pytest.mark.parametrize("when", ["at start", "during calls"])
+def test_a_sqlite_write_lock_held_past_the_wait_is_waited_out(
+        sqlite_store: Store, simulator: SimulatorProcess, monkeypatch: pytest.MonkeyPatch,
+        when: str) -> None:
+    """Another process holding the file's write lock longer than a writer waits (60 s;
+    200 ms here): the driver's "database is locked" passed as a bug. A worker starting
+    meanwhile died; one running wrote results with a bare trace ("storage_error: the
+    database refused this attempt's trace", no usage)."""
+    monkeypatch.setattr(_begin_immediate, "__kwdefaults__", {"deadline_s": 0.2})
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 300})
+    sqlite_store.submit([parse_task(t) for t in tasks(40)], batch_id="b")
+    holder = sqlite3.connect(sqlite_store.engine.url.database or "", isolation_level=None,
+                             check_same_thread=False)
+    locked = threading.Event()
+
+    def hold() -> None:
+        if when == "during calls":
+            wait_for(lambda: simulator.stats()["requests"] >= 1, "a call in flight")
+        holder.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(1.0)
+        holder.execute("ROLLBACK")
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    if when == "at start":
+        assert locked.wait(10)
+    try:
+        stats = run_worker(sqlite_store, concurrency=8)
+    finally:
+        t.join(10)
+        holder.close()
+    assert stats.succeeded == 40
+    assert status_counts(sqlite_store) == {"SUCCEEDED": 40}
+    bare = rows(sqlite_store, "SELECT COUNT(*) AS n FROM task_attempt WHERE "
+                              "error_class = 'storage_error' OR raw_output IS NULL")
+    assert bare == [{"n": 0}]
+    assert rows(sqlite_store, "SELECT COUNT(*) AS n FROM task WHERE input_tokens IS NULL"
+                ) == [{"n": 0}]
 
 
 def test_long_calls_keep_their_lease_by_renewing_it(store: Store,

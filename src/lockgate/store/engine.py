@@ -15,12 +15,15 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
 from lockgate.durations import parse_duration
-from lockgate.errors import ConfigError, SpecError
+from lockgate.errors import ConfigError, SpecError, StoreError
 from lockgate.redact import redact_url
 
 DEFAULT_URL = "sqlite:///lockgate.db"
 #: How long a SQLite statement waits for a lock held by another connection.
 BUSY_TIMEOUT_MS = 60_000
+log = logging.getLogger("lockgate.store")
+#: A wait for SQLite's write lock this long (seconds) is logged.
+LOCK_WARN_S = 5.0
 #: A session that leaves a transaction open and idle this long is ended by the server
 #: (PostgreSQL's idle_in_transaction_session_timeout, MariaDB's idle_transaction_timeout).
 #: lockgate never waits on anything but the database inside a transaction; a client cut
@@ -265,17 +268,31 @@ def _sqlite_setup(engine: Engine) -> None:
             _begin_immediate(raw)
 
 
-def _begin_immediate(raw: sqlite3.Connection, *,
-                     deadline_s: float = BUSY_TIMEOUT_MS / 1000) -> None:
+def _begin_immediate(raw: sqlite3.Connection, *, deadline_s: float | None = None) -> None:
     """Take SQLite's write lock, trying again every millisecond while another process
     holds it. SQLite's own busy handler sleeps 1, 2, 5, 10 ... then 100 ms between
     tries, so a writer that lost a few rounds to a busy neighbour slept up to 100 ms
     past the moment the lock was free (two worker processes on one file lost seconds
     per run to it). Other statements keep the busy timeout."""
+    if deadline_s is None:
+        deadline_s = BUSY_TIMEOUT_MS / 1000
     raw.execute("PRAGMA busy_timeout=0")
     try:
         _while_locked(lambda: raw.execute("BEGIN IMMEDIATE"), deadline_s=deadline_s,
-                      pause_s=0.001, max_pause_s=0.001)
+                      pause_s=0.001, max_pause_s=0.001, warn_after_s=LOCK_WARN_S)
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        # Out of SQLAlchemy's begin event the driver's error would pass unwrapped,
+        # taken by every caller for a bug (a worker died; a submit printed a
+        # traceback; a write-back dropped its trace). It is the database's trouble,
+        # and passes.
+        raise StoreError(
+            f"the SQLite database is locked: another process has held its write lock for "
+            f"over {deadline_s:g} s (a long transaction, a backup, or a sqlite3 shell left "
+            f"inside BEGIN). Nothing was written; a worker waits for the lock and goes "
+            f"on, a command can be run again once the lock is released", transient=True
+        ) from exc
     finally:
         raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
@@ -292,19 +309,32 @@ def _sqlite_wal(cur: Any, *, deadline_s: float = BUSY_TIMEOUT_MS / 1000) -> None
 
 
 def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: float,
-                  max_pause_s: float) -> None:
+                  max_pause_s: float, warn_after_s: float | None = None) -> None:
     """Call ``run`` until SQLite no longer answers "database is locked" (pausing
-    ``pause_s``, doubled up to ``max_pause_s``), re-raising after ``deadline_s``."""
-    give_up = time.monotonic() + deadline_s
+    ``pause_s``, doubled up to ``max_pause_s``), re-raising after ``deadline_s``; with
+    ``warn_after_s``, a wait that long is logged once, as it goes on."""
+    start = time.monotonic()
+    give_up = start + deadline_s
+    warn_at = start + warn_after_s if warn_after_s is not None else math.inf
+    warned = False
     while True:
         try:
             run()
-            return
+            break
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() >= give_up:
+            now = time.monotonic()
+            if "locked" not in str(exc) or now >= give_up:
                 raise
+            if now >= warn_at and not warned:
+                warned = True
+                log.warning("waiting for the SQLite write lock: another process has held "
+                            "it for %.0f s (up to %.0f s, then this operation fails and "
+                            "is tried again)", now - start, deadline_s)
         time.sleep(pause_s)
         pause_s = min(pause_s * 2, max_pause_s)
+    if warned:
+        log.warning("the SQLite write lock was released after %.1f s",
+                    time.monotonic() - start)
 
 
 def _mysql_setup(engine: Engine, timeout_s: float, *, login_only: bool) -> None:
