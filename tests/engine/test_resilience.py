@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from lockgate.config import Settings, WorkerSettings
 from lockgate.errors import DatabaseUnavailable
@@ -374,3 +374,41 @@ def test_a_connection_lost_while_pooled_is_one_warning_line_not_a_traceback(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert all(r.exc_info is None for r in caplog.records)
     assert scalar(store, "SELECT 1") == 1  # and the pool goes on with a new connection
+
+
+def test_a_results_stream_whose_connection_is_lost_says_so_in_one_error(
+        store: Store, backend: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a chaos review (MariaDB): a session ended while `export` streamed its
+    results came out as "database error: Can't reconnect until invalid transaction is
+    rolled back" (the session settings set back on a lost connection), after about a
+    hundred lines of "Error closing cursor" tracebacks."""
+    if backend == "sqlite":
+        pytest.skip("SQLite has no server session to end")
+    n = 20_000
+    store.submit((parse_task(task(f"big-{i}", f"order {i}")) for i in range(n)),
+                 batch_id="big")
+    with store.engine.begin() as conn:  # rows far larger than the sockets' buffers
+        conn.execute(text("UPDATE task SET error_message = REPEAT('x', 3000)"))
+    readers: list[int] = []
+
+    def note(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "ORDER BY" in statement and "request_id" in statement:
+            raw = conn.connection.driver_connection
+            readers.append(raw.thread_id() if backend == "mariadb" else raw.info.backend_pid)
+
+    event.listen(store.engine, "before_cursor_execute", note)
+    stream = store.results("big")
+    assert next(stream).task_id  # the read is open and streaming
+    event.remove(store.engine, "before_cursor_execute", note)
+    [reader] = readers
+    end = "KILL {}" if backend == "mariadb" else "SELECT pg_terminate_backend({})"
+    with store.engine.connect() as other:
+        other.execute(text(end.format(reader)))
+        other.commit()
+    with caplog.at_level(logging.DEBUG, logger="sqlalchemy.pool"), \
+            pytest.raises(DatabaseUnavailable, match="cannot reach the database"):
+        for _ in stream:
+            pass
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == [], \
+        [r.getMessage() for r in caplog.records]
+    assert scalar(store, "SELECT 1") == 1

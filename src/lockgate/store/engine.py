@@ -123,6 +123,14 @@ class _LostOnReturn(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if record.msg == "Error closing cursor" and isinstance(exc, Exception):
+            # A result cursor on a connection that was lost: the read that used it has
+            # raised the error that says so already.
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = "a result cursor could not be closed: its connection was lost (%s)"
+            record.args = (str(exc).strip() or type(exc).__name__,)
+            record.exc_info = record.exc_text = None
+            return True
         if record.msg == "Exception during reset or similar" and isinstance(exc, Exception):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg = ("a database connection given back to the pool was found lost "
@@ -338,6 +346,19 @@ def _while_locked(run: Callable[[], object], *, deadline_s: float, pause_s: floa
 
 
 def _mysql_setup(engine: Engine, timeout_s: float, *, login_only: bool) -> None:
+    @event.listens_for(engine, "handle_error")
+    def _lost(ctx: Any) -> None:
+        # A connection lost while an unbuffered (streamed) result was being read:
+        # PyMySQL would read the rest of that result again when the cursor is
+        # collected, on the dead socket, and print "Exception ignored in ..." with a
+        # traceback after the error that said the database was lost.
+        if not ctx.is_disconnect or ctx.execution_context is None:
+            return
+        result: Any = getattr(getattr(ctx.execution_context, "cursor", None), "_result",
+                              None)
+        if result is not None and getattr(result, "unbuffered_active", False):
+            result.unbuffered_active = False
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         sock = getattr(dbapi_conn, "_sock", None)  # PyMySQL's (a Unix socket needs none)

@@ -3,6 +3,7 @@ batches of values through JSON_TABLE."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from typing import Any
 import orjson
 from sqlalchemy import ColumnElement, Connection, Row, Select, Table, func, select, text
 from sqlalchemy.dialects import mysql
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql import Insert
 
 from lockgate.store.dialects.base import (
@@ -84,11 +85,16 @@ class MySQLDialect(Dialect):
         try:
             yield
         finally:
-            try:
-                conn.exec_driver_sql("SET SESSION " + ", ".join(
-                    f"{n} = {int(v)}" for n, v in zip(names, saved, strict=True)))
-            except DBAPIError:
-                conn.invalidate()
+            # A connection lost during the read (killed, a network cut) is not set back:
+            # trying would raise "Can't reconnect until invalid transaction is rolled
+            # back" in place of the error that says the database was lost.
+            if not conn.invalidated:
+                try:
+                    conn.exec_driver_sql("SET SESSION " + ", ".join(
+                        f"{n} = {int(v)}" for n, v in zip(names, saved, strict=True)))
+                except SQLAlchemyError:
+                    with contextlib.suppress(SQLAlchemyError):
+                        conn.invalidate()
 
     def select_stream(self, columns: Sequence[ColumnElement[Any]]
                       ) -> tuple[Select[Any], Callable[[Row[Any]], Sequence[Any]]]:
