@@ -3,9 +3,9 @@
 1. a Unicode minus or dash right before a bare number was dropped (``−5`` gave 5): it
    is a minus sign;
 2. a bare number followed by more of its value was cut at the first space or mark
-   (``1 234`` gave 1, ``3 or 4`` gave 3, ``2 million`` gave 2): digit groups of three
-   with one consistent separator are read as the number, anything else is kept whole
-   (a string no number field accepts: refused), and no key is made of the rest;
+   (``1 234`` gave 1, ``3 or 4`` gave 3, ``2 million`` gave 2): it is kept whole, as
+   written (a string no number field accepts: refused; a string field keeps the text,
+   "555 123 456"), and no key is made of the rest;
 3. a correction whose object the output ends inside delivered the value it corrects:
    refused (cut off);
 4. a first value labelled as an example, a template, the input, a condition or a
@@ -13,11 +13,14 @@
    ``<draft>``, ``<input>``, ``<schema>``) was delivered instead of the answer after
    it;
 5. corrections in other languages (and a few more English phrasings) were not
-   recognised;
+   recognised: they count as the label right before the replacement value;
 6. ``"1,5; 2,5"`` read as the list [1, 5, 2, 5]; a string in guillemets kept its
    closing mark.
 
-Each test failed on the code before the fix.
+Each test failed on the code before the fix. A regression review then narrowed the
+fix (tests/runtime/test_review_regress_4.py): digit groups are no longer joined, generic
+labels, conditional words alone, lone negations and correction words inside a sentence
+are no longer read; the cases taken out are kept below as strict xfails.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def test_a_dash_is_never_dropped(n: int, dash: str, space: str, more: str) -> No
 
 # 2. a bare number followed by more of its value ----------------------------------------
 
+# (Changed after the regression review: digit groups were joined into the number,
+# which made a string field's "555 123 456" "555123456"; they are kept as written now,
+# so a number field refuses them, never the first group.)
 @pytest.mark.parametrize("raw, want", [
     ('{"count": 1 234}', 1234),
     ('{"count": 1 234 567}', 1234567),
@@ -102,9 +108,9 @@ def test_a_dash_is_never_dropped(n: int, dash: str, space: str, more: str) -> No
     ('{"count": -12 345 678}', -12345678),
     ('{"count": 12, "value": 1 234.5}', 12),
 ])
-def test_digit_groups_are_read_as_the_number(raw: str, want: int) -> None:
+def test_digit_groups_are_never_cut_to_their_first_group(raw: str, want: int) -> None:
     p = parse_output(raw, NUM)
-    assert p.usable and p.value["count"] == want, p
+    assert not p.usable or p.value["count"] == want, p
 
 
 @pytest.mark.parametrize("raw", [
@@ -137,7 +143,7 @@ def test_a_literal_followed_by_more_or_negated_is_refused(raw: str) -> None:
 @pytest.mark.parametrize("sep", [" ", "\u202f"])
 def test_no_key_is_made_of_a_numbers_rest(sep: str) -> None:
     p = parse_output(f'{{"items": [{{"name": "Schrauben", "qty": 1{sep}200}}]}}', ITEMS)
-    assert p.usable and p.value == {"items": [{"name": "Schrauben", "qty": 1200}]}, p
+    assert not p.usable or p.value == {"items": [{"name": "Schrauben", "qty": 1200}]}, p
     p = parse_output(f'{{"items": [{{"name": "Schrauben", "qty": 1{sep}20}}]}}', ITEMS)
     assert not p.usable or all(set(i) <= {"name", "qty"} and i["qty"] != 1
                                for i in p.value["items"]), p
@@ -212,16 +218,14 @@ def test_a_cut_object_that_corrects_nothing_keeps_the_answer() -> None:
     ("Пример:", "Ответ:"), ("例：", "回答："), ("出力例：", "出力："), ("範例：", "答案："),
     ("مثال:", "الإجابة:"), ("예시:", "답변:"), ("Örnek:", "Cevap:"), ("Voorbeeld:", "Antwoord:"),
     ("Przykład:", "Odpowiedź:"), ("Vorlage:", "Antwort:"), ("模板：", ""),
-    ("Like this:", "Result:"),
-    ("Structure:", "Result:"), ("JSON schema:", "Result:"), ("Eg:", "Result:"),
+    ("Like this:", "Result:"), ("JSON schema:", "Result:"), ("Eg:", "Result:"),
     ("An illustrative output:", "Result:"), ("Something like:", "Result:"),
     ("For reference, a typical output looks like:", "Result:"), ("Demo:", "Result:"),
     ("Eingabe:", "Ausgabe:"), ("Entrée :", "Sortie :"), ("入力：", "出力："),
     ("Entrada:", "Salida:"),
-    ("Вход:", "Выход:"), ("Before:", "After:"), ("Raw:", "Clean:"), ("Text:", "Result:"),
-    ("Record:", "Normalized record:"), ("The data:", "Output:"), ("Received:", "Returned:"),
+    ("Вход:", "Выход:"), ("Before:", "After:"), ("Received:", "Returned:"),
     ("Falsch:", "Richtig:"), ("Faux :", "Correct :"), ("Incorrecto:", "Correcto:"),
-    ("誤り：", "正しい："), ("Неправильно:", "Правильно:"), ("Nicht", "sondern"), ("Pas", "mais"),
+    ("誤り：", "正しい："), ("Неправильно:", "Правильно:"),
     ("Wenn die Bewertung positiv wäre:", "Tatsächlich:"), ("Si c'était positif :", "En réalité :"),
     ("Si fuera positivo:", "En realidad:"), ("もし肯定的なら", "実際は"),
     ("Если бы отзыв был положительным:", "На самом деле:"), ("Sonst:", "Ergebnis:"),
@@ -235,6 +239,21 @@ def test_a_labelled_first_value_is_not_the_answer(label: str, answer: str,
     else:
         raw = f"{label} {E}\n{answer} {P}"
     p = parse_output(raw, S)
+    assert p.usable and p.value["label"] == "negative", p
+
+
+# (Taken out after the regression review, xfail: labels as generic as "Structure:",
+# "Text:", "Record:", "Data:" introduce answers as often ("Text analysis:", "Record
+# 1:"), and a lone negation ("Spam? No") is no contrast. Not read: the first value is
+# delivered, as before the fix.)
+@pytest.mark.xfail(strict=True, reason="generic labels and lone negations are not read")
+@pytest.mark.parametrize("label, answer", [
+    ("Structure:", "Result:"), ("Raw:", "Clean:"), ("Text:", "Result:"),
+    ("Record:", "Normalized record:"), ("The data:", "Output:"), ("Nicht", "sondern"),
+    ("Pas", "mais"),
+])
+def test_generic_labels_are_not_read(label: str, answer: str) -> None:
+    p = parse_output(f"{label} {E}\n{answer} {P}", S)
     assert p.usable and p.value["label"] == "negative", p
 
 
@@ -261,14 +280,27 @@ def test_the_first_value_stays_where_nothing_sets_it_aside(raw: str) -> None:
 # 5. corrections in other languages -----------------------------------------------------
 
 @pytest.mark.parametrize("intro", [
-    "Korrektur:", "Moment, eigentlich ist es negativ:", "En fait, c'est négatif :",
-    "Corrección:", "En realidad:", "Исправление:", "Нет, на самом деле:", "訂正：",
+    "Korrektur:", "Corrección:", "En realidad:", "Исправление:", "Нет, на самом деле:", "訂正：",
     "いや、正しくは：", "수정:", "تصحيح:", "Hmm, no —", "Hmm, no.", "Never mind, it should be",
-    "Disregard the previous output.", "The above is incorrect. Correct:",
-    "Oh, I see, it's sarcasm. So:", "Correzione:", "Na verdade:", "Poprawka:", "Düzeltme:",
-    "Eigenlijk:", "Richtig:",
+    "Disregard the previous output.", "The above is incorrect. Correct:", "Correzione:",
+    "Na verdade:", "Poprawka:", "Düzeltme:", "Eigenlijk:", "Richtig:",
 ])
 def test_a_correction_in_other_words_replaces_the_value(intro: str) -> None:
+    p = parse_output(f"{E}\n{intro} {P}", S)
+    assert p.usable and p.value["label"] == "negative", p
+
+
+# (Taken out after the regression review, xfail: a word of another language for
+# "actually", "sorry", "wait" or "I was wrong" counts only as the label right before
+# the value ("En realidad: {", "Nein, warte: {"): in a sentence it introduced other
+# values as often ("En fait, l'ancien modèle donnait : {", "Entschuldigung, hier noch
+# das Format: {"); "Oh, I see" likewise. Not read: the first value is delivered.)
+@pytest.mark.xfail(strict=True, reason="a correction word in a sentence is not read")
+@pytest.mark.parametrize("intro", [
+    "Moment, eigentlich ist es negativ:", "En fait, c'est négatif :",
+    "Oh, I see, it's sarcasm. So:", "Entschuldigung, Fehler:", "Perdón, error:",
+])
+def test_a_correction_word_inside_a_sentence_is_not_read(intro: str) -> None:
     p = parse_output(f"{E}\n{intro} {P}", S)
     assert p.usable and p.value["label"] == "negative", p
 
@@ -336,15 +368,26 @@ def test_a_colon_inside_an_unquoted_value_starts_no_value() -> None:
 
 
 @pytest.mark.parametrize("label", [
-    "Beispiel-Ausgabe:", "Musterantwort:", "Ejemplo de salida:", "Exemple de réponse :",
+    "Beispiel-Ausgabe:", "Ejemplo de salida:", "Exemple de réponse :",
     "Пример вывода:", "示例输出：", "サンプル出力：", "출력 예시:", "Örnek çıktı:",
-    "Przykładowa odpowiedź:", "Voorbeelduitvoer:", "Esempio di output:", "Exemplo de saída:",
+    "Voorbeelduitvoer:", "Esempio di output:", "Exemplo de saída:",
     "Texto de entrada:", "Исходные данные:", "入力データ：", "입력:", "Zum Beispiel:",
     "Por ejemplo:", "Например:", "例えば：", "예를 들어:", "Bijvoorbeeld:", "Örneğin:",
-    "على سبيل المثال:", "Modèle :", "Se fosse positivo:", "Als het positief was:",
+    "على سبيل المثال:", "Modèle :", "Se fosse positivo:",
     "Gdyby była pozytywna:", "Eğer olumlu olsaydı:", "لو كانت إيجابية:", "만약 긍정적이라면:",
 ])
 def test_more_labels_of_a_value_that_is_not_the_answer(label: str) -> None:
+    p = parse_output(f"{label} {E}\nAntwort: {P}", S)
+    assert p.usable and p.value["label"] == "negative", p
+
+
+# (Taken out after the regression review, xfail: an example's word before another
+# word ("Musterlösung:", "Örnek sonuç:" introduce answers) and "als" (also "as": "Als
+# JSON:") without a counterfactual verb are not read; the first value is delivered.)
+@pytest.mark.xfail(strict=True, reason="such labels are not read")
+@pytest.mark.parametrize("label", ["Musterantwort:", "Przykładowa odpowiedź:",
+                                   "Als het positief was:"])
+def test_labels_no_longer_read(label: str) -> None:
     p = parse_output(f"{label} {E}\nAntwort: {P}", S)
     assert p.usable and p.value["label"] == "negative", p
 
@@ -354,8 +397,7 @@ def test_more_labels_of_a_value_that_is_not_the_answer(label: str) -> None:
     "Respuesta corregida:", "Resposta corrigida:", "Исправленный ответ:", "Gecorrigeerd:",
     "Poprawiona odpowiedź:", "Düzeltilmiş cevap:", "الإجابة المصححة:", "انتظر، في الواقع:",
     "待って、実際は：", "最終回答：", "Son cevap:", "Definitief antwoord:", "Nee, wacht:",
-    "Nie, czekaj:", "Hayır, bekle:", "No, espera:", "Ой, ошибся:", "Entschuldigung, Fehler:",
-    "Perdón, error:",
+    "Nie, czekaj:", "Hayır, bekle:", "No, espera:", "Ой, ошибся:",
 ])
 def test_more_corrections_in_other_languages(intro: str) -> None:
     p = parse_output(f"{E}\n{intro} {P}", S)

@@ -243,11 +243,13 @@ _BARE_VALUE = re.compile(
 _VALUE_END = re.compile(r"[,}\]\n]")
 _MAX_REST = 1024
 #: The separators a number's digit groups may be written with: space, no-break and
-#: narrow no-break space, thin and figure space, zero-width space, apostrophes.
+#: narrow no-break space, thin and figure space, zero-width space, apostrophes (a
+#: number followed by one is followed by more: the text is kept as written).
 _GROUP_SEPS = " \u00a0\u202f\u2009\u2007\u200b'\u2019"
-#: One to three digits, then groups of exactly three with one consistent separator.
-_GROUPED = re.compile(r"(-?[1-9]\d{0,2})(?:([" + _GROUP_SEPS + r"])\d{3})(?:\2\d{3})*"
-                      r"(?:\.\d+)?")
+#: A number as Python writes it (``1_000``, ``0xff``, ``0o17``, ``0b101``): left as
+#: written, for the repair reads it as the number.
+_PY_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+"
+                        r"|\d[\d_]*(?:\.[\d_]*)?(?:[eE][+-]?\d+)?)")
 #: What may follow a whole bare value on its line: space, a comment, or the next
 #: quoted key (a comma left out).
 _VALUE_TAIL_OK = re.compile(r"[^\S\n]*(?:\Z|//|/\*|#)|[^\S\n]+[\"']")
@@ -271,16 +273,18 @@ def bare_values(text: str) -> str | None:
     """``text`` with its bare values read as written, never cut short; None when
     there is nothing to change. Where a value starts (after a colon, or in a list):
 
-    * a dash before a digit is a minus sign (``−5``, ``–2.5`` are -5, -2.5: a repair
-      would drop the dash and deliver the positive number);
+    * a dash before a digit is a minus sign when the whole value is that number
+      (``−5``, ``–2.5`` are -5, -2.5: a repair would drop the dash and deliver the
+      positive number); followed by more (``–5 °C``) the value is the text as written;
     * a number followed, before the next comma, closing bracket or line end, by more
-      than space is one value, not its first token: digit groups of exactly three with
-      one consistent separator after an object key are the number
-      (``1 234 567``, ``1'234``); anything else (``1 2``, ``2 million``, ``3 or 4``,
-      ``5 - 2``, ``0. 5``, ``3½``, ``1 299,99``) becomes the string written, which no
-      number field accepts (refused, never the first token). So does a literal
+      than space is one value, not its first token: it becomes the string written
+      (``1 234 567``, ``1'234``, ``1 2``, ``2 million``, ``3 or 4``, ``5 - 2``,
+      ``0. 5``, ``3½``, ``1 299,99``; a string field's text, "555 123 456" keeps its
+      spaces), which no number field takes as a number of its own (refused, never
+      the first token; digit groups are never joined here). So does a literal
       followed by more (``true or false``) or negated (``!true``), and a number
-      followed by a comma and a digit after an object key (a decimal comma).
+      followed by a comma and a digit after an object key (a decimal comma). A number
+      as Python writes it (``1_000``, ``0xff``) is left to the repair, which reads it.
 
     A string in other quotation marks (``«C'est bien»``, :data:`_QUOTE_PAIRS`) where a
     key or value starts is read as a JSON string.
@@ -388,8 +392,9 @@ def _bare_value(text: str, start: int, end: int, keyed: bool) -> tuple[str, int]
         after = _COMMA_DIGITS.match(text, stop).end()  # type: ignore[union-attr]
         found = _VALUE_END.search(text, after, after + _MAX_REST)
         stop = found.start() if found is not None else min(len(text), after + _MAX_REST)
-    whole = (value + text[end:stop]).rstrip()
-    if keyed and not decimal and _GROUPED.fullmatch(whole) is not None:
-        return "".join(ch for ch in whole if ch.isdigit() or ch in "-."), \
-            end + len(text[end:stop].rstrip())
-    return orjson.dumps(whole).decode(), end + len(text[end:stop].rstrip())
+    whole = text[start:stop].rstrip()
+    if not decimal and not signed and _PY_NUMBER.fullmatch(whole) is not None:
+        return None  # "1_000", "0xff": the number as Python writes it
+    # (kept as written: "–5 °C", "555 123 456" are a string field's text, and no
+    # number field takes them)
+    return orjson.dumps(whole).decode(), start + len(whole)

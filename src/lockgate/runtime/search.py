@@ -306,7 +306,7 @@ _CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`]))[\s*_#>\"'“(\-
 #: :data:`_CORRECTION` (a cheap test first).
 _CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`\s*_#\"'“(\-]))"
               r"(?=[A-Za-z\u00c0-\u024f\u0400-\u04ff\u0600-\u06ff\uac00-\ud7af"
-              r"最更修改纠正实実结等不重訂いや待ちすご])")
+              r"最更修改纠正实実结等不重訂])")
 _CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、،}]>`")
 _CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
 #: A value introduced as an example of the format, a draft or a template: the
@@ -364,40 +364,41 @@ _CORRECTION = re.compile(
     r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
-    # English beyond the above; then de, fr, es, it, pt, ru, nl, pl, tr, ar, ja, ko
-    r"|hmm+,?[ \t]+no(?![\w'’])|never[ \t]?mind(?![\w'’])"
+    # English beyond the above
+    r"|never[ \t]?mind[ \t]*[,.!:—–]"
     r"|disregard[ \t]+(?:that|this|it|the[ \t]+(?:above|previous|first|last|earlier))"
     r"|(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer|result|json))?"
     r"[ \t]+(?:is|was)[ \t]+(?:wrong|incorrect|not right)"
-    r"|(?:oh|ah),?[ \t]+(?:now[ \t]+)?I[ \t]+see[ \t]*[,.!—–]"
-    r"|korrektur|berichtigung|moment(?:[ \t]+mal)?[,!]|eigentlich|tatsächlich"
-    r"|(?:die[ \t]+)?(?:richtige|korrekte|endgültige|finale)[ \t]+(?:antwort|ausgabe)"
-    r"|rectification|en fait|en réalité|attends|attendez"
-    r"|(?:la[ \t]+)?(?:bonne|vraie)[ \t]+réponse|réponse[ \t]+(?:finale|correcte)"
-    r"|corrección|en realidad|rectifico|respuesta[ \t]+(?:final|correcta)"
+    # a label only, right before a value (:data:`_LABEL_TAIL`, :func:`_correction`):
+    # "Hmm, no", and a correction or the final answer in de, fr, es, it, pt, ru, nl,
+    # pl, tr, ar, ja, ko ("Korrektur: {", not "Korrektur: keine nötig", "수정 전:")
+    r"|(?P<label>(?i:hmm+,?[ \t]+no|korrektur|berichtigung|korrigiert|eigentlich|tatsächlich"
+    r"|(?:die[ \t]+)?(?:richtige|korrekte|korrigierte|endgültige|finale)[ \t]+"
+    r"(?:antwort|ausgabe|version)"
+    r"|rectification|en fait|en réalité"
+    r"|(?:la[ \t]+)?(?:bonne|vraie)[ \t]+réponse"
+    r"|(?:réponse|sortie)[ \t]+(?:finale|correcte|corrigée)"
+    r"|corrección|en realidad|(?:respuesta|salida)[ \t]+(?:final|correcta|corregida)"
     r"|correzione|in realtà|risposta[ \t]+(?:finale|corretta)"
-    r"|correção|na verdade|na realidade|resposta[ \t]+(?:final|correta)"
-    r"|исправлени\w*|поправка|на самом деле|подожди\w*|погоди\w*"
-    r"|окончательн\w+[ \t]+ответ|правильн\w+[ \t]+ответ"
-    r"|correctie|eigenlijk|(?:het[ \t]+)?(?:juiste|definitieve)[ \t]+antwoord"
-    r"|poprawka|korekta|właściwie|w rzeczywistości|(?:poprawna|ostateczna)[ \t]+odpowiedź"
-    r"|düzeltme|aslında|doğru[ \t]+cevap|doğrusu"
-    r"|تصحيح|في الواقع|الإجابة الصحيحة"
-    r"|訂正|いや|正しくは|実際は|実は|最終的"
-    r"|수정|정정|사실은|잠깐|최종|정답은"
-    # a corrected answer; "wait"; "I was wrong"; "sorry"; the final answer
-    r"|(?:(?:réponse|sortie|respuesta|salida|resposta|saída|risposta|antwort|ausgabe|ответ"
-    r"|antwoord|odpowiedź|cevap|الإجابة)[ \t]+)?(?:korrigiert\w*|corrigée?s?|corregid[oa]s?"
-    r"|corrigid[oa]s?|corrett[oa]|исправленн\w*|gecorrigeerd\w*|verbeterd\w*|poprawion\w*"
-    r"|düzeltilmiş|المصححة|المصحح)"
-    r"|(?:warte|wartet|wacht|czekaj|bekle|espera|espere|aspetta|attends|attendez"
-    r"|подожди\w*|постой\w*|погоди\w*|انتظر|待って|ちょっと待って|잠깐만|等一下)"
-    r"[ \t]*[,.!:：—–、，،]"
-    r"|ошибс\w+|ошиблась|ich habe mich geirrt|je me suis trompée?|me equivoqu[ée]"
-    r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist"
-    r"|entschuldigung|pardon|perdón|perdona|scusa|scusate|desculpe|извини\w*"
-    r"|простите|przepraszam|özür dilerim|عذرا|すみません|ごめん|죄송"
-    r"|son cevap|nihai cevap|definitie[fv]e?[ \t]+antwoord|الإجابة النهائية|最終)")
+    r"|correção|na verdade|na realidade|(?:resposta|saída)[ \t]+(?:final|correta|corrigida)"
+    r"|исправление|поправка|на самом деле|окончательн\w+[ \t]+ответ"
+    r"|правильн\w+[ \t]+ответ|исправленн\w+[ \t]+(?:ответ|вывод|результат|версия)"
+    r"|correctie|gecorrigeerd|eigenlijk"
+    r"|(?:het[ \t]+)?(?:juiste|definitie[fv]e?|gecorrigeerde)[ \t]+antwoord"
+    r"|poprawka|korekta|właściwie|w rzeczywistości"
+    r"|(?:poprawna|ostateczna|poprawiona)[ \t]+odpowiedź"
+    r"|düzeltme|aslında|doğrusu|(?:doğru|son|nihai|düzeltilmiş)[ \t]+cevap"
+    r"|تصحيح|في الواقع|الإجابة الصحيحة|الإجابة النهائية|الإجابة المصححة"
+    # "wait", "I was wrong" as the label
+    r"|warte|wacht|czekaj|bekle|espera|aspetta|attends|attendez|подожди|погоди|انتظر"
+    r"|ошибся|ошиблась|ich habe mich geirrt|je me suis trompée?|me equivoqu[ée]"
+    r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist)"
+    r"|訂正|正しくは|実際は|実は|待って|最終(?:回答|結果|的な回答)?"
+    r"|수정|정정|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답))?)(?![\w'’]))")
+#: What must follow a label of :data:`_CORRECTION` (its group ``label``): a colon (or
+#: a dash, a full stop) and the value, only space, Markdown or a fence's opening line
+#: between.
+_LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*)?[{\[｛［]")
 
 
 #: A revision of the value before, in words broader than :data:`_CORRECTION`'s, in the
@@ -481,83 +482,129 @@ _REJECTED = re.compile(
 
 #: A label that introduces a value as not the answer, in English beyond
 #: :data:`_EXAMPLE_LABEL` and in the common languages (de, fr, es, it, pt, ru, nl, pl,
-#: tr, ar, zh, ja, ko). Words that say so wherever they stand in a short label ending
-#: with a colon ("Beispielausgabe:", "Exemple de sortie :", "For reference, a typical
-#: output looks like:"): an example, a sample, a template, a draft.
+#: tr, ar, zh, ja, ko). Words that say so as the head of a label ending with a colon,
+#: an article or "for" before, at most the word for the output after
+#: ("Beispielausgabe:", "Exemple de sortie :", "An illustrative output:", "Par
+#: exemple :"): an example, a sample, a template, a draft. Such a word elsewhere in a
+#: label ("Here is the result for your example text:", "Response for the illustration
+#: text:", "Typical result:") or before another word ("Örnek sonuç:", "Musterlösung:")
+#: says nothing of the value.
 _EXAMPLE_WORDS = (
-    r"examples?|illustrative|illustration|typical|for reference"
-    r"|beispiel\w*|vorlage|muster\w*|entwurf|schablone"
-    r"|exemples?|par ex\.?|gabarit|brouillon"
-    r"|ejemplos?|p\.\s?ej\.?|plantilla|borrador"
-    r"|esempio|esempi|ad es\.?|bozza"
+    r"examples?|illustrative"
+    r"|beispiel|beispielausgabe|beispielantwort|vorlage|muster|entwurf|schablone"
+    r"|exemples?|gabarit|brouillon"
+    r"|ejemplos?|plantilla|borrador"
+    r"|esempio|esempi|bozza"
     r"|exemplos?|rascunho"
-    r"|пример\w*|например|шаблон\w*|образ[еэ]ц\w*|черновик\w*"
-    r"|voorbeeld\w*|sjabloon"
-    r"|przykład\w*|szablon\w*|wzór|szkic\w*"
-    r"|örnek\w*|şablon\w*|taslak"
-    r"|bijvoorbeeld|örneğin|المثال|مثال|قالب|مسودة")
-#: Words that say so only as the label's head (an article before, at most two words
+    r"|пример|примеры|например|шаблон|образец|черновик"
+    r"|voorbeeld|voorbeelduitvoer|voorbeeldoutput|sjabloon"
+    r"|przykład|szablon|wzór|szkic"
+    r"|örnek|şablon|taslak"
+    r"|bijvoorbeeld|örneğin|على سبيل المثال|المثال|مثال|قالب|مسودة")
+#: What may stand before such a word (an article, "for"), and after it (the word for
+#: the output: "Exemple de sortie", "Example JSON").
+_EXAMPLE_BEFORE = (r"(?:(?:for|par|zum|zur|por|per|an?|the|un|une|una|uno|ein|eine|el|la"
+                   r"|le|il|o|um|uma|een)[ \t]+)?")
+_EXAMPLE_AFTER = (r"(?:(?:[ \t]+|-)(?:output|json|format|formato|ausgabe|çıktı|çıktısı"
+                  r"|вывода|ответа)|[ \t]+(?:de|d'|di|du|of|van|dla|для)[ \t]*(?:sortie|salida"
+                  r"|output|réponse|respuesta|risposta|resposta|saída|uscita|json|wyjścia"
+                  r"|antwoord|answer|response|вывода|ответа))?")
+#: A fixed phrase that introduces an example ("For reference, a typical output looks
+#: like:").
+_EXAMPLE_PHRASE = (r"(?:for reference,?[ \t]+)?(?:an?[ \t]+)?typical[ \t]+(?:output|result"
+                   r"|answer|response)[ \t]+(?:looks|would look)[ \t]+like")
+#: Words that say so only as the label's head (an article before, at most one word
 #: after: "Before:", "The data:", "Entrée :", "JSON schema:", "Falsch:"): the input
-#: echoed, the structure or schema, what is wrong ("Normalized record:" is no echo).
+#: echoed, the schema, what is wrong ("Normalized record:" is no echo). Words as
+#: generic as "Data:", "Record:", "Text:", "Source:", "Structure:" or "Raw:" are no
+#: such label: an answer is introduced by them as often ("Text analysis:").
 _HEAD_WORDS = (
-    r"before|raw|text|record|provided|received|data|source|structure|(?:json )?schema"
-    r"|skeleton|eingabe\w*|rohdaten|entrée|entrada|вход\w*|ввод\w*|исходн\w+|invoer"
+    r"before|provided|received|(?:json )?schema"
+    r"|eingabe\w*|entrée|entrada|вход\w*|ввод\w*|исходные данные|invoer"
     r"|wejście|girdi|المدخلات|الإدخال|schéma|esquema|схема|schemat"
     r"|falsch\w*|inkorrekt|faux|fausse|incorrect[oa]?|errad[oa]|errat[oa]|sbagliat[oa]"
     r"|неправильн\w*|неверн\w*|fout|błędn\w*|źle|yanlış|خطأ|خاطئ")
-#: Words that make a label the output's ("Text classification:", "Data extracted:").
+#: Words that make a label the output's ("Schema output:", "Provided answer:").
 _OUTPUT_WORDS = (
     r"(?i:result|output|answer|response|classification|label|extract|pars|normali|clean"
     r"|process|correct|fix|updat|ergebnis|ausgabe|antwort|sortie|résultat|réponse|salida"
     r"|respuesta|resultado|risposta|resposta|ответ|выход|результат)")
 _OTHER_LABEL = re.compile(
-    r"(?i)^[\s*_#>\-]*(?:[\w'’.,-]+[ \t]+){0,6}?(?:" + _EXAMPLE_WORDS + r")"
-    r"(?:-[\w'’]+)*(?![\w'’-])(?:[ \t]+[\w'’.-]+){0,4}[ \t]*[:：][\s*_]*\Z"
+    r"(?i)^[\s*_#>\-]*(?:" + _EXAMPLE_BEFORE + r"(?:" + _EXAMPLE_WORDS + r")(?![\w'’])"
+    + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:(?:the|die|der|das|le|la|les|el|los|il|lo|o|a|de|het)[ \t]+)?"
     r"(?:" + _HEAD_WORDS + r")(?![\w'’-])(?:[ \t]+(?!" + _OUTPUT_WORDS + r")[\w'’.-]+)?"
     r"[ \t]*[:：][\s*_]*\Z"
-    r"|^[\s*_#>\-]*modèle(?:[ \t]+d[e'’][ \t]*\w+)?[ \t]*[:：][\s*_]*\Z"
-    r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)(?:[ \t]+"
-    r"(?:de|di|d'|da|do)[ \t]*(?:entrada|input|entrée|ingresso))?[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)[ \t]+"
+    r"(?:de|di|d'|da|do)[ \t]*(?:entrada|input|entrée|ingresso)[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*modèle(?:[ \t]+d[e'’][ \t]*(?:sortie|réponse))?[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:eg|ex|e\.g|demo|(?:something[ \t]+)?like(?:[ \t]+this)?)"
     r"[\s*_]*[:：][\s*_]*\Z"
-    # Chinese, Japanese, Korean: an example's word anywhere in a short label; the
-    # input's or a wrong value's as its head ("入力：", "错误：", not "错误已更正：")
-    r"|^[\s*_#>\-]*[^\n:：。！？]{0,10}(?:例|模板|样板|雛形|テンプレート|サンプル|下書き"
-    r"|草稿|예시|예제|예를 들어|샘플|템플릿|초안)[^\s:：。！？]{0,6}[\s*_]*[:：]?[\s*_]*\Z"
+    # Chinese, Japanese, Korean: an example's word anywhere in a short label (例 only
+    # as a word of its own or in the words for an example: not 病例, 比例, 例外, 事例);
+    # the input's or a wrong value's as its head ("入力：", "错误：", not "错误已更正：")
+    r"|^[\s*_#>\-]*(?:例|[^\n:：。！？]{0,10}(?:示例|样例|範例|范例|例子|例如|例えば|出力例"
+    r"|入力例|回答例|模板|样板|雛形|テンプレート|サンプル|下書き|草稿|예시|예제|예를 들어"
+    r"|샘플|템플릿|초안)[^\s:：。！？]{0,6})[\s*_]*[:：]?[\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:入力|输入|입력|원본|原文|誤り|間違い|错误|틀린|잘못된?)"
     r"(?:[ \t]?[^\s:：。！？更修訂改正정수출输出結结答]{1,3})?[\s*_]*[:：][\s*_]*\Z")
 #: A negation in a label ("Not an example but the output:"): it is no such label.
 _NEGATED = re.compile(r"(?i)(?<![\w'’])(?:not|no|kein\w*|nicht|pas|non|ni|не|nie|niet"
                       r"|değil)(?![\w'’])|不是|ではな|아닌")
-#: A value introduced by a condition, a counterfactual, a contrast or a negation in
-#: another language than English (:data:`_HYPOTHETICAL`): a conditional word that
-#: starts the sentence ("Wenn ...", "Si c'était ...", "Если бы ...", "もし..."), a
-#: counterfactual verb anywhere in it ("wäre", "serait", "fuera"), "otherwise", or a
-#: lone negation ("Nicht {...} sondern {...}").
+#: A value introduced by a condition, a counterfactual or a contrast in another
+#: language than English (:data:`_HYPOTHETICAL`), told by :func:`_other_condition`: a
+#: conditional or contrasting word that starts the sentence together with a
+#: counterfactual verb in it ("Wenn sie positiv wäre:", "Si c'était positif :", "Si
+#: fuera positivo:", "Если бы ...", "Im Gegenteil wäre es"); a word that is
+#: counterfactual by itself at its start ("Gdyby ...", "لو ..."); "もし ... なら",
+#: "만약 ... 라면" right before the value; or "otherwise" as the whole label ("Sonst:",
+#: "Andernfalls"). A conditional word alone ("Si riporta ...", "Falls es hilft, hier
+#: das Ergebnis:", "Si vous voulez, voici"), a conditional mood alone ("Ich würde
+#: sagen:", "La réponse serait :", "Я бы сказал") and a lone negation ("Spam? No")
+#: are no such introduction: they introduce answers as often.
+_CONDITION_START = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:wenn|falls|sofern|si|se|indien|als het|als de|als dit|если"
+    r"|jeśli|jezeli|jeżeli|eğer|إذا|im gegenteil|au contraire|al contrario|ao contrário)"
+    r"(?![\w'’-])")
+_COUNTERFACTUAL = re.compile(
+    r"(?i)(?<![\w-])(?:wäre|wären|würde|hätte|serait|seraient|aurait|était|étaient"
+    r"|sería|fuera|fuese|habría|sarebbe|fosse|seria|бы|zou|zouden|byłoby|byłby"
+    r"|olsaydı|olurdu)(?![\w'’-])")
 _OTHER_CONDITION = re.compile(
-    r"(?i)^[\s*_#>\-]*(?:wenn|falls|sofern|si|indien|если|jeśli|jezeli|jeżeli"
-    r"|gdyby|eğer|إذا|لو|もし|만약|如果|假如|als het|als de|als dit)(?![\w'’-])"
-    r"|(?<![\w'’-])(?:wäre|wären|würde|hätte|serait|seraient|aurait|sería|fuera|fuese"
-    r"|habría|sarebbe|fosse|seria|бы|zou|zouden|byłoby|byłby|olsaydı|olurdu"
-    r"|sonst|andernfalls|ansonsten|sinon|de lo contrario|si no|altrimenti"
-    r"|caso contrário|senão|иначе|w przeciwnym razie|aksi halde|وإلا"
-    r"|im gegenteil|au contraire|al contrario|по-другому)(?![\w'’-])"
-    r"|^[\s*_#>\-]*(?:nicht|pas|non|nein|не|нет|nie|niet|no)[\s*_]*\Z"
-    r"|(?:なら|ならば|だったら|였다면|라면|면)[\s*_,、]*\Z")
+    r"(?i)^[\s*_#>\-]*(?:gdyby|لو)(?![\w'’-])"
+    r"|^[\s*_#>\-]*(?:もし[^\n]*(?:なら|ならば|だったら)|만약[^\n]*(?:라면|였다면))"
+    r"[\s*_,、]*[:：]?[\s*_]*\Z"
+    r"|^[\s*_#>\-]*(?:sonst|andernfalls|ansonsten|sinon|de lo contrario|si no|altrimenti"
+    r"|caso contrário|senão|иначе|w przeciwnym razie|aksi halde|وإلا)[\s*_]*[:：,]?[\s*_]*\Z")
+
+
+def _other_condition(lead: str) -> bool:
+    """Whether ``lead`` introduces a value as what it would be under a condition or in
+    contrast, in another language than English (:data:`_OTHER_CONDITION`)."""
+    return _OTHER_CONDITION.search(lead) is not None or (
+        _CONDITION_START.search(lead) is not None
+        and _COUNTERFACTUAL.search(lead) is not None)
+
+
 #: An opening tag of an element that holds values that are not the answer.
 _NOT_ANSWER_TAG = re.compile(
     r"(?i)<(examples?|samples?|drafts?|input|inputs|schema|template|format|reference"
     r"|user_input|query|question|prompt)(?:[ \t][^<>\n]*)?>")
+#: The closing tag of such an element.
+_NOT_ANSWER_CLOSE = re.compile(
+    r"(?i)</(?:examples?|samples?|drafts?|input|inputs|schema|template|format|reference"
+    r"|user_input|query|question|prompt)\s*>")
 #: How far before a value such a tag is looked for.
 _TAG_REACH = 4096
 
 
 def _in_not_answer_tag(text: str, start: int) -> bool:
     """Whether the value at ``start`` stands inside an element that holds values that
-    are not the answer (``<example>``, ``<draft>``, ``<input>``, ``<schema>`` ...,
-    :data:`_NOT_ANSWER_TAG`): the last such tag opened before it (at most
-    :data:`_TAG_REACH` characters) is not closed before it."""
+    are not the answer (``<example>...</example>``, ``<draft>``, ``<input>``,
+    ``<schema>`` ..., :data:`_NOT_ANSWER_TAG`): the last such tag opened before it (at
+    most :data:`_TAG_REACH` characters) is not closed before it, and is closed after
+    it (within as far). A tag never closed is prose that names one (``the form's
+    <input type="email">``, ``your <query>``): it encloses nothing."""
     floor = max(0, start - _TAG_REACH)
     if "<" not in text[floor:start]:
         return False
@@ -567,11 +614,8 @@ def _in_not_answer_tag(text: str, start: int) -> bool:
     if last is None:
         return False
     closing = re.compile(r"(?i)</" + re.escape(last.group(1)) + r"\s*>")
-    return closing.search(text, last.end(), start) is None
-
-
-#: A closing tag.
-_CLOSING_TAG = re.compile(r"</[A-Za-z_][\w:|-]*>")
+    return closing.search(text, last.end(), start) is None \
+        and closing.search(text, start, start + _TAG_REACH) is not None
 
 
 def _lead(text: str, start: int, floor: int) -> str:
@@ -579,9 +623,10 @@ def _lead(text: str, start: int, floor: int) -> str:
     the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
     without the fence line, tag or Markdown between it and the value."""
     stretch = text[max(floor, start - _INTRO):start]
-    tag = _CLOSING_TAG.match(stretch, stretch.rfind("</")) if "</" in stretch else None
+    tag = _NOT_ANSWER_CLOSE.match(stretch, stretch.rfind("</")) if "</" in stretch else None
     if tag is not None:
-        # (a closing tag ends what stood before it: "</draft>" introduces nothing)
+        # ("</draft>" ends the draft: it introduces nothing; any other closing tag
+        # keeps what it closes, "<b>If it were negative:</b>")
         stretch = stretch[tag.end():]
     stretch = stretch[:_LEAD_OUT.search(stretch).start()]  # type: ignore[union-attr]
     ends = list(_SENTENCE_END.finditer(stretch, 0, max(0, len(stretch) - 1)))
@@ -592,7 +637,7 @@ def _not_the_answer(text: str, start: int, floor: int) -> bool:
     """Whether the value at ``start`` is introduced as an example, a draft, a template,
     the input, as what the answer would be under a condition or in contrast, or as
     what it is not (labelled wrong, or negated), in English or another common language
-    (:data:`_OTHER_LABEL`, :data:`_OTHER_CONDITION`), or stands in a tag that holds
+    (:data:`_OTHER_LABEL`, :func:`_other_condition`), or stands in a tag that holds
     such values (``<example>``, :func:`_in_not_answer_tag`)."""
     if _in_not_answer_tag(text, start):
         return True
@@ -604,7 +649,7 @@ def _not_the_answer(text: str, start: int, floor: int) -> bool:
                            or _REJECTED.search(lead) is not None
                            or (_OTHER_LABEL.search(lead) is not None
                                and _NEGATED.search(lead) is None)
-                           or _OTHER_CONDITION.search(lead) is not None)
+                           or _other_condition(lead))
 
 
 def _clause_start(text: str, at: int) -> bool:
@@ -656,6 +701,9 @@ def _correction(text: str, begin: int, end: int) -> bool:
     sentence that states no condition. Linear: the pattern is tried only at words
     (:data:`_CLAUSE_AT`), each then checked by :func:`_clause_start`."""
     for m in _corrections(text, begin, end):
+        if m.group("label") is not None and _LABEL_TAIL.match(
+                text, m.end(), min(len(text), end + 1) if end >= 0 else len(text)) is None:
+            continue  # a label that introduces no value ("Korrektur: keine nötig.")
         reach = min(end, m.end() + _INTRO)
         cut = _SENTENCE_END.search(text, m.end(), reach)
         sentence_end = cut.start() if cut is not None else reach
@@ -790,18 +838,30 @@ def _revision_after(text: str, end: int) -> bool:
     return False
 
 
+#: An emoticon's eyes and nose right before a bracket (``Sorry :[``, ``Hmm, no :-[``):
+#: that bracket opens no value.
+_EMOTICON = re.compile(r"(?:^|(?<=\s))[:;=][-'^]?\Z")
+#: What a value begun after an opening bracket starts with (space skipped): a quote, a
+#: key or literal, a digit, a minus sign, a bracket. A bracket the output ends right
+#: after ("Actually: [") began nothing that can be told from a stray one.
+_VALUE_BEGINS = re.compile(r"\s*[\"'“{\[｛［\d\-A-Za-z_]")
+
+
 def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Parsed:
     """The answer among usable values (:func:`_chosen`), unless the output ends inside
     a value after them that is introduced as a correction or the final answer
     ("Actually, the correct output is {...cut"): then the value it corrects is the one
-    the model took back, and the output is refused (cut off), never delivered so."""
+    the model took back, and the output is refused (cut off), never delivered so. A
+    bracket that is an emoticon's mouth (``Sorry :[``, :data:`_EMOTICON`), or that the
+    output ends right after, opens no value."""
     end = picks[-1][1]
     rest = text[end:]
     # (counted first: a bracket left open is rare, and first_open walks the rest)
     at = first_open(rest) if sum(map(rest.count, "{[｛［")) > sum(
         map(rest.count, "}]｝］")) else None
-    if at is not None and _corrected(text, [*picks, (end + at, len(text), picks[-1][2])],
-                                     len(picks)):
+    if at is not None and _EMOTICON.search(text, max(0, end + at - 3), end + at) is None \
+            and _VALUE_BEGINS.match(text, end + at + 1) is not None \
+            and _corrected(text, [*picks, (end + at, len(text), picks[-1][2])], len(picks)):
         return unusable(ParseStatus.INVALID_JSON, plan,
                         "the output was cut off inside the answer that corrects the "
                         "value before it", (*fixes.labels(), "truncated"))
