@@ -22,7 +22,7 @@ from lockgate.flow.breaker import BreakerState
 from lockgate.flow.bucket import CUT, SPORADIC_CUT
 from lockgate.flow.endpoint import EndpointState
 from lockgate.flow.estimate import charged_tokens
-from lockgate.providers.base import CallOutcome, Completion
+from lockgate.providers.base import CallOutcome
 from lockgate.providers.headers import Signals, read_signals
 from lockgate.redact import redact_url
 
@@ -54,6 +54,12 @@ def down_error(out: CallOutcome | None) -> bool:
     the call never reached a server that could answer it, or its key was refused."""
     return (out is not None and out.error_class is ErrorClass.CONNECTION_ERROR) \
         or key_refused(out)
+def resent(out: CallOutcome) -> bool:
+    """Whether a call's request was sent twice (its pooled connection was stale)."""
+    found = out.completion if out.completion is not None else out.error
+    return bool(getattr(found, "resent", False))
+
+
 #: Refusals for the rate or the quota (they pause instead).
 THROTTLED = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.QUOTA_EXHAUSTED})
 
@@ -97,7 +103,7 @@ class Feedback:
         throttled = ec in THROTTLED
         failed = endpoint_failure(out)
         h = st.health
-        h.calls += 1
+        h.calls += 2 if resent(out) else 1  # a request sent twice is two calls
         if failed or throttled:
             h.failures += 1
         if throttled:
@@ -138,8 +144,7 @@ class Feedback:
             st.breaker.record(now, failed=failed, probe=t.probe)
             if st.breaker.state is not was:
                 self._breaker_changed(st, was, now)
-            if completion is not None:
-                self._settle(t, completion)
+            self._settle(t, out)
         self.admission.cold.done(t.cold, t.model)
         self._learn(st, out, now, t.tokens)
         self.admission.dispatch(st)
@@ -174,14 +179,21 @@ class Feedback:
         silent = h.last_answer is None or now - h.last_answer >= self.cfg.breaker_window_s
         return silent or st.breaker.state is not BreakerState.CLOSED
 
-    def _settle(self, t: Ticket, completion: Completion) -> None:
+    def _settle(self, t: Ticket, out: CallOutcome) -> None:
         """Teach the token estimate, and carry real minus reserved tokens to the next
-        lease (the usage unknown: the reservation stands)."""
+        lease (the usage unknown: the reservation stands). The usage is the answer's,
+        or that of an answer the provider billed that is an error here (a refusal, a
+        filtered answer, tool calls)."""
+        found = out.completion if out.completion is not None else out.error
+        prompt_tokens = getattr(found, "prompt_tokens", None)
+        completion_tokens = getattr(found, "completion_tokens", None)
+        if prompt_tokens is None and out.completion is None:
+            return  # no answer, no usage: the reservation stands
         st = t.state
         m = t.model
         if m is not None:
-            m.learn(t.input_chars, completion.prompt_tokens, completion.completion_tokens)
-        charged = charged_tokens(completion.prompt_tokens, completion.completion_tokens,
+            m.learn(t.input_chars, prompt_tokens, completion_tokens)
+        charged = charged_tokens(prompt_tokens, completion_tokens,
                                  m.max_tokens if m else None, st.ep.tpm_counts_max_tokens)
         if charged is None:
             return

@@ -34,6 +34,9 @@ class Completion:
     #: The response body as the provider returned it (its JSON text), for exports in
     #: the provider's own format; None when it was not JSON or is too large to keep.
     body: str | None = None
+    #: Whether the request was sent twice: its pooled keep-alive connection turned out
+    #: closed by the server, and it went again on a new one (counted as two calls).
+    resent: bool = False
 
 
 class ProviderError(Exception):
@@ -42,7 +45,8 @@ class ProviderError(Exception):
     def __init__(self, error_class: ErrorClass, message: str, *, http_status: int | None = None,
                  retry_after_ms: int | None = None,
                  rate_limit: dict[str, str] | None = None, request_id: str | None = None,
-                 body: str | None = None) -> None:
+                 body: str | None = None, prompt_tokens: int | None = None,
+                 completion_tokens: int | None = None, model: str | None = None) -> None:
         super().__init__(f"{error_class}: {message}")
         self.error_class = error_class
         self.message = message
@@ -52,6 +56,14 @@ class ProviderError(Exception):
         #: The provider's ``x-request-id`` and error body as returned, if it answered.
         self.request_id = request_id
         self.body = body
+        #: The usage and model of an answer the provider billed although it is an
+        #: error here (a refusal, a filtered answer, tool calls, no choices): recorded
+        #: on the attempt as a completion's are (None when the answer named none).
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.model = model
+        #: Whether the request was sent twice (see :attr:`Completion.resent`).
+        self.resent = False
 
 
 @dataclass(slots=True)

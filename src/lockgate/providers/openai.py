@@ -12,9 +12,12 @@ import errno
 import json
 import logging
 import re
+import time
 import zlib
+from collections import deque
 from collections.abc import Mapping
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any, Literal
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
@@ -49,6 +52,24 @@ MAX_BODY = 1 << 20
 #: (the write-back of the attempt failed, and its task was called again).
 MAX_REQUEST_ID = 128
 MAX_MODEL = 200
+#: The longest status or header line aiohttp reads (its default, 8190 bytes, refused
+#: answers with a long Set-Cookie that pyreqwest takes: hyper bounds only the whole
+#: head, at about 400 KB).
+MAX_HEADER_LINE = 256 * 1024
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                    _params: Any) -> None:
+    """aiohttp's trace of a request sent on a pooled keep-alive connection."""
+    request_ctx = ctx.trace_request_ctx
+    if request_ctx is not None:
+        request_ctx.reused = True
+
+
+#: Tells each request whether it went on a pooled connection (its trace_request_ctx).
+_REUSE_TRACE = aiohttp.TraceConfig()
+_REUSE_TRACE.on_connection_reuseconn.append(_on_reuse)
+_REUSE_TRACE.freeze()
 
 
 def _request_id(headers: Mapping[str, str]) -> str | None:
@@ -63,12 +84,27 @@ def _charset(headers: Mapping[str, str]) -> str | None:
     return found.group(1) if found else None
 
 
+def _is_utf8(raw: bytes) -> bool:
+    """Whether a body is UTF-8 text: valid UTF-8 without a NUL (UTF-16 and UTF-32 text
+    is valid UTF-8 byte by byte, with NULs between its ASCII characters)."""
+    if b"\x00" in raw:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _as_utf8(status: int, raw: bytes, headers: Mapping[str, str]) -> bytes:
-    """The body in UTF-8, which everything after reads: a body in another charset its
-    Content-Type declares (GBK, ISO-8859-1, UTF-16...) is decoded with it. Without a
-    charset, or with one Python does not know, the body is left as it came (read as
-    UTF-8, leniently). A 2xx body that is not valid in its declared charset is a
-    failed answer that says so; an error body is classified by its status anyway."""
+    """The body in UTF-8, which everything after reads. JSON is UTF-8 (RFC 8259), and
+    gateways label it with a default charset they never encoded it in (Tomcat's and
+    Spring's ``charset=ISO-8859-1``): a body that is valid UTF-8 is taken as UTF-8
+    whatever its Content-Type says. Only one that is not is decoded with the charset
+    its Content-Type declares (GBK, ISO-8859-1, UTF-16...). Without a charset, or with
+    one Python does not know, the body is left as it came (read as UTF-8, leniently).
+    A 2xx body that is not valid in its declared charset is a failed answer that says
+    so; an error body is classified by its status anyway."""
     name = _charset(headers)
     if name is None or not raw:
         return raw
@@ -76,7 +112,7 @@ def _as_utf8(status: int, raw: bytes, headers: Mapping[str, str]) -> bytes:
         codec = codecs.lookup(name).name
     except LookupError:
         return raw
-    if codec == "utf-8":
+    if codec == "utf-8" or _is_utf8(raw):
         return raw
     try:
         return raw.decode(codec).encode("utf-8", "surrogatepass")
@@ -188,7 +224,7 @@ def _error_class(status: int, code: str, etype: str, message: str,
         return ErrorClass.AUTH_ERROR
     if status in (408, 504):
         return ErrorClass.TIMEOUT
-    if _FILTER_WORDS.search(f"{code} {etype}"):
+    if is_filtered(code, etype):
         # before the 5xx: a filter is the prompt's, another attempt meets it again
         return ErrorClass.CONTENT_FILTERED
     if status >= 500 or status in RETRIED_4XX:
@@ -253,6 +289,15 @@ _RATE_MESSAGE = re.compile(
 _RATE_WORDS = re.compile(r"(?i)rate.?limit|too.?many.?requests|throttl")
 #: Codes and types of a prompt or answer the provider's filter stopped.
 _FILTER_WORDS = re.compile(r"(?i)content.?filter|content.?policy|data_inspection_failed")
+#: Numeric error codes that name a filtered prompt or answer: Zhipu's (GLM) 1301,
+#: "the input or the answer may hold unsafe or sensitive content".
+_FILTER_CODES = frozenset({"1301"})
+
+
+def is_filtered(code: str, etype: str) -> bool:
+    """Whether an error's code or type says the provider's filter stopped the prompt or
+    the answer."""
+    return code.strip() in _FILTER_CODES or bool(_FILTER_WORDS.search(f"{code} {etype}"))
 
 
 def is_quota(code: str, etype: str, message: str) -> bool:
@@ -272,7 +317,9 @@ _CONTEXT_WORDS = re.compile(
     r".?(?:size|window|length)|context.?window.?exceeded|maximum context length"
     r"|prompt is too long|input token count.{0,40}exceeds"
     r"|inputs?`? tokens.{0,60}must be <=|range of input length"
-    r"|too (?:long|large) for (?:the |this )?model")
+    r"|too (?:long|large) for (?:the |this )?model"
+    r"|(?:longer|larger|more) than (?:the |this )?(?:model'?s? )?(?:maximum |max )?"
+    r"context(?:.?(?:length|window|size|limit))?\b")
 
 
 def is_context_length(code: str, etype: str, message: str) -> bool:
@@ -334,7 +381,7 @@ def _class_in_body(code: str, etype: str, message: str, reasons: str = "") -> Er
         return ErrorClass.CONTEXT_LENGTH_EXCEEDED
     if _AUTH_WORDS.search(kind) or is_key_refused(code, etype, message, reasons):
         return ErrorClass.AUTH_ERROR
-    if _FILTER_WORDS.search(kind):
+    if is_filtered(code, etype) or _FILTER_WORDS.search(kind):
         return ErrorClass.CONTENT_FILTERED
     if _INVALID_WORDS.search(kind):
         return ErrorClass.INVALID_REQUEST
@@ -370,17 +417,64 @@ def _unreadable(exc: BaseException, status: int | None = None,
 
 
 class _StaleConnection(Exception):
-    """A request failed on a connection closed or reset before any answer came (see
-    :func:`_stale_aiohttp`): sent again once on a new connection."""
+    """A request failed on a pooled keep-alive connection closed or reset before any
+    answer came (see :func:`_after_send_aiohttp`): sent again once on a new one."""
 
     def __init__(self, exc: BaseException) -> None:
         super().__init__(str(exc))
         self.exc = exc
 
 
-def _connection_error(exc: BaseException) -> ProviderError:
-    """A request that reached no server that answered it: ``connection_error``."""
-    return ProviderError(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}")
+#: What an error says of a TLS certificate the client does not trust (OpenSSL's and
+#: rustls' words).
+_CERT_WORDS = re.compile(r"(?i)certificate.?verify.?failed|invalid peer certificate"
+                         r"|unknown.?issuer|self.?signed|local issuer|certificate has "
+                         r"expired|hostname mismatch|not ?valid ?for ?name|CaUsedAsEndEntity")
+#: What an error says of a TLS handshake met by something that is not TLS (a port
+#: that speaks plain HTTP answers the ClientHello with an HTTP error).
+_NOT_TLS_WORDS = re.compile(r"(?i)wrong.?version.?number|record.?layer.?failure"
+                            r"|packet.?length.?too.?long|http.?request|invalid.?content.?type"
+                            r"|corrupt message|unexpected eof while reading|tls handshake eof")
+#: What an error says of a TLS handshake that failed otherwise.
+_TLS_WORDS = re.compile(r"(?i)\[SSL|SSLError|\btls\b|handshake")
+
+
+def tls_fix(text: str) -> str | None:
+    """What to do about a TLS failure an error's text describes, or None when it
+    describes none: a certificate not trusted (a private CA, a self-signed one), or a
+    port that does not speak TLS (``https://`` to a plain-HTTP port)."""
+    if _CERT_WORDS.search(text):
+        return ("the endpoint's TLS certificate is not trusted: if it is signed by a "
+                "private CA or self-signed, point SSL_CERT_FILE at that CA's certificate "
+                "(PEM) or add it to the system's trust store; if it names another host, "
+                "fix base_url's host")
+    if _NOT_TLS_WORDS.search(text):
+        return ("the port does not speak TLS (it answers as plain HTTP?): use http:// in "
+                "base_url, or the port that serves https")
+    if _TLS_WORDS.search(text):
+        return "the TLS handshake failed: check base_url's scheme (http:// or https://) and port"
+    return None
+
+
+def _connection_error(exc: BaseException, detail: str | None = None) -> ProviderError:
+    """A request that reached no server (none could be connected to):
+    ``connection_error``; a TLS failure names its fix."""
+    said = f"{type(exc).__name__}: {detail or exc}"
+    fix = tls_fix(said)
+    return ProviderError(ErrorClass.CONNECTION_ERROR, f"{fix} ({said})" if fix else said)
+
+
+def _dropped(exc: BaseException, detail: str | None = None, *,
+             status: int | None = None) -> ProviderError:
+    """A request sent on a connection that then ended (closed or reset) before a
+    complete answer came: the server took it, and failed to answer (``server_error``:
+    an attempt spent, retried under the task's policy, as an answer that is not valid
+    HTTP), not an endpoint that could not be reached."""
+    what = f"after the status line of an HTTP {status} answer, before its headers ended" \
+        if status is not None else "before an answer came"
+    return ProviderError(ErrorClass.SERVER_ERROR,
+                         f"the connection was closed after the request was sent, {what} "
+                         f"({type(exc).__name__}: {detail or exc})")
 
 
 def _tool_names(calls: Any) -> str:
@@ -389,6 +483,44 @@ def _tool_names(calls: Any) -> str:
     names = [str((c.get("function") or c).get("name") or "?") if isinstance(c, dict)
              else "?" for c in items]
     return ", ".join(names)[:200] or "?"
+
+
+#: Words of an error about the model (a model not found is not a wrong path).
+_MODEL_WORDS = re.compile(r"(?i)model")
+
+
+def _with_usage(exc: ProviderError, data: Any) -> ProviderError:
+    """``exc``, raised for a 2xx answer, with the usage and the model that answer
+    names: the provider billed it although it is an error here (a refusal, a filtered
+    answer, tool calls, no choices), and the attempt records them as a completion's."""
+    if not isinstance(data, dict):
+        return exc
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        if exc.prompt_tokens is None:
+            exc.prompt_tokens = token_count(_either(usage, "prompt_tokens", "input_tokens"))
+        if exc.completion_tokens is None:
+            exc.completion_tokens = token_count(_either(usage, "completion_tokens",
+                                                        "output_tokens"))
+    answered = data.get("model")
+    if exc.model is None and isinstance(answered, str) and answered:
+        exc.model = answered[:MAX_MODEL]
+    return exc
+
+
+def _resent(exc: ProviderError) -> ProviderError:
+    """``exc``, marked as the outcome of a request sent twice."""
+    exc.resent = True
+    return exc
+
+
+def _body_timeout(status: int, timeout_s: float,
+                  headers: Mapping[str, str]) -> ProviderError:
+    """A timeout after the answer's status and headers came, while its body did not
+    finish."""
+    return ProviderError(ErrorClass.TIMEOUT, f"the answer (HTTP {status}) did not finish "
+                         f"within {timeout_s:g} s: its status and headers came, its body "
+                         "stalled", http_status=status, request_id=_request_id(headers))
 
 
 def _not_http(detail: str) -> ProviderError:
@@ -409,42 +541,78 @@ def _last_cause(exc: BaseException) -> str:
     return str(exc)
 
 
-#: The errors of a socket the server closed or reset (a pooled keep-alive connection
-#: it had let go of when the request reached it).
+#: The errors of a socket the server closed or reset.
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 
 
-def _stale_aiohttp(exc: BaseException) -> bool:
-    """Whether aiohttp failed a request on a connection the server closed or reset
-    before any answer came (no status line): the server's idle keep-alive timer fired
-    as the request reached it, so it never processed it. Not a connection that could
-    not be opened (the endpoint down), not a timeout, not an answer cut short."""
+def _after_send_aiohttp(exc: BaseException) -> bool:
+    """Whether aiohttp failed a request on a connection it had (the server closed or
+    reset it after the request went out, before a complete answer): not a connection
+    that could not be opened (refused, a name that does not resolve, TLS: a
+    ClientConnectorError), not a timeout."""
     if isinstance(exc, aiohttp.ClientConnectorError | TimeoutError):
         return False
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        # with part of a status line come, its message is that response (a
-        # RawResponseMessage), not the text "Server disconnected"
-        return isinstance(exc.message, str)
-    if isinstance(exc, aiohttp.ClientConnectionResetError):
-        return True  # the request could not be written: the socket was closing
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
+        return True
     return isinstance(exc, aiohttp.ClientOSError) and exc.errno in _RESET_ERRNOS
 
 
-#: What hyper says of a connection closed or reset before a response head came.
-_STALE_CAUSES = re.compile(r"(?i)connection closed before message completed"
-                           r"|connection reset|broken pipe")
+def _begun_status(exc: BaseException) -> int | None:
+    """The status of an answer whose status line came before aiohttp's connection was
+    closed (its ServerDisconnectedError carries that response, not a text)."""
+    message = getattr(exc, "message", None)
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(message, str):
+        code = getattr(message, "code", None)
+        return code if isinstance(code, int) else 0
+    return None
 
 
-def _stale_reqwest(exc: BaseException) -> bool:
-    """:func:`_stale_aiohttp` for pyreqwest: the request's send failed because the
-    connection was closed or reset before a response head came (hyper's "connection
-    closed before message completed"), not because none could be opened."""
-    if not isinstance(exc, PyreqwestConnectError) or isinstance(exc, TimeoutError):
-        return False
+def _reqwest_causes(exc: BaseException) -> str:
     details = getattr(exc, "details", None)
     causes = details.get("causes") if isinstance(details, dict) else None
-    said = " | ".join(str(c.get("message")) for c in causes or [] if isinstance(c, dict))
-    return "tcp connect" not in said.lower() and bool(_STALE_CAUSES.search(said))
+    return " | ".join(str(c.get("message")) for c in causes or [] if isinstance(c, dict))
+
+
+#: What hyper says of a request it could not open a connection for: hyper-util's
+#: "client error (Connect)" (a refused connection, a name that does not resolve, a TLS
+#: handshake that failed), where a connection that ended after the request was sent
+#: is "client error (SendRequest)".
+_REQWEST_CONNECT = re.compile(r"(?i)client error \(connect\)|tcp connect|dns error")
+
+
+def _after_send_reqwest(exc: BaseException) -> bool:
+    """:func:`_after_send_aiohttp` for pyreqwest: a request hyper sent on a connection
+    that then ended before a response head came, not one it found no connection for."""
+    if not isinstance(exc, PyreqwestError) or isinstance(exc, TimeoutError):
+        return False
+    return not _REQWEST_CONNECT.search(_reqwest_causes(exc))
+
+
+class _IdleConnections:
+    """Whether a pyreqwest request goes on a pooled keep-alive connection: pyreqwest
+    does not say, so its pool is followed here. A connection is idle in the pool from
+    the end of an answer read whole that did not close it, until it is taken by a
+    request or ``idle_s`` passes; a request that finds none idle opens a new one."""
+
+    def __init__(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        self._since: deque[float] = deque()
+
+    def take(self) -> bool:
+        """Whether the next request goes on a connection already used."""
+        now = time.monotonic()
+        while self._since and now - self._since[0] >= self._idle_s:
+            self._since.popleft()
+        if not self._since:
+            return False
+        self._since.pop()
+        return True
+
+    def give(self, headers: Mapping[str, str]) -> None:
+        """An answer was read whole: its connection goes back to the pool, unless the
+        server closes it."""
+        if "close" not in (headers.get("connection") or "").lower():
+            self._since.append(time.monotonic())
 
 
 def _content(content: Any) -> str:
@@ -663,6 +831,10 @@ def token_count(value: Any) -> int | None:
 HttpClient = Literal["aiohttp", "pyreqwest"]
 
 
+#: Seconds pyreqwest keeps an idle connection in its pool.
+REQWEST_IDLE_S = 30.0
+
+
 def check_http_client(name: HttpClient) -> None:
     """:class:`ConfigError` if ``name`` is a client that is not installed."""
     if name == "pyreqwest" and ClientBuilder is None:
@@ -723,7 +895,9 @@ class OpenAICompatible:
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._reqwest: Any = None  # pyreqwest's client, made on first use
         self._durations: dict[float, timedelta] = {}
+        self._idle = _IdleConnections(REQWEST_IDLE_S)  # pyreqwest's pooled connections
         self._warned_redirect = False
+        self._warned_path = False
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -741,9 +915,14 @@ class OpenAICompatible:
         connector = aiohttp.TCPConnector(
             limit=self._max_connections, limit_per_host=0, force_close=force_close,
             keepalive_timeout=None if force_close else 30, ttl_dns_cache=300)
+        # trust_env: HTTP(S)_PROXY and NO_PROXY as pyreqwest (and curl) honour them.
+        # max_line_size, max_field_size: a header line as long as pyreqwest (hyper)
+        # takes (aiohttp's own 8190 bytes refused a 9 KB Set-Cookie as not valid HTTP).
         return aiohttp.ClientSession(
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
-            skip_auto_headers=("User-Agent",))
+            skip_auto_headers=("User-Agent",), trust_env=True,
+            max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE,
+            trace_configs=None if force_close else [_REUSE_TRACE])
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """POST one chat completion; every failure becomes a classified ProviderError."""
@@ -754,31 +933,65 @@ class OpenAICompatible:
         if self._send_key and request.idempotency_key:
             headers = {**headers, "Idempotency-Key": request.idempotency_key}
         if self.http_client == "pyreqwest":
-            status, resp_headers, raw = await self._post_reqwest(
+            status, resp_headers, raw, resent = await self._post_reqwest(
                 orjson.dumps(body), headers, request.timeout_s)
         else:
-            status, resp_headers, raw = await self._post_aiohttp(
+            status, resp_headers, raw, resent = await self._post_aiohttp(
                 orjson.dumps(body), headers, request.timeout_s)
+        try:
+            answer = self._answer(status, resp_headers, raw, request.model)
+        except ProviderError as exc:
+            exc.resent = resent
+            raise
+        answer.resent = resent
+        return answer
+
+    def _answer(self, status: int, resp_headers: Mapping[str, str], raw: bytes,
+                model: str) -> Completion:
+        """The completion an answer carries, or the classified error it is."""
         if 300 <= status < 400:
             raise self._redirected(status, resp_headers)
         raw = _as_utf8(status, raw, resp_headers)
         if raw and _is_event_stream(raw, resp_headers):
-            return self._streamed(status, raw, resp_headers, request.model)
+            return self._streamed(status, raw, resp_headers, model)
         strict = True
         try:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             data, strict = _lenient_json(raw), False
         if not 200 <= status < 300:
-            raise classify_response(status, data if data is not None else raw[:300].decode(
+            error = classify_response(status, data if data is not None else raw[:300].decode(
                 "utf-8", "replace"), resp_headers, raw)
-        in_body = _error_in_body(status, data, resp_headers, raw)
-        if in_body is not None:
-            raise in_body
-        answer = self._completion(data, status, resp_headers, request.model, raw)
+            if status in (404, 405) and not _MODEL_WORDS.search(
+                    raw[:4000].decode("utf-8", "replace")):
+                raise self._wrong_path(error)
+            raise error
+        try:
+            in_body = _error_in_body(status, data, resp_headers, raw)
+            if in_body is not None:
+                raise in_body
+            answer = self._completion(data, status, resp_headers, model, raw)
+        except ProviderError as exc:
+            raise _with_usage(exc, data) from None
         # A body only the lenient reader takes is not kept: exports read it back strictly.
         answer.body = _kept_body(raw) if strict else None
         return answer
+
+    def _wrong_path(self, error: ProviderError) -> ProviderError:
+        """A 404 or 405 that names no model: the URL has no chat-completions API (most
+        often base_url without its ``/v1``). The endpoint's configuration, the same for
+        every call: said once in the log and in each task's error."""
+        error.message = (f"{error.message} (POST {redact_url(self.url)}): the endpoint "
+                         "has no chat-completions API at that URL; base_url's path is "
+                         f"probably wrong: set endpoint '{self.name}' base_url to the "
+                         "address its documentation gives (OpenAI-compatible servers "
+                         "usually serve it under /v1: https://host/v1)")
+        error.args = (f"{error.error_class}: {error.message}",)
+        if not self._warned_path:
+            self._warned_path = True
+            log.warning("endpoint '%s' (%s): %s", self.name, redact_url(self.url),
+                        error.message)
+        return error
 
     def _streamed(self, status: int, raw: bytes, headers: Mapping[str, str],
                   model: str) -> Completion:
@@ -790,7 +1003,10 @@ class OpenAICompatible:
             raise classify_response(status, found if found is not None else raw[:300].decode(
                 "utf-8", "replace"), headers, raw)
         data = _from_event_stream(status, raw, headers)
-        answer = self._completion(data, status, headers, model, raw)
+        try:
+            answer = self._completion(data, status, headers, model, raw)
+        except ProviderError as exc:
+            raise _with_usage(exc, data) from None
         try:
             kept = orjson.dumps(data)
         except orjson.JSONEncodeError:  # a lone surrogate the lenient reader took
@@ -816,54 +1032,62 @@ class OpenAICompatible:
                              request_id=_request_id(headers))
 
     def _stale(self, exc: BaseException, deadline: float) -> float | None:
-        """The time left for the one resend of a request whose connection was stale
-        (see :func:`_stale_aiohttp`), or None when it is not resent."""
+        """The time left for the one resend of a request whose pooled keep-alive
+        connection was stale, or None when it is not resent."""
         left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
             return None
-        log.debug("endpoint '%s': the connection was closed before an answer came "
-                  "(%s: %s); sent again on a new connection", self.name,
+        log.debug("endpoint '%s': the pooled keep-alive connection was closed before an "
+                  "answer came (%s: %s); sent again on a new connection", self.name,
                   type(exc).__name__, exc)
         return left
 
     async def _post_aiohttp(self, body: bytes, headers: Mapping[str, str],
-                            timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
-        """POST on aiohttp's pooled connections. A request whose connection turns out
-        stale (closed or reset before any answer) is sent again at once, once, on a new
-        connection, within what is left of its timeout: it never reached the model,
-        so it spends no attempt and says nothing of the endpoint's health."""
+                            timeout_s: float) -> tuple[int, Mapping[str, str], bytes, bool]:
+        """POST on aiohttp's pooled connections; with whether it was sent twice. A
+        request sent on a pooled keep-alive connection that turns out stale (closed or
+        reset before any answer: the server let it go as the request came) is sent
+        again at once, once, on a new connection, within what is left of its timeout:
+        it spends no attempt. Never one sent on a new connection: a server that took
+        the request and closed without answering may have run (and billed) it."""
         timeout = self._timeouts.get(timeout_s)
         if timeout is None:
             timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            return await self._post_aiohttp_on(self._client(), body, headers, timeout,
-                                               timeout_s)
+            return (*await self._post_aiohttp_on(self._client(), body, headers, timeout,
+                                                 timeout_s), False)
         except _StaleConnection as stale:
             left = self._stale(stale.exc, deadline)
             if left is None:
-                raise _connection_error(stale.exc) from None
+                raise _dropped(stale.exc) from None
         try:
-            return await self._post_aiohttp_on(
+            return (*await self._post_aiohttp_on(
                 self._fresh_client(), body, headers, aiohttp.ClientTimeout(total=left),
-                timeout_s)
-        except _StaleConnection as again:
-            raise _connection_error(again.exc) from None
+                timeout_s), True)
+        except _StaleConnection as again:  # (cannot be: a new connection)
+            raise _resent(_dropped(again.exc)) from None
+        except ProviderError as exc:
+            raise _resent(exc) from None
 
     async def _post_aiohttp_on(self, session: aiohttp.ClientSession, body: bytes,
                                headers: Mapping[str, str], timeout: aiohttp.ClientTimeout,
                                timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+        sent = SimpleNamespace(reused=False)
         try:
             async with session.post(self.url, data=body, headers=headers,
-                                    timeout=timeout, allow_redirects=False) as resp:
+                                    timeout=timeout, allow_redirects=False,
+                                    trace_request_ctx=sent) as resp:
                 try:
                     return resp.status, resp.headers, await resp.read()
+                except TimeoutError:
+                    raise _body_timeout(resp.status, timeout_s, resp.headers) from None
                 except aiohttp.ClientPayloadError as exc:
                     # A status line came: the endpoint answered.
                     raise _unreadable(exc, resp.status, resp.headers) from None
                 except aiohttp.ClientError as exc:
                     # Answered, then lost: never sent again (the model may have run)
-                    raise _connection_error(exc) from None
+                    raise _unreadable(exc, resp.status, resp.headers) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -875,9 +1099,14 @@ class OpenAICompatible:
         except aiohttp.ClientPayloadError as exc:
             raise _unreadable(exc) from None
         except aiohttp.ClientError as exc:
-            if _stale_aiohttp(exc):
+            if not _after_send_aiohttp(exc):  # no connection could be opened
+                raise _connection_error(exc) from None
+            status = _begun_status(exc)
+            if status is not None:  # part of an answer came: never sent again
+                raise _dropped(exc, "Server disconnected", status=status or None) from None
+            if sent.reused:
                 raise _StaleConnection(exc) from None
-            raise _connection_error(exc) from None
+            raise _dropped(exc) from None
 
     def _reqwest_client(self, *, fresh: bool = False) -> Any:
         """pyreqwest's client; with ``fresh``, one that keeps no idle connection (each
@@ -892,52 +1121,64 @@ class OpenAICompatible:
             if fresh:
                 client = self._reqwest_fresh = builder.pool_max_idle_per_host(0).build()
             else:
-                client = self._reqwest = (builder.pool_idle_timeout(timedelta(seconds=30))
-                                          .build())
+                client = self._reqwest = (builder.pool_idle_timeout(
+                    timedelta(seconds=REQWEST_IDLE_S)).build())
         return client
 
     async def _post_reqwest(self, body: bytes, headers: Mapping[str, str],
-                            timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+                            timeout_s: float) -> tuple[int, Mapping[str, str], bytes, bool]:
         """The same POST on pyreqwest, with the same one resend of a request whose
-        pooled connection was stale."""
+        pooled keep-alive connection was stale (:class:`_IdleConnections` tells
+        whether it went on one)."""
         timeout = self._durations.get(timeout_s)
         if timeout is None:
             timeout = self._durations[timeout_s] = timedelta(seconds=timeout_s)
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            return await self._post_reqwest_on(self._reqwest_client(), body, headers,
-                                               timeout, timeout_s)
+            return (*await self._post_reqwest_on(self._reqwest_client(), body, headers,
+                                                 timeout, timeout_s, self._idle), False)
         except _StaleConnection as stale:
             left = self._stale(stale.exc, deadline)
             if left is None:
-                raise _connection_error(stale.exc) from None
+                raise _dropped(stale.exc, _last_cause(stale.exc)) from None
         try:
-            return await self._post_reqwest_on(self._reqwest_client(fresh=True), body,
-                                               headers, timedelta(seconds=left), timeout_s)
-        except _StaleConnection as again:
-            raise _connection_error(again.exc) from None
+            return (*await self._post_reqwest_on(self._reqwest_client(fresh=True), body,
+                                                 headers, timedelta(seconds=left),
+                                                 timeout_s, None), True)
+        except _StaleConnection as again:  # (cannot be: a new connection)
+            raise _resent(_dropped(again.exc, _last_cause(again.exc))) from None
+        except ProviderError as exc:
+            raise _resent(exc) from None
 
     async def _post_reqwest_on(self, client: Any, body: bytes, headers: Mapping[str, str],
-                               timeout: timedelta,
-                               timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+                               timeout: timedelta, timeout_s: float,
+                               idle: _IdleConnections | None
+                               ) -> tuple[int, Mapping[str, str], bytes]:
         """One POST on pyreqwest. Its timeouts are TimeoutErrors; a DecodeError is an
         answer it could not parse (not valid HTTP); every other failure of the request
         is a PyreqwestError, a connection error here. The response is streamed (with
         no body read ahead) so that a body that fails is known to follow a status line,
         which it names, as on aiohttp."""
+        reused = idle is not None and idle.take()
         try:
             request = (client.post(self.url).body_bytes(body).headers(headers)
                        .timeout(timeout).streamed_read_buffer_limit(0).build_streamed())
             async with request as resp:
                 status = int(resp.status)
                 try:
-                    raw = _inflated(bytes(await resp.bytes()), resp.headers)
+                    read = bytes(await resp.bytes())
                 except TimeoutError:
-                    raise
-                except (PyreqwestError, ValueError) as exc:
+                    raise _body_timeout(status, timeout_s, resp.headers) from None
+                except PyreqwestError as exc:
                     # A status line came: the endpoint answered.
                     raise _unreadable(exc, status, resp.headers) from None
                 resp_headers = resp.headers
+            if idle is not None:
+                idle.give(resp_headers)
+            try:
+                raw = _inflated(read, resp_headers)
+            except ValueError as exc:
+                raise _unreadable(exc, status, resp_headers) from None
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
@@ -947,9 +1188,11 @@ class OpenAICompatible:
             # Not the body's: the status line or the headers hyper could not parse.
             raise _not_http(_last_cause(exc)) from None
         except PyreqwestError as exc:
-            if _stale_reqwest(exc):
+            if not _after_send_reqwest(exc):  # no connection could be opened
+                raise _connection_error(exc, _reqwest_causes(exc)) from None
+            if reused:
                 raise _StaleConnection(exc) from None
-            raise _connection_error(exc) from None
+            raise _dropped(exc, _last_cause(exc)) from None
         return status, resp_headers, raw
 
     @staticmethod

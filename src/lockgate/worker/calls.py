@@ -335,8 +335,8 @@ class Calls(WorkerCore):
             error_class=str(res.error_class) if res.error_class else None,
             error_message=(res.error_message or "")[:2000] or None,
             delay_ms=d.delay_ms, release_attempt=unspent, attempt=trace,
-            model=c.model if c else res.model, input_tokens=c.prompt_tokens if c else None,
-            output_tokens=c.completion_tokens if c else None,
+            model=c.model if c else (res.answered_model or res.model),
+            input_tokens=res.prompt_tokens, output_tokens=res.completion_tokens,
             latency_ms=round(res.latency_ms, 3), http_status=res.http_status,
             request_id=res.request_id, response=res.response_body, sent_at=res.sent_at)
 

@@ -45,6 +45,24 @@ class AttemptResult:
     #: not asked for, or nothing sent): after any wait for the endpoint's rate limit,
     #: so that the trace's call span starts there and not with the attempt.
     sent_at: int | None = None
+    #: The usage and model of an answer the provider billed that is an error here (a
+    #: refusal, a filtered answer, tool calls: :class:`ProviderError`), recorded as a
+    #: completion's are; a completion's own are read from it.
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    answered_model: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The input tokens the provider counted for this call, if it said."""
+        c = self.completion
+        return c.prompt_tokens if c is not None else self.input_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """The output tokens the provider counted for this call, if it said."""
+        c = self.completion
+        return c.completion_tokens if c is not None else self.output_tokens
 
     @property
     def ok(self) -> bool:
@@ -84,7 +102,7 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
         return AttemptResult(rendered, None, None, exc.error_class, exc.message,
                              exc.retry_after_ms, (time.perf_counter() - t0) * 1000,
                              exc.http_status, endpoint.name, model, exc.request_id, exc.body,
-                             sent)
+                             sent, exc.prompt_tokens, exc.completion_tokens, exc.model)
     latency = (time.perf_counter() - t0) * 1000
     try:
         # The provider's finish_reason goes with the text: an answer it cut off at
@@ -188,8 +206,8 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "prompt_snapshot": r.snapshot if (r and store_snapshot) else None,
         "token_estimator": r.estimator if r else None,
         "estimated_tokens": r.input_tokens if r else None,
-        "input_tokens": c.prompt_tokens if c else None,
-        "output_tokens": c.completion_tokens if c else None,
+        "input_tokens": res.prompt_tokens,
+        "output_tokens": res.completion_tokens,
         "http_status": res.http_status,
         "raw_output": kept(c.content) if c else None,
         "parse_status": str(p.status) if p else None,
