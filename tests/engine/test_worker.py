@@ -265,6 +265,32 @@ def test_a_sqlite_write_lock_held_past_the_wait_is_waited_out(
                 ) == [{"n": 0}]
 
 
+def test_a_renewal_held_up_longer_than_a_lease_is_said(
+        sqlite_store: Store, simulator: SimulatorProcess,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a chaos review: with the task table locked for 4-5 leases' length
+    (LOCK TABLE, LOCK TABLES, BEGIN IMMEDIATE) the workers' logs held no line at all,
+    while the leases they held ran out."""
+    simulator.configure(latency={"kind": "fixed", "mean_ms": 4000})
+    sqlite_store.submit([parse_task(t) for t in tasks(CONCURRENCY)], batch_id="b")
+    holder = sqlite3.connect(sqlite_store.engine.url.database or "", isolation_level=None,
+                             check_same_thread=False)
+    try:
+        with caplog.at_level("WARNING", logger="lockgate.worker"), \
+                BackgroundWorker(sqlite_store, concurrency=CONCURRENCY, lease_s=1.0,
+                                 heartbeat_s=0.2) as bg:
+            wait_for(lambda: in_flight(simulator, CONCURRENCY), "calls in flight")
+            holder.execute("BEGIN IMMEDIATE")
+            time.sleep(2.5)
+            holder.execute("ROLLBACK")
+            wait_for(lambda: "renewing the leases took" in caplog.text,
+                     "the held-up renewal to be said", timeout=10)
+            bg.stop()
+    finally:
+        holder.close()
+    assert "longer than a lease (1s)" in caplog.text, caplog.text
+
+
 def test_long_calls_keep_their_lease_by_renewing_it(store: Store,
                                                     simulator: SimulatorProcess) -> None:
     """Calls last more than twice the lease; a second worker polls all along and must

@@ -147,7 +147,17 @@ class Upkeep(WorkerCore):
             try:
                 # A task kept ready whose lease another worker holds now (this one was
                 # frozen past it) is let go uncalled (``Calls._lapsed``).
+                began = time.monotonic()
                 await self._renew(self._held.values())
+                took = time.monotonic() - began
+                if took > self.ws.lease_s and self._held:
+                    # Blocked by a lock (a LOCK TABLE, a long transaction) or a slow
+                    # server: said, since the leases it held may have run out meanwhile.
+                    log.warning("renewing the leases took %.1f s, longer than a lease (%gs): "
+                                "the database was locked or slow. Tasks whose lease ran "
+                                "out meanwhile may be taken by another worker; this "
+                                "worker's late results for them are refused", took,
+                                self.ws.lease_s)
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
                     asked = self._wall()
