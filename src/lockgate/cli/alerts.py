@@ -57,16 +57,17 @@ def _state(a: Alert) -> str:
 def list_(everything: Annotated[bool, typer.Option(
               "--all", help="resolved alerts too (newest first)")] = False,
           limit: Annotated[int, typer.Option(
-              "--limit", min=1, help="with --all: the newest N alerts")] = 1000,
+              "--limit", min=1, help="the newest N alerts (open ones, or with --all "
+                                     "all)")] = 1000,
           as_json: JsonOpt = False, db: DbOpt = None, config: ConfigOpt = None) -> None:
     """Open quality alerts (oldest first): rule, prompt version, model, the value
     against its threshold (limit), tasks touched since onset, OPEN or RESOLVED and
     whether acknowledged."""
     with opened(db, config) as lg:
         rows = lg.alerts(everything=everything, limit=limit)
-    if everything and len(rows) == limit:  # there may be more: say so, off stdout
-        console.print(f"the newest {limit:,} alerts; older ones with a larger --limit",
-                      markup=False)
+    if len(rows) == limit:  # there may be more: say so, off stdout
+        console.print(f"the newest {limit:,} {'' if everything else 'open '}alerts; older "
+                      "ones with a larger --limit", markup=False)
     if as_json:
         print_json(rows)
         return

@@ -31,13 +31,19 @@ circuit_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(circuit_app, name="circuit")
 
 
+def fallback_text(kind: str, target: str) -> str:
+    """Where a circuit sends its tasks: ``review``, ``prompt name@N`` or ``endpoint
+    NAME`` (as lockgate.quality.circuit.fallback_text words it in the log)."""
+    return "review" if kind == "review" else f"{kind} {target}"
+
+
 def circuit_table(circuits: Sequence[CircuitView]) -> Table:
     """One line per configured circuit: its state, since when and why, its fallback."""
     t = table("completeness circuits", ["prompt", "state", "since", "fallback", "threshold",
                                         "window", "probes", "reason"])
     for c in circuits:
         t.add_row(c.prompt, c.state + (" (by hand)" if c.manual else ""), when(c.since),
-                  f"{c.fallback_kind}: {c.fallback}", f"{c.threshold:.1%}",
+                  fallback_text(c.fallback_kind, c.fallback), f"{c.threshold:.1%}",
                   format_duration(c.window_s), f"{c.probe_share:.0%}", c.reason or "-")
     return t
 
@@ -70,8 +76,8 @@ def open_(prompt: str, db: DbOpt = None, config: ConfigOpt = None, actor: ActorO
                       "now held by hand: the evaluator leaves it open until `lockgate "
                       "circuit close`", markup=False)
         return
-    console.print(f"circuit {c.prompt} is OPEN: new tasks go to {c.fallback_kind} "
-                  f"{c.fallback}", markup=False)
+    console.print(f"circuit {c.prompt} is OPEN: new tasks go to "
+                  f"{fallback_text(c.fallback_kind, c.fallback)}", markup=False)
 
 
 @command(circuit_app, "close")

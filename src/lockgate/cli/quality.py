@@ -23,6 +23,7 @@ from lockgate.errors import LockgateError
 from lockgate.quality import BY
 
 if TYPE_CHECKING:
+    from lockgate import Lockgate
     from lockgate.quality import QualityRow
     from lockgate.quality.rules import Finding
 
@@ -40,8 +41,29 @@ def _share(counts: dict[str, int], name: str, of: int) -> str:
 
 
 def _watched(r: QualityRow, most: int = 4) -> str:
-    top = sorted(r.watched.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
-    return ", ".join(f"{k} {v * 100:.1f}%" for k, v in top) or "-"
+    ranked = sorted(r.watched.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{k} {v * 100:.1f}%" for k, v in ranked[:most]) or "-"
+    if len(ranked) > most:
+        text += f" (+{len(ranked) - most} more; --json lists all)"
+    return text
+
+
+def _prompt_key(lg: Lockgate, prompt: str | None) -> str | None:
+    """The rollups' key of a PROMPT argument: a registry name as it is, once the
+    registry has it; ``NAME@V`` with V a version as anywhere else (``3``, ``v3``, a tag
+    or a label) as ``NAME@N``, once the registry has that version; an inline key as it
+    is. An unknown prompt or version is refused (NotFound, naming it), not read as one
+    that made no calls."""
+    if prompt is None or prompt.startswith("inline:"):
+        return prompt
+    name, at, selector = prompt.partition("@")
+    if not at:
+        lg._known_prompt(name)
+        return prompt
+    if not selector.strip():
+        raise LockgateError(f"{prompt!r}: name a version after @ (NAME@3, NAME@v3, a tag "
+                            "or a label), or give NAME for every version")
+    return f"{name}@{lg.prompts.version(name, selector).version}"
 
 
 @command(app, "quality")
@@ -68,10 +90,12 @@ def quality(prompt: Annotated[str | None, typer.Argument(
                                 "--since and --by, or drop --check for the figures")
 
         with opened(db, config) as lg:
+            prompt = _prompt_key(lg, prompt)
             findings = check_rules(lg.store, lg.settings.quality, prompt)
         _print_findings(findings, as_json)
         return
     with opened(db, config) as lg:
+        prompt = _prompt_key(lg, prompt)
         rows = lg.quality(prompt, since=since, by=by)
     if as_json:
         print_json(rows)
@@ -128,7 +152,8 @@ def _fig(rule: str, v: float | None) -> str:
 
 def _print_findings(findings: list[Finding], as_json: bool) -> None:
     if as_json:
-        print_json([{k: getattr(f, k) for k in f.__dataclass_fields__} for f in findings])
+        print_json([{k: getattr(f, k) for k in f.__dataclass_fields__ if k != "decided"}
+                    for f in findings])
         return
     if not findings:
         out.print("no prompt has the calls a rule needs", markup=False)

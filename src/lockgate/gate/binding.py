@@ -154,6 +154,25 @@ def unreachable(t: Threshold) -> str | None:
             "met: give a value in that range (e.g. 0.95 for 95%)")
 
 
+def negative_bound(t: Threshold) -> str | None:
+    """Why no value of a metric that is never negative (latency, tokens, cost: 0 or
+    more, no upper bound) can meet ``t`` (``latency_p95_ms<=-1``), or None. Checked
+    where a binding is made (:func:`settings_from`, so ``lockgate bind`` and
+    ``gate.bind``), as :func:`unreachable_under_guard` is."""
+    if t.metric in BOUNDED:
+        return None
+    v = t.value
+    never = {">=": False, ">": False, "<=": v < 0, "<": v <= 0, "==": v < 0}[t.op]
+    if not never:
+        return None
+    unit, example = ("ms", "2000") if t.metric.startswith("latency_") else \
+        ("tokens", "800") if t.metric.startswith("tokens_") else \
+        ("in the prices' currency", "0.01")
+    return (f"{t.metric} is 0 or more ({unit}, no upper bound), so "
+            f"'{t.metric} {t.op} {v:g}' can never be met: give a value in that range "
+            f"(e.g. {t.metric}<={example})")
+
+
 def unreachable_under_guard(t: Threshold, guard: Guard | None) -> str | None:
     """Why the statistical guard makes ``t`` impossible to meet, or None. Under
     ``confidence``, a proportion is compared through its Wilson bound, which never
@@ -233,7 +252,7 @@ def settings_from(doc: Any) -> BindingSettings:
     # Checked here, where a binding is made, not in the model: a snapshot frozen before
     # this check must still load.
     for t in settings.thresholds:
-        why = unreachable(t) or unreachable_under_guard(t, settings.guard)
+        why = unreachable(t) or negative_bound(t) or unreachable_under_guard(t, settings.guard)
         if why is not None:
             raise ConfigError(f"binding threshold: {why}")
     return settings

@@ -38,7 +38,7 @@ from lockgate.config import Settings
 from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings, episode, opened_at
 from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
-from lockgate.quality.rules import RULES, Finding
+from lockgate.quality.rules import RULES, Finding, over
 from lockgate.redact import MASK
 from lockgate.results import plain, utc
 from lockgate.states import CircuitState
@@ -279,12 +279,14 @@ class Evaluator:
           then the settings that opened it are nowhere any more, and it is judged as
           any other."""
         AlertStore.fence(tx, ROLE, self.token, self.lease_ms)
-        fired = {_key_of(f): f for f in findings if f.fired}
+        judged = {_key_of(f): f for f in findings}
+        fired = {k: f for k, f in judged.items() if f.fired}
         circuits = CircuitStore.rows_in(tx)
         # a circuit finding counts only for the episode the circuit is in now
         fired = {k: f for k, f in fired.items() if f.rule != CIRCUIT_RULE
                  or _in_episode(circuits.get(f.prompt), f.episode)}
         on_circuit = {f.prompt: k for k, f in fired.items() if f.rule == CIRCUIT_RULE}
+        circuit_now = {f.prompt: f for f in findings if f.rule == CIRCUIT_RULE}
         events: list[Event] = []
         seen: set[str] = set()
         for row in AlertStore.open_alerts(tx):
@@ -293,7 +295,9 @@ class Evaluator:
             alert_id = int(row["id"])
             if row["rule"] == CIRCUIT_RULE:
                 if not _episode_lasts(circuits.get(row["prompt"]), int(row["opened_at"])):
-                    if AlertStore.resolve_alert(tx, alert_id):
+                    cleared = self._circuit_cleared(tx, row, circuits.get(row["prompt"]),
+                                                    circuit_now.get(row["prompt"]))
+                    if AlertStore.resolve_alert(tx, alert_id, cleared):
                         events.append(self._announce(tx, alert_id, "resolve"))
                     continue
                 # the episode's alert, whatever subject another configuration gave it
@@ -304,7 +308,8 @@ class Evaluator:
                 # a circuit's alert of the episode under way, or a rule's this holder
                 # does not judge, is left as it is
                 if row["rule"] != CIRCUIT_RULE and self._judges(tx, row) \
-                        and AlertStore.resolve_alert(tx, alert_id):
+                        and AlertStore.resolve_alert(tx, alert_id,
+                                                     self._cleared(judged.get(key))):
                     events.append(self._announce(tx, alert_id, "resolve"))
                 continue
             figures = self._figures(tx, f, int(row["onset_at"]))
@@ -323,14 +328,63 @@ class Evaluator:
                     and tx.now < last + int(self.q.cooldown * 1000):
                 continue  # cooling down: the same incident does not open again yet
             onset = self._onset(tx, f)
+            figures = self._figures(tx, f, onset)
+            if f.decided is not None:  # a circuit opens with what it was opened on
+                value, calls = f.decided
+                figures.update(value=0.0 if value is None else value,
+                               calls=calls if value is not None else 0)
             alert_id = AlertStore.insert_alert(tx, {
                 "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
                 "subject": None if f.subject is None else f.subject[:191],
-                "window_s": self._window_s(f), "onset_at": onset,
-                **self._figures(tx, f, onset)})
+                "window_s": self._window_s(f), "onset_at": onset, **figures})
             self._sample(tx, alert_id, f)
             events.append(self._announce(tx, alert_id, "open"))
         return events
+
+    def _cleared(self, f: Finding | None) -> dict[str, Any]:
+        """The figures a rule's alert resolves with: those of the evaluation that
+        cleared it (its value back inside the bound, unless the rule cleared on its
+        other condition: a latency whose input size left the band, a drift no longer
+        expected often enough), or, when the rule no longer has the calls to compare
+        (no finding; a polluted minute short of ``min_calls_minute``), none measured
+        (``calls`` 0: the value reads ``-``)."""
+        if f is None or (f.rule == "format_pollution" and over(f.value, f.threshold)):
+            # no comparison (a polluted minute short of min_calls_minute calls)
+            return {"value": 0.0, "calls": 0}
+        return {"value": f.value, "baseline": f.baseline, "threshold": f.threshold,
+                "calls": f.calls, "window_s": self._window_s(f)}
+
+    def _circuit_cleared(self, tx: Tx, alert: Mapping[str, Any], row: CircuitRow | None,
+                         now: Finding | None) -> dict[str, Any] | None:
+        """The figures a circuit's alert resolves with. Closed by its evaluator: the
+        probes it closed on (completeness and calls over the probation, against the
+        threshold). Closed by hand: the primary path's figures over the circuit's
+        window now (this holder's configuration), if this holder has the circuit.
+        None (the figures stay) when neither is known."""
+        if row is None:
+            return None
+        close: dict[str, Any] | None
+        if row.state == CircuitState.CLOSED:
+            close, at = row.figures, row.since
+        else:  # closed and opened again since: the move that closed the episode
+            event = CircuitStore.last_move_in(tx, row.prompt, CircuitState.CLOSED)
+            if event is None or event.at < int(alert["opened_at"]):
+                return None
+            close, at = event.figures, event.at
+        c = self.q.circuit_of(row.prompt)
+        if close is not None and "probe_calls" in close:
+            comp = close.get("probe_completeness")
+            start = int(close.get("from") or at)
+            return {"value": 0.0 if comp is None else float(comp),
+                    "calls": int(close["probe_calls"]) if comp is not None else 0,
+                    "baseline": None,
+                    "threshold": float(close.get("threshold", alert["threshold"])),
+                    "window_s": c.probation if c is not None
+                    else max(0.0, (at - start) / 1000)}
+        if now is None or c is None or row.state != CircuitState.CLOSED:
+            return None
+        return {"value": now.value, "calls": now.calls, "baseline": None,
+                "threshold": now.threshold, "window_s": c.window}
 
     def _judges(self, tx: Tx, row: Mapping[str, Any]) -> bool:
         """Whether this holder judges a rule's alert: its settings give the alert's
@@ -377,7 +431,7 @@ class Evaluator:
         return bucket_of(tx.now, res) + SPANS[res] - int(self.q.window * 1000)
 
     def _figures(self, tx: Tx, f: Finding, onset: int) -> dict[str, Any]:
-        tasks = self._tasks_since(f, onset, tx.now)
+        tasks = self._tasks_since(tx, f, onset)
         batches, exact = self._batches_since(tx, f, onset)
         return {"value": f.value, "baseline": f.baseline, "threshold": f.threshold,
                 "calls": f.calls, "tasks": tasks, "batches": batches,
@@ -391,13 +445,36 @@ class Evaluator:
         return QualityStore(self.store).rows(res, since=bucket_of(since, res),
                                              prompt=exact, prompt_prefix=prefix)
 
-    def _tasks_since(self, f: Finding, onset: int, now: int) -> int:
-        """Tasks ended since onset, from the rollups (for a circuit on a registry name,
-        those of every version of it but its fallback version, as :meth:`_versions`)."""
+    def _tasks_since(self, tx: Tx, f: Finding, onset: int) -> int:
+        """Tasks ended since the onset itself (for a circuit on a registry name, those
+        of every version of it but its fallback version, as :meth:`_versions`): the
+        rollups from the first whole minute at or after the onset (minute rows while it
+        is at most 6 h back; beyond, minute rows up to the next whole hour and hour rows
+        from there), and, for an onset inside a minute (a circuit opened by hand), that
+        minute's tasks ended after it, counted from its attempts (a minute at most)."""
+        now = tx.now
         c = self.q.circuit_of(f.prompt) if f.rule == CIRCUIT_RULE else None
         fallback = None if c is None else c.fallback_prompt
-        return sum(int(r.values["tasks"]) for r in self._rollups_since(f, onset, now)
-                   if f.model in (ANY_MODEL, r.model) and r.prompt != fallback)
+        exact, prefix = prompt_filter(f.prompt)
+        qstore = QualityStore(self.store)
+        minute, hour = SPANS["m"], SPANS["h"]
+        first = -(-onset // minute) * minute  # the first whole minute from the onset
+        if now - first <= 6 * hour:
+            rows = qstore.rows("m", since=first, prompt=exact, prompt_prefix=prefix)
+        else:
+            first_hour = -(-first // hour) * hour
+            rows = qstore.rows("m", since=first, until=first_hour, prompt=exact,
+                               prompt_prefix=prefix) \
+                + qstore.rows("h", since=first_hour, prompt=exact, prompt_prefix=prefix)
+        tasks = sum(int(r.values["tasks"]) for r in rows
+                    if f.model in (ANY_MODEL, r.model) and r.prompt != fallback)
+        if first > onset:
+            model = None if f.model == ANY_MODEL else f.model
+            configs = self._inline_configs(tx, f)
+            for version in self._versions(f, onset, now):
+                tasks += AlertStore.ended(tx, version, model, onset, first,
+                                          configs=configs if version is None else None)
+        return tasks
 
     @staticmethod
     def _version(prompt: str) -> str | None:
@@ -508,7 +585,8 @@ class Evaluator:
                         "calls)", a.id, what, _fig(a.rule, a.value), _fig(a.rule, a.baseline),
                         _fig(a.rule, a.threshold), a.calls)
         elif e.event == "resolve":
-            log.info("quality alert %d RESOLVED: %s", a.id, what)
+            log.info("quality alert %d RESOLVED: %s: %s (threshold %s, %d calls)", a.id,
+                     what, _fig(a.rule, a.value), _fig(a.rule, a.threshold), a.calls)
         else:
             log.info("quality alert %d still open: %s: %s (%d tasks, %d batches since "
                      "onset)", a.id, what, _fig(a.rule, a.value), a.tasks, a.batches)
@@ -545,8 +623,8 @@ def event_body(event: str, delivery_id: str, alert: Alert) -> bytes:
 # -- reading --------------------------------------------------------------------------------
 
 def list_alerts(store: Store, *, everything: bool = False, limit: int = 1000) -> list[Alert]:
-    """Open alerts, oldest first; with ``everything`` the newest ``limit``, newest
-    first."""
+    """The newest ``limit`` open alerts, oldest first; with ``everything`` the newest
+    ``limit`` alerts, resolved ones too, newest first."""
     return [alert_of(r) for r in AlertStore(store).alerts(everything=everything,
                                                           limit=limit)]
 

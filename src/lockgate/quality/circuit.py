@@ -118,28 +118,48 @@ def fresh_from(row: CircuitRow) -> int:
     return -(-row.since // MINUTE) * MINUTE
 
 
-def should_open(minutes: Mapping[int, Minute], now: int, circuit: CircuitSettings, *,
-                not_before: int = 0) -> tuple[bool, dict[str, Any]]:
-    """Whether completeness stayed under the threshold in each minute of the window
-    (each minute with ``min_calls`` calls, none starting before ``not_before``), and the
-    figures looked at."""
+def window_buckets(minutes: Mapping[int, Minute], now: int,
+                   circuit: CircuitSettings) -> list[int]:
+    """The ``window`` minutes a circuit is judged on at ``now``, oldest first: the last
+    ``window`` minutes, ending with the current one once it has ``min_calls`` calls
+    (until then with the minute before)."""
     n = circuit.window_minutes
     current = now - now % MINUTE
     recent = [current - i * MINUTE for i in range(n + 1)]  # newest first
     if minutes.get(current, (0, 0.0, 0))[0] < circuit.min_calls:
         recent = recent[1:]  # the current minute has not got its calls yet
-    recent = recent[:n]
+    return list(reversed(recent[:n]))
+
+
+def window_figures(minutes: Mapping[int, Minute], now: int,
+                   circuit: CircuitSettings) -> tuple[float | None, int]:
+    """(completeness, calls) of the primary path over the minutes a circuit is judged
+    on at ``now`` (:func:`window_buckets`): what its alert reports."""
+    calls, s, k = 0, 0.0, 0
+    for b in window_buckets(minutes, now, circuit):
+        m = minutes.get(b, (0, 0.0, 0))
+        calls, s, k = calls + m[0], s + m[1], k + m[2]
+    return (s / k if k else None), calls
+
+
+def should_open(minutes: Mapping[int, Minute], now: int, circuit: CircuitSettings, *,
+                not_before: int = 0) -> tuple[bool, dict[str, Any]]:
+    """Whether completeness stayed under the threshold in each minute of the window
+    (each minute with ``min_calls`` calls, none starting before ``not_before``), and the
+    figures looked at: each minute's, and the window's ``calls`` and ``completeness``
+    (merged over the minutes: what the circuit's alert reports when it opens)."""
     looked = []
     ok = True
-    for b in reversed(recent):
+    for b in window_buckets(minutes, now, circuit):
         m = minutes.get(b, (0, 0.0, 0))
         comp = _completeness(m)
         looked.append({"minute": b, "calls": m[0], "completeness": comp})
         if b < not_before or m[0] < circuit.min_calls or comp is None \
                 or not under(comp, circuit.threshold):
             ok = False
+    comp, calls = window_figures(minutes, now, circuit)
     return ok, {"threshold": circuit.threshold, "min_calls": circuit.min_calls,
-                "minutes": looked}
+                "minutes": looked, "calls": calls, "completeness": comp}
 
 
 def should_close(minutes: Mapping[int, Minute], now: int, since: int,
@@ -184,11 +204,32 @@ def opened_at(row: CircuitRow) -> int:
     return int((row.figures or {}).get(OPENED_AT, row.since))
 
 
+def decided_figures(row: CircuitRow) -> tuple[float | None, int] | None:
+    """(completeness, calls) an OPEN circuit was opened on by its evaluator (kept when
+    it is held by hand since), or None (opened by hand). Moves recorded before the
+    window's totals were stored give them from their minutes (weighted by calls)."""
+    figures = row.figures or {}
+    if row.state != CircuitState.OPEN or "minutes" not in figures:
+        return None
+    if "calls" in figures:
+        comp = figures.get("completeness")
+        return (None if comp is None else float(comp)), int(figures["calls"])
+    looked = [m for m in figures["minutes"] if m.get("completeness") is not None]
+    calls = sum(int(m.get("calls") or 0) for m in figures["minutes"])
+    weight = sum(int(m.get("calls") or 0) for m in looked)
+    comp = sum(float(m["completeness"]) * int(m.get("calls") or 0) for m in looked) \
+        / weight if weight else None
+    return comp, calls
+
+
 def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
     """One finding per configured circuit, fired while it is OPEN (so its switch opens
-    an alert, and its closing resolves it): the primary path's completeness over the
-    circuit's window against the threshold, and the onset: the first minute of the window
-    that opened it (when it opened, if opened by hand).
+    an alert, and its closing resolves it): the primary path's completeness and calls
+    over the circuit's window (the minutes :func:`should_open` judges now) against the
+    threshold, the figures the circuit was opened on (``decided``: what its alert
+    opens with), and the onset: the first minute of the window that opened it (when it
+    opened, if opened by hand). A closed circuit's finding holds the figures of its
+    window now (what a hand-closed circuit's alert resolves with).
     The model is ``*``: a circuit watches its path over every model and endpoint."""
     if not quality.circuit:
         return []
@@ -200,23 +241,25 @@ def circuit_findings(store: Store, quality: QualitySettings) -> list[Finding]:
         if row is None:
             continue
         is_open = row.state == CircuitState.OPEN
-        calls, comp = 0, None
-        if is_open:
-            minutes = path_minutes(qstore, c, now - now % MINUTE - c.window_minutes * MINUTE)
-            calls = sum(m[0] for m in minutes.values())
-            n = sum(m[2] for m in minutes.values())
-            comp = sum(m[1] for m in minutes.values()) / n if n else None
+        minutes = path_minutes(qstore, c, now - now % MINUTE - c.window_minutes * MINUTE)
+        comp, calls = window_figures(minutes, now, c)
         # The incident began with the first bad minute that opened it (by hand: when).
         opened = opened_at(row)
         looked = (row.figures or {}).get("minutes") or []
         onset = min((int(m["minute"]) for m in looked), default=opened)
         out.append(Finding(CIRCUIT_RULE, c.prompt, ANY_MODEL, is_open,
                            0.0 if comp is None else comp, None, c.threshold, calls,
-                           subject="to review" if c.fallback_kind == "review"
-                           else f"to {c.fallback_kind} {c.fallback_target}",
+                           subject=f"to {fallback_text(c.fallback_kind, c.fallback_target)}",
                            onset=min(onset, opened),
-                           episode=episode(row) if is_open else None))
+                           episode=episode(row) if is_open else None,
+                           decided=decided_figures(row) if is_open else None))
     return out
+
+
+def fallback_text(kind: str, target: str) -> str:
+    """Where a circuit sends its tasks, in words: ``review``, ``prompt name@N`` or
+    ``endpoint NAME`` (review named once)."""
+    return "review" if kind == "review" else f"{kind} {target}"
 
 
 def _pct(v: float | None) -> str:
@@ -273,9 +316,9 @@ class CircuitEvaluator:
                                  figures=figures)
         if moved is None:
             return 0
-        log.warning("completeness circuit '%s' OPEN: %s; new tasks go to %s %s, %s probe "
-                    "the primary", c.prompt, reason, c.fallback_kind, c.fallback_target,
-                    _pct(c.probe_share))
+        log.warning("completeness circuit '%s' OPEN: %s; new tasks go to %s, %s probe "
+                    "the primary", c.prompt, reason,
+                    fallback_text(c.fallback_kind, c.fallback_target), _pct(c.probe_share))
         return 1
 
     def _maybe_close(self, c: CircuitSettings, row: CircuitRow, now: int) -> int:

@@ -113,7 +113,12 @@ def prompt_filter(prompt: str | None) -> tuple[str | None, str | None]:
     """(exact prompt, prompt prefix) a PROMPT argument selects."""
     if prompt is None:
         return None, None
-    if "@" in prompt or prompt.startswith("inline:"):
+    if prompt.startswith("inline:"):
+        return prompt, None
+    if "@" in prompt:
+        name, _, version = prompt.partition("@")
+        if len(version) > 1 and version[0] in "vV" and version[1:].isdigit():
+            return f"{name}@{int(version[1:])}", None  # NAME@v3 is version 3
         return prompt, None
     return None, f"{prompt}@"
 

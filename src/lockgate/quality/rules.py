@@ -65,6 +65,10 @@ class Finding:
     #: the version of the move that opened it): a new episode is a new incident, even
     #: when the previous one ended and this one began between two evaluations.
     episode: int | None = None
+    #: (value, calls) the incident was decided on, if the finding knows (a circuit its
+    #: evaluator opened: the window of the move that opened it): its alert opens with
+    #: them. ``value`` None: nothing was measured.
+    decided: tuple[float | None, int] | None = None
 
 
 def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,

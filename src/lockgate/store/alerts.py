@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lockgate.errors import NotFound
+from lockgate.spec import RESERVED_ID_PREFIX
 from lockgate.store import schema
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx, sql
@@ -51,6 +52,8 @@ _COLS = ("id, alert_key, rule, prompt, model, subject, status, window_s, value, 
          "notified_at, resolved_at, acked_at, acked_by, ack_reason, version")
 _OPEN_ALERTS = sql(f"SELECT {_COLS} FROM quality_alert WHERE status = 'OPEN' ORDER BY id")
 _ALERTS = sql(f"SELECT {_COLS} FROM quality_alert ORDER BY id DESC LIMIT :lim")
+_NEWEST_OPEN = sql(f"SELECT {_COLS} FROM quality_alert WHERE status = 'OPEN' "
+                   "ORDER BY id DESC LIMIT :lim")
 _ALERT = sql(f"SELECT {_COLS} FROM quality_alert WHERE id = :id")
 _LAST_RESOLVED = sql("SELECT MAX(resolved_at) FROM quality_alert "
                      "WHERE alert_key = :k AND resolved_at IS NOT NULL")
@@ -59,10 +62,12 @@ _UPDATE = sql(
     "threshold = :threshold, calls = :calls, tasks = :tasks, batches = :batches, "
     "batches_exact = :batches_exact, updated_at = :now, notified_at = :notified_at, "
     "version = version + 1 WHERE id = :id AND status = 'OPEN'")
-_RESOLVE = sql(
+_RESOLVE = (
     "UPDATE quality_alert SET status = 'RESOLVED', open_key = NULL, resolved_at = :now, "
-    "updated_at = :now, notified_at = :now, version = version + 1 "
+    "updated_at = :now, notified_at = :now, version = version + 1{figures} "
     "WHERE id = :id AND status = 'OPEN'")
+#: The figures a resolve may write: those of the evaluation that cleared the rule.
+_RESOLVE_FIGURES = ("value", "baseline", "threshold", "calls", "window_s")
 _ACK = sql(
     "UPDATE quality_alert SET acked_at = :now, acked_by = :by, ack_reason = :reason "
     "WHERE id = :id AND acked_at IS NULL")
@@ -94,6 +99,14 @@ _TOUCHED = (
     "a.prompt_version FROM task_attempt a WHERE {version} AND a.started_at >= :since "
     "{model} ORDER BY a.started_at DESC LIMIT :lim) a "
     "JOIN task t ON t.id = a.task_pk")
+#: Tasks ended (an attempt of a terminal outcome, as the rollups count ``tasks``) by
+#: attempts of a version started in [since, until), release-gate batches left out: the
+#: part of a minute after an onset inside it (one index range, a minute at most).
+_ENDED = (
+    "SELECT COUNT(*) FROM task_attempt a JOIN task t ON t.id = a.task_pk "
+    "WHERE {version} AND a.started_at >= :since AND a.started_at < :until "
+    "AND a.outcome IN ('succeeded', 'failed', 'dead', 'resolved') "
+    "AND t.batch_id NOT LIKE :gate {model}")
 #: The same for inline prompts, over the tasks of some configs (another inline prompt on
 #: the same model, however busy, does not use up the newest ``lim``).
 _TOUCHED_CONFIGS = (
@@ -220,8 +233,14 @@ class AlertStore:
                                     **figures}).rowcount == 1
 
     @staticmethod
-    def resolve_alert(tx: Tx, alert_id: int) -> bool:
-        return tx.execute(_RESOLVE, {"id": alert_id}).rowcount == 1
+    def resolve_alert(tx: Tx, alert_id: int,
+                      figures: Mapping[str, Any] | None = None) -> bool:
+        """Resolve an OPEN alert, writing ``figures`` (some of value, baseline,
+        threshold, calls, window_s: those of the evaluation that cleared it) with it."""
+        given = {k: v for k, v in (figures or {}).items() if k in _RESOLVE_FIGURES}
+        text = "".join(f", {k} = :{k}" for k in sorted(given))
+        return tx.execute(sql(_RESOLVE.format(figures=text)),
+                          {"id": alert_id, **given}).rowcount == 1
 
     @staticmethod
     def alert_row(tx: Tx, alert_id: int) -> dict[str, Any]:
@@ -229,11 +248,12 @@ class AlertStore:
             f"no alert {alert_id}; list them with `lockgate alerts list --all`"))
 
     def alerts(self, *, everything: bool = False, limit: int = 1000) -> list[dict[str, Any]]:
-        """Open alerts (oldest first), or with ``everything`` the newest ``limit``."""
+        """The newest ``limit`` open alerts (listed oldest first), or with
+        ``everything`` the newest ``limit`` alerts, resolved ones too (newest first)."""
         with self.store.read() as tx:
             if everything:
                 return tx.rows(_ALERTS, {"lim": limit})
-            return tx.rows(_OPEN_ALERTS)
+            return list(reversed(tx.rows(_NEWEST_OPEN, {"lim": limit})))
 
     def alert(self, alert_id: int) -> tuple[dict[str, Any], list[dict[str, Any]],
                                             list[dict[str, Any]]]:
@@ -284,6 +304,23 @@ class AlertStore:
         return tx.rows(query, {"v": version, "since": since, "until": until,
                                "model": model, "lim": limit,
                                **({"cfg": list(configs)} if configs is not None else {})})
+
+    @staticmethod
+    def ended(tx: Tx, version: str | None, model: str | None, since: int, until: int, *,
+              configs: Sequence[str] | None = None) -> int:
+        """Tasks ended by attempts of a registry version (None: of inline prompts, of
+        the tasks of ``configs`` if given) and model (None: every model) started in
+        [since, until), counted as the rollups count ``tasks`` (release-gate batches
+        left out)."""
+        if configs is not None and not configs:
+            return 0
+        query = sql(_ENDED.format(version=_version_cond(version, configs),
+                                  model="" if model is None else "AND a.model = :model"),
+                    *(("cfg",) if configs is not None else ()))
+        return int(tx.execute(query, {
+            "v": version, "since": since, "until": until, "model": model,
+            "gate": f"{RESERVED_ID_PREFIX}%",
+            **({"cfg": list(configs)} if configs is not None else {})}).scalar_one())
 
     @staticmethod
     def attempts(tx: Tx, ids: Sequence[int]) -> list[dict[str, Any]]:

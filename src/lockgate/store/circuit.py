@@ -115,6 +115,19 @@ class CircuitStore:
                               row.version + 1, actor[:64], tx.now)
         return self.store.transaction(work)
 
+    @staticmethod
+    def last_move_in(tx: Tx, prompt: str, to_state: str) -> CircuitEvent | None:
+        """The latest move of a circuit to ``to_state``, read in ``tx``, or None."""
+        q = select(_E).where(_E.c.prompt == prompt, _E.c.to_state == to_state) \
+            .order_by(_E.c.version.desc()).limit(1)
+        for r in tx.execute(q):
+            m = r._mapping
+            return CircuitEvent(str(m["prompt"]), int(m["version"]), str(m["from_state"]),
+                                str(m["to_state"]), int(m["at"]), str(m["actor"]),
+                                m["reason"], orjson.loads(m["figures"]) if m["figures"]
+                                else None)
+        return None
+
     def events(self, prompt: str | None = None, *, limit: int = 100) -> list[CircuitEvent]:
         """The latest moves (of one prompt, or all), newest first."""
         q = select(_E).order_by(_E.c.id.desc()).limit(limit)
