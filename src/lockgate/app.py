@@ -648,11 +648,25 @@ class Lockgate:
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
         from lockgate.quality.report import quality_report  # deferred: start-up time
 
-        rows = quality_report(self.store, prompt, since_s=parse_duration(
+        return quality_report(self.store, self.quality_key(prompt), since_s=parse_duration(
             since, field="since", allow_zero=False), by=by)
-        if not rows and prompt is not None and not prompt.startswith("inline:"):
-            self._known_prompt(prompt.split("@", 1)[0])
-        return rows
+
+    def quality_key(self, prompt: str | None) -> str | None:
+        """The rollups' key of a prompt as a user names it: a registry name as it is,
+        once the registry has it; ``NAME@V`` with V a version as anywhere else (``3``,
+        ``v3``, a tag or a label) as ``NAME@N``, once the registry has that version; an
+        inline key (``inline:…``) as it is. An unknown prompt or version is refused
+        (:class:`NotFound`, naming it), not read as one that made no calls."""
+        if prompt is None or prompt.startswith("inline:"):
+            return prompt
+        name, at, selector = prompt.partition("@")
+        if not at:
+            self._known_prompt(name)
+            return prompt
+        if not selector.strip():
+            raise SpecError(f"{prompt!r}: name a version after @ (NAME@3, NAME@v3, a tag "
+                            "or a label), or give NAME for every version", field="prompt")
+        return f"{name}@{self.prompts.version(name, selector).version}"
 
     def _known_prompt(self, name: str) -> None:
         """:class:`NotFound` (with a likely name) if the registry has no prompt ``name``:

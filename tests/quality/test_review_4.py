@@ -14,6 +14,7 @@ from helpers import rows, wait_for
 from lockgate import Lockgate
 from lockgate.cli import app
 from lockgate.config import CircuitSettings, QualitySettings, Settings, Webhook
+from lockgate.errors import NotFound
 from lockgate.quality.alerts import Evaluator, get_alert, list_alerts
 from lockgate.quality.circuit import CircuitEvaluator, set_circuit
 from lockgate.quality.writer import RollupWriter
@@ -197,6 +198,11 @@ def test_quality_takes_a_version_as_anywhere_else_and_refuses_unknown_ones(
     res = runner.invoke(app, ["quality", "--check", "nosuch", "--db", db_url])
     assert res.exit_code == 2, res.output
     assert "no prompt named 'nosuch'" in " ".join(res.stderr.split())
+    # the Python API reads a version as the command does, and refuses the same
+    with Lockgate(db_url) as lg:
+        assert [r.tasks for r in lg.quality("labels@v1", since="1h")] == [12]
+        with pytest.raises(NotFound, match="no version 9"):
+            lg.quality("labels@9", since="1h")
 
 
 def test_the_quality_table_says_when_more_values_are_watched(

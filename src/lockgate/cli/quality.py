@@ -23,7 +23,6 @@ from lockgate.errors import LockgateError
 from lockgate.quality import BY
 
 if TYPE_CHECKING:
-    from lockgate import Lockgate
     from lockgate.quality import QualityRow
     from lockgate.quality.rules import Finding
 
@@ -46,24 +45,6 @@ def _watched(r: QualityRow, most: int = 4) -> str:
     if len(ranked) > most:
         text += f" (+{len(ranked) - most} more; --json lists all)"
     return text
-
-
-def _prompt_key(lg: Lockgate, prompt: str | None) -> str | None:
-    """The rollups' key of a PROMPT argument: a registry name as it is, once the
-    registry has it; ``NAME@V`` with V a version as anywhere else (``3``, ``v3``, a tag
-    or a label) as ``NAME@N``, once the registry has that version; an inline key as it
-    is. An unknown prompt or version is refused (NotFound, naming it), not read as one
-    that made no calls."""
-    if prompt is None or prompt.startswith("inline:"):
-        return prompt
-    name, at, selector = prompt.partition("@")
-    if not at:
-        lg._known_prompt(name)
-        return prompt
-    if not selector.strip():
-        raise LockgateError(f"{prompt!r}: name a version after @ (NAME@3, NAME@v3, a tag "
-                            "or a label), or give NAME for every version")
-    return f"{name}@{lg.prompts.version(name, selector).version}"
 
 
 @command(app, "quality")
@@ -90,12 +71,12 @@ def quality(prompt: Annotated[str | None, typer.Argument(
                                 "--since and --by, or drop --check for the figures")
 
         with opened(db, config) as lg:
-            prompt = _prompt_key(lg, prompt)
+            prompt = lg.quality_key(prompt)
             findings = check_rules(lg.store, lg.settings.quality, prompt)
         _print_findings(findings, as_json)
         return
     with opened(db, config) as lg:
-        prompt = _prompt_key(lg, prompt)
+        prompt = lg.quality_key(prompt)
         rows = lg.quality(prompt, since=since, by=by)
     if as_json:
         print_json(rows)
