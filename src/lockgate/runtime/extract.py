@@ -238,9 +238,9 @@ _BARE_VALUE = re.compile(
     r"|!?(?:true|false|null|True|False|None)(?![\w$])"
     r"|[-" + _DASHES + r"](?=[ \t]*(?:[-" + _DASHES + r"\d]|" + _LITERAL + r"))"
     r"|[~≈∼≃<>≤≥≲≳±∓≠](?=[ \t]*(?:[-+" + _DASHES + r"\d.]|" + _LITERAL + r"))")
-#: What ends a bare value: a comma, a closing bracket, a line break; looked for at most
+#: What ends a bare value: a comma, a semicolon, a closing bracket, a line break; looked for at most
 #: this far (a bound on the work per value: linear over a text).
-_VALUE_END = re.compile(r"[,}\]\n]")
+_VALUE_END = re.compile(r"[,;}\]\n]")
 _MAX_REST = 1024
 #: The separators a number's digit groups may be written with: space, no-break and
 #: narrow no-break space, thin and figure space, zero-width space, apostrophes (a
@@ -251,13 +251,14 @@ _GROUP_SEPS = " \u00a0\u202f\u2009\u2007\u200b'\u2019"
 _PY_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+"
                         r"|\d[\d_]*(?:\.[\d_]*)?(?:[eE][+-]?\d+)?)")
 #: What may follow a whole bare value on its line: space, a comment, or the next
-#: quoted key (a comma left out).
-_VALUE_TAIL_OK = re.compile(r"[^\S\n]*(?:\Z|//|/\*|#)|[^\S\n]+[\"']")
+#: quoted or bare key (a comma left out: ``{n: 5 m: 6}``).
+_VALUE_TAIL_OK = re.compile(r"[^\S\n]*(?:\Z|//|/\*|#)|[^\S\n]+(?:[\"']|[A-Za-z_$][\w$-]*[ \t]*:)")
 #: Quotation marks of other languages that a model may write as a string's quotes
 #: where a key or value starts (``«C'est bien»``, ``»so«``, ``„so“``, ``「良い」``): the
 #: string they enclose on one line, when JSON syntax follows the closing one. A repair
 #: would keep the closing mark in the value ("C'est bien»").
 _QUOTE_PAIRS = {"«": "»", "»": "«", "‹": "›", "„": "“", "‚": "‘", "「": "」", "『": "』"}
+_QUOTE_CLOSES = frozenset(_QUOTE_PAIRS.values())
 _AFTER_QUOTED = re.compile(r"[ \t\r\n]*(?:[,:}\]]|\Z)")
 #: The longest string so enclosed (a bound on the look for its closing mark).
 _MAX_QUOTED = 4096
@@ -276,8 +277,9 @@ def bare_values(text: str) -> str | None:
     * a dash before a digit is a minus sign when the whole value is that number
       (``−5``, ``–2.5`` are -5, -2.5: a repair would drop the dash and deliver the
       positive number); followed by more (``–5 °C``) the value is the text as written;
-    * a number followed, before the next comma, closing bracket or line end, by more
-      than space is one value, not its first token: it becomes the string written
+    * a number followed, before the next comma, semicolon, closing bracket or line
+      end, by more than space (not the next key, ``{n: 5 m: 6}``) is one value, not
+      its first token: it becomes the string written
       (``1 234 567``, ``1'234``, ``1 2``, ``2 million``, ``3 or 4``, ``5 - 2``,
       ``0. 5``, ``3½``, ``1 299,99``; a string field's text, "555 123 456" keeps its
       spaces), which no number field takes as a number of its own (refused, never
@@ -351,13 +353,14 @@ def bare_values(text: str) -> str | None:
 
 
 def _keys_colon(text: str, at: int) -> bool:
-    """Whether the colon at ``at`` ends a key: a quoted one, or one bare word right
+    """Whether the colon at ``at`` ends a key: a quoted one (in other quotation marks
+    too, ``«q»:``), or one bare word right
     after an opening brace or a comma (``{label: 1}``), not a colon inside an unquoted
     value (``{note: at 12:30 or so}``)."""
     j = at - 1
     while j >= 0 and text[j] in " \t\r\n":
         j -= 1
-    if j < 0 or text[j] in "\"'":
+    if j < 0 or text[j] in "\"'" or text[j] in _QUOTE_CLOSES:
         return True
     while j >= 0 and (text[j].isalnum() or text[j] in "_$-"):
         j -= 1

@@ -5,7 +5,8 @@ Two jobs that a JSON repair library cannot do for the ladder:
 * :func:`ascii_syntax` - full-width punctuation (``｛ ｝ ［ ］ ： ，``) and curly quotes
   (``“ ” ‘ ’ ＂``) written *as JSON syntax* become their ASCII forms; the same
   characters inside string values are left alone (a curly-quoted string becomes an
-  ASCII-quoted one, its inner ``"`` escaped).
+  ASCII-quoted one, its inner ``"`` escaped); the full-width dash ``－`` is left to the
+  bare value it stands in (``extract.bare_values``: ``－5 °C`` kept as written).
 * :func:`regions` - where each top-level object (or array) in a reply starts and ends,
   in order. A region the text ends inside is *cut*: the scan records where its last
   finished value ended and which brackets close it there, so that a string, number or
@@ -429,6 +430,8 @@ def _convert_region(text: str, start: int, out: list[str]) -> int:
             continue
         if c == "\u3000":
             c = " "
+        elif c == "\uff0d":
+            pass  # a minus sign, read with the value (extract.bare_values: "－5 °C")
         elif c >= "\uff01":
             c = chr(ord(c) - 0xFEE0)  # the ASCII character of a full-width form
         out.append(c)

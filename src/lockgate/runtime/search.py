@@ -365,14 +365,22 @@ _CORRECTION = re.compile(
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
     r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
     # English beyond the above
-    r"|never[ \t]?mind[ \t]*[,.!:—–]"
-    r"|disregard[ \t]+(?:that|this|it|the[ \t]+(?:above|previous|first|last|earlier))"
     r"|(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer|result|json))?"
     r"[ \t]+(?:is|was)[ \t]+(?:wrong|incorrect|not right)"
     # a label only, right before a value (:data:`_LABEL_TAIL`, :func:`_correction`):
-    # "Hmm, no", and a correction or the final answer in de, fr, es, it, pt, ru, nl,
-    # pl, tr, ar, ja, ko ("Korrektur: {", not "Korrektur: keine nötig", "수정 전:")
-    r"|(?P<label>(?i:hmm+,?[ \t]+no|korrektur|berichtigung|korrigiert|eigentlich|tatsächlich"
+    # "Hmm, no", "Never mind, it should be", "Disregard the previous output. Correct"
+    # (not "Never mind, I see ...: {"), and a correction or the final answer in de, fr,
+    # es, it, pt, ru, nl, pl, tr, ar, ja, ko ("Korrektur: {", not "Korrektur: keine
+    # nötig", "수정 전:")
+    r"|(?P<label>(?i:hmm+,?[ \t]+no"
+    r"|never[ \t]?mind(?:[ \t]*[,.!:—–][ \t]*(?:(?:it|that|this|the[ \t]+(?:answer|output"
+    r"|label|result))[ \t]+(?:should be|is|was)|here(?:'s|’s| is)[ \t]+the[ \t]+(?:right"
+    r"|correct|corrected|new|final|actual)[ \t]+(?:one|answer|output|version|json|result)))?"
+    r"|disregard[ \t]+(?:that|this|it|the[ \t]+(?:above|previous|first|last|earlier)"
+    r"(?:[ \t]+(?:one|output|answer|result|json))?)(?:[ \t]*[.!:—–][ \t]*(?:the[ \t]+)?"
+    r"(?:correct|corrected|right|new|final)(?:[ \t]+(?:answer|output|result|json|one))?"
+    r"(?:[ \t]+is)?)?"
+    r"|korrektur|berichtigung|korrigiert|eigentlich|tatsächlich"
     r"|(?:die[ \t]+)?(?:richtige|korrekte|korrigierte|endgültige|finale)[ \t]+"
     r"(?:antwort|ausgabe|version)"
     r"|rectification|en fait|en réalité"
@@ -520,10 +528,10 @@ _EXAMPLE_PHRASE = (r"(?:for reference,?[ \t]+)?(?:an?[ \t]+)?typical[ \t]+(?:out
 #: such label: an answer is introduced by them as often ("Text analysis:").
 _HEAD_WORDS = (
     r"before|provided|received|(?:json )?schema"
-    r"|eingabe\w*|entrée|entrada|вход\w*|ввод\w*|исходные данные|invoer"
+    r"|eingabe|eingabedaten|entrée|entrada|вход|входные данные|ввод|исходные данные|invoer"
     r"|wejście|girdi|المدخلات|الإدخال|schéma|esquema|схема|schemat"
-    r"|falsch\w*|inkorrekt|faux|fausse|incorrect[oa]?|errad[oa]|errat[oa]|sbagliat[oa]"
-    r"|неправильн\w*|неверн\w*|fout|błędn\w*|źle|yanlış|خطأ|خاطئ")
+    r"|falsch|falsche|falscher|falsches|inkorrekt|faux|fausse|incorrect[oa]?|errad[oa]"
+    r"|errat[oa]|sbagliat[oa]|неправильно|неверно|fout|błędnie|źle|yanlış|خطأ|خاطئ")
 #: Words that make a label the output's ("Schema output:", "Provided answer:").
 _OUTPUT_WORDS = (
     r"(?i:result|output|answer|response|classification|label|extract|pars|normali|clean"
@@ -533,21 +541,23 @@ _OTHER_LABEL = re.compile(
     r"(?i)^[\s*_#>\-]*(?:" + _EXAMPLE_BEFORE + r"(?:" + _EXAMPLE_WORDS + r")(?![\w'’])"
     + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:(?:the|die|der|das|le|la|les|el|los|il|lo|o|a|de|het)[ \t]+)?"
-    r"(?:" + _HEAD_WORDS + r")(?![\w'’-])(?:[ \t]+(?!" + _OUTPUT_WORDS + r")[\w'’.-]+)?"
-    r"[ \t]*[:：][\s*_]*\Z"
+    r"(?:" + _HEAD_WORDS + r")(?![\w'’-])[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)[ \t]+"
     r"(?:de|di|d'|da|do)[ \t]*(?:entrada|input|entrée|ingresso)[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*modèle(?:[ \t]+d[e'’][ \t]*(?:sortie|réponse))?[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:eg|ex|e\.g|demo|(?:something[ \t]+)?like(?:[ \t]+this)?)"
     r"[\s*_]*[:：][\s*_]*\Z"
-    # Chinese, Japanese, Korean: an example's word anywhere in a short label (例 only
-    # as a word of its own or in the words for an example: not 病例, 比例, 例外, 事例);
-    # the input's or a wrong value's as its head ("入力：", "错误：", not "错误已更正：")
-    r"|^[\s*_#>\-]*(?:例|[^\n:：。！？]{0,10}(?:示例|样例|範例|范例|例子|例如|例えば|出力例"
-    r"|入力例|回答例|模板|样板|雛形|テンプレート|サンプル|下書き|草稿|예시|예제|예를 들어"
-    r"|샘플|템플릿|초안)[^\s:：。！？]{0,6})[\s*_]*[:：]?[\s*_]*\Z"
+    # Chinese, Japanese, Korean: an example's word as the whole label, at most the
+    # word for the output before or after it ("示例：", "输出示例：", "出力例：", not
+    # "サンプル数：", "テンプレート名：", "下書き保存："; 例 only alone: not 病例, 比例); the
+    # input's or a wrong value's word as the whole label ("入力：", "错误：", not
+    # "入力確認：", "错误类型：", "입력 분석:")
+    r"|^[\s*_#>\-]*(?:输出|輸出|出力|回答|答案|结果|結果|응답|출력|결과)?[ \t]?"
+    r"(?:例|示例|样例|範例|范例|例子|例如|例えば|出力例|入力例|回答例|模板|样板|雛形"
+    r"|テンプレート|サンプル|下書き|草稿|예시|예제|예를 들어|샘플|템플릿|초안)"
+    r"(?:[ \t]?(?:输出|輸出|出力|回答|答案|结果|結果|응답|출력|결과))?[\s*_]*[:：]?[\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:入力|输入|입력|원본|原文|誤り|間違い|错误|틀린|잘못된?)"
-    r"(?:[ \t]?[^\s:：。！？更修訂改正정수출输出結结答]{1,3})?[\s*_]*[:：][\s*_]*\Z")
+    r"(?:[ \t]?(?:データ|数据|數據|데이터|内容|文本|テキスト|텍스트))?[\s*_]*[:：][\s*_]*\Z")
 #: A negation in a label ("Not an example but the output:"): it is no such label.
 _NEGATED = re.compile(r"(?i)(?<![\w'’])(?:not|no|kein\w*|nicht|pas|non|ni|не|nie|niet"
                       r"|değil)(?![\w'’])|不是|ではな|아닌")
@@ -578,12 +588,25 @@ _OTHER_CONDITION = re.compile(
     r"|caso contrário|senão|иначе|w przeciwnym razie|aksi halde|وإلا)[\s*_]*[:：,]?[\s*_]*\Z")
 
 
+#: A first-person choice hedge ("Wenn ich mich festlegen müsste, wäre es:", "Si je
+#: devais trancher", "Si tuviera que elegir", "Если бы пришлось выбирать", "لو كان علي
+#: الاختيار", "もし一つ選ぶなら"): the model's answer, not a value under a condition.
+_CHOICE_HEDGE = re.compile(
+    r"(?i)(?<![\w'’-])(?:ich|je|j['’]|yo|io|eu|я|мне|ik|ja|ben|musste|müsste|devais|tuviera"
+    r"|dovessi|tivesse|пришлось|moest|musiał\w*|zorunda)(?![\w'’-])"
+    r"|festleg|entscheid|wählen|trancher|choisir|décider|elegir|escoger|decidir|sceglie"
+    r"|decide|escolher|выбира|выбрать|выбор|решать|kiezen|wybra|wybiera|seç|الاختيار|أختار"
+    r"|選ぶ|選べ|選択|决定|選|分類|分类|判断|判定|고르|선택|골라|분류")
+
+
 def _other_condition(lead: str) -> bool:
     """Whether ``lead`` introduces a value as what it would be under a condition or in
-    contrast, in another language than English (:data:`_OTHER_CONDITION`)."""
-    return _OTHER_CONDITION.search(lead) is not None or (
+    contrast, in another language than English (:data:`_OTHER_CONDITION`); a
+    first-person choice hedge (:data:`_CHOICE_HEDGE`) is an answer."""
+    return (_OTHER_CONDITION.search(lead) is not None or (
         _CONDITION_START.search(lead) is not None
-        and _COUNTERFACTUAL.search(lead) is not None)
+        and _COUNTERFACTUAL.search(lead) is not None)) \
+        and _CHOICE_HEDGE.search(lead) is None
 
 
 #: An opening tag of an element that holds values that are not the answer.
@@ -861,11 +884,37 @@ def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Par
         map(rest.count, "}]｝］")) else None
     if at is not None and _EMOTICON.search(text, max(0, end + at - 3), end + at) is None \
             and _VALUE_BEGINS.match(text, end + at + 1) is not None \
+            and _introduces_cut(text, end, end + at) \
             and _corrected(text, [*picks, (end + at, len(text), picks[-1][2])], len(picks)):
         return unusable(ParseStatus.INVALID_JSON, plan,
                         "the output was cut off inside the answer that corrects the "
                         "value before it", (*fixes.labels(), "truncated"))
     return _chosen(text, picks)
+
+
+#: What may stand between a correction phrase and the cut value it introduces: "is",
+#: "should be", a colon, a fence's opening line or an answer tag ("the correct output is {",
+#: "Correction: {", "Final answer:\n```json\n{").
+_CUT_TAIL = re.compile(
+    r"(?i)[ \t,]*(?:(?:that|this|it)[ \t]*[:：.,!—–-]?[ \t]*)?"
+    r"(?:(?:here(?:'s|’s| is)|it(?:'s|’s| is))[ \t]+)?(?:(?:the|my|a)[ \t]+)?"
+    r"(?:(?:correct|corrected|final|new|updated|revised|fixed|right|actual|real)[ \t]+)?"
+    r"(?:(?:answer|output|result|version|json|label|response|classification|object|list"
+    r"|one)[ \t]*)?(?:(?:is|was|would be|should be|will be)[ \t]*)?"
+    r"[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?[{\[｛［]")
+
+
+def _introduces_cut(text: str, begin: int, at: int) -> bool:
+    """Whether a correction phrase in ``text[begin:at]`` directly introduces the value
+    whose bracket opens at ``at`` ("Actually, the correct output is {", "Correction:
+    {", "Final answer: {"); not "Final note: scores are in [", "Finally, ... [", "In
+    conclusion, the field {", "Format: {", "The correct answer is above. Valid labels: [".
+    """
+    for m in _corrections(text, max(begin, at - _INTRO), at):
+        tail = _CUT_TAIL.match(text, m.end(), at + 1)
+        if tail is not None and tail.end() == at + 1:
+            return True
+    return False
 
 
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
