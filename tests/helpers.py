@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from aiohttp import web
@@ -21,6 +21,8 @@ from sqlalchemy import text
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.store import Store
+
+RawServerT = TypeVar("RawServerT", bound="RawServer")
 
 
 def rows(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -180,3 +182,85 @@ def call_model(url: str, model: str, client: str = "aiohttp") -> Completion | Pr
         finally:
             await prov.close()
     return asyncio.run(main())
+
+
+def calls_through(url: str, client: str = "aiohttp", n: int = 1, *, model: str = "m",
+                  timeout_s: float = 10) -> list[Completion | ProviderError]:
+    """``n`` chat completions in a row through one lockgate provider to ``url`` (so that
+    its connections are reused): each ``Completion``, or the ``ProviderError`` raised."""
+    async def main() -> list[Completion | ProviderError]:
+        prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
+        out: list[Completion | ProviderError] = []
+        try:
+            for i in range(n):
+                try:
+                    out.append(await prov.complete(CompletionRequest(
+                        messages=[{"role": "user", "content": "hi"}], model=model,
+                        timeout_s=timeout_s, params={}, idempotency_key=f"k-{i}")))
+                except ProviderError as exc:
+                    out.append(exc)
+                await asyncio.sleep(0.02)  # the server's close reaches nobody before
+        finally:
+            await prov.close()
+        return out
+    return asyncio.run(main())
+
+
+class RawServer:
+    """A raw-socket server on a thread's event loop, for what an HTTP server library
+    will not send (a close before any answer, a cut status line, a stall): a subclass
+    answers each connection in ``_handle``, registering its writer in ``writers``.
+    Run it with :func:`raw_server`; ``url(mode)`` is a base URL whose path names the
+    mode."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def _handle(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    async def read_request(reader: asyncio.StreamReader) -> str:
+        """Read one request, head and body; the mode its path names (``/MODE/...``)."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        return head.split(b" ")[1].decode().split("/")[1]
+
+    def serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        started.set()
+        self.loop.run_forever()
+        server.close()
+        for writer in self.writers:
+            writer.transport.abort()
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.run_until_complete(server.wait_closed())
+        self.loop.close()
+
+    def url(self, mode: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{mode}"
+
+
+@contextlib.contextmanager
+def raw_server(srv: RawServerT) -> Iterator[RawServerT]:
+    """``srv`` serving on a thread until the block ends."""
+    started = threading.Event()
+    thread = threading.Thread(target=srv.serve, args=(started,), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield srv
+    finally:
+        srv.loop.call_soon_threadsafe(srv.loop.stop)
+        thread.join(10)

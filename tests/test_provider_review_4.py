@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+import helpers
 from helpers import call_model, chat_server
 from lockgate import Lockgate
 from lockgate.config import Endpoint
 from lockgate.errors import ErrorClass
 from lockgate.providers import reach
-from lockgate.providers.base import Completion, CompletionRequest, ProviderError
-from lockgate.providers.openai import OpenAICompatible, classify_response
+from lockgate.providers.base import Completion, ProviderError
+from lockgate.providers.openai import classify_response
 from lockgate.worker.loop import run_async
 
 CLIENTS = ["aiohttp", "pyreqwest"]
@@ -45,7 +46,7 @@ def _response(body: bytes = OK_BYTES, extra: bytes = b"") -> bytes:
             + b"Content-Length: %d\r\n\r\n" % len(body)) + body
 
 
-class RawServer:
+class RawServer(helpers.RawServer):
     """Answers ``POST /{mode}/chat/completions`` by its mode, counting requests:
 
     * ``hold``: every request is read, held a moment, then its connection closed
@@ -58,10 +59,8 @@ class RawServer:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: Counter[str] = Counter()
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self.writers: set[asyncio.StreamWriter] = set()
 
     async def _handle(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -69,11 +68,7 @@ class RawServer:
         self.writers.add(writer)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                mode = head.split(b" ")[1].decode().split("/")[1]
+                mode = await self.read_request(reader)
                 n += 1
                 self.requests[mode] += 1
                 if mode == "hold" or (mode == "stale" and n > 1):
@@ -97,60 +92,14 @@ class RawServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    def serve(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        started.set()
-        self.loop.run_forever()
-        server.close()
-        for writer in self.writers:
-            writer.transport.abort()
-        tasks = asyncio.all_tasks(self.loop)
-        for task in tasks:
-            task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        self.loop.run_until_complete(server.wait_closed())
-        self.loop.close()
-
-    def url(self, mode: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{mode}"
-
 
 @pytest.fixture
 def raw() -> Iterator[RawServer]:
-    srv = RawServer()
-    started = threading.Event()
-    thread = threading.Thread(target=srv.serve, args=(started,), daemon=True)
-    thread.start()
-    assert started.wait(10)
-    try:
+    with helpers.raw_server(RawServer()) as srv:
         yield srv
-    finally:
-        srv.loop.call_soon_threadsafe(srv.loop.stop)
-        thread.join(10)
 
 
-def _calls(url: str, client: str, n: int = 1, *,
-           timeout_s: float = 10) -> list[Completion | ProviderError]:
-    """``n`` calls in a row through one provider (so that its connections are reused)."""
-    async def main() -> list[Completion | ProviderError]:
-        prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
-        out: list[Completion | ProviderError] = []
-        try:
-            for i in range(n):
-                try:
-                    out.append(await prov.complete(CompletionRequest(
-                        messages=[{"role": "user", "content": "hi"}], model="m",
-                        timeout_s=timeout_s, params={}, idempotency_key=f"k-{i}")))
-                except ProviderError as exc:
-                    out.append(exc)
-                await asyncio.sleep(0.02)  # the server's close reaches nobody before
-        finally:
-            await prov.close()
-        return out
-    return asyncio.run(main())
+_calls = helpers.calls_through
 
 
 def _task(i: int, max_retries: int = 1) -> dict[str, Any]:
