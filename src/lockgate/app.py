@@ -648,8 +648,8 @@ class Lockgate:
         ``prompt``: a registry name (all its versions), ``name@N`` or ``inline:…``."""
         from lockgate.quality.report import quality_report  # deferred: start-up time
 
-        return quality_report(self.store, self.quality_key(prompt), since_s=parse_duration(
-            since, field="since", allow_zero=False), by=by)
+        since_s = parse_duration(since, field="since", allow_zero=False)  # (named first)
+        return quality_report(self.store, self.quality_key(prompt), since_s=since_s, by=by)
 
     def quality_key(self, prompt: str | None) -> str | None:
         """The rollups' key of a prompt as a user names it: a registry name as it is,

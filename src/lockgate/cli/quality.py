@@ -76,8 +76,8 @@ def quality(prompt: Annotated[str | None, typer.Argument(
         _print_findings(findings, as_json)
         return
     with opened(db, config) as lg:
+        rows = lg.quality(prompt, since=since, by=by)  # (--since checked first)
         prompt = lg.quality_key(prompt)
-        rows = lg.quality(prompt, since=since, by=by)
     if as_json:
         print_json(rows)
         return
