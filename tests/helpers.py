@@ -185,9 +185,12 @@ def call_model(url: str, model: str, client: str = "aiohttp") -> Completion | Pr
 
 
 def calls_through(url: str, client: str = "aiohttp", n: int = 1, *, model: str = "m",
-                  timeout_s: float = 10) -> list[Completion | ProviderError]:
+                  timeout_s: float = 10, messages: list[dict[str, Any]] | None = None,
+                  params: dict[str, Any] | None = None, key: str = "k",
+                  pause_s: float = 0.02) -> list[Completion | ProviderError]:
     """``n`` chat completions in a row through one lockgate provider to ``url`` (so that
-    its connections are reused): each ``Completion``, or the ``ProviderError`` raised."""
+    its connections are reused), ``pause_s`` apart: each ``Completion``, or the
+    ``ProviderError`` raised. The i-th call's idempotency key is ``{key}-{i}``."""
     async def main() -> list[Completion | ProviderError]:
         prov = OpenAICompatible("p", url, http_client=client)  # type: ignore[arg-type]
         out: list[Completion | ProviderError] = []
@@ -195,11 +198,12 @@ def calls_through(url: str, client: str = "aiohttp", n: int = 1, *, model: str =
             for i in range(n):
                 try:
                     out.append(await prov.complete(CompletionRequest(
-                        messages=[{"role": "user", "content": "hi"}], model=model,
-                        timeout_s=timeout_s, params={}, idempotency_key=f"k-{i}")))
+                        messages=messages or [{"role": "user", "content": "hi"}],
+                        model=model, timeout_s=timeout_s, params=dict(params or {}),
+                        idempotency_key=f"{key}-{i}")))
                 except ProviderError as exc:
                     out.append(exc)
-                await asyncio.sleep(0.02)  # the server's close reaches nobody before
+                await asyncio.sleep(pause_s)  # the server's close reaches nobody before
         finally:
             await prov.close()
         return out

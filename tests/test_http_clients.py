@@ -4,7 +4,6 @@ headers read."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import socket
 from pathlib import Path
@@ -13,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from helpers import chat_server
+from helpers import calls_through, chat_server
 from lockgate import Lockgate
 from lockgate.config import Settings, WorkerSettings
 from lockgate.errors import ConfigError, ErrorClass
-from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.providers.base import Completion, ProviderError
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.simulator.testing import SimulatorProcess
 from lockgate.worker.loop import run_async
@@ -26,23 +25,10 @@ CLIENTS = ["aiohttp", "pyreqwest"]
 PROMPT = [{"role": "user", "content": 'Reply with JSON like {"label": "x"}: a broken parcel'}]
 
 
-def _call(url: str, client: str, *, timeout_s: float = 10, key: str | None = "k-1",
+def _call(url: str, client: str, *, timeout_s: float = 10, key: str = "k-1",
           n: int = 1) -> list[Completion | ProviderError]:
-    async def main() -> list[Completion | ProviderError]:
-        prov = OpenAICompatible("sim", url, http_client=client)  # type: ignore[arg-type]
-        out: list[Completion | ProviderError] = []
-        try:
-            for i in range(n):
-                try:
-                    out.append(await prov.complete(CompletionRequest(
-                        messages=PROMPT, model="sim-small", timeout_s=timeout_s,
-                        params={"max_tokens": 16}, idempotency_key=f"{key}-{i}")))
-                except ProviderError as exc:
-                    out.append(exc)
-        finally:
-            await prov.close()
-        return out
-    return asyncio.run(main())
+    return calls_through(url, client, n, model="sim-small", timeout_s=timeout_s,
+                         messages=PROMPT, params={"max_tokens": 16}, key=key, pause_s=0)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
