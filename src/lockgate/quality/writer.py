@@ -100,7 +100,9 @@ class RollupWriter:
         #: per (config, version, model, endpoint) of this flush: its key and watch
         seen: dict[tuple[Any, ...], tuple[Key, Watch]] = {}
         succeeded = TaskStatus.SUCCEEDED
-        now = tx.now
+        # The rows' updated_at: when the newest attempt counted ended, on the database
+        # clock as attempts are (reading the clock would cost the flush a round trip).
+        latest = 0
         for f, a in written:
             info = tasks.get(f.id)
             if info is None or info.batch_id.startswith(RESERVED_ID_PREFIX):
@@ -127,7 +129,8 @@ class RollupWriter:
             if watch and f.status == succeeded and f.result is not None \
                     and a.get("outcome") != "discarded":
                 output = orjson.loads(f.result)
-            started = int(a.get("started_at") or now)
+            started = int(a.get("started_at") or tx.now)
+            latest = max(latest, started + int(a.get("latency_ms") or 0))
             rk = ("m", started - started % 60_000, key.prompt, key.model, key.endpoint)
             group = minutes.get(rk)
             if group is None:
@@ -149,7 +152,7 @@ class RollupWriter:
         stored = self.qstore.locked(tx, self.shard, list(deltas))
         merged = {k: (Rollup.from_row(stored[k]).merge(d) if k in stored else d).to_row()
                   for k, d in deltas.items()}
-        self.qstore.write(tx, self.shard, merged, stored.keys())
+        self.qstore.write(tx, self.shard, merged, stored.keys(), latest or tx.now)
 
     def configs_of(self, tx: Tx, inline_key: str) -> list[str]:
         """The hashes of the configs whose inline template has this key. The configs

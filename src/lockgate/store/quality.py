@@ -9,7 +9,7 @@ statement taking every key of the flush at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,8 @@ def _mark(dialect: Dialect) -> str:
 class _RollupSql:
     """The write-back's rollup statements as SQL text in the driver's parameter style."""
 
-    def __init__(self, dialect: Dialect, lock: str) -> None:
+    def __init__(self, dialect: Dialect, lock: str,
+                 upsert: Callable[[Sequence[str], Sequence[str]], str]) -> None:
         quote = dialect.identifier_preparer.quote
         mark = _mark(dialect)
         keys = [quote(c) for c in _KEY_NAMES]
@@ -59,10 +60,12 @@ class _RollupSql:
         columns = [*keys, quote("shard"), quote("updated_at"), *values]
         self.insert = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
                        f"({', '.join([mark] * len(columns))})")
-        self.update = (f"UPDATE {table} SET "
-                       + ", ".join(f"{c} = {mark}" for c in [*values, quote("updated_at")])
-                       + " WHERE " + " AND ".join(f"{c} = {mark}"
-                                                  for c in [*keys, quote("shard")]))
+        # Rows that exist (locked by the read before) are written by an upsert: one
+        # multi-row statement where an UPDATE would be one statement per row (PyMySQL).
+        # New rows are plainly inserted, so that two writers of one shard opening the
+        # same row collide (and retry) instead of one overwriting the other's counts.
+        self.update = self.insert + upsert([*keys, quote("shard")],
+                                           [*values, quote("updated_at")])
 
     def select(self, n: int) -> str:
         """Rows of ``n`` keys of one shard: the shard, then each key's five values."""
@@ -164,16 +167,18 @@ class QualityStore:
         return out
 
     def write(self, tx: Tx, shard: str, rows: Mapping[RowKey, dict[str, Any]],
-              existing: Iterable[RowKey]) -> None:
-        """Write merged rows: an UPDATE for each key in ``existing``, an INSERT for the
-        others (each one statement for all of its keys)."""
+              existing: Iterable[RowKey], updated_at: int) -> None:
+        """Write merged rows: one INSERT of the keys not in ``existing``, one upsert of
+        those that are (read under lock before). A write-back's rollup thus costs the
+        database the locked read and one or two statements, whatever its number of
+        rows."""
         have = set(existing)
-        now = tx.now
         sql_ = self._sql(tx)
-        new = [(*k, shard, now, *(v[c] for c in _VALUE_COLS))
-               for k, v in sorted(rows.items()) if k not in have]
-        old = [(*(v[c] for c in _VALUE_COLS), now, *k, shard)
-               for k, v in sorted(rows.items()) if k in have]
+        new: list[tuple[Any, ...]] = []
+        old: list[tuple[Any, ...]] = []
+        for k, v in sorted(rows.items()):
+            (old if k in have else new).append(
+                (*k, shard, updated_at, *(v[c] for c in _VALUE_COLS)))
         if new:
             tx.conn.exec_driver_sql(sql_.insert, new)
         if old:
@@ -181,7 +186,8 @@ class QualityStore:
 
     def _sql(self, tx: Tx) -> _RollupSql:
         if self._texts is None:
-            self._texts = _RollupSql(tx.conn.dialect, self.dialect.lock_for_update())
+            self._texts = _RollupSql(tx.conn.dialect, self.dialect.lock_for_update(),
+                                     self.dialect.upsert_suffix)
         return self._texts
 
     def prune(self, keep_ms: dict[str, int]) -> int:

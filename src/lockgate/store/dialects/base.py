@@ -192,6 +192,13 @@ class Dialect:
         """Suffix that row-locks a SELECT inside a transaction ('' where not needed)."""
         return " FOR UPDATE"
 
+    def upsert_suffix(self, keys: Sequence[str], columns: Sequence[str]) -> str:
+        """Suffix that turns a (multi-row) ``INSERT`` into an upsert: a row whose unique
+        key ``keys`` exists already has its ``columns`` set to the inserted values.
+        Names are quoted already."""
+        sets = ", ".join(f"{c} = excluded.{c}" for c in columns)
+        return f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+
     #: The driver's positional parameter marker.
     placeholder = "%s"
 

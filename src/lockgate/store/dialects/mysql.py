@@ -197,6 +197,11 @@ class MySQLDialect(Dialect):
     def insert_ignore(self, table: Table) -> Insert:
         return mysql.insert(table).prefix_with("IGNORE")
 
+    def upsert_suffix(self, keys: Sequence[str], columns: Sequence[str]) -> str:
+        # VALUES(col): MariaDB has no row alias (``AS new``); MySQL 8 still takes it.
+        # PyMySQL's executemany sends the rows as one multi-row statement.
+        return " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in columns)
+
     _SUBMIT_TYPES = tuple(_MY_TYPES[k] for k in _SUBMIT_KINDS)
 
     def insert_tasks(self, conn: Connection, rows: Sequence[NewTaskValues], *,
