@@ -28,6 +28,7 @@ Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:..
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import unicodedata
@@ -62,8 +63,12 @@ _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
 #: Below this magnitude a float holds every integer exactly (2**53; 2**53 + 1 is not
 #: a float, so 2**53 itself may stand for it).
 _MAX_SAFE = float(1 << 53)
-_TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有"})
-_FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有"})
+_TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有",
+                   # ja, ko, ru, de/nl, fr, es/it, pt, pl, tr
+                   "はい", "예", "네", "да", "ja", "oui", "sí", "sim", "tak", "evet"})
+_FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有",
+                    "いいえ", "아니요", "아니오", "нет", "nein", "nee", "non", "não", "nie",
+                    "hayır"})
 _NULL = frozenset({"null", "none", "nil", "n/a", ""})
 
 
@@ -444,6 +449,10 @@ def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> 
     if isinstance(value, str):
         folded = fold_value(value)
         matches: list[Any] = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
+        if not matches and "&" in folded and (unescaped := fold_value(
+                html.unescape(value))) != folded:
+            # "Café &amp; Bar": the member written as HTML ("Café & Bar")
+            matches = [m for m in enum if isinstance(m, str) and fold_value(m) == unescaped]
         if not matches and folded.rstrip(_CLOSING_MARKS) != folded:
             # "positive." - a sentence's end, where no member ends so
             folded = folded.rstrip(_CLOSING_MARKS)

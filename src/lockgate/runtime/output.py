@@ -6,8 +6,10 @@ usable output:
 1. **strict** - ``orjson.loads`` of the whole reply. A reply that is valid and already
    conforms returns here (the fast path: no further work).
 2. **find** - reasoning (``<think>`` blocks and the other forms models write, a block
-   cut off at the end, a headless one) is set aside and never searched; an answer
-   container (``<answer>``, ``<final>`` ...) is read first; full-width punctuation and
+   cut off at the end, a headless one, a section labelled as reasoning before a
+   labelled answer) is set aside and never searched; Unicode spaces and format
+   characters between tokens are JSON's whitespace (:func:`.scan.plain_blanks`); an
+   answer container (``<answer>``, ``<final>`` ...) is read first; full-width punctuation and
    curly quotes are turned to ASCII where they stand as JSON syntax, never inside
    values (:func:`.scan.ascii_syntax`); then the bodies of Markdown code fences, else
    every top-level object in the text, in the order written (:func:`.scan.regions`).
@@ -61,6 +63,7 @@ candidates of step 4), :mod:`.settle` steps 4-9 on each candidate value, and
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import orjson
@@ -69,7 +72,15 @@ from lockgate.runtime.conform import Fixes
 from lockgate.runtime.finish import cut_off, judge_finish
 from lockgate.runtime.schema import OutputPlan, output_plan
 from lockgate.runtime.search import MAX_REPAIR, MAX_SEARCH, reasoning_aside, search
-from lockgate.runtime.settle import USABLE, Parsed, ParseStatus, deliverable, fast_ok, finish
+from lockgate.runtime.settle import (
+    USABLE,
+    Parsed,
+    ParseStatus,
+    deliverable,
+    fast_ok,
+    finish,
+    unusable,
+)
 from lockgate.spec import DeliveryRule
 
 log = logging.getLogger("lockgate.runtime")
@@ -106,8 +117,7 @@ def _parse(raw: str, plan: OutputPlan) -> Parsed:
     fixes = Fixes()
     raw = _valid_unicode(raw, fixes)
     if plan.format == "text":
-        return Parsed(ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID, raw,
-                      fixes.labels())
+        return _text(raw, plan, fixes)
     try:
         value: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -128,6 +138,31 @@ def _parse(raw: str, plan: OutputPlan) -> Parsed:
     if not fixes.applied and fast_ok(value, plan, raw):
         return deliverable(Parsed(ParseStatus.VALID, value))
     return finish(value, plan, fixes, repaired=False)
+
+
+def _text(raw: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
+    """A text answer: the reply with its reasoning set aside as the JSON path sets it
+    aside (``<think>`` blocks and the other forms, :func:`.search.reasoning_aside`; the
+    answer after it without the blank lines around it), else as written. A reply with
+    nothing but blanks (spaces, line breaks, zero-width and other format characters)
+    once its reasoning is set aside holds no answer."""
+    answer = reasoning_aside(raw, prose=True)
+    if answer != raw:
+        fixes.repair("stripped:think")
+        answer = answer.strip()
+    if not _BLANK_TEXT.sub("", answer):
+        return unusable(ParseStatus.NO_JSON_FOUND, plan,
+                        "the output holds no answer: it is empty or blank"
+                        + (" once its reasoning (<think>...) is set aside"
+                           if "stripped:think" in fixes.applied else ""),
+                        fixes.labels())
+    return Parsed(ParseStatus.REPAIRED if fixes.repaired else ParseStatus.VALID, answer,
+                  fixes.labels())
+
+
+#: What a text answer made only of is blank: white space and format characters.
+_BLANK_TEXT = re.compile(r"[\s\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+                         r"\u2066-\u206f\ufeff]+")
 
 
 def _valid_unicode(raw: str, fixes: Fixes) -> str:

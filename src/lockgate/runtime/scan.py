@@ -7,6 +7,9 @@ Two jobs that a JSON repair library cannot do for the ladder:
   characters inside string values are left alone (a curly-quoted string becomes an
   ASCII-quoted one, its inner ``"`` escaped); the full-width dash ``－`` is left to the
   bare value it stands in (``extract.bare_values``: ``－5 °C`` kept as written).
+* :func:`plain_blanks` - Unicode spaces and format characters (no-break space,
+  zero-width space, BOM ...) between the tokens of a region become JSON's whitespace;
+  inside strings they are kept.
 * :func:`regions` - where each top-level object (or array) in a reply starts and ends,
   in order. A region the text ends inside is *cut*: the scan records where its last
   finished value ended and which brackets close it there, so that a string, number or
@@ -34,21 +37,37 @@ import orjson
 #: The value of a region not read as strict JSON.
 NOT_READ: Any = object()
 
+#: Blank outside strings, as JSON's own whitespace is: every Unicode space but the ASCII
+#: one (category Zs, the line and paragraph separators, U+0085, VT, FF and the
+#: information separators Python counts as space) and every format character
+#: (category Cf: zero-width space, BOM, word joiner, soft hyphen, direction marks).
+#: Models and the text around them leave these between tokens (a no-break space before
+#: ``}``, a zero-width space after ``:``); inside strings they are text, kept as written.
+_SPACES = "\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_FORMATS = ("\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+            "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd"
+            "\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+            "\U000e0001\U000e0020-\U000e007f")
+_BLANKS = _SPACES + _FORMATS
+
 #: After a closing quote: what may follow the end of a JSON string (full-width forms
 #: included, for :func:`ascii_syntax`), a ``//`` or ``/*`` comment included (the lenient
 #: reading takes those out). A comma must be followed by something that can start a key
-#: or a value (or a comment), else the quote is taken as part of the text.
+#: or a value (or a comment, or an elision: ``"rude", ...]``), else the quote is taken
+#: as part of the text.
 _CLOSES = re.compile(
-    r"""[ \t\u3000]*+(?:[\r\n]|[:：}｝\]］]|\Z|//|/\*|[,，]\s*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]
-        |\Z|//|/\*|(?:true|false|null|True|False|None)\b
-        |[^\W\d][\w.\- ]{0,40}?["”’]?[ \t]*[:：]))""",
+    r"""[ \t\u3000""" + _BLANKS + r"""]*+(?:[\r\n]|[:：}｝\]］]|\Z|//|/\*
+        |[,，][\s""" + _FORMATS + r"""]*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]
+        |\Z|//|/\*|(?:true|false|null|True|False|None)\b|(?:\.\.\.|…)[\s""" + _BLANKS + r"""]*[,\]}]
+        |[^\W\d][\w.\- ]{0,40}?["”’]?[ \t""" + _BLANKS + r"""]*[:：]))""",
     re.X)
 _DQ = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
 _SQ = re.compile(r"[^'\\]*+(?:\\.[^'\\]*+)*+'", re.S)
 _TOKEN = re.compile(
-    r"""\s*+(?:(?P<open>[{\[])|(?P<close>[}\]])|(?P<comma>,)|(?P<colon>:)|(?P<quote>["'])
-    |(?P<comment>//[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|\Z))
-    |(?P<word>[^\s,:{}\[\]"'/][^\s,:{}\[\]"]*+|/)|(?P<end>\Z))""", re.X | re.S)
+    r"""[\s""" + _FORMATS + r"""]*+(?:(?P<open>[{\[])|(?P<close>[}\]])|(?P<comma>,)|(?P<colon>:)
+    |(?P<quote>["'])|(?P<comment>//[^\n]*+|/\*(?:[^*]|\*(?!/))*+(?:\*/|\Z))
+    |(?P<word>[^\s""" + _FORMATS + r""",:{}\[\]"'/][^\s,:{}\[\]"]*+|/)
+    |(?P<end>\Z))""", re.X | re.S)
 _LITERALS = frozenset({"true", "false", "null", "True", "False", "None"})
 
 #: Region starts: ``{`` always; ``[`` only where it opens an array of objects or arrays
@@ -478,3 +497,97 @@ def _escape_quotes(s: str) -> str:
         return s
     # an ASCII quote inside a curly-quoted string is text: escape it (unless it is)
     return _BARE_QUOTE.sub(r'\\"', s)
+
+
+# --- Unicode blanks between tokens --------------------------------------------------
+
+_BLANK = re.compile(f"[{_BLANKS}]")
+_ASCII_BLANKS = "\x0b\x0c\x1c\x1d\x1e\x1f"
+_FORMAT = re.compile(f"[{_FORMATS}]")
+#: In a region: a bracket, a quote (ASCII, curly or full-width: a string starts) or a
+#: run of blanks.
+_REGION_CHARS = re.compile(f"""[{{}}\\[\\]"'“”‘＂＇]|[{_BLANKS}]+""")
+#: What a run of blanks between two of is inside a bare word, kept as written (an
+#: emoji sequence's zero-width joiner, ``New\u00a0York`` unquoted): anything but JSON
+#: syntax and white space.
+_SYNTAX = frozenset("{}[]:,\"'：，｛｝［］“”‘’＂＇")
+
+
+def plain_blanks(text: str) -> str:
+    """``text`` with the Unicode blanks of :data:`_BLANKS` that stand between the tokens
+    of its bracketed regions made plain: a space as an ASCII space, a format character
+    removed (``{"a": 1\\u00a0}`` is ``{"a": 1 }``), so that strict JSON, the scan and
+    ``json_repair`` read them as JSON's own whitespace. Strings (read as the scan reads
+    them) keep theirs as written, and so does the text outside the regions. ``text``
+    itself when there is none."""
+    if (not any(c in text for c in _ASCII_BLANKS) if text.isascii()
+            else _BLANK.search(text) is None):
+        return text
+    out: list[str] = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        m = ANY_START.search(text, pos)
+        if m is None:
+            break
+        out.append(text[pos:m.start()])
+        pos = _plain_region(text, m.start(), out)
+    out.append(text[pos:])
+    plain = "".join(out)
+    return text if plain == text else plain
+
+
+def _plain_region(text: str, start: int, out: list[str]) -> int:
+    """Copy the region opening at ``start`` with its blanks made plain; its end."""
+    depth = 0
+    pos = start
+    while (m := _REGION_CHARS.search(text, pos)) is not None:
+        i = m.start()
+        c = m.group()
+        out.append(text[pos:i])
+        pos = i + 1
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+        elif c in _OPEN_QUOTES:
+            end = _quoted_end(text, i)
+            out.append(text[i:end])
+            pos = end
+            continue
+        else:
+            pos = m.end()
+            if _in_word(text, i, pos):
+                out.append(c)
+                continue
+            c = " " if _FORMAT.sub("", c) else ""
+        out.append(c)
+        if depth <= 0:
+            return pos
+    out.append(text[pos:])
+    return len(text)
+
+
+def _in_word(text: str, start: int, end: int) -> bool:
+    """Whether the run of blanks ``text[start:end]`` stands inside a bare word: neither
+    side is JSON syntax, white space or an edge of the text."""
+    if start == 0 or end >= len(text):
+        return False
+    before, after = text[start - 1], text[end]
+    return not (before in _SYNTAX or after in _SYNTAX or before.isspace()
+                or after.isspace())
+
+
+def _quoted_end(text: str, start: int) -> int:
+    """The end of the string opening at ``start`` (any of :data:`_OPEN_QUOTES`), the
+    end of the text if it is left open."""
+    closing = _OPEN_QUOTES.get(text[start])
+    if closing is None:
+        end = _string_end(text, start)
+        return len(text) if end is None else end
+    pos = start + 1
+    while (m := closing.search(text, pos)) is not None:
+        if _CLOSES.match(text, m.end()):
+            return m.end()
+        pos = m.end()
+    return len(text)

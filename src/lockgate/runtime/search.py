@@ -7,6 +7,7 @@ usable one is the answer.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from lockgate.runtime.scan import (
     escape_inner_quotes,
     last_regions,
     may_be_wide,
+    plain_blanks,
     regions,
     strict_region,
     string_closes,
@@ -88,10 +90,19 @@ def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
         return unusable(ParseStatus.INVALID_JSON, plan,
                         f"the output is not JSON as a whole and too long to search "
                         f"({len(text)} characters; the limit is {MAX_SEARCH})")
+    blanks_plain = plain_blanks(text)
+    if blanks_plain is not text:
+        # Unicode spaces and format characters between tokens: JSON's own whitespace.
+        text, fixes = blanks_plain, fixes.copy()
+        fixes.repair("repaired:whitespace")
     if "stripped:think" not in fixes.applied and _OTHER_REASONING.search(text) is not None:
         text = _as_think_tags(text)
     if _REASONING_TAG.search(text) is not None and "stripped:think" not in fixes.applied:
         found = _without_reasoning(text, plan, fixes)
+        if found is not None:
+            return found
+    if "stripped:think" not in fixes.applied:
+        found = _after_reasoning_label(text, plan, fixes)
         if found is not None:
             return found
     found = _unescaped(text, plan, fixes)
@@ -117,10 +128,14 @@ def _search(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed:
 
 #: ``&quot;`` standing where JSON syntax is: after an opening bracket, a colon or a
 #: comma, or before a colon, a comma or a closing bracket.
-_HTML_SYNTAX = re.compile(r"[{\[:,]\s*&quot;|&quot;\s*[:,}\]]")
+_HTML_SYNTAX = re.compile(r"[{\[:,]\s*(?:&quot;|&#34;|&#x22;)|(?:&quot;|&#34;|&#x22;)\s*[:,}\]]",
+                          re.I)
+#: An HTML tag (its attributes may hold quotes: ``<code class="language-json">``).
+_HTML_TAG = re.compile(r"</?[A-Za-z][\w-]*(?:\s+[\w:-]+(?:\s*=\s*(?:\"[^\"<>]*\"|'[^'<>]*'"
+                       r"|[^\s\"'<>]+))?)*\s*/?>")
 _HTML_CHARS = {"&quot;": '"', "&#34;": '"', "&#x22;": '"', "&amp;": "&", "&lt;": "<",
                "&gt;": ">", "&#39;": "'", "&#x27;": "'", "&apos;": "'"}
-_HTML_ENTITY = re.compile("|".join(_HTML_CHARS))
+_HTML_ENTITY = re.compile("|".join(_HTML_CHARS), re.I)
 #: A JSON string that holds an object or an array (the answer encoded twice), standing
 #: on its own: first on its line (after a fence's line, or words without JSON syntax).
 _ENCODED = re.compile(r'(?m)^[^\n"{}\[\],]*?("[ \t]*[{\[](?:[^"\\\n]|\\.)*")[ \t.]*$')
@@ -180,17 +195,67 @@ def _without_reasoning(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | No
     return found if found.usable or sure else None
 
 
+#: A line-start label (Markdown heading, bold or a quote mark around it allowed), then
+#: a colon, or the end of the line for a heading or a bold label.
+_LINE_LABEL = (r"(?m:^)[ \t]*(?:>[ \t]*)?(#{{1,6}}[ \t]*|[*_]{{1,3}})?[ \t]*(?:{words})"
+               r"[ \t]*[*_]{{0,3}}[ \t]*(?:[:：][*_]{{0,3}}|(?(1)(?=[ \t]*\n)|(?!)))")
+#: A section of reasoning labelled as such: "Reasoning:", "Thought:", "## Thinking",
+#: "**Analysis:**", ``reasoning_content:``, and their words in other languages.
+_REASONING_LABEL = re.compile(_LINE_LABEL.format(words=(
+    r"(?:(?i:reasoning(?:_content)?|thoughts?|thinking|think|chain[ \t]of[ \t]thought|rationale"
+    r"|scratch[ \t]?pad|analysis|reflection|deliberation"
+    r"|überlegungen?|gedanken|begründung|raisonnement|réflexion|razonamiento|pensamiento"
+    r"|ragionamento|raciocínio|pensamento|рассуждени[ея]|размышлени[ея]|мысли|rozumowanie"
+    r"|düşünce|redenering|التفكير|الاستدلال)"
+    r"|思考(?:过程|過程)?|推理(?:过程|過程)?|考え(?:方)?|推論|考察|생각|추론|사고[ \t]?과정)"
+    r"(?:[ \t]+(?i:process|steps?|notes?))?")))
+#: The label of the answer after such a section ("Answer:", "Output:", "## Final
+#: answer", ``content:``), right before its value.
+_ANSWER_LABEL = re.compile(_LINE_LABEL.format(words=(
+    r"(?i:(?:final[ \t]+)?(?:answer|output|response|result|json)|content|final"
+    r"|(?:endgültige[ \t]+)?(?:antwort|ausgabe)|réponse(?:[ \t]+finale)?|sortie"
+    r"|respuesta(?:[ \t]+final)?|salida|risposta(?:[ \t]+finale)?|resposta(?:[ \t]+final)?"
+    r"|saída|(?:окончательный[ \t]+)?ответ|вывод|результат|odpowiedź|wynik|cevap|çıktı"
+    r"|antwoord|uitvoer|الإجابة|الجواب|الناتج)"
+    r"|(?:最终)?(?:答案|回答|输出|結果|结果)|答え|出力|最終回答|답변|답|출력|결과"))
+    + r"[\s*_]*(?:```[\w+.-]*\s*)?(?=[{\[｛［])")
+
+
+def _after_reasoning_label(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
+    """The answer after a labelled reasoning section: a reply that opens with a section
+    labelled as reasoning ("Reasoning: I think {...}", "## Thinking", 思考过程：) and
+    then gives a value under an answer label ("Answer: {...}", "## Answer", 答案：) is
+    read from that label on: a value in the reasoning is a draft, as in ``<think>``.
+    None when the reply is not so made (a reasoning label after the first value, no
+    answer label after it) or nothing usable follows the answer label."""
+    first = ANY_START.search(text)
+    reasoning = None if first is None else _REASONING_LABEL.search(text, 0, first.start())
+    if reasoning is None:
+        return None
+    answer = _ANSWER_LABEL.search(text, reasoning.end())
+    if answer is None or ANY_START.search(text, reasoning.end(), answer.start()) is None:
+        return None  # (no value in the reasoning: the search finds the answer's)
+    inner = fixes.copy()
+    inner.repair("stripped:think")
+    found = search(text[answer.end():], plan, inner)
+    return found if found.usable else None
+
+
 def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
     """The answer in JSON whose quotes are all escaped (as HTML entities, or as the
     inside of a JSON string); None when there is none."""
-    if "&quot;" in text and '"' not in text and "repaired:html" not in fixes.applied \
+    if "&" in text and "repaired:html" not in fixes.applied \
+            and '"' not in (_HTML_TAG.sub("", text) if "<" in text else text) \
             and _outside_strings(_HTML_SYNTAX.finditer(text), text):
-        # JSON written into HTML with its quotes as entities ({&quot;a&quot;: 1}), none
-        # bare: read with the entities undone (not when they are only inside the
-        # single-quoted strings of a Python literal: {'a': 'he typed {&quot;x&quot;'}).
+        # JSON written into HTML with its quotes as entities ({&quot;a&quot;: 1},
+        # {&#34;a&#34;: 1}), none bare but in the attributes of its tags (<code
+        # class="language-json">): read with the entities undone (not when they are
+        # only inside the single-quoted strings of a Python literal: {'a': 'he typed
+        # {&quot;x&quot;'}).
         inner = fixes.copy()
         inner.repair("repaired:html")
-        found = search(_HTML_ENTITY.sub(lambda m: _HTML_CHARS[m.group()], text), plan, inner)
+        found = search(_HTML_ENTITY.sub(lambda m: _HTML_CHARS[m.group().lower()], text),
+                       plan, inner)
         if found.usable or found.status is ParseStatus.SCHEMA_VIOLATION:
             # (read, but not the answer: the text as written, all entities, holds no
             # better reading, and repairing it costs milliseconds a KB for nothing)
@@ -201,10 +266,37 @@ def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
         # and none bare: read with its escapes undone.
         inner = fixes.copy()
         inner.repair("unescaped")
-        found = search(_ESCAPED.sub(lambda m: m.group(1), text), plan, inner)
+        found = search(_string_body(text), plan, inner)
         if found.usable:
             return found
     return None
+
+
+#: One JSON string escape (a backslash and the character it escapes, or ``\uXXXX``).
+_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_ESCAPE_CHARS = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n",
+                 "r": "\r", "t": "\t"}
+
+
+def _string_body(text: str) -> str:
+    """``text`` read as the inside of a JSON string: its escapes decoded (``\\n`` a line
+    break, ``\\"`` a quote, ``\\u00e9`` é), line breaks written as they are kept. Where
+    it is not one as a whole (a backslash that escapes nothing), each valid escape is
+    decoded and the rest kept as written."""
+    try:
+        body = json.loads(f'"{text}"', strict=False)
+    except ValueError:
+        pass
+    else:
+        if isinstance(body, str):
+            return body
+    return _STRING_ESCAPE.sub(
+        lambda m: _ESCAPE_CHARS.get(m.group(1)) or _code_point(m.group(1)), text)
+
+
+def _code_point(escape: str) -> str:
+    char = chr(int(escape[1:], 16))
+    return "\ufffd" if "\ud800" <= char <= "\udfff" else char
 
 
 @overload
@@ -305,8 +397,8 @@ _CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`]))[\s*_#>\"'“(\-
 #: lines at each of its positions (quadratic); then the first letter of a phrase of
 #: :data:`_CORRECTION` (a cheap test first).
 _CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`\s*_#\"'“(\-]))"
-              r"(?=[A-Za-z\u00c0-\u024f\u0400-\u04ff\u0600-\u06ff\uac00-\ud7af"
-              r"最更修改纠正实実结等不重訂])")
+              r"(?=[A-Za-z\u00c0-\u024f\u0400-\u04ff\u0600-\u06ff\u0900-\u097f\uac00-\ud7af"
+              r"最更修改纠正实実结等不重訂待])")
 _CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、،}]>`")
 _CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
 #: A value introduced as an example of the format, a draft or a template: the
@@ -390,7 +482,7 @@ _CORRECTION = re.compile(
     r"|correzione|in realtà|risposta[ \t]+(?:finale|corretta)"
     r"|correção|na verdade|na realidade|(?:resposta|saída)[ \t]+(?:final|correta|corrigida)"
     r"|исправление|поправка|на самом деле|окончательн\w+[ \t]+ответ"
-    r"|правильн\w+[ \t]+ответ|исправленн\w+[ \t]+(?:ответ|вывод|результат|версия)"
+    r"|правильн\w+[ \t]+ответ|исправленн\w+[ \t]+(?:ответ|вывод|результат|версия|вариант)"
     r"|correctie|gecorrigeerd|eigenlijk"
     r"|(?:het[ \t]+)?(?:juiste|definitie[fv]e?|gecorrigeerde)[ \t]+antwoord"
     r"|poprawka|korekta|właściwie|w rzeczywistości"
@@ -400,13 +492,20 @@ _CORRECTION = re.compile(
     # "wait", "I was wrong" as the label
     r"|warte|wacht|czekaj|bekle|espera|aspetta|attends|attendez|подожди|погоди|انتظر"
     r"|ошибся|ошиблась|ich habe mich geirrt|je me suis trompée?|me equivoqu[ée]"
-    r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist)"
-    r"|訂正|正しくは|実際は|実は|待って|最終(?:回答|結果|的な回答)?"
-    r"|수정|정정|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답))?)(?![\w'’]))")
+    r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist"
+    r"|подождите|погодите|исправляю|corrijo|me corrijo|je corrige|ich korrigiere|correggo"
+    r"|सुधार|संशोधन|सही[ \t]+(?:उत्तर|जवाब)|अंतिम[ \t]+(?:उत्तर|जवाब))(?![\w'’])"
+    # Japanese, Korean: no word boundary after the word; a few more of its letters
+    # may follow before the colon ("訂正します：", "수정된 결과:"), not "before"
+    # ("訂正前：", "수정 전:")
+    r"|(?:訂正|正しくは|実際は|実は|待って|最終(?:回答|結果|的な回答)?"
+    r"|수정|정정|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답))?)(?![ \t]?[前전])"
+    r"[^\s:：.,!、。，；{}\[\]｛［]{0,6}(?:[ \t][^\s:：.,!、。，；{}\[\]｛［]{1,6})?))")
 #: What must follow a label of :data:`_CORRECTION` (its group ``label``): a colon (or
 #: a dash, a full stop) and the value, only space, Markdown or a fence's opening line
-#: between.
-_LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*)?[{\[｛［]")
+#: between (or the fence the value stands in).
+_LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*)?[{\[｛［]"
+                         r"|[ \t]*[:：.,!—–-]?\s*```")
 
 
 #: A revision of the value before, in words broader than :data:`_CORRECTION`'s, in the
@@ -537,9 +636,11 @@ _OUTPUT_WORDS = (
     r"(?i:result|output|answer|response|classification|label|extract|pars|normali|clean"
     r"|process|correct|fix|updat|ergebnis|ausgabe|antwort|sortie|résultat|réponse|salida"
     r"|respuesta|resultado|risposta|resposta|ответ|выход|результат)")
+#: A qualifier in brackets after a label's word ("Draft (wrong):", "下書き（誤り）：").
+_QUALIFIER = r"(?:[ \t]*[(（][^()（）\n]{1,24}[)）])?"
 _OTHER_LABEL = re.compile(
     r"(?i)^[\s*_#>\-]*(?:" + _EXAMPLE_BEFORE + r"(?:" + _EXAMPLE_WORDS + r")(?![\w'’])"
-    + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")[ \t]*[:：][\s*_]*\Z"
+    + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")" + _QUALIFIER + r"[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:(?:the|die|der|das|le|la|les|el|los|il|lo|o|a|de|het)[ \t]+)?"
     r"(?:" + _HEAD_WORDS + r")(?![\w'’-])[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)[ \t]+"
@@ -555,7 +656,8 @@ _OTHER_LABEL = re.compile(
     r"|^[\s*_#>\-]*(?:输出|輸出|出力|回答|答案|结果|結果|응답|출력|결과)?[ \t]?"
     r"(?:例|示例|样例|範例|范例|例子|例如|例えば|出力例|入力例|回答例|模板|样板|雛形"
     r"|テンプレート|サンプル|下書き|草稿|예시|예제|예를 들어|샘플|템플릿|초안)"
-    r"(?:[ \t]?(?:输出|輸出|出力|回答|答案|结果|結果|응답|출력|결과))?[\s*_]*[:：]?[\s*_]*\Z"
+    r"(?:[ \t]?(?:输出|輸出|出力|回答|答案|结果|結果|응답|출력|결과))?" + _QUALIFIER
+    + r"[\s*_]*[:：]?[\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:入力|输入|입력|원본|原文|誤り|間違い|错误|틀린|잘못된?)"
     r"(?:[ \t]?(?:データ|数据|數據|데이터|内容|文本|テキスト|텍스트))?[\s*_]*[:：][\s*_]*\Z")
 #: A negation in a label ("Not an example but the output:"): it is no such label.
@@ -725,7 +827,8 @@ def _correction(text: str, begin: int, end: int) -> bool:
     (:data:`_CLAUSE_AT`), each then checked by :func:`_clause_start`."""
     for m in _corrections(text, begin, end):
         if m.group("label") is not None and _LABEL_TAIL.match(
-                text, m.end(), min(len(text), end + 1) if end >= 0 else len(text)) is None:
+                text, m.end(), min(len(text), end + 3) if end >= 0 else len(text)) is None:
+            # (up to the value at ``end``: its bracket, or the fence it stands in)
             continue  # a label that introduces no value ("Korrektur: keine nötig.")
         reach = min(end, m.end() + _INTRO)
         cut = _SENTENCE_END.search(text, m.end(), reach)
@@ -1411,16 +1514,20 @@ def _as_think_tags(text: str) -> str:
     return text
 
 
-def reasoning_aside(text: str) -> str:
+def reasoning_aside(text: str, *, prose: bool = False) -> str:
     """``text`` as the ladder reads it once its reasoning is set aside (reasoning markers
-    read as ``<think>`` tags, the blocks removed); ``text`` when it holds none."""
-    if _OTHER_REASONING.search(text) is not None:
-        text = _as_think_tags(text)
-    aside = _set_aside_reasoning(text)
-    return text if aside is None else aside[0]
+    read as ``<think>`` tags, the blocks removed); ``text`` when it holds none.
+    ``prose``: the text is the answer itself (``format: "text"``), which may name the
+    tags: a headless block is one only where no reasoning tag opens before its closing
+    tag and that tag ends its line ("Models end it with </think> and answer." is
+    prose)."""
+    converted = _as_think_tags(text) if _OTHER_REASONING.search(text) is not None else text
+    aside = _set_aside_reasoning(converted, prose=prose)
+    return converted if aside is None else aside[0]
 
 
-def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
+def _set_aside_reasoning(text: str, *, prose: bool = False
+                         ) -> tuple[str, bool, bool] | None:
     """The reply without its reasoning (``<think>...</think>`` blocks - or
     ``<thinking>``, ``<reasoning>`` -, one cut off at the end included, and a headless
     block: the part before a first closing tag that no opening tag opens, as when the
@@ -1435,7 +1542,10 @@ def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
     first_close = next((m for m in tags if m.group(1)), None)
     blocks = _think_blocks(text, tags)
     rest_at, sure = 0, True
-    if first_close is not None and not any(s < first_close.start() for s, _, _ in blocks):
+    if first_close is not None and not any(s < first_close.start() for s, _, _ in blocks) \
+            and not (prose and (any(not m.group(1) and m.start() < first_close.start()
+                                    for m in tags)
+                                or _LINE_END.match(text, first_close.end()) is None)):
         head = text[:first_close.start()]
         sure = "{" not in head and "[" not in head
         rest_at = first_close.end()
@@ -1448,6 +1558,9 @@ def _set_aside_reasoning(text: str) -> tuple[str, bool, bool] | None:
     pieces.append(text[at:])
     # (a block left open is one the output ends inside: cut off while thinking)
     return "".join(pieces), sure, any(not closed for _, _, closed in blocks)
+
+
+_LINE_END = re.compile(r"[ \t]*(?:\n|\r|\Z)")
 
 
 def _think_blocks(text: str, tags: list[re.Match[str]]) -> list[tuple[int, int, bool]]:

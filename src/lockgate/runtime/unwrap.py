@@ -5,6 +5,7 @@ a close misspelling), and the arrays and wrapper objects around the one that doe
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -161,6 +162,10 @@ def _descend(value: Any, plan: OutputPlan,
             steps.append("unwrapped:array")
         elif not isinstance(current, dict):
             return None
+        elif (call := _tool_call(current, plan)) is not None:
+            key, current = call
+            path = (*path, key)
+            steps.append("unwrapped:tool_call")
         elif declares(current, plan):
             return current, path, steps
         else:
@@ -171,6 +176,41 @@ def _descend(value: Any, plan: OutputPlan,
             path = (*path, key)
             steps.append("unwrapped:object")
     return None
+
+
+#: The keys of a tool call's arguments (OpenAI ``arguments``, Llama ``parameters``),
+#: and what else a call may hold beside its name.
+_ARGUMENT_KEYS = frozenset({"arguments", "parameters", "args"})
+_CALL_KEYS = frozenset({"id", "type", "callid", "index"})
+#: A function's name (no space: "Ada Lovelace" is a person's).
+_FUNCTION_NAME = re.compile(r"[A-Za-z_][\w.:-]{0,63}\Z")
+
+
+def _tool_call(obj: dict[str, Any], plan: OutputPlan) -> tuple[str, Any] | None:
+    """The arguments of an answer written as a tool call (``{"name": "submit_person",
+    "arguments": {...}}``, ``"parameters"``, the arguments as a JSON text as OpenAI
+    writes them), also where the rule declares a ``name`` field of its own: the object
+    holds a function's name and its arguments (an ``id`` or ``type`` beside), the rule
+    declares no field named like the arguments' key, and the arguments declare fields
+    of the rule. None otherwise."""
+    if len(obj) > 5 or not isinstance(obj.get("name"), str) \
+            or _FUNCTION_NAME.match(obj["name"]) is None:
+        return None
+    found: tuple[str, Any] | None = None
+    for key, value in obj.items():
+        folded = fold(key) if isinstance(key, str) else ""
+        if folded in _ARGUMENT_KEYS and found is None:
+            if folded in plan.root.lookup:
+                return None
+            if isinstance(value, str) and value.lstrip()[:1] == "{":
+                value = _json_text(value, dict)
+                key = _DECODED
+            if not isinstance(value, dict) or not declares(value, plan):
+                return None
+            found = (key, value)
+        elif key != "name" and folded not in _CALL_KEYS:
+            return None
+    return found
 
 
 def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
