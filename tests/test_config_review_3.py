@@ -133,7 +133,7 @@ def test_a_base_url_that_is_not_http_is_a_config_error_naming_the_fix(
     """``ftp://...`` was accepted, then `run` retried it as a connection error for up
     to endpoint_down_max_s (1 h)."""
     message = refused(tmp_path, f'[[endpoint]]\nname = "a"\nbase_url = "{url}"\n')
-    assert "'endpoint.0.base_url'" in message and words in message, message
+    assert "[[endpoint]] 'a' (the 1st): 'base_url'" in message and words in message, message
     assert "http://HOST[:PORT]/PATH or https://" in message
 
 
@@ -166,7 +166,7 @@ def test_a_webhook_url_is_checked_as_a_base_url_is(tmp_path: Path, url: str,
     """``http:///hook`` passed a ``^https?://`` pattern, and every delivery then failed
     at send time; ``HTTPS://`` was refused though any client takes it."""
     message = refused(tmp_path, f'[[quality.webhook]]\nurl = "{url}"\n')
-    assert "'quality.webhook.0.url'" in message and words in message, message
+    assert "the 1st [[quality.webhook]]: 'url'" in message and words in message, message
 
 
 def test_a_webhook_url_in_capitals_passes(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import codecs
 import difflib
 import os
+import re
 import tomllib
 import typing
 from pathlib import Path
@@ -41,12 +42,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from lockgate.durations import EXAMPLES, duration_field, format_duration
 from lockgate.errors import ConfigError, SpecError, not_utf8
+from lockgate.redact import redact_url
 from lockgate.spec import ModelConfig, load_config
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400/v1"
@@ -69,11 +72,11 @@ def http_url_problem(url: str) -> str | None:
     except ValueError:  # an unbalanced [ or a port that is not a number below 65536
         parts, port_ok = urlsplit(url.split("[", 1)[0]), False
     if parts.scheme.lower() not in ("http", "https"):
-        return f"{url!r} is not an HTTP URL; {_URL_FORM}"
+        return f"'{redact_url(url)}' is not an HTTP URL; {_URL_FORM}"
     if not parts.hostname:
-        return f"{url!r} names no host; {_URL_FORM}"
+        return f"'{redact_url(url)}' names no host; {_URL_FORM}"
     if not port_ok:
-        return f"{url!r} has an invalid port (1-65535); {_URL_FORM}"
+        return f"'{redact_url(url)}' has an invalid port (1-65535); {_URL_FORM}"
     return None
 
 
@@ -86,6 +89,31 @@ def _http_url(value: Any) -> Any:
     return value
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_name_problem(name: str, setting: str = "api_key_env",
+                     example: str = "OPENAI_API_KEY", holds: str = "key") -> str | None:
+    """Why ``name`` cannot be an environment variable's name (a key pasted in its place:
+    the message never shows it), or None."""
+    if _ENV_NAME.fullmatch(name):
+        return None
+    return (f"{setting} names the environment variable holding the {holds} (e.g. "
+            f"{example}), not the {holds} itself; the value given is not a variable name "
+            "(letters, digits and _; it is not shown, in case it is a secret)")
+
+
+def _env_name(value: Any, info: ValidationInfo) -> Any:
+    """A pydantic ``BeforeValidator`` for ``api_key_env`` and ``secret_env``."""
+    if not isinstance(value, str) or not value:
+        return value
+    problem = (env_name_problem(value, "secret_env", "WEBHOOK_SECRET", "secret")
+               if info.field_name == "secret_env" else env_name_problem(value))
+    if problem is not None:
+        raise PydanticCustomError("env_name", problem)
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,7 +123,7 @@ class Endpoint(_Strict):
 
     name: str = Field(min_length=1, max_length=100)
     base_url: Annotated[str, BeforeValidator(_http_url)]
-    api_key_env: str | None = None
+    api_key_env: Annotated[str | None, BeforeValidator(_env_name)] = None
     model: str | None = Field(None, description="model name sent instead of the task's")
     models: tuple[str, ...] = Field((), description="task model names routed here")
     timeout_s: Seconds | None = Field(None, gt=0,
@@ -280,8 +308,8 @@ class Webhook(_Strict):
                              description="its name in the outbox [the URL's host]")
     url: Annotated[str, BeforeValidator(_http_url)]
     secret: str | None = Field(None, min_length=1, description="HMAC key of the signature")
-    secret_env: str | None = Field(None, min_length=1,
-                                   description="environment variable holding the key")
+    secret_env: Annotated[str | None, BeforeValidator(_env_name)] = Field(
+        None, min_length=1, description="environment variable holding the key")
     timeout_s: Seconds = Field(10.0, gt=0, le=300, description="one delivery's timeout")
     max_attempts: int = Field(12, ge=1, le=100, description="attempts before FAILED")
     backoff_s: Seconds = Field(2.0, gt=0, le=3600,
@@ -542,9 +570,11 @@ class Settings(_Strict):
         problem = http_url_problem(url)
         if problem is not None:
             raise ConfigError(f"$LOCKGATE_BASE_URL: {problem}")
-        return (Endpoint(
-            name="default", base_url=url,
-            api_key_env=os.environ.get("LOCKGATE_API_KEY_ENV") or None),)
+        key_env = os.environ.get("LOCKGATE_API_KEY_ENV") or None
+        key_problem = env_name_problem(key_env) if key_env else None
+        if key_problem is not None:
+            raise ConfigError(f"$LOCKGATE_API_KEY_ENV: {key_problem}")
+        return (Endpoint(name="default", base_url=url, api_key_env=key_env),)
 
     def route(self, model: ModelConfig) -> Endpoint:
         """The endpoint a task's model config goes to."""
@@ -600,10 +630,40 @@ def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Se
         return Settings.model_validate(data)
     except ValidationError as exc:
         e = exc.errors()[0]
-        where = ".".join(str(x) for x in e["loc"])
-        at = f"'{where}': " if where else ""
+        where = _where(tuple(e["loc"]), data)
+        at = f"{where}: " if where else ""
         raise ConfigError(f"config {chosen or '(defaults)'}: {at}"
                           f"{explain(Settings, e)}") from None
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _where(loc: tuple[int | str, ...], data: Any) -> str:
+    """A setting's place as the file shows it: ``'endpoint.0.name'`` is ``[[endpoint]]
+    'openai' (the 1st): 'name'`` (an array of tables is counted from 1, and named by its
+    ``name`` when it has one)."""
+    if not any(isinstance(part, int) for part in loc):
+        return f"'{'.'.join(str(x) for x in loc)}'" if loc else ""
+    table: list[str] = []
+    node, shown = data, ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list | tuple) and part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            label = f"[[{'.'.join(table)}]]"
+            shown = (f"{label} '{name}' (the {_ordinal(part + 1)})"
+                     if isinstance(name, str) and name else f"the {_ordinal(part + 1)} {label}")
+            table, node = [], item
+            rest = [str(x) for x in loc[i + 1:] if not isinstance(x, int)]
+            if not any(isinstance(x, int) for x in loc[i + 1:]):
+                return f"{shown}: '{'.'.join(rest)}'" if rest else shown
+            continue
+        table.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    return shown
 
 
 def _nested(annotation: Any) -> type[BaseModel] | None:
@@ -668,6 +728,8 @@ def explain(model: type[BaseModel], e: ErrorDetails) -> str:
                 "per item")
     seconds = fld is not None and any(getattr(m, "func", None) is duration_field
                                       for m in fld.metadata)
+    if e["type"] == "missing":
+        return f"missing: add {name} = ... to it" if name else "missing"
     if e["type"] == "string_too_short" and (e.get("ctx") or {}).get("min_length") == 1:
         return "must not be empty" + ("" if fld is None or fld.is_required() else
                                       " (leave the setting out for its default)")

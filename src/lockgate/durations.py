@@ -5,7 +5,10 @@ file (every setting whose name ends in ``_s``).
 A duration is a plain number of seconds (``90``, ``1.5``), or one or more parts of a
 number and a unit, largest first: ``250ms``, ``45s``, ``90m``, ``1h30m``, ``1.5h``,
 ``30d``, ``2w``, ``1d12h``. Spaces between parts are allowed; the units are ``ms``,
-``s``, ``m``, ``h``, ``d`` and ``w``. A duration has no sign (``--deadline +90m``
+``s``, ``m``, ``h``, ``d`` and ``w``. ``S``, ``H``, ``D`` and ``W`` may be written in
+upper case; ``m`` and ``ms`` may not: ``1M`` reads as a month as readily as a minute
+(months are not a unit), so an upper-case ``M`` is refused, as are ISO 8601 durations
+(``PT5M``; ``P1M`` is a month). A duration has no sign (``--deadline +90m``
 means "90m from now", read by :func:`lockgate.flow.window.parse_when`).
 """
 
@@ -20,6 +23,7 @@ from lockgate.errors import SpecError
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _ORDER = ["w", "d", "h", "m", "s", "ms"]
 _PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d|w)", re.IGNORECASE)
+_ISO = re.compile(r"\s*PT?\d", re.IGNORECASE)
 _NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*")
 EXAMPLES = "e.g. 45s, 90m, 1h30m, 1.5h or 30d (a plain number is seconds)"
 #: The longest duration read (100 years): beyond it no time or date can be computed
@@ -81,17 +85,28 @@ def _shown(value: str | float) -> str:
 
 def _parse_text(text: str, field: str | None) -> float:
     if text.strip().startswith("-"):
-        raise SpecError(f"{text!r} is not a duration: it must not be negative", field=field)
+        # (a DurationRangeError: a caller that reads a duration among other forms, as
+        # --deadline does, then says why it is refused)
+        raise _out_of_range(repr(text), "must not be negative", field)
     if text.strip().startswith("+"):  # a sign, refused whatever follows it
         raise SpecError(f"{text!r} is not a duration: write it without '+'; {EXAMPLES}",
                         field=field)
     if _NUMBER.fullmatch(text):
         return float(text)
+    if _ISO.match(text):  # P1M is a month, PT1M a minute: neither is read
+        raise SpecError(f"{text!r} is not a duration: ISO 8601 durations (PT5M) are not "
+                        f"read; {EXAMPLES}", field=field)
     total, pos, last = 0.0, 0, -1
     for m in _PART.finditer(text):
         if m.start() != pos:
             break
-        unit = m.group(2).lower()
+        written = m.group(2)
+        if "M" in written:  # 1M: a minute or a month? 1MS: megaseconds?
+            raise SpecError(f"{text!r}: M is ambiguous (m is minutes, ms milliseconds; "
+                            "months are not a unit: write 30d)", field=field)
+        if written == "mS":
+            raise SpecError(f"{text!r}: write milliseconds as ms", field=field)
+        unit = written.lower()
         rank = _ORDER.index(unit)
         if rank <= last:
             raise SpecError(f"{text!r}: put the larger units first, each once ({EXAMPLES})",

@@ -22,6 +22,7 @@ import logging
 import marshal
 import os
 import re
+import shlex
 import stat
 import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -512,6 +513,11 @@ def _lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
     the lines are first asked for: a missing file, a folder or a file that cannot be
     read is refused before a submit writes anything (a batch row too)."""
     if not path.exists():
+        if str(path) == "-":  # the usual name of standard input elsewhere
+            raise LockgateError(
+                "file - does not exist: '-' is not read as standard input; give "
+                "/dev/stdin and name the batch, e.g. zcat tasks.jsonl.gz | lockgate "
+                "submit /dev/stdin --batch nightly")
         raise LockgateError(f"file {path} does not exist")
     try:
         fh = path.open("rb")
@@ -570,18 +576,27 @@ def _one_document(path: Path, first: bytes) -> str | None:
         doc = orjson.loads(data.removeprefix(codecs.BOM_UTF8))
     except (OSError, orjson.JSONDecodeError):
         return None
-    jsonl = path.with_suffix(".jsonl").name
+    jsonl, src = shlex.quote(str(_converted(path))), shlex.quote(str(path))
     last = data.rstrip().count(b"\n") + 1
     span = f"line 1 to {last:,}" if last > 1 else "line 1"
     if isinstance(doc, list):
         return (f"{path} is one JSON document (an array of {len(doc):,} item(s), {span}), "
                 "not JSON Lines: a task file holds one JSON object per line. Convert it "
-                f"with jq -c '.[]' {path} > {jsonl}")
+                f"with jq -c '.[]' {src} > {jsonl}")
     if isinstance(doc, dict):  # its first line is not a whole object: spread over lines
         return (f"{path} is one JSON object spread over {span}, not JSON Lines: a task "
-                f"file holds one JSON object per line. Convert it with jq -c . {path} > "
+                f"file holds one JSON object per line. Convert it with jq -c . {src} > "
                 f"{jsonl}")
     return None
+
+
+def _converted(path: Path) -> Path:
+    """Where a suggested conversion of ``path`` writes: beside it, never onto it (a
+    shell empties the output before the command reads its input)."""
+    out = path.with_suffix(".jsonl")
+    if out.name == path.name:
+        out = path.with_name(f"{path.stem}.lines.jsonl")
+    return out
 
 
 def _numbered(fh: BinaryIO, path: Path) -> Generator[tuple[int, bytes], None, None]:

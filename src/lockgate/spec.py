@@ -400,7 +400,29 @@ def _problem(err: Any) -> tuple[str, str]:
                else "is not a known field (check its spelling)")
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    unit = _unit_hint(err)
+    if unit:
+        msg = f"{err['input']!r} is not a number{unit}"
     return path, msg
+
+
+def _unit_hint(err: Any) -> str:
+    """For a ``..._ms`` field given text (``"timeout_ms": "20s"``): that it is a
+    number of milliseconds, and the number to write when the text is a duration."""
+    loc = err["loc"]
+    name = str(loc[-1]) if loc else ""
+    if not name.endswith("_ms") or not isinstance(err.get("input"), str):
+        return ""
+    m = _SIMPLE_DURATION.fullmatch(err["input"].strip())
+    if m is None:
+        return f"; {name} is a whole number of milliseconds, e.g. 20000 for 20 s"
+    ms = round(float(m.group(1)) * _MS_PER[m.group(2)])
+    return f"; {name} is in milliseconds: write {ms}"
+
+
+#: A duration given where milliseconds go (``"20s"``), to name the number to write.
+_SIMPLE_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
+_MS_PER = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
 #: How a value of the wrong JSON type is named (pydantic's error type -> words).

@@ -509,7 +509,8 @@ def test_a_submit_commits_as_it_goes_and_an_interrupted_one_is_completed_by_a_re
 def test_an_interrupted_submit_says_how_to_complete_its_batch(
         db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during ``lockgate submit`` said only ``interrupted``."""
-    def stopped(*args: object, **kwargs: object) -> SubmitReport:
+    def stopped(*args: object, progress: Any = None, **kwargs: object) -> SubmitReport:
+        progress(2)  # a chunk is in (interrupted before one: "nothing was submitted")
         raise KeyboardInterrupt
     monkeypatch.setattr(Lockgate, "submit_file", stopped)
     result = lockgate("submit", write_jsonl(tmp_path / "f.jsonl", tasks(3)), "--db", db_url)

@@ -268,7 +268,8 @@ def test_open_and_close_by_hand(store: Store, tmp_path: Path) -> None:
                                              "version, name@N (got 'b')"),
     ('prompt = "a"\nfallback_endpoint = "zz"', "falls back to endpoint 'zz', which is not "
                                                 "defined"),
-    ('prompt = "a"\nfallback = "review"\nwindow = "10s"', "circuit.0.window"),
+    ('prompt = "a"\nfallback = "review"\nwindow = "10s"',
+     "the 1st [[quality.circuit]]: 'window'"),
 ])
 def test_a_wrong_circuit_is_one_line_naming_it(tmp_path: Path, toml: str,
                                                message: str) -> None:

@@ -17,6 +17,10 @@ import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer._click.core import Context, Parameter
+from typer._click.exceptions import UsageError
+from typer._click.formatting import HelpFormatter
+from typer.core import TyperCommand
 
 from lockgate import __version__
 from lockgate.app import Lockgate
@@ -39,6 +43,73 @@ def _version(value: bool) -> None:
     if value:
         sys.stdout.write(f"lockgate {__version__}\n")
         raise typer.Exit()
+
+
+#: The metavar of an option that names none, by the type Typer shows (``<str>``).
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH",
+             "file": "FILE", "directory": "FOLDER", "list[str]": "TEXT",
+             "list[int]": "INTEGER", "list[float]": "NUMBER", "bool": "BOOLEAN",
+             "int range": "INTEGER", "float range": "NUMBER"}
+
+
+class Command(TyperCommand):
+    """A command whose help and usage read as the README writes them: arguments in
+    upper case (``lockgate submit [OPTIONS] FILE``, ``Missing argument 'TASK_ID'``),
+    options with an upper-case metavar (``--pool TEXT``, ``--weight NUMBER``) rather
+    than Typer's ``{file}``, ``file <path>`` and ``--pool <str>``; and a usage mistake
+    found while the arguments are split (``--batch`` given no value) shows the usage
+    line and the pointer to ``--help``, as an unknown option does."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        params = super().get_params(ctx)
+        for param in params:
+            if param.metavar is not None:
+                continue
+            if param.param_type_name == "argument" and param.name:
+                param.metavar = param.name.upper()
+            elif (param.param_type_name == "option" and not getattr(param, "is_flag", False)
+                    and not getattr(param, "count", False)
+                    and hasattr(param, "display_type")):
+                label = str(param.display_type(ctx)).strip("<>")
+                param.metavar = _METAVARS.get(label, label.upper())
+        return params
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                pieces.extend(param.get_usage_pieces(ctx))
+                continue
+            name = param.metavar or (param.name or "").upper()
+            name = name if param.required else f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                args.append((name + ("..." if param.nargs != 1 else ""), record[1]))
+            elif param.param_type_name == "option":
+                opts.append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        if opts:
+            with formatter.section("Options"):
+                formatter.write_dl(opts)
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:
+            if exc.ctx is None:  # Option '--batch' requires an argument.
+                exc.ctx, exc.cmd = ctx, self
+            raise
 
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -131,6 +202,7 @@ def command(group: typer.Typer, name: str | None = None,
             **kwargs: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Register a command on ``group`` behind the error boundary."""
     def deco(fn: Callable[P, T]) -> Callable[P, T]:
+        kwargs.setdefault("cls", Command)
         group.command(name, **kwargs)(handles_errors(fn))
         return fn
     return deco

@@ -52,7 +52,7 @@ def quality(prompt: Annotated[str | None, typer.Argument(
                 help="a registry prompt (every version), NAME@N, or an inline key "
                      "(inline:…) [all]")] = None,
             since: Annotated[str, typer.Option(
-                "--since", help="how far back, e.g. 30m, 24h, 7d")] = "24h",
+                "--since", metavar="DURATION", help="how far back, e.g. 30m, 24h, 7d")] = "24h",
             by: Annotated[str, typer.Option(
                 "--by", help=f"one row per: {', '.join(BY)}")] = "version",
             check: Annotated[bool, typer.Option(

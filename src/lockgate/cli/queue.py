@@ -143,21 +143,33 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
     rejects = _rejects_path(file, skip_invalid, rejects)
     before = _stamp(rejects)
     fmt_: Format = "openai-batch" if fmt == "openai-batch" else "tasks"
+    written = [0]  # rows of committed chunks (the progress is told after each commit)
+
     with _progress() as prog:
         bar = prog.add_task("submitting", total=None, rate="")
+
+        def advance(n: int) -> None:
+            written[0] += n
+            prog.advance(bar, n)
+
         try:
             report = lg.submit_file(
                 file, format=fmt_, batch_id=batch, skip_invalid=skip_invalid,
-                rejects=rejects, progress=lambda n: prog.advance(bar, n), plan=plan,
+                rejects=rejects, progress=advance, plan=plan,
                 stream=stream, on_bad_line="cancel" if on_bad_line == "cancel" else "keep")
         except StoreError as exc:  # cut off part way: say how to finish the batch
             exc.args = (f"{exc} Once it is fixed, run the same command again: it "
                         "completes the batch (tasks already written are skipped).",)
             raise
         except KeyboardInterrupt:
-            console.print("interrupted: the tasks written so far are in and the batch is "
-                          "marked incomplete; run the same command again to complete it "
-                          "(tasks already written are skipped)", markup=False)
+            if not written[0]:  # still checking the file (or before the first commit)
+                console.print("interrupted before any task was written: nothing was "
+                              "submitted; run the same command again to submit the file",
+                              markup=False)
+            else:
+                console.print("interrupted: the tasks written so far are in and the batch "
+                              "is marked incomplete; run the same command again to complete "
+                              "it (tasks already written are skipped)", markup=False)
             raise typer.Exit(INTERRUPTED) from None
     names = report.batches or (report.batch_id,)
     console.print(f"{'batch' if len(names) == 1 else 'batches'} {', '.join(names)}: "
@@ -170,12 +182,18 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
         where = ", ".join(f"{n:,} in batch '{b}'" for b, n in sorted(report.elsewhere.items()))
         console.print(f"{sum(report.elsewhere.values()):,} task id(s) already belong to "
                       f"another batch ({where}); they were not moved"
-                      + ("" if report.inserted else
+                      + ("" if _kept(report) else
                          f", and batch '{report.batch_id}' was not created"), markup=False)
     after = _stamp(rejects)
     if rejects is not None and after is not None and after != before and after[2]:
         console.print(f"rejected lines written to {rejects}", markup=False)
     return report
+
+
+def _kept(report: SubmitReport) -> bool:
+    """Whether the submit's batch holds tasks: not when every task id it gave belonged
+    to another batch already (a batch left without tasks is not kept)."""
+    return bool(report.inserted) or report.duplicates > sum(report.elsewhere.values())
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:
@@ -231,17 +249,20 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
            batch: BatchNameOpt = None, skip_invalid: SkipOpt = False,
            rejects: RejectsOpt = None, config: ConfigOpt = None,
            window: Annotated[str | None, typer.Option(
+               metavar="HH:MM-HH:MM",
                help="time window HH:MM-HH:MM (local time): tasks start at its start and "
                     "are paced to finish inside it")] = None,
            cron: Annotated[str | None, typer.Option(
+               metavar="CRON",
                help="window start from a cron expression, e.g. '0 2 * * *'")] = None,
            duration: Annotated[str | None, typer.Option(
-               help=f"window length with --cron; {DURATION_HELP}")] = None,
+               metavar="DURATION", help=f"window length with --cron; {DURATION_HELP}")] = None,
            target: Annotated[float | None, typer.Option(
-               help="window target tasks/s [tasks / window length]")] = None,
+               metavar="TASKS/S", help="window target tasks/s [tasks / window length]")] = None,
            weight: Annotated[float | None, typer.Option(
                help="SLA base weight of the batch [1]")] = None,
            deadline: Annotated[str | None, typer.Option(
+               metavar="WHEN",
                help="a time (ISO 8601) or a duration from now (2h, +90m): urgency grows "
                     "as it nears")] = None,
            stream: Annotated[bool, typer.Option(
@@ -270,8 +291,9 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
             # Placed on the database's clock, as workers read it: this machine's may be
             # off (the local time zone still gives the wall time of a window).
             plan = plan_at(datetime.fromtimestamp(lg.store.db_now() / 1000))
-        _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream, on_bad_line)
-    if plan is not None and plan.window is not None:
+        report = _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream,
+                         on_bad_line)
+    if plan is not None and plan.window is not None and _kept(report):
         w = plan.window
         console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "
                       "start and are paced to finish inside it", markup=False)
@@ -353,9 +375,10 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
            gate: Annotated[bool, typer.Option(
                "--gate/--no-gate", help="also run the release gate's roles")] = True,
            pool: Annotated[str | None, typer.Option(
-               help="serve only this pool (endpoint.pool) [all pools]")] = None,
+               metavar="POOL", help="serve only this pool (endpoint.pool) [all pools]")] = None,
            processes: ProcOpt = "1",
            log_level: Annotated[str, typer.Option(
+               metavar="LEVEL",
                help="logging level: DEBUG, INFO, WARNING, ERROR")] = "WARNING") -> None:
     """Work tasks until SIGTERM/Ctrl-C. Run any number, on any number of machines."""
     if log_level.upper() not in LOG_LEVELS:

@@ -33,7 +33,7 @@ from lockgate.cli._common import (
     table,
     when,
 )
-from lockgate.errors import LockgateError
+from lockgate.errors import LockgateError, StateConflict
 from lockgate.gate.binding import parse_comparison
 from lockgate.registry.content import read_json_option, read_template
 
@@ -485,7 +485,11 @@ def gate_cancel(update_id: int,
     with opened_for_change(db) as lg:
         done = lg.gate.cancel(update_id, reason=reason or "withdrawn", actor=actor)
         st = lg.gate.status(update_id)["status"]
-    console.print(f"update {update_id}: {st}" + ("" if done else " (already decided)"),
-                  markup=False)
+    if not done and st == "CANCELLED":  # withdrawn before: the same end
+        console.print(f"update {update_id}: CANCELLED (already withdrawn)", markup=False)
+        return
     if not done:
-        raise typer.Exit(1)
+        raise StateConflict(f"update {update_id} is already decided ({st}): only a PENDING "
+                            "or EVALUATING candidate can be withdrawn; see lockgate gate "
+                            f"status {update_id}")
+    console.print(f"update {update_id}: {st}", markup=False)

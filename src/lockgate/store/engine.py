@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import NoSuchModuleError
 
 from lockgate.durations import parse_duration
 from lockgate.errors import ConfigError, SpecError, StoreError
@@ -67,7 +68,8 @@ def database_url(url: str | None = None, *, with_driver: bool = True) -> str:
                 f"as {head}://... (e.g. {_EXAMPLES})")
         raise ConfigError(f"'{redact_url(url)}' is not a database URL (it has no scheme); "
                           f"use e.g. {_EXAMPLES}")
-    family = scheme.split("+")[0].lower()
+    scheme = scheme.lower()  # a scheme is case-insensitive (RFC 3986): POSTGRES://
+    family = scheme.split("+")[0]
     if family not in {*_DRIVERS, "sqlite"}:
         raise ConfigError(f"database URL '{redact_url(url)}': unsupported database "
                           f"'{scheme}'; use sqlite, postgresql or mysql/mariadb")
@@ -101,6 +103,11 @@ def create(url: str | None = None, *, pool_size: int = 4) -> Engine:
         kwargs["isolation_level"] = "READ COMMITTED"
     try:
         engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError:  # e.g. postgresql+nodriver://: a driver SQLAlchemy lacks
+        raise ConfigError(
+            f"database URL '{redact_url(resolved)}': no database driver "
+            f"'{parsed.drivername}'; leave the driver out (postgresql://, mysql://, "
+            "sqlite:///) and lockgate uses its own") from None
     except ImportError as exc:
         raise ConfigError(f"no driver for '{parsed.drivername}': {exc}") from None
     pool = type(engine.pool)
@@ -147,7 +154,8 @@ def _check_target(parsed: URL, given: str, backend: str) -> None:
     """Refuse a URL that names no lasting database: a SQLite URL without a file (an
     in-memory database belongs to one connection and ends with the process: tasks
     submitted there are lost, and a worker's other connections see no tables), one
-    whose file was written as a host (two slashes), a MySQL URL without a database."""
+    whose file was written as a host (two slashes), a server URL (PostgreSQL, MySQL)
+    without a database."""
     shown = redact_url(given)
     if backend == "sqlite":
         path = parsed.database or ""
@@ -162,12 +170,17 @@ def _check_target(parsed: URL, given: str, backend: str) -> None:
                 f"database URL '{shown}' names no file: an in-memory SQLite database "
                 "lives in one connection and ends with the process, so submitted tasks "
                 "would be lost; name a file, e.g. sqlite:///lockgate.db")
-    elif backend in ("mysql", "mariadb") and not parsed.database:
+    elif not parsed.database:
+        # PostgreSQL would connect to the server's default database (named after the
+        # user) and create the tables there, where nobody looks for them.
+        scheme = "mysql" if backend in ("mysql", "mariadb") else "postgresql"
+        create_it = ("CREATE DATABASE lockgate" if scheme == "mysql"
+                     else "createdb lockgate, or CREATE DATABASE lockgate")
         raise ConfigError(
             f"database URL '{shown}' names no database; add it after the server, e.g. "
-            f"mysql://{parsed.username or 'user'}@{parsed.host or 'host'}"
+            f"{scheme}://{parsed.username or 'user'}@{parsed.host or 'host'}"
             f"{f':{parsed.port}' if parsed.port else ''}/lockgate (create it first: "
-            "CREATE DATABASE lockgate)")
+            f"{create_it})")
 
 
 def db_timeout_s() -> float:

@@ -30,6 +30,10 @@ _MYSQL_GONE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4
 #: ... and of a statement larger than the server's ``max_allowed_packet`` (it then
 #: closes the connection: not a server that cannot be reached).
 _MYSQL_TOO_LARGE = frozenset({1153, 1301})
+#: ... of a login refused (access denied: wrong password, unknown user or host), and of
+#: a user refused the database the URL names.
+_MYSQL_LOGIN = frozenset({1045, 1698})
+_MYSQL_NO_ACCESS = frozenset({1044})
 #: PostgreSQL SQLSTATEs of a lock conflict that a retry resolves (serialization
 #: failure, deadlock, lock not available).
 _PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
@@ -96,13 +100,19 @@ def sqlite_hint(message: str, url: str | None) -> str:
     """What to do about a SQLite file that cannot be written or has no room ("" when
     the message is about something else)."""
     text = message.lower()
+    path = Path(make_url(url).database or "") if url else None
+    if "not a database" in text:  # SQLITE_NOTADB: some other file at that path
+        return (f". {path or 'The file'} is not an SQLite database (another kind of file, "
+                "or a damaged one): name the lockgate database file, or a new file name "
+                "to create one")
+    if path is not None and path.is_dir() and "unable to open" in text:
+        return f". {path} is a folder; name a database file in it, e.g. {path / 'lockgate.db'}"
     if "full" in text:
         return (". Free space on the disk that holds the file and its -wal file: nothing "
                 "written so far is lost, and the same command run again (a worker, by "
                 "itself) goes on")
     if "readonly" not in text and "unable to open" not in text:
         return ""
-    path = Path(make_url(url).database or "") if url else None
     if path is not None and not path.parent.exists():
         return (f". The folder {path.parent} does not exist: create it, or name a file "
                 "in a folder that does")
@@ -121,6 +131,22 @@ def sqlite_hint(message: str, url: str | None) -> str:
 _MISSING_DB = re.compile(r'database "([^"]+)" does not exist|Unknown database \'([^\']+)\'')
 
 
+def _login_refused(exc: DBAPIError, where: str) -> StoreError | None:
+    """A MySQL/MariaDB server that refused the URL's user, password or database (None
+    for any other error)."""
+    code = _mysql_code(exc)
+    if code in _MYSQL_LOGIN:
+        return StoreError(f"the database{where} refused the login: {cause(exc)}. Fix the "
+                          "user or password in the URL (--db or LOCKGATE_DATABASE_URL; "
+                          "a password with @, : or / is written %40, %3A, %2F)")
+    if code in _MYSQL_NO_ACCESS:
+        return StoreError(f"the database{where} refused the user access to the database: "
+                          f"{cause(exc)}. Fix the database name or the user in the URL "
+                          "(--db or LOCKGATE_DATABASE_URL), or grant the user access "
+                          "(GRANT ALL ON lockgate.* TO ...)")
+    return None
+
+
 def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
     """The lockgate error for one SQLAlchemy/driver exception."""
     where = f" {redact_url(url)}" if url else ""
@@ -131,6 +157,9 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             return StoreError(f"the database{where} does not exist on its server: create "
                               f"it first (CREATE DATABASE {name}), or fix the URL (--db or "
                               "LOCKGATE_DATABASE_URL)")
+        login = _login_refused(exc, where)
+        if login is not None:
+            return login
         if _mysql_code(exc) in _MYSQL_TOO_LARGE:
             return StoreError(f"the database{where} refused a statement larger than its "
                               f"max_allowed_packet: {cause(exc)}. Running it again cannot "
