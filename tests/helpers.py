@@ -168,6 +168,38 @@ def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
         thread.join(10)
 
 
+@contextlib.contextmanager
+def app_server(routes: Callable[[web.Application], None]) -> Iterator[str]:
+    """An aiohttp application whose routes ``routes`` adds, served on a thread's event
+    loop; yields its root URL (``http://127.0.0.1:PORT``), for paths other than
+    :func:`chat_server`'s ``/v1`` (an Azure OpenAI deployment's)."""
+    state: dict[str, Any] = {}
+    started = threading.Event()
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        routes(app)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        state["loop"], state["port"] = loop, runner.addresses[0][1]
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10), "the test's server did not start"
+    try:
+        yield f"http://127.0.0.1:{state['port']}"
+    finally:
+        state["loop"].call_soon_threadsafe(state["loop"].stop)
+        thread.join(10)
+
+
 def call_model(url: str, model: str, client: str = "aiohttp") -> Completion | ProviderError:
     """One chat completion through lockgate's provider to ``url``: the ``Completion``,
     or the ``ProviderError`` it raised."""

@@ -38,10 +38,12 @@ def key_refused(out: CallOutcome | None) -> bool:
     """Whether the endpoint refused the key (an auth error: a 401, a key refused in
     another 4xx such as Gemini's 400 ``API_KEY_INVALID``, or no status): every call to
     it meets that until the key is fixed. A 403 is not counted: some providers give it
-    for one model not enabled, and the endpoint serves others."""
+    for one model not enabled, and the endpoint serves others. An error object inside
+    a 200 answer counts by the status its code names (``"code": 401`` is a refused
+    key, ``"code": 403`` is not), as that status would have."""
     err = out.error if out is not None else None
     return err is not None and err.error_class is ErrorClass.AUTH_ERROR \
-        and err.http_status != 403
+        and err.status != 403
 
 
 def endpoint_failure(out: CallOutcome) -> bool:

@@ -64,6 +64,16 @@ class ProviderError(Exception):
         self.model = model
         #: Whether the request was sent twice (see :attr:`Completion.resent`).
         self.resent = False
+        #: The HTTP status an error object inside a 2xx answer names as its code
+        #: (OpenRouter's ``{"error": {"code": 403, ...}}`` in a 200), None otherwise:
+        #: what the status would have been, for flow control (:attr:`status`).
+        self.inner_status: int | None = None
+
+    @property
+    def status(self) -> int | None:
+        """The status the error stands for: the one its error object names inside a
+        2xx answer (:attr:`inner_status`), else the answer's HTTP status."""
+        return self.inner_status if self.inner_status is not None else self.http_status
 
 
 @dataclass(slots=True)

@@ -30,12 +30,29 @@ _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?"
                        r"(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?$")
 
 
+#: An HTTP date's day name and its comma (``Wed, 21 Oct 2015 07:28:00 GMT``).
+_DAY_NAME = re.compile(r"\s*(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*\s*,", re.I)
+
+
+def first_value(raw: str) -> str:
+    """The first of the values a proxy folded into one header (``Retry-After: 2, 2``,
+    ``x-ratelimit-remaining-requests: 99, 99``: a header sent twice, joined with
+    commas as RFC 9110 allows for lists): the value before the first comma, the comma
+    of an HTTP date's day name aside (``Wed, 21 Oct 2015 07:28:00 GMT, Wed, ...``)."""
+    if "," not in raw:
+        return raw
+    day = _DAY_NAME.match(raw)
+    at = day.end() if day else 0
+    return raw[:at] + raw[at:].split(",", 1)[0]
+
+
 def parse_duration_ms(raw: str | None) -> int | None:
     """A reset duration in ms: ``6m0s``, ``1h2m3.5s``, ``1.5s``, ``250ms``, or bare
-    seconds (``"2"``, ``"0.5"``). Negative, empty or unreadable values give None."""
+    seconds (``"2"``, ``"0.5"``); of folded values (``1s, 1s``) the first. Negative,
+    empty or unreadable values give None."""
     if raw is None:
         return None
-    s = raw.strip().lower()
+    s = first_value(raw).strip().lower()
     if not s:
         return None
     try:
@@ -56,11 +73,12 @@ def parse_duration_ms(raw: str | None) -> int | None:
 
 
 def parse_count(raw: str | None) -> int | None:
-    """A non-negative integer header (limit or remaining); ``-1`` and junk give None."""
+    """A non-negative integer header (limit or remaining; of folded values, ``99, 99``,
+    the first); ``-1`` and junk give None."""
     if raw is None:
         return None
     try:
-        value = float(raw.strip())
+        value = float(first_value(raw).strip())
     except ValueError:
         return None
     if value != value or value < 0 or value > 1e15:
@@ -71,12 +89,14 @@ def parse_count(raw: str | None) -> int | None:
 def parse_retry_after_ms(headers: Mapping[str, str]) -> int | None:
     """``retry-after-ms`` (ms), else ``retry-after``: seconds, or an HTTP date (counted
     from the response's own ``Date``, so a clock apart from the server's does not
-    matter; from this machine's clock without one). An unreadable, negative or zero
-    value gives None, and so does one beyond a day (:data:`MAX_PAUSE_MS`)."""
+    matter; from this machine's clock without one). Of values a proxy folded into one
+    (``2, 2``), the first. An unreadable, negative or zero value gives None, and so does
+    one beyond a day (:data:`MAX_PAUSE_MS`)."""
     for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
         raw = headers.get(name)
         if raw is None:
             continue
+        raw = first_value(raw)
         try:
             value = float(raw) * scale
         except ValueError:
@@ -109,7 +129,8 @@ RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
 def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The limit headers of a response (keys lower-case) as ``x-ratelimit-*`` headers.
 
-    Those themselves are kept as sent. Without them:
+    Those themselves are kept as sent (of values a proxy folded, ``0, 0``, the first).
+    Without them:
 
     * the IETF fields: ``RateLimit: limit=100, remaining=5, reset=30`` (drafts 6-7) or
       ``RateLimit: "day";r=5;t=30`` with ``RateLimit-Policy: "day";q=100;w=60``
@@ -131,7 +152,7 @@ def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
     or ``6m0s``), or as a time when it is one (above 10^9: epoch seconds; above 10^12:
     epoch milliseconds), counted from the response's ``Date`` (else this machine's
     clock); a time past or beyond a day is left out."""
-    out = {k: headers[k] for k in RATE_HEADERS if k in headers}
+    out = {k: first_value(headers[k]).strip() for k in RATE_HEADERS if k in headers}
     if not any(k.endswith("-requests") for k in out):
         _unsuffixed(headers, out)
     if out:
@@ -144,7 +165,7 @@ def rate_headers(headers: Mapping[str, str]) -> dict[str, str]:
             for part in ("limit", "remaining"):
                 v = headers.get(f"anthropic-ratelimit-{kind}-{part}")
                 if v is not None:
-                    out[f"x-ratelimit-{part}-{kind}"] = v
+                    out[f"x-ratelimit-{part}-{kind}"] = first_value(v).strip()
             ms = _until_ms(headers.get(f"anthropic-ratelimit-{kind}-reset"),
                            headers.get("date"))
             if ms is not None:
@@ -158,7 +179,7 @@ def _unsuffixed(headers: Mapping[str, str], out: dict[str, str]) -> None:
     for part in ("limit", "remaining"):
         v = headers.get(f"x-ratelimit-{part}")
         if v is not None and parse_count(v) is not None:
-            out[f"x-ratelimit-{part}-requests"] = v.strip()
+            out[f"x-ratelimit-{part}-requests"] = first_value(v).strip()
     ms = parse_reset_ms(headers.get("x-ratelimit-reset"), headers.get("date"))
     if ms is not None:
         out["x-ratelimit-reset-requests"] = f"{ms}ms"
@@ -177,6 +198,7 @@ def parse_reset_ms(raw: str | None, now_raw: str | None = None) -> int | None:
     more than a day ahead, and junk give None."""
     if raw is None:
         return None
+    raw = first_value(raw)
     try:
         value = float(raw.strip())
     except ValueError:
@@ -242,7 +264,7 @@ def _put(out: dict[str, str], kind: str, limit: str | None, window: str | None,
     """One kind's IETF figures as ``x-ratelimit-*-{kind}`` (a limit only with its
     window, per minute)."""
     if remaining is not None and parse_count(remaining) is not None:
-        out[f"x-ratelimit-remaining-{kind}"] = remaining.strip()
+        out[f"x-ratelimit-remaining-{kind}"] = first_value(remaining).strip()
     reset_ms = parse_duration_ms(reset)
     if reset_ms is not None:
         out[f"x-ratelimit-reset-{kind}"] = f"{reset_ms}ms"
@@ -257,7 +279,7 @@ def _until_ms(raw: str | None, now_raw: str | None) -> int | None:
     if not raw:
         return None
     try:
-        when = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+        when = datetime.fromisoformat(first_value(raw).strip().replace("Z", "+00:00"))
         now = parsedate_to_datetime(now_raw) if now_raw else datetime.now(UTC)
     except (TypeError, ValueError, IndexError):
         return None

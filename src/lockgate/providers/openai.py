@@ -9,6 +9,7 @@ import asyncio
 import base64
 import codecs
 import errno
+import html
 import json
 import logging
 import re
@@ -149,11 +150,36 @@ def _inflated(raw: bytes, headers: Mapping[str, str]) -> bytes:
 def _lenient_json(raw: bytes) -> Any:
     """A body orjson refuses, read by the standard library, which takes what some
     providers write and orjson does not: a lone surrogate escape (``\\ud800``) in a
-    model's answer, NaN. None if that fails too."""
+    model's answer, NaN, a byte order mark, whitespace or NULs after the JSON. None if
+    that fails too, or if more follows the JSON (:func:`_json_prefix`)."""
+    data, extra_at = _json_prefix(raw)
+    return None if extra_at is not None else data
+
+
+#: What may follow a JSON body and still leave it whole (NULs: a buffer padded).
+_JSON_TAIL = " \t\r\n\x00"
+
+
+def _json_prefix(raw: bytes) -> tuple[Any, int | None]:
+    """The JSON value a body begins with, read by the standard library (see
+    :func:`_lenient_json`), and the byte at which something other than whitespace or
+    NULs follows it (a second object, a chunked-encoding trailer ``0\\r\\n`` leaked
+    into the body by a proxy), None when nothing does. (None, None) when the body
+    does not begin with a JSON value, or begins with a number or a string followed by
+    more (text such as ``404: Not Found``)."""
     try:
-        return json.loads(raw)
+        codec = json.detect_encoding(raw)
+        text = raw.decode(codec, "surrogatepass")
+        start = len(text) - len(text.lstrip(_JSON_TAIL))
+        data, end = json.JSONDecoder().raw_decode(text, start)
     except (ValueError, RecursionError):
-        return None
+        return None, None
+    if not text[end:].strip(_JSON_TAIL):
+        return data, None
+    if not isinstance(data, dict | list):  # "404: Not Found" is text, not the JSON 404
+        return None, None
+    rest = end + len(text[end:]) - len(text[end:].lstrip(_JSON_TAIL))
+    return data, len(text[:rest].encode(codec, "surrogatepass"))
 
 
 def _kept_body(raw: bytes) -> str | None:
@@ -172,7 +198,8 @@ def classify_response(status: int, body: Any, headers: Mapping[str, str],
     body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     code, etype, message = _error_fields(body, err)
-    return _answered_error(_error_class(status, code, etype, message, _reasons(err)),
+    return _answered_error(_error_class(status, code, etype, message, _reasons(err),
+                                        moderated=_moderated(err, message)),
                            f"HTTP {status}: {message}", status, headers, raw)
 
 
@@ -206,19 +233,25 @@ def _answered_error(cls: ErrorClass, text: str, status: int, headers: Mapping[st
 
 
 def _error_class(status: int, code: str, etype: str, message: str,
-                 reasons: str = "") -> ErrorClass:
+                 reasons: str = "", *, moderated: bool = False) -> ErrorClass:
     """The class of an error answer, from its status and what its body says. What the
     body names beats the status where providers disagree on statuses: an exhausted
     balance comes as 400, 402, 403 or 429, a context length as 400 or 413, a filtered
-    prompt as 400 or 500, a refused key as 400 (Gemini), 401 or 403. (A 5xx is the
-    server failing: its message is not taken for an exhausted balance or a refused
-    key, only its code.)"""
+    prompt as 400, 403 (OpenRouter's moderation) or 500, a refused key as 400
+    (Gemini), 401 or 403. (A 5xx is the server failing: its message is not taken for
+    an exhausted balance, a refused key or a moderation verdict, only its code.)
+    ``moderated``: the error's message or metadata says a moderation flagged the
+    prompt or the answer (:func:`_moderated`)."""
     if status == 402 or is_quota(code, etype, message if status < 500 else ""):
         return ErrorClass.QUOTA_EXHAUSTED
     if status == 429:
         return ErrorClass.RATE_LIMITED
     if is_context_length(code, etype, message):
         return ErrorClass.CONTEXT_LENGTH_EXCEEDED
+    if moderated and status < 500:
+        # before the refused key: OpenRouter's moderation answers 403 (the prompt's,
+        # never the key's: the endpoint serves every other prompt)
+        return ErrorClass.CONTENT_FILTERED
     if status in (401, 403) or is_key_refused(code, etype, message if status < 500 else "",
                                               reasons):
         return ErrorClass.AUTH_ERROR
@@ -294,6 +327,34 @@ _FILTER_WORDS = re.compile(r"(?i)content.?filter|content.?policy|data_inspection
 _FILTER_CODES = frozenset({"1301"})
 
 
+#: Messages of a moderation that flagged the prompt or the answer (OpenRouter's 403
+#: "Input flagged by moderation", "... requires moderation on OpenAI. Your input was
+#: flagged for "violence""; "blocked by moderation", "violates our usage policies",
+#: "rejected as a result of our safety system").
+_MODERATION_MESSAGE = re.compile(
+    r"(?i)\bflagged\b|\bmoderation\b.{0,40}\b(?:block|reject|refus|violat)"
+    r"|\b(?:blocked|rejected|refused|stopped) by (?:the |our |a )?(?:content )?"
+    r"(?:moderation|safety (?:system|filter))|\bsafety system\b"
+    r"|\bviolates? (?:our |the )?(?:usage|content|acceptable use) polic")
+#: "flagged" of an account, an organization, a key or a payment: not a moderation of
+#: the prompt (the account's condition).
+_FLAGGED_ACCOUNT = re.compile(
+    r"(?i)\b(?:account|organi[sz]ation|api[ _-]?key|billing|payment|card)"
+    r"\b.{0,40}\bflagged\b|\bflagged\b.{0,20}\b(?:account|organi[sz]ation|api[ _-]?key"
+    r"|billing|payment)\b")
+
+
+def _moderated(err: Any, message: str) -> bool:
+    """Whether an error says a moderation flagged the prompt or the answer: by its
+    message (:data:`_MODERATION_MESSAGE`), or by OpenRouter's moderation metadata
+    (``metadata.flagged_input``)."""
+    metadata = err.get("metadata") if isinstance(err, dict) else None
+    if isinstance(metadata, dict) and "flagged_input" in metadata:
+        return True
+    return bool(_MODERATION_MESSAGE.search(message)) \
+        and not _FLAGGED_ACCOUNT.search(message)
+
+
 def is_filtered(code: str, etype: str) -> bool:
     """Whether an error's code or type says the provider's filter stopped the prompt or
     the answer."""
@@ -348,15 +409,50 @@ def _error_fields(body: Any, err: Any) -> tuple[str, str, str]:
     as its type), vLLM's ``{"object": "error", "message": ...}``, or any other text
     (its first 500 characters)."""
     if isinstance(err, dict):
-        message = err.get("message") or err.get("msg") or orjson.dumps(err).decode()
+        message = err.get("message") or err.get("msg") or err.get("detail") \
+            or orjson.dumps(err, default=str).decode()
         etype = err.get("type") or err.get("status") or ""
-        return str(err.get("code") or ""), str(etype), str(message)[:500]
+        return str(err.get("code") or ""), str(etype), _said(message)[:500]
     if isinstance(body, dict):
         message = err if isinstance(err, str) and err else body.get("message") \
             or body.get("detail") or orjson.dumps(body, default=str).decode()
         etype = body.get("type") or body.get("error_type") or ""
-        return str(body.get("code") or ""), str(etype), str(message)[:500]
+        return str(body.get("code") or ""), str(etype), _said(message)[:500]
     return "", "", str(body)[:500]
+
+
+def _said(message: Any) -> str:
+    """An error's message as text: a string as it is; the entries of a validation
+    error's ``detail`` (FastAPI's and pydantic's, Mistral's 422 ``{"detail": [{"loc":
+    ["body", "logit_bias"], "msg": "Extra inputs are not permitted"}]}``) as
+    ``body.logit_bias: Extra inputs are not permitted``, joined with ``; ``; anything
+    else as its JSON (never a Python repr)."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, dict):
+        if isinstance(message.get("message"), str):
+            return message["message"]
+        detail = message.get("detail")
+        if isinstance(detail, str):
+            return detail
+        if isinstance(detail, list):
+            message = detail
+    if isinstance(message, list):
+        said = [_validation_entry(d) for d in message]
+        if said and all(said):
+            return "; ".join(str(s) for s in said)
+    return orjson.dumps(message, default=str).decode()
+
+
+def _validation_entry(entry: Any) -> str | None:
+    """One entry of a validation error: ``loc.path: msg``, or None when it is not one."""
+    if isinstance(entry, str):
+        return entry
+    if not isinstance(entry, dict) or not isinstance(entry.get("msg"), str):
+        return None
+    loc = entry.get("loc")
+    where = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else ""
+    return f"{where}: {entry['msg']}" if where else entry["msg"]
 
 
 #: Codes and types of a key the provider refused, and of a request it refused as such.
@@ -366,19 +462,30 @@ _INVALID_WORDS = re.compile(r"(?i)invalid.?request|not.?found|invalid.?(?:value|
                             r"|argument)|bad.?request|validation|unsupported")
 
 
-def _class_in_body(code: str, etype: str, message: str, reasons: str = "") -> ErrorClass:
+def _inner_status(code: str) -> int | None:
+    """The HTTP status an error object's code is (``"code": 403``), or None."""
+    code = code.strip()
+    return int(code) if code.isdigit() and 400 <= int(code) < 600 else None
+
+
+def _class_in_body(code: str, etype: str, message: str, reasons: str = "", *,
+                   moderated: bool = False) -> ErrorClass:
     """The class of an error object in a 2xx answer, which has no status of its own to
     go by: what its code, type and message name, else the HTTP status its code may be
     (``"code": 503``), else ``server_error`` (the provider failed to answer: worth
-    another attempt)."""
+    another attempt). A moderation verdict (``moderated``, :func:`_moderated`) is
+    ``content_filtered`` whatever its code (OpenRouter's is 403), unless that code is
+    a 5xx."""
     kind = f"{code} {etype} {reasons}"
-    inner = int(code) if code.isdigit() and 400 <= int(code) < 600 else None
+    inner = _inner_status(code)
     if is_quota(code, etype, message) or inner == 402:
         return ErrorClass.QUOTA_EXHAUSTED
     if _RATE_WORDS.search(kind) or _RATE_MESSAGE.search(message) or inner == 429:
         return ErrorClass.RATE_LIMITED
     if is_context_length(code, etype, message):
         return ErrorClass.CONTEXT_LENGTH_EXCEEDED
+    if moderated and (inner is None or inner < 500):
+        return ErrorClass.CONTENT_FILTERED
     if _AUTH_WORDS.search(kind) or is_key_refused(code, etype, message, reasons):
         return ErrorClass.AUTH_ERROR
     if is_filtered(code, etype) or _FILTER_WORDS.search(kind):
@@ -400,9 +507,14 @@ def _error_in_body(status: int, data: Any, headers: Mapping[str, str],
     if not err and not (isinstance(data, dict) and data.get("object") == "error"):
         return None
     code, etype, message = _error_fields(data, err)
-    return _answered_error(_class_in_body(code, etype, message, _reasons(err)),
-                           f"HTTP {status} with an error in {where}: {message}",
-                           status, headers, raw)
+    found = _answered_error(_class_in_body(code, etype, message, _reasons(err),
+                                           moderated=_moderated(err, message)),
+                            f"HTTP {status} with an error in {where}: {message}",
+                            status, headers, raw)
+    # the status the error names, which flow control reads as it reads a status (an
+    # auth error "code": 403 is not a refused key, as a 403 is not)
+    found.inner_status = _inner_status(code)
+    return found
 
 
 def _unreadable(exc: BaseException, status: int | None = None,
@@ -615,15 +727,122 @@ class _IdleConnections:
             self._since.append(time.monotonic())
 
 
-def _content(content: Any) -> str:
-    """A message's content as text: a string, or a list of parts whose text parts are
-    joined (``[{"type": "text", "text": ...}]``)."""
+#: The types of a content part that is the answer's text (Chat Completions' ``text``,
+#: the Responses API's ``output_text``); a part without a type is taken as text too.
+_TEXT_PARTS = frozenset({"text", "output_text"})
+
+
+def _content(content: Any) -> tuple[str, str]:
+    """A message's content as (text, refusal): a string; or parts
+    (``[{"type": "text", "text": ...}]``, one part object given alone counting as a
+    list of one) whose text parts (typed ``text`` or ``output_text``, or untyped) are
+    joined, the others (``reasoning``, ``thinking``, images...) left out, and whose
+    ``refusal`` parts (``{"type": "refusal", "refusal": ...}``) are the refusal. Any
+    other object is its JSON text (never a Python repr)."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text") or "") if isinstance(p, dict) else
-                       p if isinstance(p, str) else "" for p in content)
-    return "" if content is None else str(content)
+        return content, ""
+    if content is None:
+        return "", ""
+    if isinstance(content, dict) and not _is_part(content):
+        return orjson.dumps(content, default=str).decode(), ""
+    parts = [content] if isinstance(content, dict) else content
+    if not isinstance(parts, list):
+        return str(content), ""
+    text: list[str] = []
+    refusal: list[str] = []
+    for p in parts:
+        if isinstance(p, str):
+            text.append(p)
+        elif isinstance(p, dict):
+            kind = p.get("type")
+            if kind == "refusal":
+                said = p.get("refusal") or p.get("text")
+                refusal.append(said if isinstance(said, str) else "")
+            elif kind is None or kind in _TEXT_PARTS:
+                text.append(_part_text(p.get("text")))
+    return "".join(text), "".join(refusal)
+
+
+def _is_part(value: dict[str, Any]) -> bool:
+    """Whether an object is a content part (it has a ``type``, or a ``text``)."""
+    return isinstance(value.get("type"), str) or isinstance(value.get("text"), str)
+
+
+def _part_text(value: Any) -> str:
+    """A text part's ``text``: a string, or the Assistants API's ``{"value": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    return value if isinstance(value, str) else ""
+
+
+#: The fields of a message that carry the model's reasoning apart from its answer
+#: (vLLM's and DeepSeek's ``reasoning_content``, OpenRouter's and Ollama's
+#: ``reasoning``, others' ``thinking``).
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _reasoning(message: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first reasoning field of a message that holds text, as (its name, the
+    text), or None."""
+    for name in _REASONING_FIELDS:
+        value = message.get(name)
+        if isinstance(value, str) and value.strip():
+            return name, value
+    return None
+
+
+def _reasoning_only(reasoning: tuple[str, str], data: Any, finish: Any) -> str:
+    """The message of an answer with no content whose text is all in a reasoning
+    field: a reasoning model cut off while thinking, or a server's reasoning parser
+    that took the whole answer for reasoning (a model that never closed its
+    ``<think>``)."""
+    name, text = reasoning
+    usage = data.get("usage") if isinstance(data, dict) else None
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    tokens = token_count(details.get("reasoning_tokens")) if isinstance(details, dict) \
+        else None
+    size = f"{tokens} reasoning tokens" if tokens is not None \
+        else f"{len(text)} characters of reasoning"
+    said = f"the model answered only in {name} ({size}), with no content"
+    if finish == "length":
+        return f"{said}: it was cut off at max_tokens while reasoning: raise max_tokens"
+    return f"{said}: raise max_tokens or check the server's reasoning parser"
+
+
+#: An HTML page's title, else its first heading.
+_HTML_TITLE = re.compile(rb"(?is)<title[^>]*>(.*?)</title\s*>")
+_HTML_H1 = re.compile(rb"(?is)<h1[^>]*>(.*?)</h1\s*>")
+_HTML_TAG = re.compile(r"(?s)<[^>]*>")
+
+
+def _media_type(headers: Mapping[str, str]) -> str:
+    """The media type of a Content-Type (``text/html``), without its parameters."""
+    return (headers.get("content-type") or "no content type").split(";")[0].strip() \
+        or "no content type"
+
+
+def _html_title(status: int, raw: bytes, headers: Mapping[str, str]) -> str | None:
+    """What an HTML body (a proxy's or CDN's error page: Cloudflare's 520-524, nginx's
+    502) says in its ``<title>``, else in its first ``<h1>``, as one line: its markup
+    and entities resolved, the site name and status it may begin with left out
+    (``example.com | 524: A timeout occurred`` -> ``A timeout occurred``). None for a
+    body that is not HTML or says nothing there."""
+    head = raw[:64 * 1024]
+    if "html" not in _media_type(headers).lower() \
+            and head.removeprefix(_BOM).lstrip()[:1] != b"<":
+        return None
+    for pattern in (_HTML_TITLE, _HTML_H1):
+        found = pattern.search(head)
+        if found is None:
+            continue
+        text = html.unescape(_HTML_TAG.sub(" ", found.group(1).decode("utf-8", "replace")))
+        text = " ".join(text.split())
+        said = re.match(rf"(?:.*?[|:\-–—]\s*)?(?:error\s*)?{status}\b\s*[:\-–—]?\s*(.+)",
+                        text, re.I)
+        text = said.group(1) if said else text
+        if text:
+            return text[:200]
+    return None
 
 
 def _not_a_completion(status: int, data: Any, raw: bytes,
@@ -633,6 +852,9 @@ def _not_a_completion(status: int, data: Any, raw: bytes,
     start = raw[:120].decode("utf-8", "replace")
     if not raw.strip():
         return f"HTTP {status} with an empty body ({kind})"
+    title = _html_title(status, raw, headers) if data is None else None
+    if title is not None:
+        return f'HTTP {status} with an HTML page, not JSON ({kind}): "{title}"'
     if raw.lstrip()[:1] not in (b"{", b"["):
         return f"HTTP {status} with a body that is not JSON ({kind}): {start!r}"
     if data is None:
@@ -655,13 +877,17 @@ def _why_not_json(raw: bytes) -> str:
 
 #: How an event stream begins when no Content-Type says so: a field line (``data:``,
 #: ``event:``, ``id:``, ``retry:``) or a comment (``: keep-alive``).
-_SSE_START = re.compile(rb"\A\s*(?:(?:data|event|id|retry)[ \t]*:|:)")
+_SSE_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*(?:(?:data|event|id|retry)[ \t]*:|:)")
+#: What ends a line of an event stream (WHATWG).
+_SSE_LINES = re.compile(r"\r\n|\r|\n")
+#: The UTF-8 byte order mark a body may begin with.
+_BOM = b"\xef\xbb\xbf"
 
 
 def _is_event_stream(raw: bytes, headers: Mapping[str, str]) -> bool:
     """Whether a body is Server-Sent Events (what a streamed completion is): by its
     Content-Type, else by how it begins (a JSON body never begins so)."""
-    start = raw[:64]
+    start = raw[:64].removeprefix(_BOM)
     if start.lstrip()[:1] in (b"{", b"["):  # JSON, whatever its Content-Type says
         return False
     kind = (headers.get("content-type") or "").lower()
@@ -672,10 +898,12 @@ def _sse_events(raw: bytes) -> list[tuple[str, str]]:
     """The events of a Server-Sent Events body, as (event type, data): the ``data``
     lines of each event joined with newlines (the WHATWG rules: a blank line ends an
     event, a line starting with ``:`` is a comment, one space after the colon is not
-    part of the value)."""
+    part of the value; one byte order mark at the start of the stream is dropped)."""
     events: list[tuple[str, str]] = []
     kind, data = "", list[str]()
-    for line in raw.decode("utf-8", "replace").splitlines():
+    # lines end at CR, LF or CRLF only (str.splitlines also splits at U+2028, U+0085...,
+    # which a chunk's JSON may hold unescaped)
+    for line in _SSE_LINES.split(raw.removeprefix(_BOM).decode("utf-8", "replace")):
         if not line:
             if data:
                 events.append((kind, "\n".join(data)))
@@ -718,6 +946,7 @@ class _Assembled:
     def __init__(self) -> None:
         self.content: list[str] = []
         self.refusal: list[str] = []
+        self.reasoning: dict[str, list[str]] = {}
         self.calls: list[Any] = []
         self.first: dict[str, Any] = {}
         self.usage: Any = None
@@ -744,22 +973,30 @@ class _Assembled:
             if not isinstance(delta, dict):
                 delta = {}
         if delta.get("content") is not None:
-            self.content.append(_content(delta["content"]))
+            text, refusal = _content(delta["content"])
+            self.content.append(text)
+            if refusal:
+                self.refusal.append(refusal)
         if isinstance(delta.get("refusal"), str):
             self.refusal.append(delta["refusal"])
+        for name in _REASONING_FIELDS:
+            if isinstance(delta.get(name), str):
+                self.reasoning.setdefault(name, []).append(delta[name])
         for name in ("tool_calls", "function_call"):
             more = delta.get(name)
             if more:
                 self.calls.extend(more if isinstance(more, list) else [more])
         if c.get("finish_reason") is not None:
             self.finish = c["finish_reason"]
-        if isinstance(c.get("error"), dict):
+        if c.get("error"):  # an object, or a text
             self.error = c["error"]
 
     def completion(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
+        for name, pieces in self.reasoning.items():
+            message[name] = "".join(pieces)
         if self.calls:
             message["tool_calls"] = self.calls
         choice: dict[str, Any] = {"index": 0, "message": message,
@@ -859,6 +1096,21 @@ def _credentials(name: str, base_url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=host)), f"Basic {token}"
 
 
+def chat_url(base_url: str) -> str:
+    """The chat-completions URL of a ``base_url``: ``/chat/completions`` added to its
+    path, its query string kept (Azure OpenAI's
+    ``.../openai/deployments/NAME?api-version=2024-10-21`` is POSTed to
+    ``.../openai/deployments/NAME/chat/completions?api-version=2024-10-21``); a
+    fragment, which is never sent, dropped."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions",
+                                     fragment=""))
+
+
+#: An Azure OpenAI deployment's path (``/openai/deployments/NAME``).
+_AZURE_DEPLOYMENT = re.compile(r"(?i)/openai/deployments/[^/]+")
+
+
 class OpenAICompatible:
     """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
 
@@ -870,7 +1122,7 @@ class OpenAICompatible:
         self.name = name
         self.http_client = http_client
         base_url, basic = _credentials(name, base_url)
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.url = chat_url(base_url)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -954,14 +1206,20 @@ class OpenAICompatible:
         raw = _as_utf8(status, raw, resp_headers)
         if raw and _is_event_stream(raw, resp_headers):
             return self._streamed(status, raw, resp_headers, model)
-        strict = True
+        strict, extra_at = True, None
         try:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
-            data, strict = _lenient_json(raw), False
+            (data, extra_at), strict = _json_prefix(raw), False
         if not 200 <= status < 300:
-            error = classify_response(status, data if data is not None else raw[:300].decode(
-                "utf-8", "replace"), resp_headers, raw)
+            title = _html_title(status, raw, resp_headers) if data is None else None
+            if title is not None:  # a proxy's or CDN's error page (Cloudflare's 52x)
+                error = _answered_error(_error_class(status, "", "", title),
+                                        f'HTTP {status} ({_media_type(resp_headers)}): '
+                                        f'"{title}"', status, resp_headers, raw)
+            else:
+                error = classify_response(status, data if data is not None else raw[
+                    :300].decode("utf-8", "replace"), resp_headers, raw)
             if status in (404, 405) and not _MODEL_WORDS.search(
                     raw[:4000].decode("utf-8", "replace")):
                 raise self._wrong_path(error)
@@ -970,6 +1228,14 @@ class OpenAICompatible:
             in_body = _error_in_body(status, data, resp_headers, raw)
             if in_body is not None:
                 raise in_body
+            if extra_at is not None:
+                # A whole JSON answer and then more: what is it? (another answer, a
+                # proxy's framing). Not taken; its usage is recorded (it was billed).
+                raise ProviderError(
+                    ErrorClass.SERVER_ERROR,
+                    f"HTTP {status} with extra data after the JSON at byte {extra_at} "
+                    f"(of {len(raw)}): {raw[extra_at:extra_at + 60]!r}",
+                    http_status=status, request_id=_request_id(resp_headers))
             answer = self._completion(data, status, resp_headers, model, raw)
         except ProviderError as exc:
             raise _with_usage(exc, data) from None
@@ -981,11 +1247,24 @@ class OpenAICompatible:
         """A 404 or 405 that names no model: the URL has no chat-completions API (most
         often base_url without its ``/v1``). The endpoint's configuration, the same for
         every call: said once in the log and in each task's error."""
+        parts = urlsplit(self.url)
+        if _AZURE_DEPLOYMENT.search(parts.path):
+            # Azure OpenAI: no /v1 under a deployment; a 404 there is a deployment name
+            # that does not exist, or an api-version missing or not served
+            version = "its api-version" if re.search(r"(?i)(?:^|&)api-version=",
+                                                      parts.query) \
+                else "add the api-version it lacks"
+            hint = ("an Azure OpenAI deployment: check the deployment name and "
+                    f"{version}, as in https://RESOURCE.openai.azure.com/openai/"
+                    "deployments/DEPLOYMENT?api-version=2024-10-21, or use the v1 API: "
+                    "https://RESOURCE.openai.azure.com/openai/v1")
+        else:
+            hint = ("OpenAI-compatible servers usually serve it under /v1: "
+                    "https://host/v1")
         error.message = (f"{error.message} (POST {redact_url(self.url)}): the endpoint "
                          "has no chat-completions API at that URL; base_url's path is "
                          f"probably wrong: set endpoint '{self.name}' base_url to the "
-                         "address its documentation gives (OpenAI-compatible servers "
-                         "usually serve it under /v1: https://host/v1)")
+                         f"address its documentation gives ({hint})")
         error.args = (f"{error.error_class}: {error.message}",)
         if not self._warned_path:
             self._warned_path = True
@@ -1200,29 +1479,41 @@ class OpenAICompatible:
                     model: str, raw: bytes = b"") -> Completion:
         try:
             choice = _first_choice(data["choices"])
-            content = _content(choice["message"].get("content"))
+            message = choice["message"]
+            content, part_refusal = _content(message.get("content"))
             finish = choice.get("finish_reason")
         except (TypeError, KeyError, IndexError, AttributeError):
             raise ProviderError(ErrorClass.SERVER_ERROR,
                                 _not_a_completion(status, data, raw, headers),
                                 http_status=status) from None
-        if finish == "error" or isinstance(choice.get("error"), dict):
+        if finish == "error" or choice.get("error"):
             # OpenRouter: the upstream provider failed, said in the choice
             found = _error_in_body(status, {"error": choice.get("error") or {}}, headers,
                                    raw, where="choices[0]")
             if found is not None:
                 raise found
+            if finish == "error":
+                # no error object to say why: the provider failed mid-answer, and what
+                # it wrote so far is not the answer (another attempt may finish it)
+                raise ProviderError(
+                    ErrorClass.SERVER_ERROR,
+                    f'HTTP {status} with finish_reason "error" in choices[0] and no error '
+                    "object: the provider failed while answering (its partial answer, "
+                    f"{len(content)} characters, is not taken)", http_status=status,
+                    request_id=_request_id(headers), body=_kept_body(raw))
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTERED, "the provider filtered the answer",
                                 http_status=status)
-        refusal = choice["message"].get("refusal")
-        if not content.strip() and isinstance(refusal, str) and refusal.strip():
+        refusal = message.get("refusal")
+        if not (isinstance(refusal, str) and refusal.strip()):
+            refusal = part_refusal  # a content part {"type": "refusal", "refusal": ...}
+        if not content.strip() and refusal.strip():
             # OpenAI's structured outputs: the model declined, saying why (not a
             # malformed answer to retry)
             raise ProviderError(ErrorClass.CONTENT_FILTERED,
                                 f"the model refused: {refusal.strip()[:300]}",
                                 http_status=status)
-        calls = choice["message"].get("tool_calls") or choice["message"].get("function_call")
+        calls = message.get("tool_calls") or message.get("function_call")
         if not content.strip() and calls:
             # Not an answer to retry as "not JSON": the model called a tool instead of
             # writing text (a prompt or endpoint that offers tools)
@@ -1230,6 +1521,13 @@ class OpenAICompatible:
                                 "the model answered with tool_calls, not text: "
                                 f"{_tool_names(calls)}", http_status=status,
                                 request_id=_request_id(headers), body=_kept_body(raw))
+        if not content.strip():
+            reasoning = _reasoning(message)
+            if reasoning is not None:
+                raise ProviderError(ErrorClass.INVALID_OUTPUT,
+                                    _reasoning_only(reasoning, data, finish),
+                                    http_status=status, request_id=_request_id(headers),
+                                    body=_kept_body(raw))
         usage = data.get("usage")
         if not isinstance(usage, dict):
             usage = {}
