@@ -210,6 +210,7 @@ _WORDS = st.lists(st.sampled_from(["the", "parcel", "was", "late", "(see", "[1",
 
 @settings(max_examples=300, deadline=None)
 @example(label="yes", reason="0", before='{ 6" 6" the :-[ [1', after="", where=0.0)
+@example(label="yes", reason="{", before='[1 6"', after="", where=0.0)  # an inch mark
 @given(label=st.sampled_from(["yes", "no"]),
        reason=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20),
        before=_WORDS, after=_WORDS, where=st.floats(0.0, 1.0))

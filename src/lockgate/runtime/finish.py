@@ -97,14 +97,15 @@ def _before_open(parsed: Parsed, raw: str, reread: Callable[[str], Parsed]) -> b
 def first_open(text: str) -> int | None:
     """Where the first bracket that never closes and opens JSON stands in ``text`` (None:
     none). Full-width brackets (``｛ ｝ ［ ］``) count as the ladder reads them. Quotes
-    count only inside brackets (prose has apostrophes and inch marks; JSON strings stand
-    inside brackets): a double quote, and a single quote where a Python-style string may
-    begin (after an opening bracket, a colon or a comma); there a backslash outside a
+    count only inside brackets that open JSON (prose has apostrophes and inch marks, in
+    brackets too: ``[1 6" ...``; JSON strings stand inside JSON brackets): a double
+    quote, and a single quote where a Python-style string may begin (after an opening
+    bracket, a colon or a comma); there a backslash outside a
     string escapes the next character (JSON written with its quotes escaped,
     ``{\\"a\\": 1}``), and ``//`` and ``/* */`` comments are skipped. A bracket left open
     in prose (``see [1 below``, ``:-[``) is not where JSON began: only one followed by
     what may open JSON content counts (:func:`_opens_json`)."""
-    opened: list[int] = []
+    opened: list[tuple[int, bool]] = []  # each open bracket: where, whether JSON opens
     quote = ""
     last = "{"  # the last character outside strings and blanks, inside brackets
     i, n = 0, len(text)
@@ -117,14 +118,14 @@ def first_open(text: str) -> int | None:
                 quote = ""
                 last = c
         elif c in _OPENS:
-            opened.append(i)
+            opened.append((i, _opens_json(text, i)))
             last = "{"
         elif c in _CLOSES:
             if opened:
                 opened.pop()
             last = "}"
-        elif not opened or c.isspace():
-            pass
+        elif not opened or not opened[-1][1] or c.isspace():
+            pass  # prose (a bracket in it too: ``[1 6" ...`` holds an inch mark)
         elif c == "\\":
             i += 1
         elif c == '"' or (c == "'" and last in "{:,"):
@@ -140,7 +141,7 @@ def first_open(text: str) -> int | None:
         else:
             last = "," if c in ",，" else ":" if c in ":：" else c
         i += 1
-    return next((at for at in opened if _opens_json(text, at)), None)
+    return next((at for at, json in opened if json), None)
 
 
 _OPENS = frozenset("{[｛［")
