@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lockgate.runtime import parse_output
@@ -261,6 +261,7 @@ _MARKUP = st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer
 
 @SETTINGS
 @given(text=_MARKUP, first=st.booleans())
+@example(text="</think>&quot;: ", first=False)  # a closing tag no tag opened, in a string
 def test_any_markup_in_a_single_quoted_string_is_delivered_as_written(
         text: str, first: bool) -> None:
     members = ["'rating': 4", f"'rationale': '{text}'"]

@@ -103,6 +103,9 @@ _answers = st.fixed_dictionaries({
 @example(draft={"label": "positive", "score": 0.0, "summary": "{"},
          final={"label": "positive", "score": 0.0, "summary": ""}, before='"', after="",
          headless=False)  # a quote before the draft: its "string" ran past </think>
+@example(draft={"label": "positive", "score": 0.0, "summary": "["},
+         final={"label": "positive", "score": 0.0, "summary": ""}, before='"', after="",
+         headless=True)  # the same where the chat template opened the block
 def test_property_reasoning_drafts_never_leak(draft: dict[str, Any], final: dict[str, Any],
                                               before: str, after: str,
                                               headless: bool) -> None:

@@ -18,7 +18,9 @@ Two jobs that a JSON repair library cannot do for the ladder:
 Both read strings the way a model writes them: a quote ends a string only where JSON
 syntax may follow it (a ``:``, ``,`` then a key or value, a closing bracket, a line
 break or the end of the text), so an unescaped inner quote (``"He said "hi" twice"``)
-does not end it. On valid JSON this is exactly JSON's own reading. Everything is
+does not end it; nor does a quote only a key may end (a value's quote before a colon,
+``"dit "parfait"\u00a0: il"``) when the next quote on its line that may end it does.
+On valid JSON this is exactly JSON's own reading. Everything is
 linear in the length of the text: no backtracking regular expressions, no recursion,
 the open brackets kept as a linked list so that a snapshot costs nothing.
 """
@@ -53,12 +55,16 @@ _BLANKS = _SPACES + _FORMATS
 #: After a closing quote: what may follow the end of a JSON string (full-width forms
 #: included, for :func:`ascii_syntax`), a ``//`` or ``/*`` comment included (the lenient
 #: reading takes those out). A comma must be followed by something that can start a key
-#: or a value (or a comment, or an elision: ``"rude", ...]``), else the quote is taken
-#: as part of the text.
+#: or a value (or a comment, or an elision: ``"rude", ...]``, the ``...`` followed by a
+#: closing bracket that JSON syntax follows, or by a comma and a value), else the quote
+#: is taken as part of the text. A few of these ends are weaker (:func:`_weak_end`).
 _CLOSES = re.compile(
     r"""[ \t\u3000""" + _BLANKS + r"""]*+(?:[\r\n]|[:：}｝\]］]|\Z|//|/\*
         |[,，][\s""" + _FORMATS + r"""]*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]
-        |\Z|//|/\*|(?:true|false|null|True|False|None)\b|(?:\.\.\.|…)[\s""" + _BLANKS + r"""]*[,\]}]
+        |\Z|//|/\*|(?:true|false|null|True|False|None)\b
+        |(?:\.\.\.|…)[\s""" + _BLANKS + r"""]*(?:[\]}][\s""" + _BLANKS + r"""]*
+            (?:[,，}｝\]］\r\n<`]|\Z)
+            |,[\s""" + _BLANKS + r"""]*(?:["“”＂'‘＇{｛\[［\d\-]|true|false|null))
         |[^\W\d][\w.\- ]{0,40}?["”’]?[ \t""" + _BLANKS + r"""]*[:：]))""",
     re.X)
 _DQ = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
@@ -119,15 +125,70 @@ class Region:
 
 def _string_end(text: str, start: int) -> int | None:
     """End (exclusive) of the string opening at ``start``; None if the text ends in it."""
-    pattern = _DQ if text[start] == '"' else _SQ
+    return _quote_end(text, start, _DQ if text[start] == '"' else _SQ, None)
+
+
+def _quote_end(text: str, start: int, body: re.Pattern[str] | None,
+               closing: re.Pattern[str] | None) -> int | None:
+    """End (exclusive) of the string opening at ``start``: after the first quote that
+    :data:`_CLOSES` follows, unless that end is weak (:func:`_weak_end`) and the next
+    such quote, on the same line, is not; None if the text ends in it. ``body``
+    matches the rest of an ASCII-quoted string up to its next quote; else ``closing``
+    finds the next quote that may close a curly or full-width one."""
     pos = start + 1
+    weak = -1
+    limit = len(text)
+    value: bool | None = None
     while True:
-        m = pattern.match(text, pos)
-        if m is None:
-            return None
+        if body is not None:
+            m = body.match(text, pos)
+        else:
+            assert closing is not None
+            m = closing.search(text, pos)
+        if m is None or m.end() > limit:
+            return weak if weak >= 0 else None
         pos = m.end()
-        if _CLOSES.match(text, pos):
+        if _CLOSES.match(text, pos) is None:
+            continue
+        if value is None:
+            value = _in_value(text, start)
+        if not _weak_end(text, pos, value):
             return pos
+        if weak >= 0:
+            return weak  # (the next end is weak too: the first stands)
+        weak = pos
+        newline = text.find("\n", pos)
+        limit = len(text) if newline < 0 else newline
+
+
+#: A quote that a colon follows (blanks between): a string so ended is a key.
+_COLON_AFTER = re.compile(r"[ \t\u3000" + _BLANKS + r"]*+[:：]")
+#: A quote that a Unicode blank (one JSON does not count as whitespace, and that
+#: :func:`plain_blanks` makes one) and a closing bracket follow, and then, on its
+#: line, anything but JSON syntax: ``"The sign read "OPEN"\u00a0} but it was closed"``.
+_BLANK_BRACKET = re.compile(
+    r"[ \t\u3000]*+[" + _BLANKS.replace("\u3000", "") + r"][ \t" + _BLANKS + r"]*+[}｝\]］]"
+    r"[ \t" + _BLANKS + r"]*+(?![,，}｝\]］\r\n<`]|\Z|//|/\*)")
+_BLANK_BEFORE = re.compile(r"[\s" + _FORMATS + r"]")
+
+
+def _weak_end(text: str, pos: int, value: bool) -> bool:
+    """Whether the quote before ``pos`` ends its string only when the next quote that may
+    end it, on its line, is weak too or none: a value's string (one after a colon)
+    followed by a colon, which only a key may be (``"remarque": "Le client dit
+    "parfait"\u00a0: il reviendra"``); or a quote that a Unicode blank, a closing bracket
+    and text follow (:data:`_BLANK_BRACKET`)."""
+    return ((value and _COLON_AFTER.match(text, pos) is not None)
+            or _BLANK_BRACKET.match(text, pos) is not None)
+
+
+def _in_value(text: str, start: int) -> bool:
+    """Whether the string opening at ``start`` stands after a colon (blanks between): a
+    value, never a key."""
+    i = start
+    while i > 0 and _BLANK_BEFORE.match(text, i - 1) is not None:
+        i -= 1
+    return i > 0 and text[i - 1] in ":："
 
 
 def string_closes(text: str, pos: int) -> bool:
@@ -159,14 +220,16 @@ def escape_inner_quotes(text: str) -> str | None:
                 return None
             pos = end
             continue
+        end = _string_end(text, start)
+        if end is None:
+            return None
         at = start + 1
         opening = 0  # escaped quotes that open a quotation ( "awful), less those closing
         while True:
             inner = _DQ.match(text, at)
-            if inner is None:
-                return None
+            assert inner is not None  # (the string ends at ``end``)
             at = inner.end()
-            if _CLOSES.match(text, at):
+            if at == end:
                 break
             if _NEXT_STRING.match(text, at):
                 return None  # "a" "b": a comma missing between strings, more likely
@@ -472,24 +535,12 @@ def _convert_string(text: str, start: int, out: list[str]) -> int:
         end = len(text) if end is None else end
         out.append(text[start:end])
         return end
-    closing = _OPEN_QUOTES[opening]
-    assert closing is not None
-    pos = start + 1
-    parts = ['"']
-    while True:
-        m = closing.search(text, pos)
-        if m is None:
-            parts.append(_escape_quotes(text[pos:]))
-            out.append("".join(parts))
-            return len(text)
-        j = m.start()
-        if _CLOSES.match(text, j + 1):
-            parts.append(_escape_quotes(text[pos:j]))
-            parts.append('"')
-            out.append("".join(parts))
-            return j + 1
-        parts.append(_escape_quotes(text[pos:j + 1]))
-        pos = j + 1
+    end = _quote_end(text, start, None, _OPEN_QUOTES[opening])
+    if end is None:
+        out.append('"' + _escape_quotes(text[start + 1:]))
+        return len(text)
+    out.append('"' + _escape_quotes(text[start + 1:end - 1]) + '"')
+    return end
 
 
 def _escape_quotes(s: str) -> str:
@@ -582,12 +633,6 @@ def _quoted_end(text: str, start: int) -> int:
     """The end of the string opening at ``start`` (any of :data:`_OPEN_QUOTES`), the
     end of the text if it is left open."""
     closing = _OPEN_QUOTES.get(text[start])
-    if closing is None:
-        end = _string_end(text, start)
-        return len(text) if end is None else end
-    pos = start + 1
-    while (m := closing.search(text, pos)) is not None:
-        if _CLOSES.match(text, m.end()):
-            return m.end()
-        pos = m.end()
-    return len(text)
+    end = (_string_end(text, start) if closing is None
+           else _quote_end(text, start, None, closing))
+    return len(text) if end is None else end

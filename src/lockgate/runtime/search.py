@@ -7,10 +7,11 @@ usable one is the answer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 import orjson
@@ -229,16 +230,74 @@ def _after_reasoning_label(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed 
     None when the reply is not so made (a reasoning label after the first value, no
     answer label after it) or nothing usable follows the answer label."""
     first = ANY_START.search(text)
-    reasoning = None if first is None else _REASONING_LABEL.search(text, 0, first.start())
+    if first is None:
+        return None
+    reasoning = _REASONING_LABEL.search(text, 0, first.start())
     if reasoning is None:
         return None
-    answer = _ANSWER_LABEL.search(text, reasoning.end())
+    answer = _outside_values(text, reasoning.end(), itertools.islice(
+        _ANSWER_LABEL.finditer(text, reasoning.end()), _MAX_LABELS))
     if answer is None or ANY_START.search(text, reasoning.end(), answer.start()) is None:
         return None  # (no value in the reasoning: the search finds the answer's)
     inner = fixes.copy()
     inner.repair("stripped:think")
     found = search(text[answer.end():], plan, inner)
-    return found if found.usable else None
+    if not found.usable:
+        return None
+    if _BARE_BODY.match(text, reasoning.end(), first.start()) is not None:
+        # The section's body is a value right under its label ("## Analysis\n```json
+        # {...}```"): it may be the answer itself, a later labelled value only a part
+        # of it. The later value is the answer when it declares every declared field
+        # the first one does.
+        draft = search(text[first.start():answer.start()], plan, fixes.copy())
+        if draft.usable and not _covers(found.value, draft.value, plan):
+            return None
+    return found
+
+
+#: Answer labels looked at after a reasoning label.
+_MAX_LABELS = 8
+#: Nothing but space, Markdown and a fence's opening line between a label and its value.
+_BARE_BODY = re.compile(r"[\s*_]*(?:```[\w+.-]*\s*)?\Z")
+
+
+def _outside_values(text: str, begin: int,
+                    labels: Iterable[re.Match[str]]) -> re.Match[str] | None:
+    """The first of ``labels`` (in order) that stands outside every value opening after
+    ``begin`` (bracket depth 0; brackets in a value's strings are skipped): an answer
+    label is never a key of the value before (``answer: {...}`` inside a JSON5
+    object). One pass over the text."""
+    depth = 0
+    quote = ""
+    i = begin
+    for label in labels:
+        at = label.start()
+        while i < at:
+            c = text[i]
+            if quote:
+                if c == "\\":
+                    i += 1
+                elif c == quote or c == "\n":
+                    quote = ""
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth = max(0, depth - 1)
+            elif depth and c in "\"'":
+                quote = c
+            i += 1
+        if depth == 0:
+            return label
+    return None
+
+
+def _covers(value: Any, draft: Any, plan: OutputPlan) -> bool:
+    """Whether ``value`` declares every declared field ``draft`` declares (anything but
+    two objects: yes)."""
+    if not isinstance(value, dict) or not isinstance(draft, dict):
+        return True
+    fields = set(plan.fields)
+    return {k for k in draft if k in fields} <= set(value)
 
 
 def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
@@ -272,8 +331,11 @@ def _unescaped(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | None:
     return None
 
 
-#: One JSON string escape (a backslash and the character it escapes, or ``\uXXXX``).
-_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+#: One JSON string escape (a backslash and the character it escapes, or ``\uXXXX``), a
+#: surrogate pair's two ``\uXXXX`` as one (group 2 its low half).
+_STRING_ESCAPE = re.compile(
+    r'\\(["\\/bfnrt]|u[dD][89abAB][0-9a-fA-F]{2}(?:\\(u[dD][c-fC-F][0-9a-fA-F]{2}))?'
+    r'|u[0-9a-fA-F]{4})')
 _ESCAPE_CHARS = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n",
                  "r": "\r", "t": "\t"}
 
@@ -290,13 +352,20 @@ def _string_body(text: str) -> str:
     else:
         if isinstance(body, str):
             return body
-    return _STRING_ESCAPE.sub(
-        lambda m: _ESCAPE_CHARS.get(m.group(1)) or _code_point(m.group(1)), text)
+    return _STRING_ESCAPE.sub(_escaped_char, text)
 
 
-def _code_point(escape: str) -> str:
-    char = chr(int(escape[1:], 16))
-    return "\ufffd" if "\ud800" <= char <= "\udfff" else char
+def _escaped_char(m: re.Match[str]) -> str:
+    """The character one :data:`_STRING_ESCAPE` match stands for: a surrogate pair's
+    two escapes one character (``\\ud83d\\ude00`` 😀), a lone surrogate's escape kept
+    as written."""
+    escape, low = m.group(1), m.group(2)
+    if escape in _ESCAPE_CHARS:
+        return _ESCAPE_CHARS[escape]
+    code = int(escape[1:5], 16)
+    if low is not None:
+        return chr(0x10000 + ((code - 0xD800) << 10) + int(low[1:], 16) - 0xDC00)
+    return m.group() if 0xD800 <= code <= 0xDFFF else chr(code)
 
 
 @overload
@@ -401,12 +470,29 @@ _CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`\s*_#\"'“(\-]
               r"最更修改纠正实実结等不重訂待])")
 _CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、،}]>`")
 _CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
+#: Words in a qualifier that say the value is revised, final, filled in, a numbered
+#: version or made for this input (:data:`_QUALIFIER`): a label so qualified
+#: ("Draft (v2):", "Entwurf (überarbeitet):", "草稿（最终版）：") is none of an example
+#: or a draft.
+_DONE_QUALIFIER = (
+    r"(?i:(?<![\w'’])(?:revis\w*|überarbeit\w*|corrig\w*|corregid\w*|correct\w*|corret\w*"
+    r"|korrigiert\w*|gecorrigeerd\w*|исправлен\w*|poprawion\w*|düzeltil\w*|updated"
+    r"|aktualisiert\w*|actualizad\w*|aggiornat\w*|fixed|final\w*|endgültig\w*"
+    r"|definitiv\w*|definitie\w*|ostateczn\w*|окончательн\w*|финальн\w*|son hali|nihai"
+    r"|filled(?: in)?|ausgefüllt\w*|rempli\w*|rellenad\w*|compilat\w*|preenchid\w*"
+    r"|ingevuld\w*|заполненн\w*|wypełnion\w*|doldurul\w*|versi[oó]n\w*|versione"
+    r"|versão|versie|wersj\w*|верси\w*|sürüm\w*|v\d+"
+    r"|dein\w*|ihr\w*|your|yours|votre|vos|ton|ta|tes|su|sus|tu|tus|vostr\w*|tuo|tua"
+    r"|seu|sua|jouw|uw|tw\w*j|wasz\w*|ваш\w*|тво\w*|sizin|senin|this input)(?![\w'’])"
+    r"|最終|最终|최종|修正|訂正|修改|更正|改正|纠正|수정|정정|記入|填写|작성된|版|버전|今回|あなた|您的|你的|당신"
+    r"|이번)")
+_DONE_BRACKET = r"(?![^\n]*[(（][^()（）\n]*" + _DONE_QUALIFIER + r")"
 #: A value introduced as an example of the format, a draft or a template: the
 #: introduction (the sentence right before the value) is a label made of such words
 #: ("Example:", "Sample output:", "Draft:", "Schema:", "Reference output:"), or it
 #: ends with them ("..., e.g.", "The output format is", "for instance:").
 _EXAMPLE_LABEL = re.compile(
-    r"(?i)^[\s*_#>\-]*(?:(?:here(?:'s| is| are)|below is|this is)\s+)?"
+    r"(?i)^" + _DONE_BRACKET + r"[\s*_#>\-]*(?:(?:here(?:'s| is| are)|below is|this is)\s+)?"
     r"(?:(?:an?|the|some|one|another|my)\s+)?"
     r"(?:examples?|samples?|illustrations?|templates?|placeholders?|drafts?|dummy|mock"
     r"|schemas?|references?"
@@ -419,7 +505,7 @@ _EXAMPLE_END = re.compile(
     r"|json|result)s?|\bdrafts?|\b(?:output|response|answer|expected|json|required"
     r"|following) format(?:\s+(?:is|would be|looks like|like|as follows|should be))?"
     r"|\bformat(?:ted)? (?:like|as))[\s*_]*[:：,]?[\s*_]*\Z"
-    r"|^[\s*_#>\-]*(?:例如|比如|譬如|示例|样例|范例|草稿|举例)"
+    r"|^" + _DONE_BRACKET + r"[\s*_#>\-]*(?:例如|比如|譬如|示例|样例|范例|草稿|举例)"
     r"|(?:例如|比如|示例|样例|范例|格式为|格式如下|格式是|草稿)[\s*_]*[:：，,]?\s*\Z")
 #: A value introduced as the input (the model echoing what it was given), not its
 #: answer: "Input:", "Query:", "Given:", "User message:".
@@ -455,7 +541,7 @@ _CORRECTION = re.compile(
     r"|label|response|classification|object|list)|final(?:ly)?|in conclusion|to conclude"
     r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
-    r"|最终|更正|修正|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
+    r"|最终|更正|修正(?!前)|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
     # English beyond the above
     r"|(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer|result|json))?"
     r"[ \t]+(?:is|was)[ \t]+(?:wrong|incorrect|not right)"
@@ -495,12 +581,20 @@ _CORRECTION = re.compile(
     r"|mi sono sbagliat[oa]|me enganei|pomyliłe[mś]|yanıldım|ik heb me vergist"
     r"|подождите|погодите|исправляю|corrijo|me corrijo|je corrige|ich korrigiere|correggo"
     r"|सुधार|संशोधन|सही[ \t]+(?:उत्तर|जवाब)|अंतिम[ \t]+(?:उत्तर|जवाब))(?![\w'’])"
-    # Japanese, Korean: no word boundary after the word; a few more of its letters
-    # may follow before the colon ("訂正します：", "수정된 결과:"), not "before"
-    # ("訂正前：", "수정 전:")
-    r"|(?:訂正|正しくは|実際は|実は|待って|最終(?:回答|結果|的な回答)?"
-    r"|수정|정정|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답))?)(?![ \t]?[前전])"
-    r"[^\s:：.,!、。，；{}\[\]｛［]{0,6}(?:[ \t][^\s:：.,!、。，；{}\[\]｛［]{1,6})?))")
+    # Japanese, Korean: no word boundary after the word; only an ending that says the
+    # value is done, corrected, a version or the result may follow before the colon
+    # ("訂正します：", "訂正版：", "수정된 결과:", "수정본:", "정정합니다:"), never
+    # "before", the target, a request, an example, a format or a list of changes
+    # ("訂正前：", "訂正する前の出力：", "수정 전:", "수정할 원본:", "訂正対象：",
+    # "정답 예시:", "最終出力例：", "수정 내용:"): the ending must reach the colon
+    # (:data:`_LABEL_TAIL`)
+    r"|訂正(?:(?:いた)?し(?:ます|ました)|した(?:もの|版|結果|回答|出力)?|版|後"
+    r"|済み?|された(?:もの|版|結果|回答|出力)?|結果)?"
+    r"|(?:正しくは|実際は)(?:次の(?:通り|とおり)(?:です)?|以下の(?:通り|とおり)(?:です)?)?"
+    r"|実は|待って|最終(?:回答|結果|的な(?:回答|結果|出力)|出力|版)?"
+    r"|(?:수정|정정)(?:[ \t]?(?:된|한)[ \t]?(?:결과|답변|답|출력|버전|값)|본|했습니다"
+    r"|합니다|하겠습니다|[ \t]?후|[ \t]?버전)?"
+    r"|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답|출력|버전|본))?))")
 #: What must follow a label of :data:`_CORRECTION` (its group ``label``): a colon (or
 #: a dash, a full stop) and the value, only space, Markdown or a fence's opening line
 #: between (or the fence the value stands in).
@@ -637,10 +731,16 @@ _OUTPUT_WORDS = (
     r"|process|correct|fix|updat|ergebnis|ausgabe|antwort|sortie|résultat|réponse|salida"
     r"|respuesta|resultado|risposta|resposta|ответ|выход|результат)")
 #: A qualifier in brackets after a label's word ("Draft (wrong):", "下書き（誤り）：").
-_QUALIFIER = r"(?:[ \t]*[(（][^()（）\n]{1,24}[)）])?"
+#: One that says the value is revised, final, filled in, a numbered version or made for
+#: this input ("Entwurf (überarbeitet):", "Vorlage (ausgefüllt):", "Черновик (v2):",
+#: "下書き（最終）：", "Beispiel (dein Text):", "例（今回の入力）：") makes the label none
+#: of an example or a draft: the value is the answer (:data:`_DONE_QUALIFIER`).
+_QUALIFIER = (r"(?:[ \t]*[(（](?![^()（）\n]*" + _DONE_QUALIFIER
+              + r")[^()（）\n]{1,24}[)）])?")
 _OTHER_LABEL = re.compile(
     r"(?i)^[\s*_#>\-]*(?:" + _EXAMPLE_BEFORE + r"(?:" + _EXAMPLE_WORDS + r")(?![\w'’])"
-    + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")" + _QUALIFIER + r"[ \t]*[:：][\s*_]*\Z"
+    + _EXAMPLE_AFTER + r"|" + _EXAMPLE_PHRASE + r")" + r"(?:[ \t]*(?:#|nr\.|no\.)?[ \t]*\d{1,2})?"
+    + _QUALIFIER + r"[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:(?:the|die|der|das|le|la|les|el|los|il|lo|o|a|de|het)[ \t]+)?"
     r"(?:" + _HEAD_WORDS + r")(?![\w'’-])[ \t]*[:：][\s*_]*\Z"
     r"|^[\s*_#>\-]*(?:texto|datos|dados|dati|données|texte|testo|tekst|текст)[ \t]+"
@@ -826,9 +926,7 @@ def _correction(text: str, begin: int, end: int) -> bool:
     sentence that states no condition. Linear: the pattern is tried only at words
     (:data:`_CLAUSE_AT`), each then checked by :func:`_clause_start`."""
     for m in _corrections(text, begin, end):
-        if m.group("label") is not None and _LABEL_TAIL.match(
-                text, m.end(), min(len(text), end + 3) if end >= 0 else len(text)) is None:
-            # (up to the value at ``end``: its bracket, or the fence it stands in)
+        if m.group("label") is not None and not _label_tail(text, m.end(), end):
             continue  # a label that introduces no value ("Korrektur: keine nötig.")
         reach = min(end, m.end() + _INTRO)
         cut = _SENTENCE_END.search(text, m.end(), reach)
@@ -839,6 +937,16 @@ def _correction(text: str, begin: int, end: int) -> bool:
         if _HYPOTHETICAL.search(sentence + text[m.start():sentence_end]) is None:
             return True
     return False
+
+
+def _label_tail(text: str, at: int, end: int) -> bool:
+    """Whether a label ending at ``at`` introduces the value at ``end`` (-1: any later
+    value) (:data:`_LABEL_TAIL`): up to its bracket, or the fence it stands in - a
+    fence right under the label that holds prose or code, the value further below
+    ("Korrektur:\n```\nkeine nötig\n```\nEin Beispiel:\n{...}"), is none."""
+    stop = min(len(text), end + 3) if end >= 0 else len(text)
+    tail = _LABEL_TAIL.match(text, at, stop)
+    return tail is not None and (not tail.group().endswith("```") or tail.end() == end + 3)
 
 
 def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
@@ -1020,12 +1128,26 @@ def _introduces_cut(text: str, begin: int, at: int) -> bool:
     return False
 
 
+#: A label that calls its value a draft ("Draft 2:", "Entwurf (neu):", "下書き："): when
+#: every value is so introduced, the last is the answer (:func:`_chosen`).
+_DRAFT_LEAD = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:(?:the|my|a|an|first|second|third|next|another|new)[ \t]+)?"
+    r"(?:drafts?|entwurf|brouillon|borrador|bozza|rascunho|черновик|szkic|taslak|مسودة"
+    r"|下書き|草稿|초안)(?![\w'’])(?:[ \t]*(?:#|no\.|nr\.)?[ \t]*\d{1,2}|[ \t]+[ivx]{1,4}"
+    r"|[ \t]*[(（]\d{1,2}[)）])?[ \t]*[:：][\s*_]*\Z")
+
+
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
     """The answer among usable values: the values introduced as not the answer
     (examples, drafts, the input, conditions) are left out (unless that leaves none),
     so are bracketed prose and citations (:func:`_weak`) when a later list of strings
     written as strict JSON remains, then the last one introduced as a correction or the
-    final answer, else the first."""
+    final answer, else the first. When every value is introduced as a draft, the last
+    (:data:`_DRAFT_LEAD`)."""
+    if len(picks) > 1 and all(
+            _DRAFT_LEAD.search(_lead(text, s, picks[i - 1][1] if i else 0)) is not None
+            for i, (s, _e, _p) in enumerate(picks)):
+        return picks[-1][2]  # drafts only ("Draft 1: {...} Draft 2: {...}"): the last
     kept = [i for i in range(len(picks))
             if not _not_the_answer(text, picks[i][0], picks[i - 1][1] if i else 0)] \
         or list(range(len(picks)))
@@ -1396,12 +1518,13 @@ def _line_closing_tag(text: str, quote: int, end: int, opened: dict[str, int]) -
 
 
 def _first_openings(text: str) -> dict[str, int]:
-    """Where each reasoning tag's name first opens in ``text`` (when any closes)."""
+    """Where each reasoning tag's name first opens in ``text`` (when any closes): -1 for
+    a name that closes before it opens (a headless block, opened by the chat template
+    before the reply)."""
     opened: dict[str, int] = {}
     if "</" in text:
         for m in _REASONING_TAG.finditer(text):
-            if not m.group(1):
-                opened.setdefault(m.group(2).lower(), m.start())
+            opened.setdefault(m.group(2).lower(), -1 if m.group(1) else m.start())
     return opened
 
 
@@ -1415,8 +1538,8 @@ def _closes_reasoning(text: str, quote: int, end: int, opened: dict[str, int]) -
         name = m.group(2).lower()
         if not m.group(1):
             inside.add(name)
-        elif name not in inside and opened.get(name, end) < quote:
-            return True
+        elif name not in inside and 0 <= opened.get(name, end) < quote:
+            return True  # (not a headless block's: a tag in a one-line string is text)
     return False
 
 
@@ -1522,11 +1645,11 @@ def reasoning_aside(text: str, *, prose: bool = False) -> str:
     tag and that tag ends its line ("Models end it with </think> and answer." is
     prose)."""
     converted = _as_think_tags(text) if _OTHER_REASONING.search(text) is not None else text
-    aside = _set_aside_reasoning(converted, prose=prose)
+    aside = _set_aside_reasoning(converted, prose=prose, touching=converted is text)
     return converted if aside is None else aside[0]
 
 
-def _set_aside_reasoning(text: str, *, prose: bool = False
+def _set_aside_reasoning(text: str, *, prose: bool = False, touching: bool = True
                          ) -> tuple[str, bool, bool] | None:
     """The reply without its reasoning (``<think>...</think>`` blocks - or
     ``<thinking>``, ``<reasoning>`` -, one cut off at the end included, and a headless
@@ -1535,8 +1658,13 @@ def _set_aside_reasoning(text: str, *, prose: bool = False
     there is no reasoning. Not certain: a headless block with JSON syntax in it, which
     might instead be an answer holding the text ``</think>`` (the caller then searches
     the whole output if the rest holds no answer). Third: whether the output ends inside
-    a block (cut off while thinking)."""
+    a block (cut off while thinking). ``prose``: only the tags that are markup count
+    (:func:`_markup_tags`; ``touching``: those that touch their content), and only the
+    blocks that open the reply (after blanks or another block): a ``<reasoning>``
+    element inside an XML answer is part of it."""
     tags = _outside_strings(_REASONING_TAG.finditer(text), text)
+    if prose and tags:
+        tags = _markup_tags(text, tags, touching=touching)
     if not tags:
         return None
     first_close = next((m for m in tags if m.group(1)), None)
@@ -1549,6 +1677,8 @@ def _set_aside_reasoning(text: str, *, prose: bool = False
         head = text[:first_close.start()]
         sure = "{" not in head and "[" not in head
         rest_at = first_close.end()
+    if prose:
+        blocks = _opening_blocks(text, blocks, rest_at)
     if rest_at == 0 and not blocks:
         return None
     pieces, at = [], rest_at
@@ -1561,6 +1691,51 @@ def _set_aside_reasoning(text: str, *, prose: bool = False
 
 
 _LINE_END = re.compile(r"[ \t]*(?:\n|\r|\Z)")
+#: A line that opens or closes a Markdown code fence.
+_FENCE_LINE = re.compile(r"(?m)^[ \t]*(?:```|~~~)")
+#: The start of an indented code line or a block quote's line.
+_CODE_OR_QUOTE = re.compile(r"    |\t|[ \t]*>")
+
+
+def _markup_tags(text: str, tags: list[re.Match[str]], *, touching: bool
+                 ) -> list[re.Match[str]]:
+    """The reasoning ``tags`` of a text answer that are markup rather than mentions of
+    the tags: not inside a code fence, on an indented code line (four spaces or a tab)
+    or on a block quote's line (``>``); ``touching``: an opening tag followed by its
+    line's end or by a non-blank, a closing one preceded by its line's start or by a
+    non-blank ("<think> tags mark the reasoning", "everything before </think>" are
+    prose)."""
+    fences = [m.start() for m in _FENCE_LINE.finditer(text)]
+    kept = []
+    line = seen = 0  # the start of the line of the tag before, and where it ended
+    for m in tags:
+        if bisect_right(fences, m.start()) % 2:
+            continue  # inside a fence
+        line = text.rfind("\n", seen, m.start()) + 1 or line
+        seen = m.end()
+        if _CODE_OR_QUOTE.match(text, line, m.start()) is not None:
+            continue
+        if touching:
+            if m.group(1):
+                if m.start() and text[m.start() - 1] in " \t":
+                    continue
+            elif text[m.end():m.end() + 1] in (" ", "\t"):
+                continue
+        kept.append(m)
+    return kept
+
+
+def _opening_blocks(text: str, blocks: list[tuple[int, int, bool]], at: int
+                    ) -> list[tuple[int, int, bool]]:
+    """The ``blocks`` that open the reply from ``at``: the first after nothing but
+    blanks, each next right after the one before (blanks between)."""
+    kept = []
+    for block in blocks:
+        if text[at:block[0]].strip():
+            break
+        kept.append(block)
+        at = block[1]
+    return kept
 
 
 def _think_blocks(text: str, tags: list[re.Match[str]]) -> list[tuple[int, int, bool]]:

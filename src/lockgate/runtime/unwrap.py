@@ -192,7 +192,12 @@ def _tool_call(obj: dict[str, Any], plan: OutputPlan) -> tuple[str, Any] | None:
     writes them), also where the rule declares a ``name`` field of its own: the object
     holds a function's name and its arguments (an ``id`` or ``type`` beside), the rule
     declares no field named like the arguments' key, and the arguments declare fields
-    of the rule. None otherwise."""
+    of the rule. Never an object that reads as the answer itself: the call is
+    unwrapped only when the object, read as the answer, misses a required field or
+    holds no declared field but ``name``, and its arguments hold strictly more of the
+    declared fields than it does, among them every required one it holds (``{"name":
+    "lookup_user", "parameters": {"name": "Bob"}}`` under a rule of ``name`` and
+    ``input`` is delivered as written). None otherwise."""
     if len(obj) > 5 or not isinstance(obj.get("name"), str) \
             or _FUNCTION_NAME.match(obj["name"]) is None:
         return None
@@ -210,7 +215,38 @@ def _tool_call(obj: dict[str, Any], plan: OutputPlan) -> tuple[str, Any] | None:
             found = (key, value)
         elif key != "name" and folded not in _CALL_KEYS:
             return None
-    return found
+    if found is None:
+        return None
+    outer = _held({k: v for k, v in obj.items() if k != found[0]}, plan)
+    if not (set(plan.required) - outer or outer <= {"name"}):
+        return None  # the object conforms as written: it is the answer
+    inner = _held(found[1], plan)
+    if (set(plan.required) & outer) - inner:
+        return None  # (the arguments would lose a required field the object holds)
+    return found if len(inner) > len(outer) else None
+
+
+def _held(obj: dict[str, Any], plan: OutputPlan) -> set[str]:
+    """The declared top-level fields an object holds (exactly or by alias) with a value
+    of the field's kind (an object, an array or a scalar, as the schema types it)."""
+    held: set[str] = set()
+    lookup = plan.root.lookup
+    for i, (k, v) in enumerate(obj.items()):
+        if i >= _MAX_KEYS:
+            break
+        name = lookup.get(fold(k)) if isinstance(k, str) else None
+        if name is None:
+            continue
+        node = plan.root.props.get(name)
+        if node is not None and node.types and node.enum is None:
+            kind = "object" if isinstance(v, dict) else "array" if isinstance(v, list) \
+                else None
+            if kind is not None and kind not in node.types:
+                continue
+            if kind is None and v is not None and node.types <= {"object", "array"}:
+                continue
+        held.add(name)
+    return held
 
 
 def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
