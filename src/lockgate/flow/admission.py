@@ -10,6 +10,8 @@ never take a fallback and wait for their endpoint.
 
 Before an answer has taught a task type's token estimate, at most :data:`COLD_CALLS`
 of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`).
+So do the calls of an endpoint with no known limit before its first answer (whose
+headers may name one).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class Ticket:
     model: TokenModel | None
     input_chars: int
     cold: Cold | None = None
+    #: Whether it was paid from the shared bucket's budget (False: sent while no limit
+    #: was known; charged when it answers, if a limit was learned meanwhile).
+    budgeted: bool = True
 
 
 #: Shortest wait for scheduled budget (calls that become usable within it go together).
@@ -131,8 +136,16 @@ class Admission:
             model = self.models.get(st.ep, config, task.config_hash) if st.tok_limited \
                 else None
             cold: Cold | None = None
+            key: tuple[str, str] | None = None
             if model is not None and model.samples == 0:
-                cold = self.cold.get((st.name, task.config_hash))
+                key = (st.name, task.config_hash)
+            elif not st.limited and not st.heard:
+                # No limit known and no answer yet: its headers may name one. Until
+                # then a few calls only (else as many as the concurrency, 512 at once,
+                # of which 462 met 429s and spent their attempts).
+                key = (st.name, "")
+            if key is not None:
+                cold = self.cold.get(key)
                 if cold.in_flight >= COLD_CALLS:
                     self.waiting += 1
                     try:
@@ -146,7 +159,7 @@ class Admission:
                 if cold is not None:
                     cold.in_flight += 1
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars, cold)
+                              input_chars, cold, st.limited)
             w = self._enqueue(st, tokens, now, pinned)
             if cold is not None:
                 cold.in_flight += 1  # held while it waits for budget, so others wait too
@@ -159,7 +172,7 @@ class Admission:
                 raise
             if go:
                 return Ticket(st, tokens, w.probe, routed_from, task.batch_id, model,
-                              input_chars, cold)
+                              input_chars, cold, st.limited)
             self.cold.done(cold, None)
             # rerouted: the endpoint became unusable while the call waited; route again
 
@@ -194,6 +207,13 @@ class Admission:
     def _infer_pace(self, st: EndpointState, now: float) -> None:
         answered = st.infer_pace(now)
         if answered is not None and st.pace is not None:
+            if st.tok_limited:  # it named a token limit (learned or set), no request one
+                log.info("endpoint %s refuses calls for the rate and names no request "
+                         "limit (its token limit is known and kept): its calls are paced "
+                         "at %.3g a second in this worker (%d accepted in the %g s before "
+                         "a 429); set rpm for it to pace by its request limit instead",
+                         st.name, st.pace.rate, answered, st.ep.limit_enforced_s)
+                return
             log.info("endpoint %s refuses calls for the rate and names no limit: its "
                      "calls are paced at %.3g a second in this worker (%d accepted in "
                      "the %g s before a 429); set rpm for it to pace by the limit "
@@ -204,10 +224,10 @@ class Admission:
         return (not st.waiters and not st.paused(now) and self._room(st, tokens, now)
                 and st.breaker.available(now))
 
-    def undo(self, st: EndpointState, tokens: float) -> None:
+    def undo(self, st: EndpointState, tokens: float, *, budgeted: bool = True) -> None:
         """A call that passed was never sent: its slot and budget are free again."""
         st.in_flight -= 1
-        if st.limited:
+        if st.limited and budgeted:
             st.ledger.refund(tokens)
         if st.pace is not None:
             st.pace.give_back()

@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 #: Shortest wait of a task whose call met an endpoint that is down.
 DOWN_RETRY_S = 1.0
+#: How often a call waiting for the probe after a quota pause looks again.
+QUOTA_PROBE_WAIT_S = 0.05
 
 
 class FlowRows(BucketRows, LaneRows, Protocol):
@@ -88,8 +90,8 @@ class _Recorder:
     arrived while this one was being rendered): it waits the pause out, or, when the
     pause is long and a fallback is usable, hands the call back to be routed again."""
 
-    __slots__ = ("fallback_ready", "hold_max", "inner", "name", "outcome", "rerouted",
-                 "sent", "state")
+    __slots__ = ("fallback_ready", "hold_max", "inner", "name", "outcome", "probing",
+                 "rerouted", "sent", "state")
 
     def __init__(self, inner: Provider, state: EndpointState, hold_max: float,
                  fallback_ready: Callable[[Endpoint, float], bool]) -> None:
@@ -101,6 +103,7 @@ class _Recorder:
         self.outcome: CallOutcome | None = None
         self.sent = False
         self.rerouted = False
+        self.probing = False
 
     async def complete(self, request: CompletionRequest) -> Completion:
         st = self.state
@@ -108,7 +111,18 @@ class _Recorder:
             now = time.monotonic()
             left = st.paused_until - now
             if left <= 0:
-                break
+                if not st.quota_probe or not self.fallback_ready(st.ep, now):
+                    # (no fallback takes the others: each call is its task's attempt,
+                    # and a quota out for good must end its tasks, not hold them)
+                    break
+                # A quota pause ended: one call probes the endpoint, the others wait
+                # for its answer (all of them sent at once met the exhausted quota),
+                # then go to the fallback if it is out still.
+                if not st.probe_out:
+                    st.probe_out = self.probing = True
+                    break
+                await asyncio.sleep(QUOTA_PROBE_WAIT_S)
+                continue
             if ((left > self.hold_max or st.pause_reason == "quota")
                     and self.fallback_ready(st.ep, now)):
                 self.rerouted = True
@@ -120,8 +134,16 @@ class _Recorder:
             completion = await self.inner.complete(request)
         except ProviderError as exc:
             self.outcome = CallOutcome(None, exc, (time.perf_counter() - t0) * 1000)
+            if self.probing and exc.error_class is not ErrorClass.QUOTA_EXHAUSTED:
+                st.quota_probe = st.probe_out = False
+            raise  # (out of quota still: the new pause ends the probe)
+        except BaseException:
+            if self.probing:
+                st.probe_out = False  # it said nothing: the next call probes
             raise
         self.outcome = CallOutcome(completion, None, (time.perf_counter() - t0) * 1000)
+        if self.probing:
+            st.quota_probe = st.probe_out = False
         return completion
 
     async def close(self) -> None:  # pragma: no cover - never closed through the wrapper
@@ -190,12 +212,15 @@ class FlowControl:
         else:
             self.feedback.release(ticket, outcome)
 
-    def reroutes(self, primary: Endpoint, error_class: ErrorClass | None) -> bool:
-        """Whether a refused call (quota, rate limit) will find a fallback now, so its
-        task should be retried at once and without spending an attempt."""
-        if error_class not in THROTTLED or primary.fallback is None:
+    def reroutes(self, refused: Endpoint, error_class: ErrorClass | None) -> bool:
+        """Whether a call ``refused`` (quota, rate limit) by that endpoint (the task's
+        own or the fallback that took it) will find a fallback of the refusing endpoint
+        now, so its task should be retried at once and without spending an attempt. A
+        fallback with no usable fallback of its own that refuses spends the attempt (it
+        would otherwise be retried for ever, an attempt never spent)."""
+        if error_class not in THROTTLED or refused.fallback is None:
             return False
-        _st, routed_from = self.router.route(primary, time.monotonic())
+        _st, routed_from = self.router.route(refused, time.monotonic())
         return routed_from is not None
 
     async def call(self, task: ClaimedTask, config: TaskConfig, primary: Endpoint,
@@ -225,7 +250,7 @@ class FlowControl:
             self.release(ticket, rec.outcome)
             ec = rec.outcome.error_class if rec.outcome is not None else None
             # Refused before any work: the fallback takes it.
-            if not pin and self.reroutes(primary, ec):
+            if not pin and self.reroutes(st.ep, ec):
                 return res, Passage(ticket.routed_from, "rerouted")
             if down_error(rec.outcome):
                 now = time.monotonic()
@@ -248,21 +273,53 @@ class FlowControl:
         ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
         return max(float(self.cfg.min_backlog), rate * ahead)
 
+    def _limit_rate(self) -> float | None:
+        """Calls per second the known request limits of this worker's endpoints allow
+        together (configured, or learned from the shared row; times its rate factor);
+        None when one of them has no known request limit (it may take any number)."""
+        if not self.states:
+            return None
+        total = 0.0
+        for st in self.states.values():
+            if st.limit_rate is None:
+                return None
+            total += st.limit_rate
+        return total
+
+    def _first_room(self) -> int | None:
+        """While no call waits: the most tasks a claim may take when every endpoint has
+        a known request limit, ``backlog_s`` of that limit (at least the usual backlog):
+        the calls of such a claim wait for budget, as the backlog's would. None: no cap
+        (nothing known holds the calls back)."""
+        rate = self._limit_rate()
+        if rate is None:
+            return None
+        ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
+        return max(int(self._backlog_target()), int(rate * ahead))
+
     def claim_room(self, free: int) -> int:
         """How many tasks to claim now, given ``free`` places in the worker: only about
-        ``backlog_s`` of calls may wait for budget or a slot."""
+        ``backlog_s`` of calls may wait for budget or a slot (and, before any waits, the
+        backlog of the endpoints' known limits: :meth:`_first_room`)."""
         if self.waiting <= 0:
-            return free
+            cap = self._first_room()
+            return free if cap is None else max(0, min(free, cap))
         return max(0, min(free, int(self._backlog_target()) - self.waiting))
 
     def claim_threshold(self, usual: int) -> int:
         """Smallest claim worth a round trip."""
         if self.waiting <= 0:
-            return usual
+            cap = self._first_room()
+            return usual if cap is None else max(1, min(usual, cap // 4))
         return max(1, min(usual, int(self._backlog_target()) // 4))
 
     async def claim(self, room: int, *, lease_ms: int, worker_id: str) -> list[ClaimedTask]:
-        """Claim up to ``room`` tasks (:meth:`lockgate.flow.lanes.Lanes.claim`)."""
+        """Claim up to ``room`` tasks (:meth:`lockgate.flow.lanes.Lanes.claim`), never
+        before the flow loop's first lease and lane discovery (:meth:`run`): a window
+        batch already open is paced, and batches share by weight, from the first claim
+        (a plain claim knows neither)."""
+        if not self.admission.ready.is_set():
+            await self.admission.ready.wait()
         return await self.lanes.claim(room, lease_ms=lease_ms, worker_id=worker_id)
 
     # -- the background loop -------------------------------------------------------------

@@ -74,9 +74,14 @@ class Pace:
     held: float = 0.0  # the rate that last held a period without a 429
 
     @classmethod
-    def inferred(cls, answered: int, period: float, now: float) -> Pace:
+    def inferred(cls, answered: int, period: float, now: float, *,
+                 cold: bool = False) -> Pace:
+        """A pace from the calls ``answered`` in the period up to a 429. From a
+        ``cold`` period (the first calls were sent inside it: it says little of the
+        limit, only that the provider took that many) the pace doubles each period
+        without a 429 until one comes, not by 2 %."""
         rate = max(PACE_MIN_RATE, PACE_START * answered / period)
-        return cls(rate, period, 0.0, now, now, now, rate)
+        return cls(rate, period, 0.0, now, now, now, math.inf if cold else rate)
 
     def _cap(self) -> float:
         """The most calls that may go at once."""
@@ -134,7 +139,7 @@ class Pace:
         raises it, doubling back up to the rate that last held, then by 2 %."""
         if now - max(self.cut_at, self.rose_at) >= self.period:
             self._refill(now)
-            self.held = max(self.held, self.rate)  # it held a period
+            self.held = max(self.held, self.rate)  # it held a period (inf: a cold start)
             if self.rate < self.held:
                 self.rate = min(self.held, self.rate * PACE_REGAIN)
             else:
@@ -258,11 +263,12 @@ class Health:
 class EndpointState:
     """One endpoint in one worker (see the module docstring)."""
 
-    __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "health", "in_flight",
-                 "ledger", "limited", "name", "pace", "pause_inferred", "pause_reason",
-                 "paused_until", "period_answers", "period_refusals", "recent", "refused",
-                 "refused_recent", "req_limited", "short_reset", "short_until", "timer",
-                 "tok_limited", "waiters", "waiting_tokens")
+    __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "first_sent",
+                 "health", "heard", "in_flight", "ledger", "limit_rate", "limited",
+                 "name", "pace", "pause_inferred", "pause_reason", "paused_until",
+                 "period_answers", "period_refusals", "probe_out", "quota_probe",
+                 "recent", "refused", "refused_recent", "req_limited", "short_reset",
+                 "short_until", "timer", "tok_limited", "waiters", "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
         self.ep = ep
@@ -288,6 +294,8 @@ class EndpointState:
         self.refused: float | None = None
         #: The pace kept after 429s on an endpoint that names no limit (None: none).
         self.pace: Pace | None = None
+        #: When this worker sent its first call to it while no limit was known.
+        self.first_sent: float | None = None
         self.waiters: deque[Waiter] = deque()
         self.waiting_tokens = 0.0
         self.in_flight = 0
@@ -305,6 +313,10 @@ class EndpointState:
                                max_open_s=fs.breaker_max_open_s, probes=fs.breaker_probes)
         self.paused_until = 0.0
         self.pause_reason: str | None = None
+        #: A quota pause began: when it ends, one call probes the endpoint, the others
+        #: wait for its answer (``probe_out``: that call is out).
+        self.quota_probe = False
+        self.probe_out = False
         #: Whether the pause in force was only inferred (from headers, or the default
         #: of a 429 that named none): a Retry-After replaces it, longer or shorter.
         self.pause_inferred = False
@@ -315,6 +327,13 @@ class EndpointState:
         self.short_until = 0.0
         self.short_reset = 0.0
         self.factor = 1.0  # share of the limits in force, from the shared row
+        #: Calls per second its known request limit allows (configured, or from the
+        #: shared row at each lease, times the factor); None: no request limit known.
+        self.limit_rate: float | None = ep.rpm / ep.limit_window_s if ep.rpm else None
+        #: Whether the provider answered a call of this worker yet (its headers read):
+        #: until then an endpoint with no known limit gets a few calls only
+        #: (:class:`~lockgate.flow.admission.Admission`).
+        self.heard = False
         self.ledger = Ledger()
         self.health = Health()
 
@@ -358,7 +377,12 @@ class EndpointState:
         self.answered.clear()
         if answered < PACE_MIN_ANSWERED:
             return None
-        self.pace = Pace.inferred(answered, period, now)
+        # The worker's first calls went inside the period: it shows what the provider
+        # took of a start, not its limit (a provider allowing 8 calls in flight took
+        # 16 in the first second; paced at 14 a second and rising 2 % a period, it ran
+        # at a tenth of what it takes for minutes).
+        cold = self.first_sent is None or self.first_sent > refused - period
+        self.pace = Pace.inferred(answered, period, now, cold=cold)
         return answered
 
     def learned(self, rpm: float | None, tpm: float | None, now: float) -> None:
@@ -373,7 +397,9 @@ class EndpointState:
             since = now - self.ep.limit_enforced_s
             sent = sum(1 for t in self.recent if t > since)
             refused = sum(1 for t in self.refused_recent if t > since)
-            self.ledger.debt_req += max(0, sent - refused)
+            # Calls still in flight are charged when they are answered (not if refused:
+            # charged now, the 429s of a start-up burst were a debt of seconds).
+            self.ledger.debt_req += max(0, sent - refused - self.in_flight)
         if tpm is not None and not self.tok_limited:
             self.tok_limited = True
         if (self.req_limited or self.tok_limited) and not self.limited:
@@ -414,6 +440,8 @@ class EndpointState:
             self.ledger.tok -= tokens
         else:
             self.recent.append(now)
+            if self.first_sent is None:
+                self.first_sent = now
         if self.pace is not None:
             self.pace.take(now)
         self.in_flight += 1

@@ -83,7 +83,7 @@ class Feedback:
         back to routing): the budget goes back, the breaker's probe place is free."""
         t.state.breaker.unjudged(t.probe)
         self.admission.cold.done(t.cold, None)
-        self.admission.undo(t.state, t.tokens)
+        self.admission.undo(t.state, t.tokens, budgeted=t.budgeted)
 
     def abandoned(self, t: Ticket) -> None:
         """A call was cancelled or crashed while it was being sent: its budget counts
@@ -129,18 +129,16 @@ class Feedback:
         else:  # an answer, whatever it says: the endpoint is reachable
             h.last_answer = now
             h.failing_since = None
+            st.heard = True
         if completion is not None:  # the provider took the call
             if st.pace is not None:
                 if st.waiters:  # the pace holds calls back, and no 429 came
                     st.pace.rise(now)
             elif not st.req_limited:
                 st.answered.append(now - out.latency_ms / 1000.0)  # when it was sent
+        self._charge(t, throttled, now - out.latency_ms / 1000.0)
         if throttled:
             st.breaker.unjudged(t.probe)
-            if st.limited:  # the provider did not count it: the reservation goes back
-                st.ledger.refund(t.tokens)
-            else:  # nor is it charged once a limit is learned
-                st.refused_recent.append(now - out.latency_ms / 1000.0)
         else:
             was = st.breaker.state
             st.breaker.record(now, failed=failed, probe=t.probe)
@@ -150,6 +148,22 @@ class Feedback:
         self.admission.cold.done(t.cold, t.model)
         self._learn(st, out, now, t.tokens)
         self.admission.dispatch(st)
+
+    @staticmethod
+    def _charge(t: Ticket, throttled: bool, sent: float) -> None:
+        """The request a call (sent at ``sent``) costs in the shared bucket: a refused
+        one (429) was not counted by the provider, an answered one was."""
+        st = t.state
+        if throttled:
+            if st.limited:  # the provider did not count it: the reservation goes back
+                if t.budgeted:  # (sent before the limit was known: never charged)
+                    st.ledger.refund(t.tokens)
+            else:  # nor is it charged once a limit is learned
+                st.refused_recent.append(sent)
+        elif st.req_limited and not t.budgeted:
+            # Sent before the limit was learned, in flight then (not charged with the
+            # calls already answered): in the provider's window now.
+            st.ledger.debt_req += 1.0
 
     def _breaker_changed(self, st: EndpointState, was: BreakerState, now: float) -> None:
         """Say so when an endpoint's breaker opens (WARNING: its calls stop) and when it
@@ -220,9 +234,17 @@ class Feedback:
                 return
         sig = read_signals(headers, out.retry_after_ms)
         led = st.ledger
-        if sig.limit_requests is not None and sig.limit_requests != led.sent_rpm:
+        # A limit whose reset (the time until it is full again) is well beyond the
+        # window (twice: a reset given as a time in whole seconds may pass it a little)
+        # is not per window (Groq's requests limit is per day: 14,400 with a reset of
+        # 2m59.56s): it is not learned as one; its pauses still come from remaining
+        # and reset.
+        window_ms = 2 * st.ep.limit_window_s * 1000.0
+        if sig.limit_requests is not None and sig.limit_requests != led.sent_rpm \
+                and (sig.reset_requests_ms or 0) <= window_ms:
             led.learned_rpm = float(sig.limit_requests)
-        if sig.limit_tokens is not None and sig.limit_tokens != led.sent_tpm:
+        if sig.limit_tokens is not None and sig.limit_tokens != led.sent_tpm \
+                and (sig.reset_tokens_ms or 0) <= window_ms:
             led.learned_tpm = float(sig.limit_tokens)
         if not st.limited and (led.learned_rpm or led.learned_tpm):
             # The first limit this endpoint names: from now on calls wait for budget
@@ -248,6 +270,11 @@ class Feedback:
             if not st.req_limited:  # refused for the rate, with no limit known
                 self._pace(st, sent, now)
             self._refused(st, sig, sent, now, tokens)
+        elif ec is not None and sig.explicit and sig.remaining_requests != 0 \
+                and sig.remaining_tokens != 0:
+            # A Retry-After on another error (a 503): the server is unavailable for
+            # that long, no limit is spent (before, its pause read "exhausted").
+            self._pause(st, sig.pause_ms() or 0, "unavailable", now, explicit=True)
         else:
             ms = self._exhausted_ms(st, sig, None, now, tokens)
             if ms:
@@ -311,6 +338,8 @@ class Feedback:
                     st.ledger.give_up()
             st.paused_until = until
             st.pause_reason = reason
+            if reason == "quota":  # when it ends, one call probes the endpoint
+                st.quota_probe, st.probe_out = True, False
             if st.pace is not None:
                 st.pace.hold(until)
             st.pause_inferred = not explicit and reason != "quota"

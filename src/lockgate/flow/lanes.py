@@ -101,6 +101,9 @@ class Lanes:
         self._fair = FairShare()
         self.lane_claims = 0
         self.plain_claims = 0
+        #: Whether a discovery ran (a claim before any would not know the windows
+        #: and weights: it would be a plain claim).
+        self.refreshed = False
 
     # -- what the answers teach ---------------------------------------------------------
 
@@ -149,6 +152,7 @@ class Lanes:
 
     async def refresh(self) -> None:
         """Find the lanes, weigh them, and recompute the pace of window batches."""
+        self.refreshed = True
         try:
             lanes, now_ms = await self._db(self.rows.lanes, self.pool)
             self._refreshes.ok()
@@ -212,6 +216,8 @@ class Lanes:
         and within window paces; a plain claim when there is one batch to serve."""
         if room <= 0:
             return []
+        if not self.refreshed:  # the lanes first: windows and weights apply from here
+            await self.refresh()
         if not self._fair_needed():
             self.plain_claims += 1
             rows: list[ClaimedTask] = await self._db(self.rows.claim, room,

@@ -297,6 +297,8 @@ class Budget:
             st.learned(res.rpm, res.tpm, mono)
             st.ledger.granted(res.grant, at)
             st.factor = res.factor
+            st.limit_rate = res.rpm * res.factor * 1000.0 / res.window_ms \
+                if res.rpm and res.window_ms > 0 else None
             if res.grant.paused_ms:
                 until = mono + res.grant.paused_ms / 1000.0
                 if until > st.paused_until + 0.001:
@@ -308,6 +310,8 @@ class Budget:
                             st.ledger.give_up()
                     st.paused_until = until
                     st.pause_reason = res.pause_reason
+                    if res.pause_reason == "quota":  # one call probes when it ends
+                        st.quota_probe, st.probe_out = True, False
             ask = sent[name].ask
             if (ask.requests and res.grant.requests < ask.requests) or \
                     (ask.tokens and res.grant.tokens < ask.tokens - 1e-6):
