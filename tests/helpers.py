@@ -12,12 +12,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+import pytest
 from aiohttp import web
 from sqlalchemy import text
 
+from lockgate.config import load_settings
+from lockgate.errors import ConfigError
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.openai import OpenAICompatible
 from lockgate.store import Store
@@ -141,31 +145,11 @@ def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
                 ) -> Iterator[str]:
     """An OpenAI-compatible endpoint answering ``POST /v1/chat/completions`` with
     ``handle``, on a thread's event loop; yields its base URL (``.../v1``)."""
-    state: dict[str, Any] = {}
-    started = threading.Event()
-
-    def serve() -> None:
-        loop = asyncio.new_event_loop()
-        app = web.Application()
+    def routes(app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", handle)
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        state["loop"], state["port"] = loop, runner.addresses[0][1]
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10), "the test's endpoint did not start"
-    try:
-        yield f"http://127.0.0.1:{state['port']}/v1"
-    finally:
-        state["loop"].call_soon_threadsafe(state["loop"].stop)
-        thread.join(10)
+    with app_server(routes) as root:
+        yield f"{root}/v1"
 
 
 @contextlib.contextmanager
@@ -300,3 +284,12 @@ def raw_server(srv: RawServerT) -> Iterator[RawServerT]:
     finally:
         srv.loop.call_soon_threadsafe(srv.loop.stop)
         thread.join(10)
+
+
+def config_refused(tmp_path: Path, toml: str) -> str:
+    """The message of the ``ConfigError`` a config file of ``toml`` is refused with."""
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    return str(err.value)

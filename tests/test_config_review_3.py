@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import helpers
 import lockgate
 from lockgate.cli import app
 from lockgate.config import Settings, WorkerSettings, load_settings
@@ -17,13 +18,7 @@ from lockgate.durations import parse_duration
 from lockgate.errors import ConfigError, SpecError
 from lockgate.flow.window import parse_when
 
-
-def refused(tmp_path: Path, toml: str) -> str:
-    cfg = tmp_path / "lockgate.toml"
-    cfg.write_text(toml)
-    with pytest.raises(ConfigError) as err:
-        load_settings(cfg)
-    return str(err.value)
+refused = helpers.config_refused
 
 
 # -- numeric durations: the 100-year cap and finiteness ------------------------------

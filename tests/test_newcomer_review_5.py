@@ -16,6 +16,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner, Result
 
+import helpers
 from lockgate.cli import app
 from lockgate.config import Settings, load_settings
 from lockgate.durations import parse_duration
@@ -47,12 +48,7 @@ def write_tasks(path: Path, *ids: str) -> Path:
     return path
 
 
-def refused(tmp_path: Path, toml: str) -> str:
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(toml)
-    with pytest.raises(ConfigError) as info:
-        load_settings(cfg)
-    return str(info.value)
+refused = helpers.config_refused
 
 
 # -- 1. a database URL's scheme in any case -------------------------------------------
@@ -354,7 +350,8 @@ def test_timeout_ms_given_as_a_duration_says_it_is_milliseconds() -> None:
     assert "unable to parse string" not in str(info.value)
     with pytest.raises(SpecError, match="a whole number of milliseconds"):
         parse_task(task(timeout_ms="soon"))
-    assert parse_task(task(timeout_ms=20000)).model.timeout_ms == 20000
+    model = parse_task(task(timeout_ms=20000)).model
+    assert model is not None and model.timeout_ms == 20000
 
 
 def test_lockgate_error_is_the_boundary_type() -> None:

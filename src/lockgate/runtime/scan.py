@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -484,18 +485,27 @@ def ascii_syntax(text: str) -> str:
     they stand as JSON syntax (see the module doc); ``text`` itself if there is none."""
     if not may_be_wide(text) or _FULLWIDTH.search(text) is None:
         return text
+    return _by_regions(text, _START, _convert_region)
+
+
+def _by_regions(text: str, start: re.Pattern[str],
+                region: Callable[[str, int, list[str]], int]) -> str:
+    """``text`` with each region that a match of ``start`` opens rewritten by
+    ``region`` (which appends the region as rewritten to its list and returns where the
+    region ended), the text between regions as it is; ``text`` itself if nothing
+    changed."""
     out: list[str] = []
     pos = 0
     n = len(text)
     while pos < n:
-        m = _START.search(text, pos)
+        m = start.search(text, pos)
         if m is None:
             break
         out.append(text[pos:m.start()])
-        pos = _convert_region(text, m.start(), out)
+        pos = region(text, m.start(), out)
     out.append(text[pos:])
-    converted = "".join(out)
-    return text if converted == text else converted
+    rewritten = "".join(out)
+    return text if rewritten == text else rewritten
 
 
 def _convert_region(text: str, start: int, out: list[str]) -> int:
@@ -574,18 +584,7 @@ def plain_blanks(text: str) -> str:
     if (not any(c in text for c in _ASCII_BLANKS) if text.isascii()
             else _BLANK.search(text) is None):
         return text
-    out: list[str] = []
-    pos = 0
-    n = len(text)
-    while pos < n:
-        m = ANY_START.search(text, pos)
-        if m is None:
-            break
-        out.append(text[pos:m.start()])
-        pos = _plain_region(text, m.start(), out)
-    out.append(text[pos:])
-    plain = "".join(out)
-    return text if plain == text else plain
+    return _by_regions(text, ANY_START, _plain_region)
 
 
 def _plain_region(text: str, start: int, out: list[str]) -> int:
