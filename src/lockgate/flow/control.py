@@ -267,11 +267,14 @@ class FlowControl:
 
     # -- claims ----------------------------------------------------------------------
 
+    def _ahead(self) -> float:
+        """Seconds of calls a claim keeps waiting: ``backlog_s``, and at least the two
+        grant gaps the budget is asked for ahead (a loaded machine)."""
+        return max(self.cfg.backlog_s, 2 * self.budget.horizon)
+
     def _backlog_target(self) -> float:
         rate = sum(st.health.rate for st in self.states.values())
-        # At least the two grant gaps the budget is asked for ahead (a loaded machine).
-        ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
-        return max(float(self.cfg.min_backlog), rate * ahead)
+        return max(float(self.cfg.min_backlog), rate * self._ahead())
 
     def _limit_rate(self) -> float | None:
         """Calls per second the known request limits of this worker's endpoints allow
@@ -294,8 +297,7 @@ class FlowControl:
         rate = self._limit_rate()
         if rate is None:
             return None
-        ahead = max(self.cfg.backlog_s, 2 * self.budget.horizon)
-        return max(int(self._backlog_target()), int(rate * ahead))
+        return max(int(self._backlog_target()), int(rate * self._ahead()))
 
     def claim_room(self, free: int) -> int:
         """How many tasks to claim now, given ``free`` places in the worker: only about
