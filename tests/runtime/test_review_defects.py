@@ -292,7 +292,7 @@ def test_an_integer_beyond_64_bits_is_refused_not_approximated() -> None:
 
 @SETTINGS
 @given(n=st.one_of(st.integers(), st.integers(-(1 << 70), 1 << 70)),
-       rule=st.sampled_from([INT, NUM]), suffix=st.sampled_from(["", ".0", ".000"]))
+       rule=st.sampled_from([INT, NUM]), suffix=st.sampled_from(["", ".0", ".00", ".0000"]))
 def test_an_integer_string_is_read_exactly_or_refused(
         n: int, rule: DeliveryRule, suffix: str) -> None:
     if rule is NUM and suffix:

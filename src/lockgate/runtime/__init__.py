@@ -15,7 +15,7 @@ three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
 """
 
 from lockgate.runtime.normalize import normalize_text, normalize_value
-from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output
+from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output, with_prefill
 from lockgate.runtime.render import Rendered, render
 from lockgate.runtime.sampling import sampling_params
 from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
@@ -48,4 +48,5 @@ __all__ = [
     "placeholders",
     "render",
     "sampling_params",
+    "with_prefill",
 ]

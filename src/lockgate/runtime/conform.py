@@ -42,6 +42,9 @@ from lockgate.runtime.normalize import strip_invisible
 from lockgate.runtime.schema import Node, lossy_integral
 
 _INT_RE = re.compile(r"[+-]?\d+(?:\.0*)?")
+#: One to three digits (not a lone 0), one dot, exactly three digits ("10.000"): in
+#: many locales a thousands separator, so in a string no integer is read from it.
+_DOT_THOUSANDS_RE = re.compile(r"[+-]?[1-9]\d{0,2}\.\d{3}")
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 #: A number written with thousands separators: 1 to 3 digits (not a leading 0), then
 #: groups of 3 ("1,234,567.5"); "0,900" (a decimal comma) is not one.
@@ -65,10 +68,15 @@ _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
 _MAX_SAFE = float(1 << 53)
 _TRUE = frozenset({"true", "yes", "y", "on", "1", "是", "对", "真", "正确", "有",
                    # ja, ko, ru, de/nl, fr, es/it, pt, pl, tr
-                   "はい", "예", "네", "да", "ja", "oui", "sí", "sim", "tak", "evet"})
+                   "はい", "예", "네", "да", "ja", "oui", "sí", "si", "sì", "sim", "tak", "evet",
+                   # fr, de, es, it, pt, nl; zh; informal English
+                   "vrai", "wahr", "verdadero", "vero", "verdadeiro", "waar", "是的", "对的",
+                   "yep", "yup", "yeah", "yea", "yah"})
 _FALSE = frozenset({"false", "no", "n", "off", "0", "否", "错", "假", "错误", "无", "没有",
                     "いいえ", "아니요", "아니오", "нет", "nein", "nee", "non", "não", "nie",
-                    "hayır"})
+                    "hayır",
+                    "faux", "falsch", "falso", "onwaar", "不是", "不", "不对", "nope", "nah",
+                    "nay"})
 _NULL = frozenset({"null", "none", "nil", "n/a", ""})
 
 
@@ -221,7 +229,7 @@ def _renames(obj: dict[str, Any], unknown: list[str], node: Node, fixes: Fixes,
             target = closest(key, [p for p in props if p not in taken])
             how = "fuzzy"
             if target is not None and fold(target) != folded \
-                    and not _may_be(obj[key], props[target]):
+                    and not may_be(obj[key], props[target]):
                 # a guess by spelling that the value contradicts: "data": {...} is
                 # no misspelt "date" string
                 target = None
@@ -232,7 +240,7 @@ def _renames(obj: dict[str, Any], unknown: list[str], node: Node, fixes: Fixes,
     return renames
 
 
-def _may_be(value: Any, node: Node) -> bool:
+def may_be(value: Any, node: Node) -> bool:
     """Whether ``value`` has, or converts to, a type the schema allows at ``node`` (an
     enum without a type allows its members' types); null and unknown types may be."""
     types = node.types or frozenset(json_type(m) for m in node.enum or ())
@@ -325,8 +333,11 @@ def _to_int(value: Any) -> tuple[bool, Any]:
         return True, int(value)
     if isinstance(value, str):
         text = _clean_number(value)
-        if len(text) <= _MAX_DIGITS and _INT_RE.fullmatch(text):
-            number = int(text.split(".", 1)[0])  # "12.000": exactly 12
+        if len(text) <= _MAX_DIGITS and _INT_RE.fullmatch(text) \
+                and not _DOT_THOUSANDS_RE.fullmatch(text):
+            # "12.0", "12.00": exactly 12; "10.000" (one dot, three digits) may be ten
+            # thousand written with a dot: ambiguous, refused
+            number = int(text.split(".", 1)[0])
             if _MIN_INT <= number <= _MAX_INT:
                 return True, number
     return False, value

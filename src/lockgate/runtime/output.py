@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -111,6 +112,25 @@ def parse_output(raw: str, rule: DeliveryRule, *, finish_reason: str | None = No
                         error=f"{INTERNAL}: {type(exc).__name__}", missing=plan.expected)
     # (unusable: judged without reading the output again)
     return judge_finish(failed, plan, finish_reason, raw, lambda text: failed)
+
+
+def with_prefill(messages: Sequence[Mapping[str, Any]], content: str) -> str:
+    """The answer to parse for a reply ``content`` to ``messages``: when the messages
+    end with an assistant message of non-blank content (a prefill of the answer, such as
+    ``{``), the provider's reply is its continuation, and the answer is the prefill
+    followed by it; unless the reply already begins (after leading white space) with
+    the prefill (a provider that ignores prefills answers whole). Otherwise
+    ``content`` as it is."""
+    if not messages:
+        return content
+    last = messages[-1]
+    prefill = last.get("content")
+    if last.get("role") != "assistant" or not isinstance(prefill, str) \
+            or not prefill.strip():
+        return content
+    if content.lstrip().startswith(prefill.strip()):
+        return content
+    return prefill + content
 
 
 def _parse(raw: str, plan: OutputPlan) -> Parsed:
@@ -179,4 +199,4 @@ def _valid_unicode(raw: str, fixes: Fixes) -> str:
 
 
 __all__ = ["INTERNAL", "MAX_REPAIR", "MAX_SEARCH", "USABLE", "ParseStatus", "Parsed",
-           "parse_output"]
+           "parse_output", "with_prefill"]

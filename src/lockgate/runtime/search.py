@@ -543,14 +543,16 @@ _CORRECTION = re.compile(
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
     r"|最终|更正|修正(?!前)|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
     # English beyond the above
-    r"|(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer|result|json))?"
-    r"[ \t]+(?:is|was)[ \t]+(?:wrong|incorrect|not right)"
+    r"|(?i:(?:the[ \t]+)?(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer"
+    r"|result|json))?[ \t]+(?:(?:is|was)[ \t]+(?:wrong|incorrect|not right|not correct|mistaken"
+    r"|erroneous|an? (?:error|mistake))|(?:had|has|contains|contained)[ \t]+(?:an?[ \t]+)?"
+    r"(?:error|mistake|typo|bug)s?))"
     # a label only, right before a value (:data:`_LABEL_TAIL`, :func:`_correction`):
     # "Hmm, no", "Never mind, it should be", "Disregard the previous output. Correct"
     # (not "Never mind, I see ...: {"), and a correction or the final answer in de, fr,
     # es, it, pt, ru, nl, pl, tr, ar, ja, ko ("Korrektur: {", not "Korrektur: keine
     # nötig", "수정 전:")
-    r"|(?P<label>(?i:hmm+,?[ \t]+no"
+    r"|(?P<label>(?i:hmm+,?[ \t]+no|fix|errat(?:um|a)|amendment|revision"
     r"|never[ \t]?mind(?:[ \t]*[,.!:—–][ \t]*(?:(?:it|that|this|the[ \t]+(?:answer|output"
     r"|label|result))[ \t]+(?:should be|is|was)|here(?:'s|’s| is)[ \t]+the[ \t]+(?:right"
     r"|correct|corrected|new|final|actual)[ \t]+(?:one|answer|output|version|json|result)))?"
@@ -625,7 +627,13 @@ _VERDICT_WORDS = (
     r"(?=[\s*_]*(?:[.,!;:…—–]|\Z))")
 _CONNECTIVES = (r"(?:(?:and|so|but|however|ok(?:ay)?|hmm+|well|now|then"
                 r"|here(?:'s| is| are)|this is|the|my|a|an|I think|I believe)[,\s]+)*")
+#: A verdict right after the value it judges, the value its subject ("{...} is wrong;
+#: it should be {...}", "{...} was a mistake.").
+_VERDICT_ON_VALUE = (
+    r"(?:is|was|'s|’s)[ \t]+(?:(?:quite|clearly|definitely)[ \t]+)?(?:wrong|incorrect|not right"
+    r"|not correct|mistaken|erroneous|a mistake|an error|off)(?=[\s*_]*(?:[.,!;:…—–]|\Z))")
 _VERDICT = re.compile(_CLAUSE + r"(?i:" + _CONNECTIVES + _VERDICT_WORDS + r")")
+_VERDICT_AFTER = re.compile(r"(?i:" + _VERDICT_ON_VALUE + r")")
 _REVISION = re.compile(
     _CLAUSE + r"(?i:" + _CONNECTIVES +
     r"(?:(?:" + _REVISED + r"\w*[ \t]+(?:(?:my|the|this|that|json|final)[ \t]+){0,2}"
@@ -649,7 +657,17 @@ _REVISION_END = re.compile(
     r"(?:[ \t]+(?:a|much|even|far))?[ \t]+(?:better|more[ \t]+(?:accurate|correct"
     r"|appropriate|fitting|precise|suitable))\b|更准确|更合适|更恰当"
     r"|(?:修改|调整|更改|修订|订正|更新|优化)后?(?:的)?(?:结果|答案|输出|版本|标签|分类|判断)?"
-    r"|改为|改成)[\s*_]*[.:：!]?[\s*_]*\Z")
+    r"|改为|改成"
+    # "it should be", "the label should read", "I'd change it to", "Here it is fixed:"
+    r"|\b(?:it|that|this|the[ \t]+(?:answer|label|output|result|json|classification"
+    r"|value|score|sentiment|category))[ \t]+should(?:[ \t]+(?:instead|actually|really"
+    r"|rather))?[ \t]+(?:be|read|have[ \t]+been)"
+    r"|\b(?:I'd|I’d|I'll|I’ll|I[ \t]+will|let[ \t]+me)[ \t]+(?:change|update|correct"
+    r"|revise|amend|switch)[ \t]+(?:it|that|this|my[ \t]+answer|the[ \t]+(?:answer|label"
+    r"|output|result|json))[ \t]+to"
+    r"|(?:^|\b(?:here(?:'s|’s| is)[ \t]+(?:it|that|the[ \t]+(?:json|answer|output"
+    r"|result))|(?:it|that)(?:'s|’s| is)|now))[ \t]*(?:fixed|corrected|revised|updated"
+    r"|amended))[\s*_]*[.:：!]?[\s*_]*\Z")
 #: A later value introduced as another item than the answer: another review or record,
 #: a reference, a template, a sample, a baseline, an older model's output.
 _OTHER_ITEM = re.compile(
@@ -661,12 +679,12 @@ _OTHER_ITEM = re.compile(
     r"|另一|其他|参考|模板|样例|示例|基线")
 #: A cheap look ahead for a revision after a value (:func:`_cued`): any of its words.
 _REVISION_HINT = re.compile(
-    r"(?i)(?=[rimacfutbolpdjп修调更改优订正올ص])(?:richtig|juist|doğru|правильно|poprawnie"
+    r"(?i)(?=[rimacfutbolpdjsп修调更改优订正올ص])(?:richtig|juist|doğru|правильно|poprawnie"
     r"|صحيح|正しい|正确|올바른|revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
     r"|more accurate|more appropriate|more fitting|more precise|more suitable|instead"
     r"|attempt|\btry\b|\bpass\b|re-?(?:evaluat|assess|examin|consider|check|think|analy)"
     r"|right|\boff\b|mistake|let me|更准确|更合适|更恰当|修改|调整|更改|修订|订正|更新|优化"
-    r"|改为|改成)")
+    r"|改为|改成|should|I'd|I’d|I'll|I’ll|I[ \t]+will)")
 #: What stands between a value and the first sentence after it: blanks, a fence's
 #: closing line, Markdown, closing quotes or brackets, a sentence's end.
 _AFTER_VALUE = re.compile(r"(?:\s|```|[*_>#`\"'”’)\]}.,;:])*")
@@ -971,7 +989,7 @@ def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
     stop = min(start, at + _INTRO)
     cut = _SENTENCE_END.search(text, at, stop)
     sentence = text[at:cut.end() if cut is not None else stop]
-    m = _VERDICT.search(sentence)
+    m = _VERDICT.search(sentence) or _VERDICT_AFTER.match(sentence)
     return m is not None and _HYPOTHETICAL.search(sentence) is None \
         and _OTHER_ITEM.search(text, at + m.end(), start) is None
 
@@ -1055,7 +1073,8 @@ def _revision_after(text: str, end: int) -> bool:
     after a revision word (:data:`_REVISION_HINT`) are tried, each once."""
     at = _AFTER_VALUE.match(text, end).end()  # type: ignore[union-attr]
     cut = _SENTENCE_END.search(text, at, at + _INTRO)
-    if _VERDICT.search(text[at:cut.end() if cut is not None else at + _INTRO]):
+    sentence = text[at:cut.end() if cut is not None else at + _INTRO]
+    if _VERDICT.search(sentence) or _VERDICT_AFTER.match(sentence):
         return True
     pos = end
     while (hint := _REVISION_HINT.search(text, pos)) is not None:

@@ -194,9 +194,11 @@ def finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
            cut: Region | None = None) -> Parsed:
     """Steps 4-9 on a value read from the output (``cut``: the region it was cut
     back from)."""
+    read = value
     value, where = unwrap(value, plan, fixes)
-    if cut is not None and isinstance(value, list) and plan.expect != "object" \
-            and where in cut.open_paths:
+    if cut is not None and ((isinstance(value, list) and plan.expect != "object")
+                            or (isinstance(read, list) and isinstance(value, dict)
+                                and not where)) and where in cut.open_paths:
         # The answer is a list the output was cut off in: never delivered in part (as a
         # list field, which is dropped).
         fixes.repair(f"truncated:{_place(where, ()) if where else '$'}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from lockgate.runtime.conform import Fixes
+from lockgate.runtime.conform import Fixes, may_be
 from lockgate.runtime.names import closest, fold
 from lockgate.runtime.scan import Path
 from lockgate.runtime.schema import Node, OutputPlan
@@ -264,10 +264,46 @@ def unwrap(value: Any, plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
         for label in found[2]:
             fixes.repair(label)
         return found[0], found[1]
+    name = list_field(value, plan)
+    if name is not None:
+        # the list answered bare where the object holds only that list
+        fixes.repair(f"wrapped:array->{name}")
+        return {name: value}, ()
     if isinstance(value, list) and value and isinstance(value[0], dict):
         fixes.repair("unwrapped:array")  # no declared field in it, but it is the answer
         return value[0], (0,)
     return value, ()
+
+
+def list_field(value: Any, plan: OutputPlan) -> str | None:
+    """The field a bare list answers (:func:`unwrap`), or None: the rule declares
+    exactly one field, a list (an ``"array"`` type or ``items``), and ``value`` is a
+    non-empty list none of whose elements declares that field (not an array around
+    the answer) and each of which fits the field's items: an object holding a key of
+    theirs where they are objects, a value of their type (or converting to it)."""
+    if not isinstance(value, list) or not value or len(plan.fields) != 1:
+        return None
+    name = plan.fields[0]
+    node = plan.root.props.get(name)
+    if node is None or not ("array" in node.types or node.items is not None) \
+            or len(value) > _MAX_KEYS:
+        return None
+    items = node.items
+    for el in value:
+        if declares(el, plan):
+            return None
+        if items is None:
+            continue
+        if items.props:
+            if not isinstance(el, dict) or not any(fold(k) in items.lookup for k in el):
+                return None
+        elif "array" in items.types or items.items is not None:
+            # a list of lists: a bare flat list is no list of them ([1, 2] is not
+            # [[1], [2]], as a scalar converting to a one-item list would make it)
+            return None
+        elif not may_be(el, items):
+            return None
+    return name
 
 
 def _unwrap_list(obj: dict[str, Any], plan: OutputPlan, fixes: Fixes) -> tuple[Any, Path]:
