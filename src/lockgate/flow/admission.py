@@ -98,6 +98,9 @@ class Ticket:
     #: Whether it was paid from the shared bucket's budget (False: sent while no limit
     #: was known; charged when it answers, if a limit was learned meanwhile).
     budgeted: bool = True
+    #: Sent blind: no limit known and no call of this worker refused for the rate yet
+    #: (a 429 then is the provider's first word on its limit, not the task's doing).
+    blind: bool = False
 
 
 #: Shortest wait for scheduled budget (calls that become usable within it go together).
@@ -159,7 +162,8 @@ class Admission:
                 if cold is not None:
                     cold.in_flight += 1
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited)
+                              input_chars, cold, st.limited,
+                              not st.limited and not st.refusing)
             w = self._enqueue(st, tokens, now, pinned)
             if cold is not None:
                 cold.in_flight += 1  # held while it waits for budget, so others wait too
@@ -172,7 +176,8 @@ class Admission:
                 raise
             if go:
                 return Ticket(st, tokens, w.probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited)
+                              input_chars, cold, st.limited,
+                              not st.limited and not st.refusing)
             self.cold.done(cold, None)
             # rerouted: the endpoint became unusable while the call waited; route again
 

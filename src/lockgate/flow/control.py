@@ -252,6 +252,14 @@ class FlowControl:
             # Refused before any work: the fallback takes it.
             if not pin and self.reroutes(st.ep, ec):
                 return res, Passage(ticket.routed_from, "rerouted")
+            if ec is ErrorClass.RATE_LIMITED and ticket.blind:
+                # Sent before the endpoint named a limit or refused anything: its
+                # first refusals say how much it takes (a concurrency limit refuses
+                # most of a cold start's calls at once), they are no fault of the
+                # task's. Retried after the pause without spending an attempt.
+                wait = max(0.0, st.paused_until - time.monotonic())
+                return res, Passage(ticket.routed_from, "first_429",
+                                    int(1000 * wait))
             if down_error(rec.outcome):
                 now = time.monotonic()
                 if self.feedback.down(st, now):  # not the task's fault

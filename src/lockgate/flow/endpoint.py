@@ -267,7 +267,7 @@ class EndpointState:
                  "health", "heard", "in_flight", "ledger", "limit_rate", "limited",
                  "name", "pace", "pause_inferred", "pause_reason", "paused_until",
                  "period_answers", "period_refusals", "probe_out", "quota_probe",
-                 "recent", "refused", "refused_recent", "req_limited", "short_reset",
+                 "recent", "refused", "refused_recent", "refusing", "req_limited", "short_reset",
                  "short_until", "timer", "tok_limited", "waiters", "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
@@ -292,6 +292,10 @@ class EndpointState:
         #: pace yet): a pace is inferred when the pause ends, once the calls accepted
         #: beside it (slower to answer than a 429) have answered.
         self.refused: float | None = None
+        #: Whether it has refused a call of this worker for the rate (429) yet: the
+        #: calls sent before, while no limit was known, were sent blind
+        #: (:attr:`~lockgate.flow.admission.Ticket.blind`).
+        self.refusing = False
         #: The pace kept after 429s on an endpoint that names no limit (None: none).
         self.pace: Pace | None = None
         #: When this worker sent its first call to it while no limit was known.

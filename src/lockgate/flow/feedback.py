@@ -110,6 +110,8 @@ class Feedback:
             h.failures += 1
         if throttled:
             h.throttled += 1
+            if ec is ErrorClass.RATE_LIMITED:
+                st.refusing = True
         if t.routed_from:
             h.rerouted += 1
         completion = out.completion

@@ -66,6 +66,9 @@ def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.Argumen
                    help="a 429 without the rate-limit headers (as many gateways send it)")
     p.add_argument("--quota-exhausted", action="store_true", default=None,
                    help="answer every request 429 insufficient_quota")
+    p.add_argument("--max-in-flight", type=int,
+                   help="requests worked on at once; one more is refused with a 429 "
+                        "naming no limit (a concurrency limit)")
     p.add_argument("--context-window", type=int, help="max prompt tokens")
     p.add_argument("--accuracy-noise", type=float, help="share of rule labels flipped")
     p.add_argument("--strict-models", action="store_true", default=None,
@@ -108,7 +111,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         overrides["latency"] = {**(base or {}), **latency}
     keys = [key for _flag, key, _help in _RATE_FLAGS] + [
         "retry_after_ms", "hang_s", "rpm", "tpm", "window_s", "enforce_s", "header_style",
-        "retry_hint", "limit_headers_on_429", "quota_exhausted",
+        "retry_hint", "limit_headers_on_429", "max_in_flight", "quota_exhausted",
         "context_window", "accuracy_noise", "strict_models", "require_api_key", "seed"]
     for key in keys:
         value = getattr(args, key)

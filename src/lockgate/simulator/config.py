@@ -131,6 +131,12 @@ class SimulatorConfig(BaseModel):
         "both", description="retry headers of a 429: retry-after-ms and retry-after, "
                             "retry-after only (whole seconds), or none")
 
+    max_in_flight: int | None = Field(
+        None, ge=1, description="requests it works on at once; one more is refused with a "
+                                "429 that names no limit (a concurrency limit: vLLM's "
+                                "queue, LiteLLM's max_parallel_requests, a provisioned "
+                                "deployment); retry_hint applies")
+
     quota_exhausted: bool = False
     context_window: int | None = Field(128_000, ge=1)
 

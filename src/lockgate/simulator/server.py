@@ -81,6 +81,8 @@ class Simulator:
         self.clock = clock  # the rate limiter's time (tests pass a clock they move)
         self.responder = Responder()
         self.limiter = RateLimiter()
+        #: Requests being worked on (past the concurrency check), for max_in_flight.
+        self._busy = 0
         self.stats = Stats()
         self.stopping = asyncio.Event()
         self._prefix = os.urandom(4).hex()
@@ -188,9 +190,33 @@ class Simulator:
         stats.begin(api_key, model or "(none)", idem)
         stats.in_flight += 1
         try:
-            return await self._complete(body, api_key, model, idem)
+            cap = self.config.max_in_flight
+            if cap is None:
+                return await self._complete(body, api_key, model, idem)
+            if self._busy >= cap:
+                return self._too_many(cap)
+            self._busy += 1
+            try:
+                return await self._complete(body, api_key, model, idem)
+            finally:
+                self._busy -= 1
         finally:
             stats.in_flight -= 1
+
+    def _too_many(self, cap: int) -> Reply:
+        """A request beyond ``max_in_flight``: a 429 naming no limit (only the retry
+        hint, as ``retry_hint`` says)."""
+        cfg = self.config
+        out: dict[str, str] = {}
+        hint = "none" if cfg.header_style == "none" else cfg.retry_hint
+        if hint == "both":
+            out["retry-after-ms"] = str(cfg.retry_after_ms)
+        if hint != "none":
+            out["retry-after"] = str(math.ceil(cfg.retry_after_ms / 1000.0))
+        self.stats.limited_by["concurrency"] += 1
+        return self._error(429, "rate_limited", f"Too many concurrent requests: at most "
+                           f"{cap} at once. Please try again later.", "requests",
+                           "rate_limit_exceeded", None, out)
 
     async def _complete(self, body: Any, api_key: str, model: str,
                         idem: str | None) -> Reply:

@@ -318,7 +318,7 @@ class Calls(WorkerCore):
         # ends as its policy says even while its endpoint is down; a fallback that takes
         # it still does)
         unspent = passage.unspent is not None and not (
-            passage.unspent == "unreachable"
+            passage.unspent in ("unreachable", "first_429")
             and res.error_class in config.retry_policy.stop_on)
         if unspent:  # not the task's fault (e.g. refused before any work, a fallback
             # takes it at once): retried without spending an attempt
