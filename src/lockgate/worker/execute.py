@@ -84,7 +84,10 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
                       params: dict[str, Any],
                       now_ms: Callable[[], int] | None = None) -> AttemptResult:
     """Render the prompt, call the model once, parse and validate the answer.
-    ``now_ms`` (the worker's database clock) stamps the moment the request is sent."""
+    ``now_ms`` (the worker's database clock) stamps the moment the request is sent
+    (``sent_at``; the attempt's ``started_at`` is when the worker began the task,
+    waits for flow control included). The endpoint's ``timeout`` (seconds), where set,
+    wins over the task's ``model_config.timeout_ms``."""
     model = endpoint.model or config.model.name
     t0 = time.perf_counter()
     try:
