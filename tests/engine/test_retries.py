@@ -100,12 +100,17 @@ def test_backoff_sets_visible_at_within_the_jitter_band_on_the_database_clock(
 def test_retry_after_from_a_429_is_honoured(store: Store, simulator: SimulatorProcess) -> None:
     simulator.configure(rate_429=1.0, retry_after_ms=45_000)
     submit(store, task("t1", retry={"base_delay_ms": 10, "jitter": 0.0}))
-    run_worker(store, until=lambda: released_after(store, "t1", 1), concurrency=2)
+    run_worker(store, until=lambda: len(attempts_of(store, "t1")) == 1
+               and released_after(store, "t1", 0), concurrency=2)
     row = task_row(store, "t1")
     assert row["error_class"] == "rate_limited"
     assert row["visible_at"] - row["updated_at"] >= 45_000
     (a,) = attempts_of(store, "t1")
-    assert (a["outcome"], a["http_status"], a["error_class"]) == ("retry", 429, "rate_limited")
+    # the endpoint's first refusal (it named no limit before): no attempt spent
+    # (docs/flow.md); its Retry-After is honoured all the same
+    assert (a["outcome"], a["http_status"], a["error_class"]) == \
+        ("first_429", 429, "rate_limited")
+    assert row["attempts"] == 0
     assert store.claim(1, lease_ms=1000, worker_id="probe") == [], "claimable before Retry-After"
 
 

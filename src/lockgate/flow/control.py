@@ -258,8 +258,9 @@ class FlowControl:
                 # most of a cold start's calls at once), they are no fault of the
                 # task's. Retried after the pause without spending an attempt.
                 wait = max(0.0, st.paused_until - time.monotonic())
+                named = rec.outcome.retry_after_ms if rec.outcome is not None else None
                 return res, Passage(ticket.routed_from, "first_429",
-                                    int(1000 * wait))
+                                    max(int(1000 * wait), named or 0))
             if down_error(rec.outcome):
                 now = time.monotonic()
                 if self.feedback.down(st, now):  # not the task's fault
