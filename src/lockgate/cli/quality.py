@@ -3,6 +3,8 @@ the rollups the workers keep (docs/quality.md)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -14,6 +16,7 @@ from lockgate.cli._common import (
     JsonOpt,
     app,
     command,
+    console,
     opened,
     out,
     print_json,
@@ -73,17 +76,30 @@ def quality(prompt: Annotated[str | None, typer.Argument(
         with opened(db, config) as lg:
             prompt = lg.quality_key(prompt)
             findings = check_rules(lg.store, lg.settings.quality, prompt)
+            off = _rollups_off(lg.settings.quality.rollups, config)
+        if off and not findings and not as_json:
+            out.print(f"no rule can be evaluated: the rules read the rollups, and {off}",
+                      markup=False)
+            return
+        if off:
+            console.print(f"note: {off}", markup=False)
         _print_findings(findings, as_json)
         return
     with opened(db, config) as lg:
         rows = lg.quality(prompt, since=since, by=by)  # (--since checked first)
         prompt = lg.quality_key(prompt)
+        off = _rollups_off(lg.settings.quality.rollups, config)
+    if off and (rows or as_json):
+        console.print(f"note: {off}", markup=False)
     if as_json:
         print_json(rows)
         return
     if not rows:
         of = f" of {prompt}" if prompt else ""
-        out.print(f"no attempts{of} recorded in the last {since}", markup=False)
+        if off:
+            out.print(f"no quality figures{of} for the last {since}: {off}", markup=False)
+        else:
+            out.print(f"no attempts{of} recorded in the last {since}", markup=False)
         return
     second = {"model": ["model"], "hour": ["hour (UTC)"]}.get(by, [])
     columns = ["prompt", *second, "tasks", "calls", "complete", "conform", "invalid json",
@@ -109,6 +125,20 @@ def quality(prompt: Annotated[str | None, typer.Argument(
     for row in cells:
         t.add_row(*row)
     out.print(t)
+
+
+def _rollups_off(rollups: bool, config: Path | None) -> str | None:
+    """With ``[quality] rollups = false``, what to say (the figures and the rules read
+    the rollups, which workers then do not keep), naming the configuration file."""
+    if rollups:
+        return None
+    chosen = config or os.environ.get("LOCKGATE_CONFIG") or \
+        ("lockgate.toml" if Path("lockgate.toml").exists() else None)
+    where = f"in {chosen}" if chosen else "in the configuration"
+    return (f"rollups are off ([quality] rollups = false {where}): workers keep no "
+            "quality figures, though attempts are still recorded. Set rollups = true "
+            "(the default) there and restart the workers; attempts written meanwhile "
+            "stay out of the figures")
 
 
 def _cells(r: QualityRow, by: str) -> list[str]:

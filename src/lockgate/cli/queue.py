@@ -796,8 +796,10 @@ def cleanup(older_than: Annotated[str, typer.Option(
     with opened_for_change(db, config) as lg:
         deleted = lg.store.cleanup(older_than_ms=int(age * 1000), tasks=tasks)
         rollups = prune_rollups(lg.store, lg.settings.quality)
-        alerts, samples = prune_alerts(lg.store, int(age * 1000))
+        # deliveries first: an old resolved alert goes with its deliveries, which must
+        # be counted as the deliveries done they are
         sent = prune_deliveries(lg.store, int(age * 1000))
+        alerts, samples = prune_alerts(lg.store, int(age * 1000))
     console.print(f"deleted {deleted['attempts']:,} attempt(s), {deleted['tasks']:,} "
                   f"task(s), {rollups:,} minute or hour rollup row(s), {alerts:,} resolved "
                   f"alert(s) with {samples:,} sample(s), {sent:,} webhook deliveries done",

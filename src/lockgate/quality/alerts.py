@@ -34,8 +34,16 @@ from typing import Any
 import orjson
 from sqlalchemy import func, select
 
-from lockgate.config import Settings
-from lockgate.quality.circuit import ANY_MODEL, CIRCUIT_RULE, circuit_findings, episode, opened_at
+from lockgate.config import CircuitSettings, Settings
+from lockgate.quality.circuit import (
+    ANY_MODEL,
+    CIRCUIT_RULE,
+    circuit_findings,
+    decided_figures,
+    episode,
+    fallback_text,
+    opened_at,
+)
 from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
 from lockgate.quality.rules import RULES, Finding, over
@@ -44,7 +52,7 @@ from lockgate.results import plain, utc
 from lockgate.states import CircuitState
 from lockgate.store import schema
 from lockgate.store.alerts import AlertStore, LeaseLost
-from lockgate.store.circuit import CircuitRow, CircuitStore
+from lockgate.store.circuit import CircuitEvent, CircuitRow, CircuitStore
 from lockgate.store.quality import QualityStore, StoredRollup
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx
@@ -320,6 +328,9 @@ class Evaluator:
             self._sample(tx, alert_id, f)
             if notify:
                 events.append(self._announce(tx, alert_id, "update"))
+        # circuit episodes that began and ended unseen (between two evaluations, or
+        # while the role was vacant): announced now, opened and resolved at once
+        events.extend(self._past_episodes(tx, circuits))
         for key, f in sorted(fired.items()):
             if key in seen:
                 continue
@@ -327,19 +338,86 @@ class Evaluator:
             if last is not None and f.rule != CIRCUIT_RULE \
                     and tx.now < last + int(self.q.cooldown * 1000):
                 continue  # cooling down: the same incident does not open again yet
-            onset = self._onset(tx, f)
-            figures = self._figures(tx, f, onset)
-            if f.decided is not None:  # a circuit opens with what it was opened on
-                value, calls = f.decided
-                figures.update(value=0.0 if value is None else value,
-                               calls=calls if value is not None else 0)
-            alert_id = AlertStore.insert_alert(tx, {
-                "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
-                "subject": None if f.subject is None else f.subject[:191],
-                "window_s": self._window_s(f), "onset_at": onset, **figures})
-            self._sample(tx, alert_id, f)
-            events.append(self._announce(tx, alert_id, "open"))
+            events.append(self._announce(tx, self._open(tx, key, f), "open"))
         return events
+
+    def _open(self, tx: Tx, key: str, f: Finding) -> int:
+        """Insert the OPEN alert of a finding (its figures and samples); its id."""
+        onset = self._onset(tx, f)
+        figures = self._figures(tx, f, onset)
+        if f.decided is not None:  # a circuit opens with what it was opened on
+            value, calls = f.decided
+            figures.update(value=0.0 if value is None else value,
+                           calls=calls if value is not None else 0)
+        alert_id = AlertStore.insert_alert(tx, {
+            "alert_key": key, "rule": f.rule, "prompt": f.prompt, "model": f.model,
+            "subject": None if f.subject is None else f.subject[:191],
+            "window_s": self._window_s(f), "onset_at": onset, **figures})
+        self._sample(tx, alert_id, f)
+        return alert_id
+
+    def _past_episodes(self, tx: Tx, circuits: Mapping[str, CircuitRow]) -> list[Event]:
+        """Announce each episode of a configured circuit (a move to OPEN from CLOSED,
+        up to the move that closed it) that is over and has no alert: it opened and
+        closed between two evaluations, or while no worker held the role. Its alert is
+        opened with the figures the circuit was opened on and resolved with those it
+        closed on, in this transaction: two events, each to the webhooks. Bounded: only
+        moves after the newest circuit alert of the prompt was opened (every episode
+        before it was seen by then) and within ``[quality] window``, so neither a first
+        deployment nor a cleanup replays the history."""
+        events: list[Event] = []
+        for c in self.q.circuit:
+            if c.prompt not in circuits:
+                continue
+            after = tx.now - int(self.q.window * 1000)
+            newest = AlertStore.newest_opened(tx, CIRCUIT_RULE, c.prompt)
+            if newest is not None:
+                after = max(after, newest)
+            moves = CircuitStore.moves_after(tx, c.prompt, after)
+            subject = f"to {fallback_text(c.fallback_kind, c.fallback_target)}"
+            for i, move in enumerate(moves):
+                if move.to_state != CircuitState.OPEN or move.from_state == CircuitState.OPEN:
+                    continue
+                close = next((m for m in moves[i + 1:]
+                              if m.to_state == CircuitState.CLOSED), None)
+                if close is None:
+                    continue  # the episode under way: its finding opens its alert
+                key = alert_key(CIRCUIT_RULE, c.prompt, ANY_MODEL, subject, move.version)
+                if AlertStore.has_key(tx, key):
+                    continue
+                opened = CircuitRow(c.prompt, CircuitState.OPEN, move.at, move.reason,
+                                    move.figures, False, move.version, move.actor, move.at)
+                decided = decided_figures(opened)
+                looked = (move.figures or {}).get("minutes") or []
+                onset = min((int(m["minute"]) for m in looked), default=move.at)
+                value, calls = decided if decided is not None else (None, 0)
+                f = Finding(CIRCUIT_RULE, c.prompt, ANY_MODEL, True,
+                            0.0 if value is None else value, None, c.threshold, calls,
+                            subject=subject, onset=min(onset, move.at),
+                            episode=move.version, decided=decided)
+                alert_id = self._open(tx, key, f)
+                events.append(self._announce(tx, alert_id, "open"))
+                if AlertStore.resolve_alert(tx, alert_id,
+                                            self._closed_on(close, c.threshold, c)):
+                    events.append(self._announce(tx, alert_id, "resolve"))
+        return events
+
+    @staticmethod
+    def _closed_on(close: CircuitEvent, threshold: float,
+                   c: CircuitSettings | None) -> dict[str, Any] | None:
+        """The figures a circuit's alert resolves with when its evaluator closed it
+        (``close``: the move): the probes' completeness and calls over the probation.
+        None (closed by hand: the figures stay) otherwise."""
+        figures = close.figures
+        if figures is None or "probe_calls" not in figures:
+            return None
+        comp = figures.get("probe_completeness")
+        start = int(figures.get("from") or close.at)
+        return {"value": 0.0 if comp is None else float(comp),
+                "calls": int(figures["probe_calls"]) if comp is not None else 0,
+                "baseline": None, "threshold": float(figures.get("threshold", threshold)),
+                "window_s": c.probation if c is not None
+                else max(0.0, (close.at - start) / 1000)}
 
     def _cleared(self, f: Finding | None) -> dict[str, Any]:
         """The figures a rule's alert resolves with: those of the evaluation that
@@ -373,14 +451,10 @@ class Evaluator:
             close, at = event.figures, event.at
         c = self.q.circuit_of(row.prompt)
         if close is not None and "probe_calls" in close:
-            comp = close.get("probe_completeness")
-            start = int(close.get("from") or at)
-            return {"value": 0.0 if comp is None else float(comp),
-                    "calls": int(close["probe_calls"]) if comp is not None else 0,
-                    "baseline": None,
-                    "threshold": float(close.get("threshold", alert["threshold"])),
-                    "window_s": c.probation if c is not None
-                    else max(0.0, (at - start) / 1000)}
+            return self._closed_on(
+                CircuitEvent(row.prompt, row.version, CircuitState.OPEN,
+                             CircuitState.CLOSED, at, "", None, close),
+                float(alert["threshold"]), c)
         if now is None or c is None or row.state != CircuitState.CLOSED:
             return None
         return {"value": now.value, "calls": now.calls, "baseline": None,

@@ -118,18 +118,28 @@ def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,
     value, before = now.quantile(0.5), base.quantile(0.5)
     if value is None or before is None or before <= 0:
         return None
-    # The provider's counts; where an endpoint reports no usage, lockgate's estimates
-    # (as reported where reported): the input size is compared either way.
-    if now.input_tokens and base.input_tokens:
-        sum_now, sum_before = now.input_tokens, base.input_tokens
-    else:
+    # Per call, the provider's counts where it reported usage and lockgate's estimates
+    # where it did not (a failed call, an endpoint that never reports usage), on both
+    # sides alike: calls that failed (no usage) do not make the input look smaller.
+    # Rows written before the estimates were kept hold none (0): then the reported
+    # counts alone, as before.
+    if _has_estimates(now) and _has_estimates(base):
         sum_now, sum_before = now.input_tokens_or_estimate, base.input_tokens_or_estimate
+    else:
+        sum_now, sum_before = now.input_tokens, base.input_tokens
     tokens_now, tokens_before = sum_now / now.calls, sum_before / base.calls
     same_input = tokens_before > 0 and not over(abs(tokens_now / tokens_before - 1),
                                                 s.tokens_band)
     bound = before * (1 + s.latency_rise)
     return Finding("performance_degradation", *key, same_input and over(value, bound), value,
                    before, bound, now.calls)
+
+
+def _has_estimates(r: Rollup) -> bool:
+    """Whether a window's rows all kept the input size of every call (reported or
+    estimated): their sum is at least the reported counts, and not 0."""
+    return r.input_tokens_or_estimate > 0 \
+        and r.input_tokens_or_estimate >= r.input_tokens
 
 
 def baseline(week: Rollup | None, trailing: Rollup | None, enough: Callable[[Rollup], bool]

@@ -57,6 +57,9 @@ _NEWEST_OPEN = sql(f"SELECT {_COLS} FROM quality_alert WHERE status = 'OPEN' "
 _ALERT = sql(f"SELECT {_COLS} FROM quality_alert WHERE id = :id")
 _LAST_RESOLVED = sql("SELECT MAX(resolved_at) FROM quality_alert "
                      "WHERE alert_key = :k AND resolved_at IS NOT NULL")
+_KEY_SEEN = sql("SELECT id FROM quality_alert WHERE alert_key = :k")
+_NEWEST_OPENED = sql("SELECT MAX(opened_at) FROM quality_alert "
+                     "WHERE rule = :r AND prompt = :p")
 _UPDATE = sql(
     "UPDATE quality_alert SET value = :value, baseline = :baseline, "
     "threshold = :threshold, calls = :calls, tasks = :tasks, batches = :batches, "
@@ -214,6 +217,17 @@ class AlertStore:
     @staticmethod
     def last_resolved(tx: Tx, key: str) -> int | None:
         v = tx.execute(_LAST_RESOLVED, {"k": key}).scalar()
+        return None if v is None else int(v)
+
+    @staticmethod
+    def has_key(tx: Tx, key: str) -> bool:
+        """Whether an alert of this key was ever opened (open or resolved)."""
+        return tx.execute(_KEY_SEEN, {"k": key}).first() is not None
+
+    @staticmethod
+    def newest_opened(tx: Tx, rule: str, prompt: str) -> int | None:
+        """When the newest alert of ``rule`` on ``prompt`` was opened (ms), or None."""
+        v = tx.execute(_NEWEST_OPENED, {"r": rule, "p": prompt}).scalar()
         return None if v is None else int(v)
 
     @staticmethod

@@ -128,6 +128,15 @@ class CircuitStore:
                                 else None)
         return None
 
+    @staticmethod
+    def moves_after(tx: Tx, prompt: str, after: int, *, limit: int = 5000
+                    ) -> list[CircuitEvent]:
+        """The moves of a circuit made after ``after`` (ms), oldest first (at most
+        ``limit``), read in ``tx``."""
+        q = select(_E).where(_E.c.prompt == prompt, _E.c.at > after) \
+            .order_by(_E.c.version).limit(limit)
+        return [_event(r._mapping) for r in tx.execute(q)]
+
     def events(self, prompt: str | None = None, *, limit: int = 100) -> list[CircuitEvent]:
         """The latest moves (of one prompt, or all), newest first."""
         q = select(_E).order_by(_E.c.id.desc()).limit(limit)
@@ -139,3 +148,9 @@ class CircuitStore:
                                  m["reason"], orjson.loads(m["figures"]) if m["figures"]
                                  else None)
                     for m in (r._mapping for r in tx.execute(q))]
+
+
+def _event(m: Any) -> CircuitEvent:
+    return CircuitEvent(str(m["prompt"]), int(m["version"]), str(m["from_state"]),
+                        str(m["to_state"]), int(m["at"]), str(m["actor"]), m["reason"],
+                        orjson.loads(m["figures"]) if m["figures"] else None)

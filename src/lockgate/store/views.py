@@ -312,7 +312,7 @@ class TaskViews:
         """Calls, outcomes, latencies and completeness over the attempts of a batch."""
         t, a = schema.task, schema.task_attempt
         q = select(a.c.outcome, a.c.latency_ms, a.c.completeness, a.c.error_class,
-                   a.c.parse_status)
+                   a.c.parse_status, a.c.prompt_sha256)
         if batch_id is not None:
             q = q.join(t, t.c.id == a.c.task_pk).where(t.c.batch_id == batch_id)
         latencies: list[float] = []
@@ -322,9 +322,9 @@ class TaskViews:
         comp_sum = 0.0
         comp_n = calls = 0
         with self.read() as tx:
-            for outcome, lat, comp, err, ps in tx.stream(q, rows=5000):
+            for outcome, lat, comp, err, ps, sha in tx.stream(q, rows=5000):
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                if lat is not None:
+                if lat is not None and (sha is not None or lat > 0):
                     calls += 1
                     latencies.append(float(lat))
                 if err:
@@ -334,8 +334,11 @@ class TaskViews:
                 if outcome == "succeeded" and comp is not None:
                     comp_sum += comp
                     comp_n += 1
-        # A call is an attempt that was sent: a review hold, a resolution by hand and a
-        # claim ended without a call (lost leases, a configuration error) have no latency.
+        # A call is an attempt that was sent, as the quality rollups count it: a latency
+        # and the hash of a rendered prompt (a trace with a measured latency but no hash
+        # kept counts too). A review hold, a resolution by hand and a claim ended
+        # without a call (lost leases, a configuration error) have no latency; a prompt
+        # that did not render (latency 0, no prompt) was never sent.
         return {"calls": calls, "outcomes": outcomes, "errors": errors,
                 "parse_status": parse, "latencies_ms": latencies,
                 "completeness": comp_sum / comp_n if comp_n else None}
