@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -27,6 +29,7 @@ from lockgate.app import Lockgate
 from lockgate.durations import EXAMPLES, parse_duration
 from lockgate.errors import LockgateError, SpecError
 from lockgate.results import plain, utc
+from lockgate.store.failures import refused_for_now
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -208,14 +211,45 @@ def command(group: typer.Typer, name: str | None = None,
     return deco
 
 
+#: The longest pause between a worker's attempts to open a database that refuses
+#: connections for now (seconds).
+OPEN_RETRY_MAX_S = 5.0
+
+log = logging.getLogger("lockgate.cli")
+
+
+def _open_waiting(db: str | None, config: Path | None, create: bool) -> Lockgate:
+    """Open the database, waiting with back-off (until stopped: Ctrl-C or SIGTERM) for
+    as long as its server answers but takes no connection for now: too many
+    connections, a connection limit, starting up, shutting down, recovering. Anything
+    else (a login refused, a database that does not exist, a bad URL, a server that
+    cannot be reached at all: most often a wrong host or port) is raised at once."""
+    failures = 0
+    while True:
+        try:
+            return Lockgate(db, config=config, create=create, migrate=create)
+        except LockgateError as exc:
+            if not refused_for_now(exc):
+                raise
+            failures += 1
+            delay = min(OPEN_RETRY_MAX_S, 0.25 * 2 ** (failures - 1))
+            (log.warning if failures <= 3 or failures % 10 == 0 else log.debug)(
+                "waiting for the database (%d attempt(s) so far), next in %.1fs: %s",
+                failures, delay, exc)
+            time.sleep(delay)
+
+
 @contextmanager
 def opened(db: str | None, config: Path | None = None, *,
-           create: bool = False) -> Iterator[Lockgate]:
+           create: bool = False, wait: bool = False) -> Iterator[Lockgate]:
     """The database of a command. Only commands that write tasks or prompts (``init``,
     ``submit``, ``run``, ``worker``, ``prompt create``, ``dataset add``) may create it;
     every other command refuses a database that does not exist, and read-only ones
-    never migrate it."""
-    lg = Lockgate(db, config=config, create=create, migrate=create)
+    never migrate it. With ``wait`` (``lockgate worker``) a server that takes no
+    connection for now is waited for (:func:`_open_waiting`); other commands fail at
+    once, saying why."""
+    lg = (_open_waiting(db, config, create) if wait else
+          Lockgate(db, config=config, create=create, migrate=create))
     try:
         yield lg
     finally:

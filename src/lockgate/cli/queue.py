@@ -388,7 +388,7 @@ def worker(db: DbOpt = None, config: ConfigOpt = None, concurrency: ConcOpt = No
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = _overrides(concurrency, claim_batch, lease, grace, pool)
     procs = processes_from(processes)
-    with opened(db, config, create=True) as lg:
+    with opened(db, config, create=True, wait=True) as lg:
         ws = lg.settings.worker.with_changes(**overrides)  # refuses a flag out of range
         console.print(f"{procs} worker process(es) on {redact_url(lg.store.url)}: "
                       f"concurrency {ws.concurrency} each, lease {ws.lease_s:g}s"

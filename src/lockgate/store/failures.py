@@ -18,7 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    NotSupportedError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
 from lockgate.errors import DatabaseUnavailable, LockgateError, StoreError
 from lockgate.redact import redact_url
@@ -39,6 +46,14 @@ _MYSQL_NO_ACCESS = frozenset({1044})
 _PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
 #: ... and of a server going away or refusing connections for now.
 _PG_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
+#: MySQL/MariaDB error numbers of a condition that passes while the server answers: a
+#: statement interrupted (KILL QUERY, ``max_statement_time``/``max_execution_time``), a
+#: server made read-only (a failover, ``read_only``), a full disk or memory.
+_MYSQL_PASSING = frozenset({1317, 1969, 3024, 1290, 1792, 1836, 1021, 1041})
+#: PostgreSQL SQLSTATEs of a condition that passes while the server answers: a statement
+#: cancelled (``statement_timeout``, ``pg_cancel_backend``), a read-only transaction (a
+#: standby after a failover, ``default_transaction_read_only``), a full disk or memory.
+_PG_PASSING = frozenset({"57014", "25006", "53100", "53200"})
 #: SQLite messages of conditions that pass: another writer, a full disk, a file made
 #: read-only (space returns, a lock is released, permissions are fixed).
 _SQLITE_PASSING = ("locked", "busy", "disk is full", "disk i/o", "readonly")
@@ -83,10 +98,40 @@ def is_transient(exc: DBAPIError) -> bool:
     """Whether the same operation may succeed if tried again later."""
     if is_conflict(exc) or is_unavailable(exc):
         return True
+    if _mysql_code(exc) in _MYSQL_PASSING:
+        return True
+    if getattr(exc.orig, "sqlstate", None) in _PG_PASSING:
+        return True
     if isinstance(exc.orig, sqlite3.OperationalError):
         text = str(exc.orig).lower()
         return any(s in text for s in _SQLITE_PASSING)
     return False
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A :class:`StoreError` that the same operation gets every time, however long one
+    waits: a constraint the row breaks (integrity), a statement or object the database
+    does not know or refuses on principle (programming, a value it cannot hold)."""
+    return (isinstance(exc, StoreError) and not exc.transient
+            and isinstance(exc.__cause__, (IntegrityError, ProgrammingError, DataError,
+                                           NotSupportedError)))
+
+
+#: A server's words for connections refused for now while it answers: its connection
+#: slots are full (``max_connections``, a database's or a user's connection limit), it is
+#: starting up, shutting down or recovering, or the database takes no connections for
+#: the moment (PostgreSQL reports these at connection without a SQLSTATE).
+_REFUSED_FOR_NOW = re.compile(
+    r"too many connections|connection slots are reserved|is starting up|is shutting down|"
+    r"in recovery mode|not yet accepting connections|not currently accepting connections|"
+    r"max_user_connections|max_connections_per_hour", re.IGNORECASE)
+
+
+def refused_for_now(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server that answered but takes no connection for now (see
+    :data:`_REFUSED_FOR_NOW`): worth waiting for, unlike a login refused, a database
+    that does not exist or a server that cannot be reached at all."""
+    return isinstance(exc, StoreError) and bool(_REFUSED_FOR_NOW.search(str(exc)))
 
 
 def cause(exc: BaseException) -> str:

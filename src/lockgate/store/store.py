@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from sqlalchemy import Engine, inspect, text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from lockgate.errors import ConfigError, SpecError, StateConflict, StoreError
 from lockgate.redact import redact_url
@@ -66,6 +66,10 @@ SUBMIT_FIRST_CHUNK_ROWS = 1000
 
 _REVISION = sql("SELECT version_num FROM alembic_version")
 _NEWEST_TASK = sql("SELECT MAX(id) FROM task")
+_WORKER_OWNER = sql("SELECT hostname, pid, status FROM worker WHERE id = :id")
+_WORKER_REREGISTER = sql("UPDATE worker SET hostname = :hostname, pid = :pid, "
+                         "status = 'running', stopped_at = NULL, heartbeat_at = :now, "
+                         "concurrency = :concurrency, version = version + 1 WHERE id = :id")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
 SCHEMA_HEAD = "0012"
@@ -784,14 +788,39 @@ class Store(TaskViews):
 
     def register_worker(self, worker_id: str, *, hostname: str, pid: int,
                         concurrency: int) -> int:
-        """Insert this worker's heartbeat row; returns the database clock (ms)."""
-        def work(tx: Tx) -> int:
+        """Insert this worker's heartbeat row; returns the database clock (ms).
+
+        Idempotent: a row with this id that this same process (host and pid) wrote
+        already (a registration whose COMMIT landed but whose answer was lost), or that
+        a stopped worker left, is taken over. A row of another worker that has not
+        stopped is refused with :class:`ConfigError` (no retry can help)."""
+        host = hostname[:255]
+
+        def insert(tx: Tx) -> int:
             tx.execute(schema.worker.insert(), [{
-                "id": worker_id, "hostname": hostname[:255], "pid": pid,
+                "id": worker_id, "hostname": host, "pid": pid,
                 "status": "running", "started_at": tx.now, "heartbeat_at": tx.now,
                 "concurrency": concurrency}])
             return tx.now
-        return self.transaction(work)
+
+        def take_over(tx: Tx) -> int:
+            row = tx.execute(_WORKER_OWNER, {"id": worker_id}).first()
+            if row is None:  # deleted since (pruned): insert it after all
+                return insert(tx)
+            if (str(row[0]), int(row[1])) != (host, pid) and row[2] != "stopped":
+                raise ConfigError(
+                    f"worker id {worker_id!r} is already registered by another worker "
+                    f"(host {row[0]}, pid {row[1]}, {row[2]}): give each worker its own id")
+            tx.execute(_WORKER_REREGISTER, {"id": worker_id, "hostname": host, "pid": pid,
+                                            "concurrency": concurrency})
+            return tx.now
+
+        try:
+            return self.transaction(insert)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+        return self.transaction(take_over)
 
     def heartbeat(self, worker_id: str, *, status: str = "running",
                   **counters: int) -> int:

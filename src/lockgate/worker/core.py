@@ -33,6 +33,7 @@ from lockgate.quality.circuit import CircuitRouter
 from lockgate.registry.resolver import Entry, PromptResolver
 from lockgate.store import ClaimedTask, Finish, Store
 from lockgate.store.arrivals import ArrivalListener
+from lockgate.store.failures import is_permanent
 from lockgate.store.flow import FlowStore
 from lockgate.worker.writeback import WriteBack
 
@@ -239,12 +240,18 @@ class WorkerCore:
                         **kwargs: Any) -> T:
         """``fn`` on a database thread, tried again with back-off for as long as the
         database fails (unreachable, restarting, locked), until a hard stop. A worker
-        never exits on a database error: it waits for the database."""
+        does not exit on a database error that passes: it waits for the database. An
+        error no retry can help (a constraint, a statement the database refuses on
+        principle: :func:`~lockgate.store.failures.is_permanent`) is raised at once,
+        saying what failed."""
         streak = Streak()
         while True:
             try:
                 return await self._db(fn, *args, **kwargs)
             except StoreError as exc:
+                if is_permanent(exc):
+                    raise StoreError(f"{what} failed, and trying again cannot help: "
+                                     f"{exc}") from exc
                 level = streak.failed()
                 if self._hard.is_set():
                     raise

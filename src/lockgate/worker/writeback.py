@@ -10,6 +10,16 @@ written again with a bare trace (its task's result kept, the attempt row marked
 ``storage_error``); if the database refuses that too, the task fails with
 ``storage_error``; only if even that is refused is the row given up, and its task runs
 again when its lease expires. Nothing is retried forever while other results wait.
+
+A passing condition while the database answers (a statement cancelled by
+``statement_timeout`` or ``KILL QUERY``, a database made read-only by a failover, a lock
+wait that timed out) is not a refusal: the batch waits and is written again later, whole.
+Only after :data:`ISOLATE_AFTER` such failures in a row is it bisected; a row that then
+fails alone with a passing condition while the others land is put aside and written
+again with the next batch, and once it has failed so :data:`ISOLATE_AFTER` times (a row
+the server cannot write within its statement time, say) it is taken as refused. When
+two rows fail alone and none has landed, the condition is the database's, not the rows':
+the batch waits, whole.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lockgate.errors import ErrorClass, StoreError
+from lockgate.errors import DatabaseUnavailable, ErrorClass, StoreError
 from lockgate.quality import QualityObserver
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
@@ -35,6 +45,12 @@ DbCall = Callable[..., Awaitable[Any]]
 #: answers, after which the rows are isolated anyway: a row that makes the server drop
 #: the connection (a packet over ``max_allowed_packet``) looks like a passing condition.
 ISOLATE_AFTER = 3
+
+
+def _passing(exc: BaseException) -> bool:
+    """A condition that passes while the server answers (not a lost connection)."""
+    return (isinstance(exc, StoreError) and exc.transient
+            and not isinstance(exc, DatabaseUnavailable))
 
 
 def _claim(f: Finish) -> Claim:
@@ -105,6 +121,10 @@ class Landed:
     def settled(self, claim: Claim) -> bool:
         return claim in self.applied or claim in self.discarded or claim in self.dropped
 
+    def progressed(self) -> bool:
+        """Whether any row was written."""
+        return bool(self.applied or self.discarded or self.replaced)
+
 
 class _Wait(Exception):
     """The database is unavailable (or in a passing condition): stop and retry later."""
@@ -124,6 +144,12 @@ class WriteBack:
         self._backoff = 0.05
         self._strikes = 0
         self._isolating = False
+        #: Rows that failed alone with a passing condition while others landed, and how
+        #: many times in a row (see the module docstring).
+        self._row_strikes: dict[Claim, int] = {}
+        #: This write's rows put aside (failed alone with a passing condition).
+        self._aside: list[Finish] = []
+        self._aside_why: Exception = Exception()
 
     async def write(self, batch: Sequence[Finish], *,
                     hard_stop: asyncio.Event | None = None) -> Landed:
@@ -131,8 +157,12 @@ class WriteBack:
         ``unwritten``. Never raises for a database error."""
         landed = Landed()
         self._isolating = self._strikes >= ISOLATE_AFTER
+        self._aside = []
         try:
             await self._land(list(batch), landed)
+            if self._aside and not landed.progressed():
+                # nothing landed: the condition may well be the database's
+                raise _Wait(str(self._aside_why)) from self._aside_why
         except _Wait as exc:
             landed.unwritten = [f for f in batch if not landed.settled(_claim(f))]
             landed.retry_in_s = self._backoff
@@ -143,8 +173,21 @@ class WriteBack:
                     len(landed.unwritten), self._strikes, self._backoff, exc.__cause__)
             self._backoff = min(5.0, self._backoff * 2)
         else:
-            self._backoff = 0.05
-            self._strikes = 0
+            claims = {_claim(f) for f in batch}
+            self._row_strikes = {c: n for c, n in self._row_strikes.items()
+                                 if c in claims and not landed.settled(c)}
+            if self._aside:  # others landed: these rows themselves fail (for now)
+                for f in self._aside:
+                    self._row_strikes[_claim(f)] = self._row_strikes.get(_claim(f), 0) + 1
+                landed.unwritten = list(self._aside)
+                landed.retry_in_s = self._backoff
+                log.warning("write-back of %d result(s) failed alone while the others "
+                            "landed; retrying in %.2fs: %s", len(self._aside),
+                            self._backoff, self._aside_why)
+                self._backoff = min(5.0, self._backoff * 2)
+            else:
+                self._backoff = 0.05
+                self._strikes = 0
         return landed
 
     async def _reachable(self) -> bool:
@@ -155,10 +198,23 @@ class WriteBack:
         return True
 
     async def _check(self, exc: Exception) -> None:
-        """Raise :class:`_Wait` unless ``exc`` says the rows themselves were refused."""
+        """Raise :class:`_Wait` unless ``exc`` says the rows themselves were refused (or,
+        while isolating, may be)."""
         passing = isinstance(exc, StoreError) and exc.transient
         if (passing and not self._isolating) or not await self._reachable():
             raise _Wait(str(exc)) from exc
+
+    def _put_aside(self, f: Finish, exc: Exception, landed: Landed) -> bool:
+        """Put ``f`` aside after it failed alone with a passing condition (False: it has
+        failed so :data:`ISOLATE_AFTER` times while others landed, and is to be taken
+        as refused). Raises :class:`_Wait` for a second such row when none has landed."""
+        if self._aside and not landed.progressed():
+            raise _Wait(str(exc)) from exc
+        if self._row_strikes.get(_claim(f), 0) + 1 >= ISOLATE_AFTER:
+            return False
+        self._aside.append(f)
+        self._aside_why = exc
+        return True
 
     async def _land(self, rows: list[Finish], landed: Landed) -> None:
         try:
@@ -171,6 +227,11 @@ class WriteBack:
                 await self._land(rows[:mid], landed)
                 await self._land(rows[mid:], landed)
                 return
+            if _passing(exc):
+                if self._put_aside(rows[0], exc, landed):
+                    return
+                await self._refused(rows[0], exc, landed, forced=True)
+                return
             await self._refused(rows[0], exc, landed)
             return
         self._committed()
@@ -180,8 +241,11 @@ class WriteBack:
         if self._observe is not None:
             self._observe.committed()
 
-    async def _refused(self, f: Finish, exc: Exception, landed: Landed) -> None:
-        """Land a row the database refused in a form it takes, or give it up."""
+    async def _refused(self, f: Finish, exc: Exception, landed: Landed, *,
+                       forced: bool = False) -> None:
+        """Land a row the database refused in a form it takes, or give it up
+        (``forced``: a row that failed alone too often with a passing condition, whose
+        forms failing so are refused too)."""
         claim = _claim(f)
         why: Exception = exc
         for kind, form in (("with a bare trace", with_bare_trace(f, exc)),
@@ -192,7 +256,8 @@ class WriteBack:
                 report = await self._db(self.store.finish, [form], worker_id=self.worker_id,
                                       observe=self._observe)
             except Exception as again:
-                if isinstance(again, StoreError) and again.transient:
+                if isinstance(again, StoreError) and again.transient and not (
+                        forced and _passing(again)):
                     raise _Wait(str(again)) from again
                 await self._check(again)
                 why = again
