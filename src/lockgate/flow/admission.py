@@ -162,8 +162,7 @@ class Admission:
                 if cold is not None:
                     cold.in_flight += 1
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited,
-                              not st.limited and not st.refusing)
+                              input_chars, cold, st.limited, st.blind)
             w = self._enqueue(st, tokens, now, pinned)
             if cold is not None:
                 cold.in_flight += 1  # held while it waits for budget, so others wait too
@@ -176,8 +175,7 @@ class Admission:
                 raise
             if go:
                 return Ticket(st, tokens, w.probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited,
-                              not st.limited and not st.refusing)
+                              input_chars, cold, st.limited, st.blind)
             self.cold.done(cold, None)
             # rerouted: the endpoint became unusable while the call waited; route again
 

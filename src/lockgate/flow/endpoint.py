@@ -351,6 +351,12 @@ class EndpointState:
             self.period_refusals.append(now)
         self._forget(now)
 
+    @property
+    def blind(self) -> bool:
+        """Whether a call sent now goes blind: no limit known, and no call of this
+        worker refused for the rate yet (:attr:`~lockgate.flow.admission.Ticket.blind`)."""
+        return not self.limited and not self.refusing
+
     def sporadic(self, now: float) -> bool:
         """Whether the 429s for the rate of the last enforcement period are under
         :data:`SPORADIC_SHARE` of its answers (a first 429 alone is not: it is all of

@@ -121,11 +121,7 @@ class CircuitStore:
         q = select(_E).where(_E.c.prompt == prompt, _E.c.to_state == to_state) \
             .order_by(_E.c.version.desc()).limit(1)
         for r in tx.execute(q):
-            m = r._mapping
-            return CircuitEvent(str(m["prompt"]), int(m["version"]), str(m["from_state"]),
-                                str(m["to_state"]), int(m["at"]), str(m["actor"]),
-                                m["reason"], orjson.loads(m["figures"]) if m["figures"]
-                                else None)
+            return _event(r._mapping)
         return None
 
     @staticmethod
@@ -143,14 +139,11 @@ class CircuitStore:
         if prompt is not None:
             q = q.where(_E.c.prompt == prompt)
         with self.store.read() as tx:
-            return [CircuitEvent(str(m["prompt"]), int(m["version"]), str(m["from_state"]),
-                                 str(m["to_state"]), int(m["at"]), str(m["actor"]),
-                                 m["reason"], orjson.loads(m["figures"]) if m["figures"]
-                                 else None)
-                    for m in (r._mapping for r in tx.execute(q))]
+            return [_event(r._mapping) for r in tx.execute(q)]
 
 
 def _event(m: Any) -> CircuitEvent:
+    """A ``circuit_event`` row as a :class:`CircuitEvent`."""
     return CircuitEvent(str(m["prompt"]), int(m["version"]), str(m["from_state"]),
                         str(m["to_state"]), int(m["at"]), str(m["actor"]), m["reason"],
                         orjson.loads(m["figures"]) if m["figures"] else None)

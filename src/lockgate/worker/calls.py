@@ -83,10 +83,6 @@ def _uncalled(t: ClaimedTask, started: int, status: TaskStatus, error_class: Err
 class Calls(WorkerCore):
     """Starting and running the calls of claimed tasks."""
 
-    #: (circuit prompt, fallback version) pairs whose version could not render a task
-    #: of the path: warned once each (an instance's own set once one is added).
-    _unrenderable_warned: frozenset[tuple[str, str]] = frozenset()
-
     async def _start(self, rows: list[ClaimedTask], asked: float) -> None:
         """Hold and start (or keep ready) the tasks of a claim sent at ``asked``
         (monotonic): their leases run from then at the latest."""
@@ -468,7 +464,7 @@ class Calls(WorkerCore):
         except LockgateError as exc:
             warned = (c.prompt, str(version))
             if warned not in self._unrenderable_warned:
-                self._unrenderable_warned = self._unrenderable_warned | {warned}
+                self._unrenderable_warned.add(warned)
                 log.warning("completeness circuit '%s' is open but its fallback_prompt %s "
                             "cannot render some of its tasks (task %s: %s); those take "
                             "the primary path (said once per version)", c.prompt,

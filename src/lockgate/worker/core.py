@@ -133,6 +133,9 @@ class WorkerCore:
         self._circuits = CircuitRouter(store, self.settings.quality)
         #: Circuits' fallback versions found missing, and when (monotonic seconds).
         self._missing_fallbacks: dict[str, float] = {}
+        #: (circuit prompt, fallback version) pairs whose version could not render a
+        #: task of the path: warned once each.
+        self._unrenderable_warned: set[tuple[str, str]] = set()
         self._services = list(services)
         #: Keyed by claim (task pk, lease token): a task whose lease ran out here may be
         #: re-claimed by this same worker while its first call still runs.
