@@ -597,14 +597,22 @@ class Settings(_Strict):
         return eps[0]
 
 
-def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Settings:
-    """Read the TOML file (``path``, ``$LOCKGATE_CONFIG`` or ``./lockgate.toml``). An
-    empty ``$LOCKGATE_CONFIG`` counts as unset (as an empty ``$LOCKGATE_DATABASE_URL``
-    does): a variable cleared with ``LOCKGATE_CONFIG=`` names no file."""
+def config_file(path: str | Path | None = None) -> str | Path | None:
+    """The configuration file in use: ``path``, else ``$LOCKGATE_CONFIG``, else
+    ``./lockgate.toml`` if it exists; None: no file. An empty ``$LOCKGATE_CONFIG``
+    counts as unset (as an empty ``$LOCKGATE_DATABASE_URL`` does): a variable cleared
+    with ``LOCKGATE_CONFIG=`` names no file."""
     chosen = path or os.environ.get("LOCKGATE_CONFIG") or None
-    data: dict[str, Any] = {}
     if chosen is None and Path("lockgate.toml").exists():
         chosen = "lockgate.toml"
+    return chosen
+
+
+def load_settings(path: str | Path | None = None, **worker_overrides: Any) -> Settings:
+    """Read the TOML file (:func:`config_file`: ``path``, ``$LOCKGATE_CONFIG`` or
+    ``./lockgate.toml``)."""
+    chosen = config_file(path)
+    data: dict[str, Any] = {}
     if chosen is not None:
         p = Path(chosen)
         if not p.exists():

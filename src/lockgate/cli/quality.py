@@ -3,7 +3,6 @@ the rollups the workers keep (docs/quality.md)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -22,6 +21,7 @@ from lockgate.cli._common import (
     print_json,
     table,
 )
+from lockgate.config import config_file
 from lockgate.errors import LockgateError
 from lockgate.quality import BY
 
@@ -132,8 +132,7 @@ def _rollups_off(rollups: bool, config: Path | None) -> str | None:
     the rollups, which workers then do not keep), naming the configuration file."""
     if rollups:
         return None
-    chosen = config or os.environ.get("LOCKGATE_CONFIG") or \
-        ("lockgate.toml" if Path("lockgate.toml").exists() else None)
+    chosen = config_file(config)
     where = f"in {chosen}" if chosen else "in the configuration"
     return (f"rollups are off ([quality] rollups = false {where}): workers keep no "
             "quality figures, though attempts are still recorded. Set rollups = true "
