@@ -201,7 +201,9 @@ def _into(rows: Iterable[NewTask], batch_id: str | None,
         if row.batch_id is not None:
             if row.batch_id != batch_id:
                 moved[0] += 1
-            row = row._replace(batch_id=None)
+            # (built directly: NamedTuple._replace costs three times as much a row)
+            row = NewTask(row.task_id, None, row.config, row.input_json,
+                          row.metadata_json, row.priority, row.pool)
         yield row
 
 

@@ -608,10 +608,10 @@ def _numbered(fh: BinaryIO, path: Path) -> Generator[tuple[int, bytes], None, No
         yield 0, b""  # taken by _lines
         # A byte order mark some tools put at the start (PowerShell, Excel): not the line's.
         first = first.removeprefix(codecs.BOM_UTF8)
-        if first.strip():
+        if first and not first.isspace():  # (strip() would copy every line)
             yield 1, first
         for n, raw in enumerate(fh, start=2):
-            if raw.strip():
+            if raw and not raw.isspace():
                 yield n, raw
 
 
