@@ -28,6 +28,7 @@ Each change is recorded as a fix (``renamed:...``, ``coerced:...``, ``dropped:..
 
 from __future__ import annotations
 
+import ast
 import html
 import math
 import re
@@ -372,6 +373,34 @@ def _to_bool(value: Any) -> tuple[bool, Any]:
     return False, value
 
 
+#: A quoted Python string literal.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"', re.S)
+#: A bare item of a list written without quotes (``[billing, refund]``).
+_BARE_ITEM = re.compile(r"[^\[\]{}\"',]*[^\[\]{}\"',\s][^\[\]{}\"',]*")
+
+
+def _written_list(text: str) -> list[Any] | None:
+    """A bracketed list written as text that is not JSON: a Python literal of strings
+    (``['billing', 'refund']``), or bare words between commas (``[billing, refund]``,
+    read as strings); else None (the text is then taken as one item, as before: a
+    subject line "[EXTERNAL] Re: invoice [#123]" is no list)."""
+    try:
+        parsed = ast.literal_eval(text) if len(text) <= 10_000 else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        parsed = None
+    if isinstance(parsed, list | tuple):
+        # Strings only, one a quoted literal (Python joins 'a' 'b' into one; a True, a
+        # 0x10 or a 1_000 is no text a model meant as such)
+        if parsed and all(type(v) is str for v in parsed) \
+                and len(_QUOTED.findall(text)) == len(parsed):
+            return list(parsed)
+        return None
+    parts = text[1:-1].split(",")
+    if all(_BARE_ITEM.fullmatch(p) for p in parts):
+        return [p.strip() for p in parts]
+    return None
+
+
 def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
     if isinstance(value, str):
         text = value.strip()
@@ -381,7 +410,7 @@ def _to_array(value: Any, node: Node) -> tuple[bool, Any]:
             try:
                 parsed = orjson.loads(text)
             except orjson.JSONDecodeError:
-                parsed = None
+                parsed = _written_list(text) if text.endswith("]") else None
             if isinstance(parsed, list):
                 return True, parsed
         parts = _split(text, node.items)
@@ -456,6 +485,27 @@ def _words(folded: str) -> str:
     return _WORD_GAP.sub("_", folded)
 
 
+#: A value wrapped whole in Markdown emphasis, backticks or quotes: the same mark on
+#: both ends (curly quotes in their pairs), the text inside (group 2) not blank.
+_WRAPPED = re.compile(r"""(\*{1,3}|_{1,3}|`+|"|')(?=\S)(.+?)(?<=\S)\1|“(.+)”|‘(.+)’""", re.S)
+
+
+#: The marks :func:`_unwrapped` takes off a value's ends.
+_MARKS = "*_`\"'\u201c\u201d\u2018\u2019"
+
+
+def _unwrapped(folded: str) -> str:
+    """A folded value without the emphasis, backticks or quotes wrapped whole around it
+    (a few levels: ``"**positive**"``); as it is when none is."""
+    for _ in range(3):
+        m = _WRAPPED.fullmatch(folded)
+        inner = m.group(2) or m.group(3) or m.group(4) if m is not None else ""
+        if m is None or (m.group(1) or "\u201c\u2018")[0] in inner:
+            break  # (no mark of its own inside: "*a* and *b*" is no wrapped member)
+        folded = " ".join(inner.split())
+    return folded
+
+
 def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> Any:
     if isinstance(value, str):
         folded = fold_value(value)
@@ -468,6 +518,12 @@ def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> 
             # "positive." - a sentence's end, where no member ends so
             folded = folded.rstrip(_CLOSING_MARKS)
             matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
+        if not matches and (inner := _unwrapped(folded)) != folded and not any(
+                isinstance(m, str) and m[:1] + m[-1:] != m.strip(_MARKS)[:1]
+                + m.strip(_MARKS)[-1:] for m in enum):
+            # "**positive**", "`positive`", "'positive'": the member marked up whole
+            # (never when a member's own ends are such marks: "*A*", "__init__", "'no'")
+            matches = [m for m in enum if isinstance(m, str) and fold_value(m) == inner]
         if not matches and _WORD_GAP.search(folded):
             # "Request Changes" for request_changes: only when one member reads so
             # (two that differ only in separators both match, and neither is taken)

@@ -121,9 +121,10 @@ def _plain_escape(m: re.Match[str]) -> str:
     return m.group(1) + {"/": "/", "_": "_"}.get(m.group(2), "\\u000c")
 
 
-#: A JSON string (kept), a comment (dropped) or a comma before a closing bracket
-#: (dropped).
-_LENIENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*(?s:.*?)\*/|,(?=\s*[}\]])')
+#: A JSON string (kept), a comment (dropped: ``//``, ``/* */``, and Python's ``#``
+#: after a space or a comma) or a comma before a closing bracket (dropped).
+_LENIENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*(?s:.*?)\*/|(?<=[\s,])#[^\n]*'
+                      r'|,(?=\s*[}\]])')
 
 
 #: A string (kept), or JavaScript's bare ``undefined`` where a value stands: after a
@@ -146,7 +147,8 @@ def lenient_json(text: str) -> Any:
     comments, a bare ``undefined``) taken out, read by the strict parser: exact where a
     general repair is not (``json_repair`` drops a string's trailing ``\\n``). ``None``
     when the text is still not strict JSON (or not an object or array)."""
-    if "," not in text and "/" not in text and "undefined" not in text:
+    if "," not in text and "/" not in text and "#" not in text \
+            and "undefined" not in text:
         return None
     cleaned = _LENIENT.sub(lambda m: m.group(1) or "", undefined_as_null(text))
     if cleaned == text:
@@ -200,6 +202,13 @@ def _as_overflow(m: re.Match[str]) -> str:
     return f"{m.group(2)}{'-' if m.group(3) == '-' else ''}1e999"
 
 
+#: A string (kept), or a number whose exponent has no digit (``0.9e``, ``2E-``) where a
+#: value stands: cut off (it may have been ``0.9e-5``), never the number before its
+#: ``e``.
+_OPEN_EXPONENT = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\\n]|\\.)*')"""
+                            r"|(?<=[:\[,])(\s*)-?\d+(?:\.\d*)?[eE][-+]?(?=\s*(?:[,}\]]|\Z))")
+
+
 def repair(text: str) -> Any:
     """``json_repair`` on ``text``; ``None`` when nothing JSON-like comes out, and when
     the repair would cost too much (:data:`MAX_BARE_WORK`: many bare pairs)."""
@@ -213,6 +222,8 @@ def repair(text: str) -> Any:
         text = _REPAIR_ESCAPES.sub(_plain_escape, text)
     if "NaN" in text or "Infinity" in text:
         text = _NON_FINITE.sub(_as_overflow, text)
+    if "e" in text or "E" in text:
+        text = _OPEN_EXPONENT.sub(lambda m: m.group(1) or f"{m.group(2)}1e999", text)
     text = undefined_as_null(text)
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)

@@ -55,14 +55,23 @@ _BLANKS = _SPACES + _FORMATS
 
 #: After a closing quote: what may follow the end of a JSON string (full-width forms
 #: included, for :func:`ascii_syntax`), a ``//`` or ``/*`` comment included (the lenient
-#: reading takes those out). A comma must be followed by something that can start a key
-#: or a value (or a comment, or an elision: ``"rude", ...]``, the ``...`` followed by a
+#: reading takes those out), and Python's ``#`` one after a blank or a comma, when no
+#: quote follows on its line and the next line goes on with a key or a closing bracket;
+#: a closing parenthesis (a Python tuple's last item) that a closing bracket, or a
+#: comma and a key follow, or a line that goes on so (a quote and a ``#`` or a ``)``
+#: inside a string of several lines, ``print("hello")``, is no end: the text after it
+#: is no JSON syntax). A comma must be followed by something that can start a key or a
+#: value (or a comment, or an elision: ``"rude", ...]``, the ``...`` followed by a
 #: closing bracket that JSON syntax follows, or by a comma and a value), else the quote
 #: is taken as part of the text. A few of these ends are weaker (:func:`_weak_end`).
+#: The end of a line that goes on as JSON syntax: a closing bracket or a key next.
+_GOES_ON = r"""(?:\Z|\r?\n\s*(?:[}\]]|\Z|["'][^"'\n]{0,40}["'][ \t]*:))"""
 _CLOSES = re.compile(
     r"""[ \t\u3000""" + _BLANKS + r"""]*+(?:[\r\n]|[:：}｝\]］]|\Z|//|/\*
+        |(?<=[ \t])\#(?=[^\n"]*""" + _GOES_ON + r""")
+        |\)[ \t]*(?:[}\]]|""" + _GOES_ON + r"""|,\s*["'][^"'\n]{0,40}["'][ \t]*:)
         |[,，][\s""" + _FORMATS + r"""]*+(?:["“”＂'‘＇{｛\[［}｝\]］,，\d\-]
-        |\Z|//|/\*|(?:true|false|null|True|False|None)\b
+        |\Z|//|/\*|\#(?=[^\n"]*""" + _GOES_ON + r""")|(?:true|false|null|True|False|None)\b
         |(?:\.\.\.|…)[\s""" + _BLANKS + r"""]*(?:[\]}][\s""" + _BLANKS + r"""]*
             (?:[,，}｝\]］\r\n<`]|\Z)
             |,[\s""" + _BLANKS + r"""]*(?:["“”＂'‘＇{｛\[［\d\-]|true|false|null))

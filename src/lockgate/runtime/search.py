@@ -1011,7 +1011,49 @@ def _more_wanted(text: str, picks: list[Pick]) -> bool:
     word or citation (:func:`_weak`). Otherwise the first usable value is the answer
     (a later one never replaces it)."""
     return len(picks) < _MAX_PICKS and (_cued(text, picks[0][0], picks[-1][1])
-                                        or all(_weak(text, p) for p in picks))
+                                        or all(_weak(text, p) for p in picks)
+                                        or all(_echo(p[2].value) for p in picks))
+
+
+#: A placeholder a template holds where a value goes: an ellipsis, a range or a type
+#: in angle brackets (``<0-1>``, ``<string>``), or words in angle brackets, braces,
+#: square brackets, after a ``$`` or as "your ... here" (group 1 or 2: the words), which
+#: name the field they stand in (:func:`_echo`).
+_PLACEHOLDER = re.compile(
+    r"(?i)\.{3,}|…|<-?\d+(?:\.\d+)?\s*[-–]\s*\d+(?:\.\d+)?>"
+    r"|<(?:string|str|text|number|int|integer|float|bool|boolean)>"
+    r"|(?:<|\{\{?\s*|\[|your\s+)([a-z_][\w .|/-]{0,40}?)(?:>|\s*\}\}?|\]|\s+here)"
+    r"|\$\{?([a-z_]\w{0,40})\}?")
+
+
+def _names(words: str, key: str) -> bool:
+    """Whether a placeholder's words name the field ``key`` (``<name>``, ``{{city}}``,
+    ``your customer name here`` for ``name``)."""
+    def fold(t: str) -> str:
+        return " ".join(re.split(r"[\W_]+", t.lower())).strip()
+    return bool(key) and f" {fold(key)} " in f" {fold(words)} "
+
+
+def _echo(value: Any) -> bool:
+    """Whether a value is a template echoed before the answer: every leaf a string, and
+    every string a placeholder (:data:`_PLACEHOLDER`) that is an ellipsis, a range or
+    names its own field; at least one. ``{"template": "{first_name}"}`` or
+    ``{"answer": "<unk>"}`` is a value (its placeholder names another thing)."""
+    leaves = 0
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, key = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, key) for v in item)
+        else:
+            leaves += 1
+            m = _PLACEHOLDER.fullmatch(item.strip()) if isinstance(item, str) else None
+            words = m and (m.group(1) or m.group(2))
+            if leaves > 64 or m is None or (words and not _names(words, key)):
+                return False
+    return leaves > 0
 
 
 #: A citation: one or two short numbers in brackets (``[1]``, ``[2, 5]``).
@@ -1171,6 +1213,9 @@ def _chosen(text: str, picks: list[Pick]) -> Parsed:
             if not _not_the_answer(text, picks[i][0], picks[i - 1][1] if i else 0)] \
         or list(range(len(picks)))
     if len(kept) > 1:
+        # (a template echoed before the answer: never the answer when one follows)
+        kept = [i for i in kept if not _echo(picks[i][2].value)] or kept
+    if len(kept) > 1:
         kept = [i for n, i in enumerate(kept) if not (_weak(text, picks[i]) and any(
             _strict_strings(text, picks[j]) and not _weak(text, picks[j])
             for j in kept[n + 1:]))]
@@ -1193,7 +1238,8 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
             inner.repair(label)
         parsed = finish(value, plan, inner, repaired=repaired)
         return parsed if parsed.usable and not _weak(
-            text, (found[0].start, found[0].end, parsed)) else None
+            text, (found[0].start, found[0].end, parsed)) and not _echo(parsed.value) \
+            else None
     return None
 
 
