@@ -29,7 +29,7 @@ from lockgate.app import Lockgate
 from lockgate.durations import EXAMPLES, parse_duration
 from lockgate.errors import LockgateError, SpecError
 from lockgate.results import plain, utc
-from lockgate.store.failures import refused_for_now
+from lockgate.store.failures import dropped_for_now, refused_for_now
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -221,15 +221,16 @@ log = logging.getLogger("lockgate.cli")
 def _open_waiting(db: str | None, config: Path | None, create: bool) -> Lockgate:
     """Open the database, waiting with back-off (until stopped: Ctrl-C or SIGTERM) for
     as long as its server answers but takes no connection for now: too many
-    connections, a connection limit, starting up, shutting down, recovering. Anything
-    else (a login refused, a database that does not exist, a bad URL, a server that
-    cannot be reached at all: most often a wrong host or port) is raised at once."""
+    connections, a connection limit, starting up, shutting down, recovering; or that
+    took the session and dropped it (a restart, a session killed). Anything else (a
+    login refused, a database that does not exist, a bad URL, a server that cannot be
+    reached at all: most often a wrong host or port) is raised at once."""
     failures = 0
     while True:
         try:
             return Lockgate(db, config=config, create=create, migrate=create)
         except LockgateError as exc:
-            if not refused_for_now(exc):
+            if not (refused_for_now(exc) or dropped_for_now(exc)):
                 raise
             failures += 1
             delay = min(OPEN_RETRY_MAX_S, 0.25 * 2 ** (failures - 1))

@@ -134,6 +134,25 @@ def refused_for_now(exc: BaseException) -> bool:
     return isinstance(exc, StoreError) and bool(_REFUSED_FOR_NOW.search(str(exc)))
 
 
+#: A server's words for a session it took and then dropped: ended by an administrator,
+#: a fast shutdown or a restart (PostgreSQL 57P01, 57P02 "terminating connection"), or
+#: closed under the client (PostgreSQL "server closed the connection unexpectedly";
+#: MySQL/MariaDB 2013 "Lost connection", 2006 "server has gone away"). A server that
+#: cannot be reached at all says "Connection refused", "Can't connect" or times out.
+_DROPPED = re.compile(
+    r"terminating connection|server closed the connection unexpectedly|"
+    r"lost connection to (mysql|mariadb) server|server has gone away", re.IGNORECASE)
+
+
+def dropped_for_now(exc: BaseException) -> bool:
+    """Whether ``exc`` is a session the server took and then dropped (see
+    :data:`_DROPPED`): it is there, and a restart or a kill passes. A connection that
+    timed out is a server that did not answer: not this."""
+    text = str(exc)
+    return (isinstance(exc, DatabaseUnavailable) and bool(_DROPPED.search(text))
+            and "timed out" not in text.lower())
+
+
 def cause(exc: BaseException) -> str:
     """The driver's own message, first line, without SQLAlchemy's background link."""
     orig = getattr(exc, "orig", None) or exc

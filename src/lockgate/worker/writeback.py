@@ -9,11 +9,14 @@ bisected until the refused rows stand alone and the rest has landed. A refused r
 written again with a bare trace (its task's result kept, the attempt row marked
 ``storage_error``); if the database refuses that too, the task fails with
 ``storage_error``; only if even that is refused is the row given up, and its task runs
-again when its lease expires. Nothing is retried forever while other results wait.
+again when its lease expires. A task given back without a trace (released before its
+call, or by a worker that stops) is never failed so: it is given up. Nothing is retried
+forever while other results wait.
 
 A passing condition while the database answers (a statement cancelled by
 ``statement_timeout`` or ``KILL QUERY``, a database made read-only by a failover, a lock
-wait that timed out) is not a refusal: the batch waits and is written again later, whole.
+wait that timed out, a connection dropped while a fresh one is taken: a server restarted,
+a session killed) is not a refusal: the batch waits and is written again later, whole.
 Only after :data:`ISOLATE_AFTER` such failures in a row is it bisected; a row that then
 fails alone with a passing condition while the others land is put aside and written
 again with the next batch, and once it has failed so :data:`ISOLATE_AFTER` times (a row
@@ -30,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lockgate.errors import DatabaseUnavailable, ErrorClass, StoreError
+from lockgate.errors import ErrorClass, StoreError
 from lockgate.quality import QualityObserver
 from lockgate.states import TaskStatus
 from lockgate.store import Finish, FinishReport, Store
@@ -48,9 +51,18 @@ ISOLATE_AFTER = 3
 
 
 def _passing(exc: BaseException) -> bool:
-    """A condition that passes while the server answers (not a lost connection)."""
-    return (isinstance(exc, StoreError) and exc.transient
-            and not isinstance(exc, DatabaseUnavailable))
+    """A condition that passes, a lost connection included: the server answers again
+    (the write-back pinged it), and a session dropped by a restart or a kill says
+    nothing about the rows. A row whose statement makes the server drop the connection
+    (a packet over ``max_allowed_packet``) is put aside like any other, and taken as
+    refused after :data:`ISOLATE_AFTER` such failures while others land."""
+    return isinstance(exc, StoreError) and exc.transient
+
+
+def _hand_back(f: Finish) -> bool:
+    """Whether ``f`` gives its task back without a trace (released before its call, or
+    by a worker that stops): failing it would end a task that was never judged."""
+    return f.status == TaskStatus.PENDING and f.attempt is None
 
 
 def _claim(f: Finish) -> Claim:
@@ -248,8 +260,9 @@ class WriteBack:
         forms failing so are refused too)."""
         claim = _claim(f)
         why: Exception = exc
+        failed = None if _hand_back(f) else unstorable(f, exc)
         for kind, form in (("with a bare trace", with_bare_trace(f, exc)),
-                           ("as FAILED", unstorable(f, exc))):
+                           ("as FAILED", failed)):
             if form is None:
                 continue
             try:
