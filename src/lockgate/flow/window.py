@@ -273,9 +273,14 @@ def parse_when(spec: str, now: datetime, *, field: str = "deadline") -> datetime
             raise SpecError(f"{spec!r}: a {field} given as a duration from now {exc.why}; "
                             "or give a time (ISO 8601, e.g. 2026-03-10T03:30)",
                             field=field) from None
-        except SpecError:
-            raise SpecError(f"{spec!r} is neither a time (ISO 8601, e.g. 2026-03-10T03:30) "
-                            f"nor a duration from now ({EXAMPLES})", field=field) from None
+        except SpecError as exc:
+            if exc.reason.startswith(f"{s.removeprefix('+')!r} is not a duration; "):
+                raise SpecError(f"{spec!r} is neither a time (ISO 8601, e.g. "
+                                f"2026-03-10T03:30) nor a duration from now ({EXAMPLES})",
+                                field=field) from None
+            # A duration with a mistake the duration grammar names (1M, PT5M): say it
+            raise SpecError(f"{exc.reason}; or give a time (ISO 8601, e.g. "
+                            "2026-03-10T03:30)", field=field) from None
         if now.tzinfo is None:  # local wall time: the duration is elapsed time
             return datetime.fromtimestamp(now.timestamp() + seconds)
         return now + timedelta(seconds=seconds)

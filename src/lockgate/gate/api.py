@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from lockgate.durations import parse_duration
 from lockgate.gate.binding import (
     BindingSettings,
     Comparison,
@@ -104,9 +105,13 @@ class Gate:
         u["terminal"] = u["status"] in TERMINAL_UPDATES
         return u
 
-    def wait(self, update_id: int, *, timeout: float | None = None, poll_s: float = 0.5,
+    def wait(self, update_id: int, *, timeout: float | str | None = None, poll_s: float = 0.5,
              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Poll :meth:`status` until the update is decided (needs running workers)."""
+        """Poll :meth:`status` until the update is decided (needs running workers);
+        ``timeout`` in seconds or as a duration (``"10m"``, see :mod:`lockgate.durations`).
+        """
+        if timeout is not None:  # (the CLI's --timeout grammar: "10m" rather than a TypeError)
+            timeout = parse_duration(timeout, field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = self.status(update_id)

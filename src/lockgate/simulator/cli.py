@@ -33,12 +33,24 @@ _RATE_FLAGS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (0: a free one); an argparse error otherwise (a port beyond
+    65535 had been wrapped by the socket layer: 99999 listened on 34463)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535; 0 picks a free one)")
+    return port
+
+
 def build_parser(prog: str = "python -m lockgate.simulator") -> argparse.ArgumentParser:
     """The simulator's argument parser (every config knob has a flag)."""
     p = argparse.ArgumentParser(
         prog=prog, description="OpenAI-compatible simulated LLM server for tests and demos.")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8400, help="port; 0 picks a free one")
+    p.add_argument("--port", type=_port, default=8400, help="port; 0 picks a free one")
     p.add_argument("--config", metavar="FILE", help="JSON config file (flags override it)")
     p.add_argument("--config-json", metavar="JSON", help="config as a JSON string")
     p.add_argument("--latency", choices=("fixed", "lognormal"), help="latency distribution")
