@@ -9,7 +9,8 @@ release-gate evaluation's: a candidate is judged on its own model's answers), wh
 never take a fallback and wait for their endpoint.
 
 Before an answer has taught a task type's token estimate, at most :data:`COLD_CALLS`
-of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`).
+of its calls go per endpoint; the others wait for that answer (:class:`ColdGate`), or
+for a refusal for quota or the rate, which teaches nothing but holds them no longer.
 So do the calls of an endpoint with no known limit before its first answer (whose
 headers may name one).
 """
@@ -47,11 +48,15 @@ COLD_KEPT = 4096
 @dataclass(slots=True)
 class Cold:
     """The calls of one task type on one endpoint before any answer taught its token
-    estimate: at most :data:`COLD_CALLS` in flight; the rest wait for ``wake``."""
+    estimate: at most :data:`COLD_CALLS` in flight; the rest wait for ``wake``. Once a
+    call is refused for quota or the rate (``refused``), none waits: a refusal carries
+    no usage, and an endpoint that refuses every call would otherwise let
+    :data:`COLD_CALLS` of them go per pause, a pause per attempt of the others."""
 
     key: tuple[str, str]
     in_flight: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    refused: bool = False
 
 
 class ColdGate:
@@ -71,12 +76,16 @@ class ColdGate:
             cold = self._cold[key] = Cold(key)
         return cold
 
-    def done(self, cold: Cold | None, model: TokenModel | None) -> None:
+    def done(self, cold: Cold | None, model: TokenModel | None, *,
+             refused: bool = False) -> None:
         """A call of a cold task type ended: once an answer taught the estimate, every
-        waiting call goes on (with a taught estimate); else the next one may try."""
+        waiting call goes on (with a taught estimate); once one was ``refused`` (quota,
+        rate), every waiting call goes on too (with the untaught one, as after an answer
+        without usage); else the next one may try."""
         if cold is None:
             return
         cold.in_flight -= 1
+        cold.refused = cold.refused or refused
         if model is not None and model.samples > 0 and self._cold.get(cold.key) is cold:
             del self._cold[cold.key]
         cold.wake.set()
@@ -149,7 +158,7 @@ class Admission:
                 key = (st.name, "")
             if key is not None:
                 cold = self.cold.get(key)
-                if cold.in_flight >= COLD_CALLS:
+                if cold.in_flight >= COLD_CALLS and not cold.refused:
                     self.waiting += 1
                     try:
                         await cold.wake.wait()

@@ -147,7 +147,7 @@ class Feedback:
             if st.breaker.state is not was:
                 self._breaker_changed(st, was, now)
             self._settle(t, out)
-        self.admission.cold.done(t.cold, t.model)
+        self.admission.cold.done(t.cold, t.model, refused=throttled)
         self._learn(st, out, now, t.tokens)
         self.admission.dispatch(st)
 

@@ -655,18 +655,24 @@ def _last_cause(exc: BaseException) -> str:
 
 #: The errors of a socket the server closed or reset.
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+#: Their exceptions, as the cause of an aiohttp error that carries no errno itself.
+_RESET_CAUSES = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
 def _after_send_aiohttp(exc: BaseException) -> bool:
     """Whether aiohttp failed a request on a connection it had (the server closed or
-    reset it after the request went out, before a complete answer): not a connection
+    reset it as the request went out or after, before a complete answer): not a connection
     that could not be opened (refused, a name that does not resolve, TLS: a
     ClientConnectorError), not a timeout."""
     if isinstance(exc, aiohttp.ClientConnectorError | TimeoutError):
         return False
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
         return True
-    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in _RESET_ERRNOS
+    if not isinstance(exc, aiohttp.ClientOSError):
+        return False
+    # "Can not write request body" has no errno: the reset is its cause (a transport
+    # the server closed as the request was written, "Cannot write to closing transport")
+    return exc.errno in _RESET_ERRNOS or isinstance(exc.__cause__, _RESET_CAUSES)
 
 
 def _begun_status(exc: BaseException) -> int | None:
