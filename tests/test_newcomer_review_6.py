@@ -1,6 +1,7 @@
 """A sixth newcomer's review: a simulator port beyond 65535 wrapped to another port,
-``gate.wait(timeout="10m")`` failing with a TypeError, and ``--deadline 1M`` losing the
-reason every other duration gives."""
+``gate.wait(timeout="10m")`` failing with a TypeError, ``--deadline 1M`` losing the
+reason every other duration gives, a list given for an endpoint's ``model`` and a
+deadline years in the past taken without a word."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
+from typer.testing import CliRunner
 
 from lockgate import Lockgate
-from lockgate.errors import LockgateError, SpecError
+from lockgate.cli import app
+from lockgate.config import load_settings
+from lockgate.errors import ConfigError, LockgateError, SpecError
 from lockgate.flow.window import parse_when
 
 
@@ -55,3 +60,29 @@ def test_gate_wait_takes_the_duration_grammar(tmp_path: Path) -> None:
         assert not isinstance(found.value, SpecError)
     finally:
         lg.close()
+
+
+def test_a_list_given_for_model_points_to_models(tmp_path: Path) -> None:
+    cfg = tmp_path / "lockgate.toml"
+    cfg.write_text('[[endpoint]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                   'model = ["x", "y"]\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert "'model': takes one value, not a list; several go in 'models' " \
+           '(models = ["x", "y"])' in str(err.value)
+
+
+def test_a_deadline_in_the_past_is_pointed_out(tmp_path: Path) -> None:
+    tasks = tmp_path / "y.jsonl"
+    tasks.write_text(orjson.dumps({
+        "task_id": "a1", "prompt_template": "hi {x}", "input_data": {"x": "1"},
+        "model_config": {"name": "m"}, "delivery_rule": {"format": "text"},
+        "retry_policy": {"max_retries": 1}}).decode() + "\n")
+    db = f"sqlite:///{tmp_path / 'lg.db'}"
+    res = CliRunner().invoke(app, ["submit", str(tasks), "--batch", "y", "--deadline",
+                                   "2020-01-01T00:00", "--db", db], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "the deadline 2020-01-01 00:00:00 has passed" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["submit", str(tasks), "--batch", "z", "--deadline",
+                                   "2h", "--db", db], catch_exceptions=False)
+    assert "has passed" not in res.output

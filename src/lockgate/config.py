@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -734,6 +735,11 @@ def explain(model: type[BaseModel], e: ErrorDetails) -> str:
         table = ".".join(str(x) for x in loc)
         return (f"use [[{table}]] (an array of tables), not [{table}]: one [[{table}]] "
                 "per item")
+    if (e["type"] == "string_type" and isinstance(e["input"], list | tuple)
+            and holder is not None and f"{name}s" in holder.model_fields):
+        # `model = ["a", "b"]` where `models` holds several
+        shown = ", ".join(json.dumps(v, default=str) for v in e["input"])  # as TOML
+        return f"takes one value, not a list; several go in '{name}s' ({name}s = [{shown}])"
     seconds = fld is not None and any(getattr(m, "func", None) is duration_field
                                       for m in fld.metadata)
     if e["type"] == "missing":

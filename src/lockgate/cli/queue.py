@@ -291,12 +291,19 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
             # Placed on the database's clock, as workers read it: this machine's may be
             # off (the local time zone still gives the wall time of a window).
             plan = plan_at(datetime.fromtimestamp(lg.store.db_now() / 1000))
+        past = plan is not None and plan.deadline_ms is not None \
+            and plan.deadline_ms <= lg.store.db_now()
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream,
                          on_bad_line)
     if plan is not None and plan.window is not None and _kept(report):
         w = plan.window
         console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "
                       "start and are paced to finish inside it", markup=False)
+    if past and plan is not None and plan.deadline_ms is not None and _kept(report):
+        # (a year mistyped reads as the most urgent batch there is, without a word)
+        console.print(f"note: the deadline {when(plan.deadline_ms)} has passed: the batch "
+                      "is as urgent as a batch gets (max_urgency); was another date "
+                      "meant?", markup=False)
 
 
 def _served(settings: Settings, pool: str | None) -> list[Endpoint]:
