@@ -85,3 +85,18 @@ def test_a_whole_answer_is_delivered_with_or_without_a_prefill(prefill: str | No
     assert res.error_class is None, res.error
     assert res.parsed is not None and res.parsed.value == {"label": "negative", "score": 0.2}
     assert attempt_trace(1, 0, res, "ok")["raw_output"] == content
+
+
+@pytest.mark.parametrize(("prefill", "content"), [
+    ("{{", '"score": 0.2, "label": "negative"}\n\nIf it were positive: '
+           '{"label": "positive", "score": 0.9}'),
+    ("{{", '"label": "negative", "score": 0.2, "source": {"label": "positive", "score": 0.9}}'),
+    ('{{"label": "', 'negative", "score": 0.2, "aside": {"label": "positive", "score": 0.9}}'),
+])
+def test_a_continuation_holding_another_object_is_read_whole(prefill: str,
+                                                              content: str) -> None:
+    # Alone, the reply's one object is a nested one or an aside: it had been delivered
+    res = _attempt(_config(prefill), Continuing(content))
+    assert res.error_class is None, res.error
+    assert res.parsed is not None
+    assert (res.parsed.value["label"], res.parsed.value["score"]) == ("negative", 0.2)

@@ -15,7 +15,14 @@ three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
 """
 
 from lockgate.runtime.normalize import normalize_text, normalize_value
-from lockgate.runtime.output import USABLE, Parsed, ParseStatus, parse_output, with_prefill
+from lockgate.runtime.output import (
+    USABLE,
+    Parsed,
+    ParseStatus,
+    parse_output,
+    parse_reply,
+    with_prefill,
+)
 from lockgate.runtime.render import Rendered, render
 from lockgate.runtime.sampling import sampling_params
 from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
@@ -45,6 +52,7 @@ __all__ = [
     "normalize_text",
     "normalize_value",
     "parse_output",
+    "parse_reply",
     "placeholders",
     "render",
     "sampling_params",

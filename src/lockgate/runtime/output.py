@@ -133,6 +133,38 @@ def with_prefill(messages: Sequence[Mapping[str, Any]], content: str) -> str:
     return prefill + content
 
 
+#: A reply that goes on with an object's member: a key and its colon first.
+_MEMBER_FIRST = re.compile(r'\s*"(?:[^"\\\n]|\\.){1,200}"\s*:')
+#: A prefill that ends inside a member's string value (``{"name": "``): the reply is
+#: the rest of it.
+_VALUE_OPEN = re.compile(r'[{,]\s*"(?:[^"\\\n]|\\.){1,200}"\s*:\s*"\Z')
+
+
+def parse_reply(messages: Sequence[Mapping[str, Any]], content: str, rule: DeliveryRule,
+                *, finish_reason: str | None = None) -> Parsed:
+    """The answer of a reply ``content`` to ``messages`` under ``rule``. After an
+    assistant prefill (:func:`with_prefill`) a reply usable alone is a whole answer (a
+    provider that ignores prefills, whatever its spacing or key order), and the prefill
+    joined to it is tried when it is not; but a reply that goes on with an object's
+    member (``"score": 0.2, ...}`` after ``{``), or follows a prefill that ends inside a
+    string value (``Anna", ...}`` after ``{"name": "``), is the continuation whatever it
+    holds: the joined text is tried first (alone, its first object may be a nested one
+    or an aside: ``"referrer": {"name": "Bob"}}``)."""
+    joined = content if rule.format == "text" else with_prefill(messages, content)
+    prefill = joined[:len(joined) - len(content)]
+    continues = joined is not content and (
+        (_MEMBER_FIRST.match(content) is not None
+         and prefill.rstrip().endswith(("{", ",")))
+        or _VALUE_OPEN.search(prefill) is not None)
+    first, then = (joined, content) if continues else (content, joined)
+    parsed = parse_output(first, rule, finish_reason=finish_reason)
+    if not parsed.usable and then is not first:
+        other = parse_output(then, rule, finish_reason=finish_reason)
+        if other.usable:
+            return other
+    return parsed
+
+
 def _parse(raw: str, plan: OutputPlan) -> Parsed:
     fixes = Fixes()
     raw = _valid_unicode(raw, fixes)
@@ -199,4 +231,4 @@ def _valid_unicode(raw: str, fixes: Fixes) -> str:
 
 
 __all__ = ["INTERNAL", "MAX_REPAIR", "MAX_SEARCH", "USABLE", "ParseStatus", "Parsed",
-           "parse_output", "with_prefill"]
+           "parse_output", "parse_reply", "with_prefill"]

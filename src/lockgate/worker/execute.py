@@ -110,19 +110,11 @@ async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: 
     try:
         # The provider's finish_reason goes with the text: an answer it cut off at
         # max_tokens may look finished (prose) or be closed by the repair (JSON).
-        parsed = runtime.parse_output(completion.content, config.delivery_rule,
-                                      finish_reason=completion.finish_reason)
-        if not parsed.usable and config.delivery_rule.format != "text":
-            # After an assistant prefill ("{") the reply may be its continuation: the
-            # answer is then the two joined (the raw output kept is the provider's
-            # own). A reply usable alone is a whole answer: a provider that ignores
-            # prefills, whatever its spacing or key order.
-            joined = runtime.with_prefill(rendered.messages, completion.content)
-            if joined is not completion.content:
-                whole = runtime.parse_output(joined, config.delivery_rule,
-                                             finish_reason=completion.finish_reason)
-                if whole.usable:
-                    parsed = whole
+        # After an assistant prefill ("{") the reply may be its continuation: the
+        # answer is then the two joined (the raw output kept is the provider's own).
+        parsed = runtime.parse_reply(rendered.messages, completion.content,
+                                     config.delivery_rule,
+                                     finish_reason=completion.finish_reason)
     except LockgateError as exc:  # the delivery rule itself is broken: not retryable
         return AttemptResult(rendered, completion, None, ErrorClass.INVALID_REQUEST,
                              f"delivery_rule: {exc}", None, latency, completion.http_status,
