@@ -141,22 +141,24 @@ def check_openai_batch_line(line: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                ) -> Iterator[str]:
+def chat_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]], *,
+                keepalive_s: float = 75.0) -> Iterator[str]:
     """An OpenAI-compatible endpoint answering ``POST /v1/chat/completions`` with
     ``handle``, on a thread's event loop; yields its base URL (``.../v1``)."""
     def routes(app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", handle)
 
-    with app_server(routes) as root:
+    with app_server(routes, keepalive_s=keepalive_s) as root:
         yield f"{root}/v1"
 
 
 @contextlib.contextmanager
-def app_server(routes: Callable[[web.Application], None]) -> Iterator[str]:
+def app_server(routes: Callable[[web.Application], None], *,
+               keepalive_s: float = 75.0) -> Iterator[str]:
     """An aiohttp application whose routes ``routes`` adds, served on a thread's event
     loop; yields its root URL (``http://127.0.0.1:PORT``), for paths other than
-    :func:`chat_server`'s ``/v1`` (an Azure OpenAI deployment's)."""
+    :func:`chat_server`'s ``/v1`` (an Azure OpenAI deployment's). ``keepalive_s``: how
+    long an idle keep-alive connection is kept (aiohttp's default, 75 s)."""
     state: dict[str, Any] = {}
     started = threading.Event()
 
@@ -164,7 +166,7 @@ def app_server(routes: Callable[[web.Application], None]) -> Iterator[str]:
         loop = asyncio.new_event_loop()
         app = web.Application()
         routes(app)
-        runner = web.AppRunner(app)
+        runner = web.AppRunner(app, keepalive_timeout=keepalive_s)
         loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         loop.run_until_complete(site.start())

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from helpers import chat_server
 from lockgate.providers import openai
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.openai import OpenAICompatible
@@ -37,12 +37,8 @@ KEEPALIVE_S = 0.05
 
 @contextlib.contextmanager
 def keepalive_server(served: list[str]) -> Iterator[str]:
-    """An OpenAI-compatible endpoint on a thread's event loop that closes a keep-alive
-    connection idle for :data:`KEEPALIVE_S`; records each request's last message and
-    yields its base URL."""
-    state: dict[str, Any] = {}
-    started = threading.Event()
-
+    """An OpenAI-compatible endpoint that closes a keep-alive connection idle for
+    :data:`KEEPALIVE_S`; records each request's last message and yields its base URL."""
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         served.append(body["messages"][-1]["content"])
@@ -52,27 +48,8 @@ def keepalive_server(served: list[str]) -> Iterator[str]:
                                      "content": json.dumps({"label": "delivery"})},
                          "finish_reason": "stop"}]})
 
-    def serve() -> None:
-        loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, keepalive_timeout=KEEPALIVE_S)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        state["loop"], state["port"] = loop, runner.addresses[0][1]
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10), "the test's server did not start"
-    try:
-        yield f"http://127.0.0.1:{state['port']}/v1"
-    finally:
-        state["loop"].call_soon_threadsafe(state["loop"].stop)
-        thread.join(10)
+    with chat_server(chat, keepalive_s=KEEPALIVE_S) as url:
+        yield url
 
 
 @pytest.fixture
