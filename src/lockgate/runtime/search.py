@@ -608,7 +608,8 @@ _LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*)?[{\[
 #: sentence that introduces the later value (:func:`_revised`): a revised version or
 #: answer ("Here's the improved version:", "Adjusted output:", "Changing my answer
 #: to:"), a revision label ("Refining:", "Better:", "Re-evaluated:"), another attempt
-#: ("Second attempt:"), "Let me adjust that", or a verdict on the value before
+#: ("Second attempt:"), a second look ("Looking again, ...", "After checking the
+#: signature:"), "Let me adjust that", or a verdict on the value before
 #: (:data:`_VERDICT`). "Update:" or "Edit:" alone is none (a note about the reply), nor
 #: "the updated version of the app" (a revised version ends its clause), nor
 #: "Double-checking" or "Re-examining the other review" (checks, of anything).
@@ -642,6 +643,9 @@ _REVISION = re.compile(
     r"|of[ \t]+(?:the|my|this)[ \t]+(?:answer|output|result|json|response|label"
     r"|classification|object)))"
     r"|(?:second|2nd|third|another|new|one more)[ \t]+(?:attempt|try|pass)"
+    # a second look, in the sentence that introduces the later value ("Hmm, looking
+    # again, the city is Berlin.", "After checking the signature:")
+    r"|looking[ \t]+(?:again|more[ \t]+closely|closer)|after[ \t]+checking"
     r")\b|" + _VERDICT_WORDS +
     r"|(?:" + _REVISED + r"(?:ed|ied|ing|ying)|better|re-?(?:evaluat|assess|examin|consider"
     r"|check|think|analy[sz])\w*"
@@ -683,6 +687,7 @@ _REVISION_HINT = re.compile(
     r"|صحيح|正しい|正确|올바른|revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
     r"|more accurate|more appropriate|more fitting|more precise|more suitable|instead"
     r"|attempt|\btry\b|\bpass\b|re-?(?:evaluat|assess|examin|consider|check|think|analy)"
+    r"|looking|after[ \t]+checking"
     r"|right|\boff\b|mistake|let me|更准确|更合适|更恰当|修改|调整|更改|修订|订正|更新|优化"
     r"|改为|改成|should|I'd|I’d|I'll|I’ll|I[ \t]+will)")
 #: What stands between a value and the first sentence after it: blanks, a fence's
@@ -738,7 +743,7 @@ _EXAMPLE_PHRASE = (r"(?:for reference,?[ \t]+)?(?:an?[ \t]+)?typical[ \t]+(?:out
 #: generic as "Data:", "Record:", "Text:", "Source:", "Structure:" or "Raw:" are no
 #: such label: an answer is introduced by them as often ("Text analysis:").
 _HEAD_WORDS = (
-    r"before|provided|received|(?:json )?schema"
+    r"before|provided|received|(?:json )?schema|baseline|default|prior|old"
     r"|eingabe|eingabedaten|entrée|entrada|вход|входные данные|ввод|исходные данные|invoer"
     r"|wejście|girdi|المدخلات|الإدخال|schéma|esquema|схема|schemat"
     r"|falsch|falsche|falscher|falsches|inkorrekt|faux|fausse|incorrect[oa]?|errad[oa]"
@@ -829,14 +834,15 @@ def _other_condition(lead: str) -> bool:
         and _CHOICE_HEDGE.search(lead) is None
 
 
-#: An opening tag of an element that holds values that are not the answer.
+#: An opening tag of an element that holds values that are not the answer (or struck
+#: through: ``<del>``, ``<strike>``; not ``<s>``, a model's start token).
 _NOT_ANSWER_TAG = re.compile(
     r"(?i)<(examples?|samples?|drafts?|input|inputs|schema|template|format|reference"
-    r"|user_input|query|question|prompt)(?:[ \t][^<>\n]*)?>")
+    r"|user_input|query|question|prompt|del|strike)(?:[ \t][^<>\n]*)?>")
 #: The closing tag of such an element.
 _NOT_ANSWER_CLOSE = re.compile(
     r"(?i)</(?:examples?|samples?|drafts?|input|inputs|schema|template|format|reference"
-    r"|user_input|query|question|prompt)\s*>")
+    r"|user_input|query|question|prompt|del|strike)\s*>")
 #: How far before a value such a tag is looked for.
 _TAG_REACH = 4096
 
@@ -861,6 +867,69 @@ def _in_not_answer_tag(text: str, start: int) -> bool:
         and closing.search(text, start, start + _TAG_REACH) is not None
 
 
+#: A value introduced as another thing than the answer, for context: "The previous
+#: customer was" (not "The last step was": the last may be this one), "Compare with
+#: last week:", a label qualified so in brackets ("Review 1 (given as context):", "Bob
+#: (not this one):").
+_CONTEXT_LEAD = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:the[ \t]+)?(?:previous|prior|earlier|old)[ \t]+\w+"
+    r"(?:[ \t]+\w+)?[ \t]+(?:was|were)[ \t]*[:：]?[\s*_]*\Z"
+    r"|^[\s*_#>\-]*compare[ \t]+(?:it[ \t]+)?(?:with|to)\b[^\n:：]{0,40}[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*[^\n:：()（）]{1,40}[(（][ \t]*(?:(?:(?:given|shown|provided|included"
+    r"|only)[ \t]+)?(?:as|for)[ \t]+(?:context|reference|comparison)|not[ \t]+(?:this|the)"
+    r"[ \t]+(?:one|answer))[ \t]*[)）][ \t]*[:：][\s*_]*\Z")
+#: The end of a value struck through in Markdown (``~~{...}~~``).
+_STRUCK_END = re.compile(r"[}\]][ \t]*~~")
+
+
+def _struck(text: str, start: int) -> bool:
+    """Whether the value at ``start``, right after ``~~``, is struck through: a closing
+    bracket and ``~~`` follow it (within :data:`_TAG_REACH`) before the next ``~~``
+    that opens anything else. A value struck through is one the model took back."""
+    m = _STRUCK_END.search(text, start, start + _TAG_REACH)
+    return m is not None and "~~" not in text[start:m.start()]
+
+
+#: A Markdown table's separator row (``|---|:---:|``), and its header cells that say
+#: its rows are examples ("| Example | JSON |", "| review | expected |").
+_TABLE_RULE = re.compile(r"[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(?:\|[ \t]*:?-{3,}:?[ \t]*)*\|?[ \t]*\Z")
+_TABLE_EXAMPLES = re.compile(r"(?i)(?<![\w'’])(?:examples?|expected|samples?)(?![\w'’])")
+#: A line before a table that calls its rows examples ("Examples of the format:").
+_TABLE_INTRO = re.compile(
+    r"(?i)^[\s*_#>\-]*(?:(?:here[ \t]+are|some)[ \t]+)?(?:examples?|samples?)\b[^\n]{0,60}"
+    r"[:：][\s*_]*\Z")
+
+
+def _in_example_table(text: str, start: int) -> bool:
+    """Whether the value at ``start`` stands in a row of a Markdown table of examples:
+    its line is a table row (it opens with ``|``), and the table (the rows above it, at
+    most :data:`_TAG_REACH` characters) has a separator row under a header that says
+    its rows are examples, or the line before the table says so."""
+    line = text.rfind("\n", 0, start) + 1
+    if not text[line:start].lstrip(" \t").startswith("|"):
+        return False
+    rows = []  # the rows above the value's, nearest first
+    at, floor = line, max(0, start - _TAG_REACH)
+    while at > 0:
+        if at <= floor:
+            return False
+        above = text.rfind("\n", 0, at - 1) + 1
+        row = text[above:at - 1]
+        if not row.lstrip(" \t").startswith("|"):
+            break
+        rows.append(row)
+        at = above
+    if len(rows) < 2 or _TABLE_RULE.match(rows[-2]) is None:
+        return False
+    return _TABLE_EXAMPLES.search(rows[-1]) is not None \
+        or _TABLE_INTRO.search(_line_before(text, at)) is not None
+
+
+def _line_before(text: str, at: int) -> str:
+    """The last line with words before ``at`` (past blank lines), or nothing."""
+    return text[:at].rstrip().rsplit("\n", 1)[-1]
+
+
 def _lead(text: str, start: int, floor: int) -> str:
     """The sentence that introduces the value at ``start``: the text before it back to
     the last sentence end (at most :data:`_INTRO` characters, not before ``floor``),
@@ -882,10 +951,12 @@ def _not_the_answer(text: str, start: int, floor: int) -> bool:
     what it is not (labelled wrong, or negated), in English or another common language
     (:data:`_OTHER_LABEL`, :func:`_other_condition`), or stands in a tag that holds
     such values (``<example>``, :func:`_in_not_answer_tag`)."""
-    if _in_not_answer_tag(text, start):
+    if _in_not_answer_tag(text, start) or _in_example_table(text, start):
         return True
     lead = _lead(text, start, floor)
     return bool(lead) and (_EXAMPLE_LABEL.search(lead) is not None
+                           or _CONTEXT_LEAD.search(lead) is not None
+                           or (lead.endswith("~~") and _struck(text, start))
                            or _EXAMPLE_END.search(lead) is not None
                            or _INPUT_LABEL.search(lead) is not None
                            or _HYPOTHETICAL.search(lead) is not None
@@ -1007,10 +1078,12 @@ def _corrected(text: str, picks: list[Pick], i: int) -> bool:
 
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
     """Whether to look past the usable values found so far: the first was introduced
-    as not the answer, a correction follows the last, or every one is a bracketed
-    word or citation (:func:`_weak`). Otherwise the first usable value is the answer
-    (a later one never replaces it)."""
+    as not the answer, a draft or a numbered step's output, a correction follows the
+    last, or every one is a bracketed word or citation (:func:`_weak`). Otherwise the
+    first usable value is the answer (a later one never replaces it)."""
     return len(picks) < _MAX_PICKS and (_cued(text, picks[0][0], picks[-1][1])
+                                        or _DRAFT_LEAD.search(_lead(text, picks[0][0], 0))
+                                        is not None
                                         or all(_weak(text, p) for p in picks)
                                         or all(_echo(p[2].value) for p in picks))
 
@@ -1189,13 +1262,15 @@ def _introduces_cut(text: str, begin: int, at: int) -> bool:
     return False
 
 
-#: A label that calls its value a draft ("Draft 2:", "Entwurf (neu):", "下書き："): when
-#: every value is so introduced, the last is the answer (:func:`_chosen`).
+#: A label that calls its value a draft ("Draft 2:", "Entwurf (neu):", "下書き：") or a
+#: numbered step's output ("Step 1 output:"): when every value is so introduced, the
+#: last is the answer (:func:`_chosen`).
 _DRAFT_LEAD = re.compile(
     r"(?i)^[\s*_#>\-]*(?:(?:the|my|a|an|first|second|third|next|another|new)[ \t]+)?"
     r"(?:drafts?|entwurf|brouillon|borrador|bozza|rascunho|черновик|szkic|taslak|مسودة"
     r"|下書き|草稿|초안)(?![\w'’])(?:[ \t]*(?:#|no\.|nr\.)?[ \t]*\d{1,2}|[ \t]+[ivx]{1,4}"
-    r"|[ \t]*[(（]\d{1,2}[)）])?[ \t]*[:：][\s*_]*\Z")
+    r"|[ \t]*[(（]\d{1,2}[)）])?[ \t]*[:：][\s*_]*\Z"
+    r"|^[\s*_#>\-]*step[ \t]*\d{1,2}[ \t]+(?:output|result)[ \t]*[:：][\s*_]*\Z")
 
 
 def _chosen(text: str, picks: list[Pick]) -> Parsed:
