@@ -234,3 +234,11 @@ def test_wrapped_member_is_the_member(label: str) -> None:
 def test_wrapped_non_member_is_refused(label: str) -> None:
     assert value('{"label": "**negative**"}', LABEL) == {"label": "negative"}
     assert not parse(f'{{"label": "{label}"}}', LABEL).usable
+
+
+@pytest.mark.parametrize("answer", ["", " \n\t"])
+def test_an_empty_answer_says_it_is_empty(answer: str) -> None:
+    parsed = parse(answer, LABEL)
+    assert not parsed.usable
+    assert parsed.error == "no JSON object or array in the output (it is empty)"
+    assert parse("I cannot help.", LABEL).error == "no JSON object or array in the output"

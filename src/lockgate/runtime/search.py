@@ -1322,7 +1322,9 @@ def _search_regions(text: str, plan: OutputPlan, fixes: Fixes,
                     start_at: re.Pattern[str]) -> Parsed:
     picks, failures, found = _region_picks(text, plan, fixes, start_at)
     if not found:
-        return unusable(ParseStatus.NO_JSON_FOUND, plan, "no JSON object or array in the output")
+        return unusable(ParseStatus.NO_JSON_FOUND, plan,
+                        "no JSON object or array in the output"
+                        + ("" if text.strip() else " (it is empty)"))
     if picks:
         return _answer(text, picks, plan, fixes)
     if not failures:
