@@ -519,8 +519,8 @@ def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> 
             folded = folded.rstrip(_CLOSING_MARKS)
             matches = [m for m in enum if isinstance(m, str) and fold_value(m) == folded]
         if not matches and (inner := _unwrapped(folded)) != folded and not any(
-                isinstance(m, str) and m[:1] + m[-1:] != m.strip(_MARKS)[:1]
-                + m.strip(_MARKS)[-1:] for m in enum):
+                isinstance(m, str) and m and (m[0] in _MARKS or m[-1] in _MARKS)
+                for m in enum):
             # "**positive**", "`positive`", "'positive'": the member marked up whole
             # (never when a member's own ends are such marks: "*A*", "__init__", "'no'")
             matches = [m for m in enum if isinstance(m, str) and fold_value(m) == inner]
