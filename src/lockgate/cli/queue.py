@@ -287,21 +287,24 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
     with opened(db, config, create=True) as lg:
         if checked_rejects is not None:  # the task file or the database: refused now
             lg.check_rejects(checked_rejects, file)
+        past: int | None = None  # a deadline already past, in ms
         if plan is not None:
             # Placed on the database's clock, as workers read it: this machine's may be
             # off (the local time zone still gives the wall time of a window).
-            plan = plan_at(datetime.fromtimestamp(lg.store.db_now() / 1000))
-        past = plan is not None and plan.deadline_ms is not None \
-            and plan.deadline_ms <= lg.store.db_now()
+            now_ms = lg.store.db_now()
+            plan = plan_at(datetime.fromtimestamp(now_ms / 1000))
+            if plan is not None and plan.deadline_ms is not None \
+                    and plan.deadline_ms <= now_ms:
+                past = plan.deadline_ms
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream,
                          on_bad_line)
     if plan is not None and plan.window is not None and _kept(report):
         w = plan.window
         console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "
                       "start and are paced to finish inside it", markup=False)
-    if past and plan is not None and plan.deadline_ms is not None and _kept(report):
+    if past is not None and _kept(report):
         # (a year mistyped reads as the most urgent batch there is, without a word)
-        console.print(f"note: the deadline {when(plan.deadline_ms)} has passed: the batch "
+        console.print(f"note: the deadline {when(past)} has passed: the batch "
                       "is as urgent as a batch gets (max_urgency); was another date "
                       "meant?", markup=False)
 
