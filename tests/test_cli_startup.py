@@ -1,6 +1,6 @@
 """What a command that runs no worker and calls no endpoint loads: a fresh interpreter
 runs it through the ``lockgate`` entry point and lists its modules. The worker, the
-HTTP client (aiohttp), the OpenTelemetry SDK and protobuf are left out of ``submit``,
+HTTP client (aiohttp), the OpenTelemetry SDK, protobuf and the output pass are left out of ``submit``,
 ``status``, ``alerts list`` and ``cleanup``: every command pays its imports at start, and
 a streamed submit's first tasks should be claimable within a second of it starting.
 alembic is loaded only to migrate a database that is not at the newest revision."""
@@ -20,7 +20,9 @@ from lockgate.app import Lockgate
 UNUSED = ("aiohttp", "opentelemetry.sdk", "opentelemetry.exporter", "google.protobuf",
           "lockgate.worker", "lockgate.providers", "lockgate.flow.control",
           "lockgate.gate.service", "lockgate.quality.service", "lockgate.quality.webhooks",
-          "lockgate.quality.tracing", "lockgate.quality.writer", "multiprocessing")
+          "lockgate.quality.tracing", "lockgate.quality.writer", "multiprocessing",
+          # the output pass: dozens of patterns compiled at import, for replies only
+          "lockgate.runtime.output", "lockgate.runtime.search")
 
 #: Runs ``lockgate ARGS...`` as the command does, then prints its exit code and modules.
 SCRIPT = """\

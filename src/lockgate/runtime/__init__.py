@@ -12,28 +12,65 @@ three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
 :mod:`.schema` (the compiled delivery rule) and :mod:`.output` (the ladder; its steps in
 :mod:`.search`, :mod:`.settle` and :mod:`.unwrap`; answers cut off at ``max_tokens`` in
 :mod:`.finish`).
+
+The names below are loaded on first use (:func:`__getattr__`): a command that only
+checks task files (``submit``, ``status``) does not compile the output pass's patterns.
 """
 
-from lockgate.runtime.normalize import normalize_text, normalize_value
-from lockgate.runtime.output import (
-    USABLE,
-    Parsed,
-    ParseStatus,
-    parse_output,
-    parse_reply,
-    with_prefill,
-)
-from lockgate.runtime.render import Rendered, render
-from lockgate.runtime.sampling import sampling_params
-from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
-from lockgate.runtime.template import (
-    INPUT_CLOSE,
-    INPUT_OPEN,
-    build_template,
-    check_template,
-    placeholders,
-)
-from lockgate.runtime.tokens import count_tokens, default_estimator
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lockgate.runtime.normalize import normalize_text, normalize_value
+    from lockgate.runtime.output import (
+        USABLE,
+        Parsed,
+        ParseStatus,
+        parse_output,
+        parse_reply,
+        with_prefill,
+    )
+    from lockgate.runtime.render import Rendered, render
+    from lockgate.runtime.sampling import sampling_params
+    from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
+    from lockgate.runtime.template import (
+        INPUT_CLOSE,
+        INPUT_OPEN,
+        build_template,
+        check_template,
+        placeholders,
+    )
+    from lockgate.runtime.tokens import count_tokens, default_estimator
+
+#: Where each public name lives (its module of this package).
+_HOME = {
+    "normalize_text": "normalize", "normalize_value": "normalize",
+    "USABLE": "settle", "ParseStatus": "settle", "Parsed": "settle",
+    "parse_output": "output", "parse_reply": "output", "with_prefill": "output",
+    "Rendered": "render", "render": "render",
+    "sampling_params": "sampling",
+    "check_delivery_rule": "schema", "check_result": "schema", "model_allowed": "schema",
+    "INPUT_CLOSE": "template", "INPUT_OPEN": "template", "build_template": "template",
+    "check_template": "template", "placeholders": "template",
+    "count_tokens": "tokens", "default_estimator": "tokens",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (then kept here)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
     "INPUT_CLOSE",
