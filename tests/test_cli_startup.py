@@ -1,9 +1,10 @@
 """What a command that runs no worker and calls no endpoint loads: a fresh interpreter
 runs it through the ``lockgate`` entry point and lists its modules. The worker, the
-HTTP client (aiohttp), the OpenTelemetry SDK, protobuf and the output pass are left out of ``submit``,
-``status``, ``alerts list`` and ``cleanup``: every command pays its imports at start, and
-a streamed submit's first tasks should be claimable within a second of it starting.
-alembic is loaded only to migrate a database that is not at the newest revision."""
+HTTP client (aiohttp), the OpenTelemetry SDK, protobuf and the output pass are left out
+of ``submit``, ``status``, ``alerts list`` and ``cleanup``: every command pays its
+imports at start, and a streamed submit's first tasks should be claimable within a
+second of it starting. alembic is loaded only to migrate a database that is not at the
+newest revision."""
 
 from __future__ import annotations
 

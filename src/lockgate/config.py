@@ -91,6 +91,18 @@ def _http_url(value: Any) -> Any:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: An HTTP header's name (RFC 9110's token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
+
+
+def _header_name(value: Any) -> Any:
+    """A pydantic ``BeforeValidator`` for ``api_key_header``."""
+    if isinstance(value, str) and _HEADER_NAME.fullmatch(value) is None:
+        raise PydanticCustomError(
+            "header_name", "{value} is not an HTTP header name (letters, digits and "
+            "- or _, at most 100, without spaces or a colon): e.g. api-key",
+            {"value": repr(value)})
+    return value
 
 
 def env_name_problem(name: str, setting: str = "api_key_env",
@@ -125,6 +137,10 @@ class Endpoint(_Strict):
     name: str = Field(min_length=1, max_length=100)
     base_url: Annotated[str, BeforeValidator(_http_url)]
     api_key_env: Annotated[str | None, BeforeValidator(_env_name)] = None
+    api_key_header: Annotated[str | None, BeforeValidator(_header_name)] = Field(
+        None, description="the header that carries the key of api_key_env, as it is "
+                    "[Authorization: Bearer KEY]; e.g. api-key for an Azure OpenAI "
+                    "deployment")
     model: str | None = Field(None, description="model name sent instead of the task's")
     models: tuple[str, ...] = Field((), description="task model names routed here")
     timeout_s: Seconds | None = Field(None, gt=0,
@@ -160,6 +176,17 @@ class Endpoint(_Strict):
 
     @model_validator(mode="after")
     def _check_flow(self) -> Endpoint:
+        if self.api_key_header is not None:
+            if not self.api_key_env:
+                raise ValueError(
+                    f"api_key_header = {self.api_key_header!r} names the header of the key "
+                    "read from api_key_env, which is not set: add api_key_env = "
+                    '"YOUR_KEY_VARIABLE" (the key itself stays in the environment)')
+            if any(k.lower() == self.api_key_header.lower() for k in self.headers):
+                raise ValueError(
+                    f"the header {self.api_key_header!r} is both api_key_header and in "
+                    "headers: a request carries it once. Keep api_key_header (its value "
+                    "comes from api_key_env) and remove it from headers")
         if self.min_concurrency > self.max_concurrency:
             raise ValueError(f"min_concurrency {self.min_concurrency} is above "
                              f"max_concurrency {self.max_concurrency}")

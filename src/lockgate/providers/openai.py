@@ -1121,7 +1121,8 @@ class OpenAICompatible:
     """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
 
     def __init__(self, name: str, base_url: str, *, api_key: str | None = None,
-                 max_connections: int = 1000, send_idempotency_key: bool = True,
+                 api_key_header: str | None = None, max_connections: int = 1000,
+                 send_idempotency_key: bool = True,
                  headers: Mapping[str, str] | None = None,
                  http_client: HttpClient = "aiohttp") -> None:
         check_http_client(http_client)
@@ -1130,11 +1131,14 @@ class OpenAICompatible:
         base_url, basic = _credentials(name, base_url)
         self.url = chat_url(base_url)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
-        if api_key:
+        bearer = bool(api_key) and (api_key_header or "authorization").lower() == "authorization"
+        if bearer:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        elif api_key and api_key_header:
+            self._headers[api_key_header] = api_key  # (Azure's api-key: the key alone)
         if basic is not None:
             if any(k.lower() == "authorization" for k in self._headers):
-                other = "an API key (api_key_env) is set" if api_key \
+                other = "an API key (api_key_env) is set" if bearer \
                     else "its headers set Authorization"
                 raise ConfigError(
                     f"endpoint '{name}': base_url carries a user and password and {other}: "

@@ -279,6 +279,7 @@ class WorkerCore:
         p = self._providers.get(ep.name)
         if p is None:
             p = OpenAICompatible(ep.name, ep.base_url, api_key=ep.api_key(),
+                                 api_key_header=ep.api_key_header,
                                  max_connections=min(ep.max_concurrency, self.ws.concurrency),
                                  send_idempotency_key=ep.send_idempotency_key,
                                  headers=ep.headers, http_client=self.ws.http_client)
