@@ -17,12 +17,14 @@ The names below are loaded on first use (:func:`__getattr__`): a command that on
 checks task files (``submit``, ``status``) does not compile the output pass's patterns.
 """
 
-from __future__ import annotations
-
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+# render is the name of a function and of its module: imported here, so that the
+# module's import (which sets the package's attribute) cannot shadow the function.
+from lockgate.runtime.render import Rendered, render
+
+if typing.TYPE_CHECKING:
     from lockgate.runtime.normalize import normalize_text, normalize_value
     from lockgate.runtime.output import (
         USABLE,
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
         parse_reply,
         with_prefill,
     )
-    from lockgate.runtime.render import Rendered, render
     from lockgate.runtime.sampling import sampling_params
     from lockgate.runtime.schema import check_delivery_rule, check_result, model_allowed
     from lockgate.runtime.template import (
@@ -49,7 +50,6 @@ _HOME = {
     "normalize_text": "normalize", "normalize_value": "normalize",
     "USABLE": "settle", "ParseStatus": "settle", "Parsed": "settle",
     "parse_output": "output", "parse_reply": "output", "with_prefill": "output",
-    "Rendered": "render", "render": "render",
     "sampling_params": "sampling",
     "check_delivery_rule": "schema", "check_result": "schema", "model_allowed": "schema",
     "INPUT_CLOSE": "template", "INPUT_OPEN": "template", "build_template": "template",
@@ -58,7 +58,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     """A public name, imported from its module on first use (then kept here)."""
     home = _HOME.get(name)
     if home is None:
