@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
+import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -99,18 +103,53 @@ class Comparator:
             return Scored(ok)
         if s.kind == "scorer":
             assert self._scorer is not None
-            result = self._scorer(expected, actual, input)
-            if isinstance(result, bool):
-                return Scored(result)
-            if isinstance(result, int | float):
-                return Scored(float(result) >= 0.5)
-            raise TypeError(f"scorer {s.scorer} returned {type(result).__name__}; "
-                            "return a bool or a number")
+            return Scored(scored_match(s.scorer, self._scorer(expected, actual, input)))
         return Scored(same(_norm(actual, ic), _norm(expected, ic)))
+
+
+def scored_match(scorer: str | None, result: Any) -> bool:
+    """Whether a scorer's ``result`` is a match: a bool by its truth value, a number
+    when it is 0.5 or more. A number is whatever ``float()`` takes without reading text
+    (an int, float, Decimal or Fraction, numpy's scalars: ``numpy.bool_`` is 1 or 0);
+    integers are compared exactly, at any size. NaN is no score, so it is refused like
+    ``None`` is: a scorer that cannot score an output should say so, not pass a value
+    that silently counts as a mismatch."""
+    kind = type(result)
+    if isinstance(result, bool):
+        return result
+    if hasattr(kind, "__index__"):
+        with contextlib.suppress(TypeError):  # a 0-d array of floats has one, refusing
+            return operator.index(result) >= 1
+    if hasattr(kind, "__float__"):
+        try:
+            value = float(result)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"scorer {scorer} returned {type_name(result)} {result!r:.80}, "
+                            f"which float() cannot read ({exc}); return a bool or a number"
+                            ) from None
+        if math.isnan(value):
+            raise ValueError(f"scorer {scorer} returned NaN, which is no score; return a "
+                             "bool or a number, or raise to say why the output cannot be "
+                             "scored")
+        return value >= 0.5
+    raise TypeError(f"scorer {scorer} returned {type_name(result)}; return a bool or a "
+                    "number")
+
+
+def type_name(value: Any) -> str:
+    """The type of ``value`` as its module names it (``numpy.bool``, ``decimal.Decimal``;
+    a builtin by its name alone), so that no two types read alike."""
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 #: How many of a dataset's labels a refusal lists.
 _SHOWN_LABELS = 20
+
+#: What :func:`check_labels` reads from a dataset without items.
+_NOTHING = object()
 
 
 def check_labels(spec: Comparison, positive: Any, dataset: str,
@@ -119,8 +158,21 @@ def check_labels(spec: Comparison, positive: Any, dataset: str,
     expected objects of which none holds the compared ``field`` (each item's label would
     be the whole object, which no output field equals), or a ``positive`` label that no
     item has (every precision and recall would be undefined, and every candidate
-    rejected). The labels the dataset holds are named. Nothing is said of an empty
-    dataset, or of a comparison other than ``label``."""
+    rejected). The labels the dataset holds are named. A label or fields comparison is
+    refused on an empty dataset, as what it reads cannot be checked there (and a
+    candidate evaluated on no item is rejected anyway); ``exact`` and ``scorer`` read
+    nothing bind could check."""
+    if spec.kind not in ("label", "fields"):
+        return
+    values = iter(expected_values)
+    first = next(values, _NOTHING)
+    if first is _NOTHING:
+        named = spec.field if spec.kind == "label" else ",".join(spec.fields)
+        raise SpecError(f"dataset '{dataset}' is empty: the comparison {spec.kind}:{named} "
+                        "cannot be checked against its expected values, and a candidate "
+                        "evaluated on no item is rejected; add its items first "
+                        f"(`lockgate dataset add {dataset} FILE`), then bind")
+    expected_values = itertools.chain([first], values)
     if spec.kind != "label" or spec.field is None:
         return
     comp = Comparator(spec)

@@ -102,22 +102,26 @@ def observations(metric: str, metrics: Mapping[str, Any]) -> int:
 
 def check_threshold(t: Threshold, metrics: Mapping[str, Any],
                     settings: BindingSettings) -> Check:
-    """One threshold against a run's metrics, under the binding's guard and policy."""
+    """One threshold against a run's metrics, under the binding's guard and policy.
+    The minimum sample size comes first: a metric undefined for a zero denominator
+    stands on no observation, so ``undefined = pass`` does not excuse it from
+    ``--min-samples``."""
     value = metrics.get(t.metric)
     cmp = OPS[t.op]
+    guard = settings.guard
+    n = observations(t.metric, metrics)
+    if guard is not None and n < guard.min_samples:
+        return Check("threshold", t.metric, t.op, t.value, value, False, n=n,
+                     note=f"{n} samples < minimum {guard.min_samples}")
     if value is None:
         ok = settings.undefined == "pass"
         return Check("threshold", t.metric, t.op, t.value, None, ok,
+                     n=None if guard is None else n,
                      note="undefined (zero denominator); binding says "
                           f"{settings.undefined}")
-    guard = settings.guard
     if guard is None:
         return Check("threshold", t.metric, t.op, t.value, value, cmp(value, t.value))
     k_n = metrics.get("proportions", {}).get(t.metric)
-    n = observations(t.metric, metrics)
-    if n < guard.min_samples:
-        return Check("threshold", t.metric, t.op, t.value, value, False, n=n,
-                     note=f"{n} samples < minimum {guard.min_samples}")
     if guard.confidence is not None and t.metric in PROPORTIONS and k_n and t.op != "==":
         interval = wilson(int(k_n[0]), n, guard.confidence)
         assert interval is not None  # n > 0 because value is defined
@@ -253,10 +257,10 @@ def _rerun_advice(prompt: str | None, candidate: int | None) -> str:
 
 def _describe(c: Check) -> str:
     label = c.metric if c.kind == "threshold" else f"{c.metric} vs live"
-    if c.value is None:
-        return f"{label} undefined"
     if c.note and "samples" in c.note:
         return f"{label}: {c.note}"
+    if c.value is None:
+        return f"{label} undefined"
     compared = c.value if c.bound is None else c.bound
     limit = "?" if c.threshold is None else _figure(c.threshold, compared)
     shown = _figure(c.value, c.threshold)

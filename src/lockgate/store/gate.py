@@ -126,7 +126,8 @@ class GateStore(RunSteps):
         would be absent from both sides of every item, and so match everywhere).
         ``check_expected(dataset, expected values)`` raises to refuse a binding the
         dataset's current expected values cannot serve (the gate's rules, which this
-        layer does not know), in the binding's transaction."""
+        layer does not know), in the binding's transaction, before ``expected_fields``
+        are looked for and on a dataset without items too."""
 
         def work(tx: Tx) -> None:
             now = tx.now
@@ -134,12 +135,12 @@ class GateStore(RunSteps):
             row = tx.one(_DATASET_ID, {"n": dataset}, missing=NotFound(
                 f"no dataset '{dataset}'; add it with `lockgate dataset add`"))
             d = row["id"]
+            if check_expected is not None:  # first: it says why an empty dataset will not do
+                check_expected(dataset, (orjson.loads(r.expected) for r in tx.execute(
+                    _EXPECTED_AT, {"d": d, "rev": row["revision"]})))
             if expected_fields:
                 _check_expected_fields(tx, dataset, int(d), int(row["revision"]),
                                        expected_fields)
-            if check_expected is not None:
-                check_expected(dataset, (orjson.loads(r.expected) for r in tx.execute(
-                    _EXPECTED_AT, {"d": d, "rev": row["revision"]})))
             doc = dumps(settings)
             tx.execute(self.dialect.insert_ignore(schema.prompt_dataset), [{
                 "prompt_id": p["id"], "dataset_id": d, "settings": doc, "created_at": now,
@@ -408,14 +409,18 @@ def _check_expected_fields(tx: Tx, dataset: str, dataset_id: int, revision: int,
     (and the fields they do hold)."""
     wanted = set(fields)
     seen: set[str] = set()
+    any_item = False
     for r in tx.execute(_EXPECTED_AT, {"d": dataset_id, "rev": revision}):
+        any_item = True
         expected = orjson.loads(r.expected)
         if isinstance(expected, dict):
             seen.update(expected)
             if wanted <= seen:
                 return
     missing = [f for f in fields if f not in seen]
-    held = ", ".join(sorted(seen)[:20]) or "none: its expected values are not objects"
+    held = ", ".join(sorted(seen)[:20]) or (
+        "none: its expected values are not objects" if any_item else
+        "none: the dataset has no items; add them first with `lockgate dataset add`")
     raise SpecError(
         f"comparison: no expected value of dataset '{dataset}' holds field"
         f"{'s' if len(missing) > 1 else ''} {', '.join(repr(f) for f in missing)} "
