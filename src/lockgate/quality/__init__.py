@@ -8,8 +8,9 @@ anomaly rules (:mod:`~lockgate.quality.alerts`, :mod:`~lockgate.quality.webhooks
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lockgate.lazy import lazy_names as _lazy_names
 
 #: The groupings of a quality report (:func:`~lockgate.quality.report.quality_report`),
 #: here so that the command line names them without loading the reports.
@@ -29,13 +30,7 @@ _HOMES = {"QualityRow": "report", "quality_report": "report", "Key": "rollup",
           "quality_observer": "writer"}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = _lazy_names(__name__, _HOMES)
 
 
 __all__ = ["BY", "Key", "QualityObserver", "QualityRow", "Rollup", "RollupWriter", "Tracing",

@@ -1,10 +1,10 @@
 """The prompt runtime: pure functions from a task's config and input to a rendered
 prompt, and from a model's raw text to a validated output.
 
-This package imports nothing of lockgate but :mod:`lockgate.spec` and
-:mod:`lockgate.errors`. The engine's single execution path (production tasks and
-release-gate samples alike) calls :func:`render`, :func:`check_template`,
-:func:`parse_output` and :func:`sampling_params`.
+This package imports nothing of lockgate but :mod:`lockgate.spec`,
+:mod:`lockgate.errors` (and :mod:`lockgate.lazy`). The engine's single execution path
+(production tasks and release-gate samples alike) calls :func:`render`,
+:func:`check_template`, :func:`parse_output` and :func:`sampling_params`.
 
 Modules, in the order a task meets them: :mod:`.template` (placeholders, the
 three-section form), :mod:`.normalize`, :mod:`.tokens`, :mod:`.truncate`,
@@ -17,8 +17,9 @@ The names below are loaded on first use (:func:`__getattr__`): a command that on
 checks task files (``submit``, ``status``) does not compile the output pass's patterns.
 """
 
-import importlib
 import typing
+
+from lockgate.lazy import lazy_names as _lazy_names
 
 # render is the name of a function and of its module: imported here, so that the
 # module's import (which sets the package's attribute) cannot shadow the function.
@@ -58,18 +59,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
-    """A public name, imported from its module on first use (then kept here)."""
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = _lazy_names(__name__, _HOME)
 
 
 __all__ = [
