@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -280,6 +280,9 @@ _chatter = st.text(st.characters(blacklist_characters="{}", blacklist_categories
 @example(obj={}, before='"so: ', after=' ok"', indent=False)
 def test_any_object_in_chatter_is_recovered_exactly(obj: dict[str, Any], before: str,
                                                     after: str, indent: bool) -> None:
+    # (an escaped quote in the chatter before, '"\\"', can leave a JSON string open
+    # around the object: then it is the string's text)
+    assume('\\"' not in before)
     body = json.dumps(obj, ensure_ascii=False, indent=2 if indent else None)
     p = parse_output(f"{before}{body}{after}", DeliveryRule())
     assert p.usable

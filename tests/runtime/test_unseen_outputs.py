@@ -196,9 +196,13 @@ def test_property_an_enum_value_is_only_ever_matched_to_its_own_fold(
     rule = DeliveryRule.model_validate({"schema": {
         "type": "object", "required": ["v"], "properties": {"v": {"enum": enum}}}})
     p = parse_output(json.dumps({"v": given}), rule)
-    if p.usable:  # the same value, or the same once a sentence's final stop is off
+    if p.usable:  # the same value, or the same once a sentence's final stop is off, or
+        # the member inside Markdown emphasis (_1_ is 1 in italics)
         folded = fold_value(given)
-        assert fold_value(p.value["v"]) in (folded, folded.rstrip(" .!")), (p, given)
+        bare = given.strip()
+        inner = fold_value(bare[1:-1]) if len(bare) > 2 and bare[0] == bare[-1] == "_" \
+            else folded
+        assert fold_value(p.value["v"]) in (folded, folded.rstrip(" .!"), inner), (p, given)
 
 
 # -- schema echoes, numbers, escapes ---------------------------------------------------
