@@ -486,21 +486,25 @@ def _words(folded: str) -> str:
 
 
 #: A value wrapped whole in Markdown emphasis, backticks or quotes: the same mark on
-#: both ends (curly quotes in their pairs), the text inside (group 2) not blank.
-_WRAPPED = re.compile(r"""(\*{1,3}|_{1,3}|`+|"|')(?=\S)(.+?)(?<=\S)\1|“(.+)”|‘(.+)’""", re.S)
+#: both ends (curly quotes and CJK corner brackets in their pairs: “”, ‘’, 「」, 『』),
+#: the text inside (the group after the mark) not blank.
+_WRAPPED = re.compile(r"""(\*{1,3}|_{1,3}|`+|"|')(?=\S)(.+?)(?<=\S)\1|“(.+)”|‘(.+)’"""
+                      r"|「(.+)」|『(.+)』", re.S)
 
 
 #: The marks :func:`_unwrapped` takes off a value's ends.
-_MARKS = "*_`\"'\u201c\u201d\u2018\u2019"
+_MARKS = "*_`\"'\u201c\u201d\u2018\u2019「」『』"
 
 
 def _unwrapped(folded: str) -> str:
-    """A folded value without the emphasis, backticks or quotes wrapped whole around it
-    (a few levels: ``"**positive**"``); as it is when none is."""
+    """A folded value without the emphasis, backticks, quotes or corner brackets
+    wrapped whole around it (a few levels: ``"**positive**"``); as it is when none
+    is."""
     for _ in range(3):
         m = _WRAPPED.fullmatch(folded)
-        inner = m.group(2) or m.group(3) or m.group(4) if m is not None else ""
-        if m is None or (m.group(1) or "\u201c\u2018")[0] in inner:
+        inner = next((g for g in m.groups()[1:] if g is not None), "") if m is not None \
+            else ""
+        if m is None or m.group()[0] in inner:
             break  # (no mark of its own inside: "*a* and *b*" is no wrapped member)
         folded = " ".join(inner.split())
     return folded
@@ -521,8 +525,9 @@ def _enum_member(value: Any, enum: tuple[Any, ...], fixes: Fixes, path: str) -> 
         if not matches and (inner := _unwrapped(folded)) != folded and not any(
                 isinstance(m, str) and m and (m[0] in _MARKS or m[-1] in _MARKS)
                 for m in enum):
-            # "**positive**", "`positive`", "'positive'": the member marked up whole
-            # (never when a member's own ends are such marks: "*A*", "__init__", "'no'")
+            # "**positive**", "`positive`", "'positive'", "『positive』": the member
+            # marked up whole (never when a member's own ends are such marks: "*A*",
+            # "__init__", "'no'", "「A」")
             matches = [m for m in enum if isinstance(m, str) and fold_value(m) == inner]
         if not matches and _WORD_GAP.search(folded):
             # "Request Changes" for request_changes: only when one member reads so

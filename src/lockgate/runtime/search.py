@@ -26,7 +26,7 @@ from lockgate.runtime.extract import (
     repair,
     too_costly,
 )
-from lockgate.runtime.finish import EXTRACTED_FROM_CUT, first_open
+from lockgate.runtime.finish import EXTRACTED_FROM_CUT, ended_inside, first_open
 from lockgate.runtime.scan import (
     ANY_START,
     NOT_READ,
@@ -193,7 +193,9 @@ def _without_reasoning(text: str, plan: OutputPlan, fixes: Fixes) -> Parsed | No
             "the output ends inside its reasoning (<think>...) with no answer before it: "
             "the reply was cut off while thinking (raise max_tokens)",
             (*inner.labels(), "truncated"))
-    return found if found.usable or sure else None
+    # (an answer cut off after the reasoning is the answer, cut: the draft in the
+    # reasoning is never read in its place)
+    return found if found.usable or sure or ended_inside(found) else None
 
 
 #: A line-start label (Markdown heading, bold or a quote mark around it allowed), then
@@ -467,7 +469,7 @@ _CLAUSE = r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`]))[\s*_#>\"'“(\-
 #: :data:`_CORRECTION` (a cheap test first).
 _CLAUSE_AT = (r"(?:^|(?<=[.!?…。！？\n,;:，；：、،}\]>`\s*_#\"'“(\-]))"
               r"(?=[A-Za-z\u00c0-\u024f\u0400-\u04ff\u0600-\u06ff\u0900-\u097f\uac00-\ud7af"
-              r"最更修改纠正实実结等不重訂待])")
+              r"最更修改纠正实実结等不重訂待订我错搞弄写说看想判理标分再上之前刚以第間勘誤])")
 _CLAUSE_ENDS = frozenset(".!?…。！？\n,;:，；：、،}]>`")
 _CLAUSE_SKIPS = frozenset("*_#>\"'“(-")
 #: Words in a qualifier that say the value is revised, final, filled in, a numbered
@@ -541,7 +543,24 @@ _CORRECTION = re.compile(
     r"|label|response|classification|object|list)|final(?:ly)?|in conclusion|to conclude"
     r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
-    r"|最终|更正|修正(?!前)|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对|重新"
+    r"|最终|更正|修正(?!前)|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对"
+    # (after 我, "我重新检查了一下", told as finely as the group ``near``: :func:`_added`)
+    r"|(?P<we>我们?)?重新"
+    # words that take the value before back only where they introduce the later one
+    # (:data:`_NEAR_TAIL`): "I misclassified it." and "I got it wrong", "let me check
+    # again", "the above is wrong", "the correct output", "again" in Chinese (我搞错了,
+    # 错了, 再确认一下, 上面的有误, 订正), Japanese (間違えました, 正しい出力), Korean
+    # (잘못했습니다, 틀렸어요, 다시, 올바른 답변) and Arabic (الصحيح); not in "顾客说
+    # 我搞错了尺码" or "間違いでしたら"
+    r"|(?P<near>I[ \t]+(?:misclassifi|miscategori[sz])\w*"
+    r"|(?:我们?)?(?:(?:搞|弄|写|说|看|想|判断|理解|标注?|分类)?错了|再次?(?:确认|检查|核对|核实))"
+    r"|(?:上面|上述|之前|前面|刚才|以上|第一个)(?:的|那个|这个)?(?:答案|结果|输出|回答|判断"
+    r"|json)?(?:有误|有错|错了|不对|是错的|不正确|有问题)|订正"
+    r"|間違(?:え(?:まし)?た|いでした|って(?:い)?(?:まし)?た)(?!ら)|誤りでした(?!ら)"
+    r"|勘違い(?:しました|でした)(?!ら)"
+    r"|(?:제가[ \t]?)?(?:잘못(?:했|됐|되었|봤|읽었)|틀렸)(?:습니다|어요|네요)"
+    r"|正しい(?:出力|回答|答え|結果|値|ラベル|分類|もの)(?:は)?|다시"
+    r"|올바른[ \t]?(?:답변|답|결과|출력)|الصحيح|الصواب|الأصح)"
     # English beyond the above
     r"|(?i:(?:the[ \t]+)?(?:above|previous|first|earlier)(?:[ \t]+(?:one|output|answer"
     r"|result|json))?[ \t]+(?:(?:is|was)[ \t]+(?:wrong|incorrect|not right|not correct|mistaken"
@@ -597,6 +616,27 @@ _CORRECTION = re.compile(
     r"|(?:수정|정정)(?:[ \t]?(?:된|한)[ \t]?(?:결과|답변|답|출력|버전|값)|본|했습니다"
     r"|합니다|하겠습니다|[ \t]?후|[ \t]?버전)?"
     r"|사실은|정답은?|최종(?:[ \t]?(?:답변|결과|답|출력|버전|본))?))")
+#: Words of a clause that names the answer, in Chinese, Japanese or Korean (a second
+#: look, "检查了一下", "来", then "，正确的是", "应该是", "最终答案", "正しい出力は", "올바른
+#: 답"): all that may stand between a correction and the colon before its value (not
+#: "候选标签", "输入", "格式", "包装很好，另外").
+_ANSWER_CLAUSE = (r"(?:检查|核对|确认|判断|分析|考虑|评估|阅读|看|整理|来过?)?了?"
+                  r"(?:一下|一遍|一次)?了?[ \t]*(?:[，,、][ \t]*)?"
+                  r"(?:正确|正しい|最终|新|올바른[ \t]?)?(?:的|の)?"
+                  r"(?:答案|结果|输出|标签|分类|版本|回答|判断|说明|json|出力|答え|結果|値|ラベル"
+                  r"|답변|답|결과|출력)?(?:应该|应当|应)?(?:是|为|如下|は|은|는)?")
+#: A clause that introduces a value (up to its colon): not one that names the input, the
+#: format, candidates or an example.
+_INTRO_CLAUSE = (r"(?![^\n:：]*(?:输入|格式|候选|示例|例如|样例|例子|入力|形式|例：|입력|형식|예시"
+                 r"|(?i:format|input|schema|example)))[^\n。！？.!?“”「」『』\"]{0,24}[:：]")
+#: What must follow a correction word of :data:`_CORRECTION`'s group ``near``: the
+#: value, after at most the answer named ("I misclassified it", 错了，正确的是：) or a
+#: sentence's end and one short clause introducing it ("I misclassified it. Here's the
+#: fix:", "間違えました。正しい出力：", "틀렸어요. 다시:").
+_NEAR_TAIL = re.compile(
+    r"(?i)(?:[ \t]+(?:it|that|this|them)\b)?" + _ANSWER_CLAUSE
+    + r"[ \t]*(?:[:：.,!。！，、—–-]\s*(?:" + _INTRO_CLAUSE + r")?)?"
+    r"[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?(?:[{\[｛［]|```)")
 #: What must follow a label of :data:`_CORRECTION` (its group ``label``): a colon (or
 #: a dash, a full stop) and the value, only space, Markdown or a fence's opening line
 #: between (or the fence the value stands in).
@@ -652,10 +692,12 @@ _REVISION = re.compile(
     # "Correct:" and its words in other languages, as the value's own label
     r"|correct|richtig|correcto|corretto|correto|correcte|правильно|juist|doğru|poprawnie"
     r"|صحيح|正しい|正确|올바른)[\s*_]*[:：]))")
+#: The end of a sentence right before the value it introduces: a colon, a full stop.
+_LEAD_END = r"[\s*_]*[.:：!]?[\s*_]*\Z"
 #: A sentence that ends in a revision, right before the later value ("The label should
 #: be negative instead:", "I think this is more accurate:", "this one is better:",
-#: 修改后：, 调整后的结果：, 改为：); a comparison ("more accurate than the baseline")
-#: is none.
+#: 修改后：, 调整后的结果：, 改为：); a comparison ("more accurate than the baseline") is
+#: none.
 _REVISION_END = re.compile(
     r"(?i)(?:\binstead|\b(?:this|that|it|here)(?:[ \t]+one)?(?:'s|’s| is| looks| seems)"
     r"(?:[ \t]+(?:a|much|even|far))?[ \t]+(?:better|more[ \t]+(?:accurate|correct"
@@ -671,25 +713,56 @@ _REVISION_END = re.compile(
     r"|output|result|json))[ \t]+to"
     r"|(?:^|\b(?:here(?:'s|’s| is)[ \t]+(?:it|that|the[ \t]+(?:json|answer|output"
     r"|result))|(?:it|that)(?:'s|’s| is)|now))[ \t]*(?:fixed|corrected|revised|updated"
-    r"|amended))[\s*_]*[.:：!]?[\s*_]*\Z")
-#: A later value introduced as another item than the answer: another review or record,
-#: a reference, a template, a sample, a baseline, an older model's output.
-_OTHER_ITEM = re.compile(
-    r"(?i)#[ \t]*\d|\b(?:second|2nd|third|other|another|next)[ \t]+(?:\w+[ \t]+)?"
+    r"|amended))" + _LEAD_END)
+#: A sentence that ends in words naming the later value as the answer: "it should be",
+#: "the correct one is", "take this one as final" in Chinese, at a clause's start, at
+#: most the answer named before it (不对，应该是：, 答案应为：, not 第二条评论的结果应该是：),
+#: 正确的是：, taking a demonstrative as final (以下面这个为准：, not 以实物为准：), and
+#: "here's the fix:". Such words as often introduce another item's value or a case:
+#: they count only for a value introduced as no other item (:func:`_corrected`).
+_ANSWER_END = re.compile(
+    r"(?i)(?:(?<![^\s，,。：:；;！!？?])(?:答案|标签|结果|输出|分类|它)?应(?:该|当)?(?:是|为)"
+    r"|(?<!不)正确的?(?:是|为)"
+    r"|(?:以|按)(?:此|这|这个|下|下面|下面这个|下面的|后者|后面的?|最后一个|本次|这次|新的)为准"
+    r"|\bhere(?:'s|’s| is)[ \t]+the[ \t]+(?:fix|fixed[ \t]+(?:one|version|json|answer"
+    r"|output|result)))" + _LEAD_END)
+#: Words that name another item than the answer: another review or record, a
+#: reference, a template, a sample, a baseline, an older model's output.
+_ITEM_WORDS = (
+    r"\b(?:second|2nd|third|other|another|next)[ \t]+(?:\w+[ \t]+)?"
     r"(?:reviews?|items?|examples?|cases?|inputs?|records?|entr(?:y|ies)|texts?|comments?"
     r"|customers?|messages?|tickets?|rows?|documents?|ones?)\b|\breferences?\b|\btemplates?\b"
     r"|\bsamples?\b|\bbaselines?\b|\b(?:old|older|previous|prior|earlier|original|raw)[ \t]+"
     r"(?:model|system|version|classifier|approach|prompt|output|result)"
     r"|另一|其他|参考|模板|样例|示例|基线")
+#: A later value introduced as another item than the answer (:data:`_ITEM_WORDS`, or a
+#: number: "#2").
+_OTHER_ITEM = re.compile(r"(?i)#[ \t]*\d|" + _ITEM_WORDS)
+#: The same, told more finely, for the correction words that count only where they
+#: introduce the value (:func:`_another_item`): a number other than the first ("#2",
+#: not "#1" nor "ticket #4521"), and another item or case in Chinese, Japanese, Korean.
+_ANOTHER_ITEM = re.compile(
+    r"(?i)(?<!ticket )(?<!order )(?<!订单)(?<!工单)#[ \t]*(?!0*1(?!\d))\d{1,2}(?!\d)|"
+    + _ITEM_WORDS +
+    # another review or item in Chinese, Japanese, Korean (第二条, 下一条, 评论2, 次のレビュー,
+    # 다음 리뷰; not the first, 第一条, 评论1, nor the one before, 上一条, which a
+    # correction names), or another case (对于差评, 换作差评, 反过来, 差评的情况下; not
+    # 对于这条, 在这种情况下; 对于这类差评 is another case)
+    r"|第[ \t]*(?![1１一][ \t]*(?:条|则|篇|项|个))[0-9０-９一二三四五六七八九十]+[ \t]*"
+    r"(?:条|则|篇|项|个评论)"
+    r"|(?:下|后|最后)一(?:条|则|篇|项)"
+    r"|(?:评论|评价|レビュー|リビュー|리뷰|댓글)[ \t]*[#＃]?[ \t]*(?![1１](?![0-9０-９]))[0-9０-９]"
+    r"|次の(?:レビュー|コメント|項目|件|文)|다음[ \t]?(?:리뷰|댓글|항목|후기|문장)"
+    r"|对于(?!(?:这|此|本|该)一?(?:条|则|篇|项|个|段|次))|换作|换成|反过来|(?<!这种)(?<!这)(?<!此)(?<!该)(?<!此种)情况下")
 #: A cheap look ahead for a revision after a value (:func:`_cued`): any of its words.
 _REVISION_HINT = re.compile(
-    r"(?i)(?=[rimacfutbolpdjsп修调更改优订正올ص])(?:richtig|juist|doğru|правильно|poprawnie"
+    r"(?i)(?=[rimacfutbolpdjsп修调更改优订正올ص应为])(?:richtig|juist|doğru|правильно|poprawnie"
     r"|صحيح|正しい|正确|올바른|revis|refin|improv|adjust|modif|correct|fix|updat|amend|chang|tweak|better"
     r"|more accurate|more appropriate|more fitting|more precise|more suitable|instead"
     r"|attempt|\btry\b|\bpass\b|re-?(?:evaluat|assess|examin|consider|check|think|analy)"
     r"|looking|after[ \t]+checking"
     r"|right|\boff\b|mistake|let me|更准确|更合适|更恰当|修改|调整|更改|修订|订正|更新|优化"
-    r"|改为|改成|should|I'd|I’d|I'll|I’ll|I[ \t]+will)")
+    r"|改为|改成|应该|应当|应为|应是|为准|should|I'd|I’d|I'll|I’ll|I[ \t]+will)")
 #: What stands between a value and the first sentence after it: blanks, a fence's
 #: closing line, Markdown, closing quotes or brackets, a sentence's end.
 _AFTER_VALUE = re.compile(r"(?:\s|```|[*_>#`\"'”’)\]}.,;:])*")
@@ -993,7 +1066,7 @@ def _corrections(text: str, begin: int, end: int) -> Iterator[re.Match[str]]:
         starts = sites[1]
         for at in starts[bisect_left(starts, begin):bisect_left(starts, end)]:
             m = _CORRECTION.match(text, at, end)
-            if m is not None:
+            if m is not None and not (_added(m) and _quoted(text, at)):
                 yield m
         return
     pos, stop = begin, len(text) if end < 0 else end
@@ -1002,7 +1075,45 @@ def _corrections(text: str, begin: int, end: int) -> Iterator[re.Match[str]]:
             pos = m.start() + 1  # (a clause may still start inside: "so, actually")
             continue
         pos = m.end()
-        yield m
+        if end < 0 or not (_added(m) and _quoted(text, m.start())):
+            yield m
+
+
+def _added(m: re.Match[str]) -> bool:
+    """Whether a correction phrase of :data:`_CORRECTION` is one that counts only where
+    it plainly introduces the value (its groups ``near`` and ``we``): those words are
+    as often the input's ("顾客说：“我搞错了尺码”") or about another item; the others
+    are the model's correction wherever they start a clause."""
+    return m.group("near") is not None or m.group("we") is not None
+
+
+#: Opening quotation marks and their closing ones.
+_QUOTE_PAIRS = (("“", "”"), ("「", "」"), ("『", "』"), ("«", "»"))
+#: A straight double quote that may open or close a quotation: not an inch mark
+#: right after a digit ('a 10" tablet').
+_STRAIGHT_QUOTE = re.compile(r'(?<![0-9０-９])"')
+
+
+def _quoted(text: str, at: int) -> bool:
+    """Whether ``at`` stands inside a quotation on its line: between an opening mark
+    and its closing one, both on the line (straight quotes paired left to right over
+    the whole line): words quoted from the input ("顾客说：“我搞错了尺码”") are not the
+    model's (told for :func:`_added` words only: a label quoted for emphasis, “更正”：,
+    is). A mark left open, or a block quote's ``>``, quotes nothing for sure: the
+    model's own correction is written so as often ("> Correction:")."""
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    line = text[start:len(text) if end < 0 else end]
+    at -= start
+    marks = [m.start() for m in _STRAIGHT_QUOTE.finditer(line)]
+    pairs = zip(marks[::2], marks[1::2], strict=False)  # (a last one left open: none)
+    if any(opening < at < closing for opening, closing in pairs):
+        return True
+    for opening, closing in _QUOTE_PAIRS:
+        begin = line.rfind(opening, 0, at)
+        if begin >= 0 and line.rfind(closing, begin, at) < 0 and line.find(closing, at) >= 0:
+            return True
+    return False
 
 
 #: Longer stretches are searched for corrections once per text (:func:`_corrections`).
@@ -1010,13 +1121,19 @@ _LONG_STRETCH = 4096
 _SITES: tuple[str, list[int]] = ("", [])
 
 
-def _correction(text: str, begin: int, end: int) -> bool:
+def _correction(text: str, begin: int, end: int, *, added: bool = True) -> bool:
     """Whether a correction phrase starts a clause in ``text[begin:end]``, in a
-    sentence that states no condition. Linear: the pattern is tried only at words
-    (:data:`_CLAUSE_AT`), each then checked by :func:`_clause_start`."""
+    sentence that states no condition; the words of :func:`_added` only if ``added``.
+    Linear: the pattern is tried only at words (:data:`_CLAUSE_AT`), each then checked
+    by :func:`_clause_start`."""
     for m in _corrections(text, begin, end):
+        if not added and _added(m):
+            continue
         if m.group("label") is not None and not _label_tail(text, m.end(), end):
             continue  # a label that introduces no value ("Korrektur: keine nötig.")
+        if m.group("near") is not None \
+                and _NEAR_TAIL.match(text, m.end(), min(len(text), end + 3)) is None:
+            continue  # prose ("说错了也没关系", "I misclassified nothing")
         reach = min(end, m.end() + _INTRO)
         cut = _SENTENCE_END.search(text, m.end(), reach)
         sentence_end = cut.start() if cut is not None else reach
@@ -1038,18 +1155,22 @@ def _label_tail(text: str, at: int, end: int) -> bool:
     return tail is not None and (not tail.group().endswith("```") or tail.end() == end + 3)
 
 
-def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
+def _revised(text: str, after: int | None, start: int, floor: int, *,
+             added: bool = True) -> bool:
     """Whether the value at ``start`` is introduced as a revision of the value before
     (ending at ``after``; None: none near), in a sentence that states no condition:
     the sentence that introduces it (not before ``floor``) holds a revision
     (:data:`_REVISION`, no other item named after it) or ends with one
-    (:data:`_REVISION_END`); or the first sentence after the value before is a verdict
-    on it (:data:`_VERDICT`) and nothing between introduces the later value as another
-    item (:data:`_OTHER_ITEM`). Elsewhere such words are prose ("the product was
-    improved in version two", "more accurate than the baseline")."""
+    (:data:`_REVISION_END`; :data:`_ANSWER_END` only if ``added``); or the first
+    sentence after the value before is a verdict on it (:data:`_VERDICT`) and nothing
+    between introduces the later value as another item (:data:`_OTHER_ITEM`).
+    Elsewhere such words are prose ("the product was improved in version two", "more
+    accurate than the baseline")."""
     lead = _lead(text, start, floor)
     if lead and _HYPOTHETICAL.search(lead) is None:
-        if _REVISION_END.search(lead) is not None and _OTHER_ITEM.search(lead) is None:
+        if (_REVISION_END.search(lead) is not None
+                or (added and _ANSWER_END.search(lead) is not None)) \
+                and _OTHER_ITEM.search(lead) is None:
             return True
         m = _REVISION.search(lead)
         if m is not None and _OTHER_ITEM.search(lead, m.end()) is None:
@@ -1065,15 +1186,43 @@ def _revised(text: str, after: int | None, start: int, floor: int) -> bool:
         and _OTHER_ITEM.search(text, at + m.end(), start) is None
 
 
-def _corrected(text: str, picks: list[Pick], i: int) -> bool:
+def _corrected(text: str, picks: list[Pick], i: int, *, added: bool = True) -> bool:
     """Whether pick ``i`` is introduced as a correction or the final answer: a
     correction phrase between the value before and it, or a revision right after the
-    value before or introducing it."""
+    value before or introducing it. The words that count only where they introduce
+    the value (:func:`_added`, :data:`_ANSWER_END`; only if ``added``) never do when
+    it is introduced as another item (:func:`_another_item`)."""
     start = picks[i][0]
     before = picks[i - 1][1] if i else 0
     begin = max(before, start - _CORRECTION_REACH)
-    return _correction(text, begin, start) or _revised(
-        text, before if i and before >= begin else None, start, begin)
+    after = before if i and before >= begin else None
+    if _correction(text, begin, start, added=False) \
+            or _revised(text, after, start, begin, added=False):
+        return True
+    # (another item's value, "我搞错了，第二条评论：{...}", takes nothing back)
+    return added and not _another_item(text, start, begin) and (
+        _correction(text, begin, start) or _revised(text, after, start, begin))
+
+
+def _another_item(text: str, start: int, floor: int) -> bool:
+    """Whether the sentence that introduces the value at ``start`` names another item
+    (:data:`_ANOTHER_ITEM`) after the last correction phrase in it, outside an aside in
+    parentheses: "我搞错了，第二条评论：", "Next review:"; not "Disregard the previous
+    output." (the item it names is the one taken back), "Correction (I confused this
+    with another review):"."""
+    lead = _lead(text, start, floor)
+    at = text.rfind(lead, max(floor, start - _INTRO - len(lead)), start) if lead else -1
+    if at < 0:
+        return False
+    last = None
+    for last in _corrections(text, at, at + len(lead)):  # noqa: B007 - the last
+        pass
+    label = _ASIDE.sub(" ", text[at if last is None else last.end():at + len(lead)])
+    return _ANOTHER_ITEM.search(label) is not None
+
+
+#: A closed parenthesis on one line: an aside, not the label that introduces a value.
+_ASIDE = re.compile(r"\([^()\n]*\)|（[^（）\n]*）")
 
 
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
@@ -1217,26 +1366,54 @@ _VALUE_BEGINS = re.compile(r"\s*[\"'“{\[｛［\d\-A-Za-z_]")
 
 def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Parsed:
     """The answer among usable values (:func:`_chosen`), unless the output ends inside
-    a value after them that is introduced as a correction or the final answer
-    ("Actually, the correct output is {...cut"): then the value it corrects is the one
-    the model took back, and the output is refused (cut off), never delivered so. A
-    bracket that is an emoticon's mouth (``Sorry :[``, :data:`_EMOTICON`), or that the
-    output ends right after, opens no value."""
-    end = picks[-1][1]
-    rest = text[end:]
-    # (counted first: a bracket left open is rare, and first_open walks the rest)
-    at = first_open(rest) if sum(map(rest.count, "{[｛［")) > sum(
-        map(rest.count, "}]｝］")) else None
-    if at is not None and _EMOTICON.search(text, max(0, end + at - 3), end + at) is None \
-            and _VALUE_BEGINS.match(text, end + at + 1) is not None \
-            and _introduces_cut(text, end, end + at) \
-            and _corrected(text, [*picks, (end + at, len(text), picks[-1][2])], len(picks)):
+    a value introduced as a correction or the final answer ("Actually, the correct
+    output is {...cut", :func:`_cut_correction`): then the value it corrects is the one
+    the model took back, and the output is refused (cut off), never delivered so, nor
+    the part of the correction that finished."""
+    if _cut_correction(text, picks, keep=plan.keep_truncated):
         return unusable(ParseStatus.INVALID_JSON, plan,
                         "the output was cut off inside the answer that corrects the "
                         "value before it", (*fixes.labels(), "truncated"))
     return _chosen(text, picks)
 
 
+def _cut_correction(text: str, picks: list[Pick], *, keep: bool) -> bool:
+    """Whether the output ends inside a value that a correction phrase directly
+    introduces after a usable one: the last usable value when it was read from a cut
+    one (:func:`.finish.ended_inside`; unless ``keep``: the rule asks for cut values),
+    else a bracket left open after it. A bracket that is an emoticon's mouth (``Sorry
+    :[``, :data:`_EMOTICON`), or that the output ends right after, opens no value; a
+    value introduced as an example or a format is no correction."""
+    start, end, last = picks[-1]
+    opened = False
+    if len(picks) > 1 and ended_inside(last):
+        if keep:
+            return False
+        at, before = start, picks[:-1]
+    else:
+        rest = text[end:]
+        # (counted first: a bracket left open is rare, and first_open walks the rest)
+        bracket = first_open(rest) if sum(map(rest.count, "{[｛［")) > sum(
+            map(rest.count, "}]｝］")) else None
+        if bracket is None:
+            return False
+        at, before, opened = end + bracket, picks, True
+        if _EMOTICON.search(text, max(0, at - 3), at) is not None \
+                or _VALUE_BEGINS.match(text, at + 1) is None:
+            return False
+    after = before[-1][1]
+    cut = [*before, (at, len(text), last)]
+    if opened and _introduces_cut(text, after, at, added=False) \
+            and _corrected(text, cut, len(before), added=False):
+        return True  # (a bracket left open after a correction label, "Correction: {")
+    # (the other ways, told more finely: "不对，应该是：{", "我搞错了：{", a cut value read)
+    return _introduces_cut(text, after, at) and not _not_the_answer(text, at, after) \
+        and _corrected(text, cut, len(before))
+
+
+#: What stands between a label's colon and the bracket of the value it introduces:
+#: space, Markdown, a fence's opening line or an answer tag.
+_TO_BRACKET = r"[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?[{\[｛［]"
 #: What may stand between a correction phrase and the cut value it introduces: "is",
 #: "should be", a colon, a fence's opening line or an answer tag ("the correct output is {",
 #: "Correction: {", "Final answer:\n```json\n{").
@@ -1246,20 +1423,40 @@ _CUT_TAIL = re.compile(
     r"(?:(?:correct|corrected|final|new|updated|revised|fixed|right|actual|real)[ \t]+)?"
     r"(?:(?:answer|output|result|version|json|label|response|classification|object|list"
     r"|one)[ \t]*)?(?:(?:is|was|would be|should be|will be)[ \t]*)?"
-    r"[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?[{\[｛［]")
+    r"[:：.,!—–-]?" + _TO_BRACKET)
+#: The same in Chinese, Japanese or Korean: words that name the answer up to a colon
+#: right before the value (:data:`_ANSWER_CLAUSE`: "不对，应该是：{", "最终答案：{",
+#: "纠正一下：\n{"; not "最终说明：分数在[", "重新分类的候选标签：["), told more finely
+#: (:func:`_cut_correction`).
+_CUT_CLAUSE_TAIL = re.compile(
+    r"(?i)[ \t]*(?:[，,、][ \t]*)?" + _ANSWER_CLAUSE + r"[ \t]*[:：]" + _TO_BRACKET)
 
 
-def _introduces_cut(text: str, begin: int, at: int) -> bool:
+def _introduces_cut(text: str, begin: int, at: int, *, added: bool = True) -> bool:
     """Whether a correction phrase in ``text[begin:at]`` directly introduces the value
     whose bracket opens at ``at`` ("Actually, the correct output is {", "Correction:
     {", "Final answer: {"); not "Final note: scores are in [", "Finally, ... [", "In
-    conclusion, the field {", "Format: {", "The correct answer is above. Valid labels: [".
+    conclusion, the field {", "Format: {", "The correct answer is above. Valid labels:
+    [". Only if ``added``: the words of :func:`_added` (:data:`_NEAR_TAIL`), words
+    that name the answer (:data:`_CUT_CLAUSE_TAIL`), or a sentence right before it
+    that ends in a revision (:data:`_REVISION_END`, :data:`_ANSWER_END`: "修改后：{",
+    "改为：{", "应该是：{") and names no other item.
     """
     for m in _corrections(text, max(begin, at - _INTRO), at):
-        tail = _CUT_TAIL.match(text, m.end(), at + 1)
-        if tail is not None and tail.end() == at + 1:
-            return True
-    return False
+        if not added and _added(m):
+            continue
+        tails = ((_NEAR_TAIL,) if m.group("near") is not None
+                 else (_CUT_TAIL, _CUT_CLAUSE_TAIL) if added else (_CUT_TAIL,))
+        for tail in tails:
+            found = tail.match(text, m.end(), at + 1)
+            if found is not None and found.end() == at + 1:
+                return True
+    if not added:
+        return False
+    lead = _lead(text, at, begin)
+    return (_REVISION_END.search(lead) is not None or _ANSWER_END.search(lead) is not None) \
+        and _OTHER_ITEM.search(lead) is None and _HYPOTHETICAL.search(lead) is None \
+        and not _another_item(text, at, begin)
 
 
 #: A label that calls its value a draft ("Draft 2:", "Entwurf (neu):", "下書き：") or a
@@ -1752,31 +1949,67 @@ _REASONING_TAG = re.compile(rf"(?i)<(/?)({_TAGS})>")
 #: and Ollama's ``Thinking...`` / ``...done thinking.`` lines.
 _OTHER_REASONING = re.compile(
     r"◁/?think▷|\[/?THINK\]|<\|(?:begin|end)_of_thought\|>|<\|channel\|>"
-    r"|(?m:^[ \t]*(?:Thinking\.\.\.|\.\.\.done thinking\.)[ \t]*$)")
+    r"|(?m:^[ \t]*(?:Thinking\.\.\.|\.\.\.done thinking\.)[ \t\r]*$)")
 _HARMONY_ANALYSIS = re.compile(
     r"(?s)<\|channel\|>\s*(?:analysis|commentary)\b[^<]*<\|message\|>(.*?)"
     r"(?:<\|end\|>|(?=<\|start\|>)|\Z)")
 _HARMONY_TOKENS = re.compile(
     r"<\|start\|>\s*assistant|<\|channel\|>\s*final\b[^<]*<\|message\|>|<\|(?:return|end|call)\|>")
-#: A block in one of the bracketed forms: its opener begins a line, and it is closed.
+#: A block in one of the bracketed forms: its opener begins a line; closed, or left
+#: open to the end of the text (cut off while thinking, :func:`_think_block`). Each
+#: form: its body, then its closer (empty when cut off).
 _MARKED_BLOCK = re.compile(
-    r"(?m)^[ \t]*(?:◁think▷(?s:(.*?))◁/think▷|\[THINK\](?s:(.*?))\[/THINK\]"
-    r"|<\|begin_of_thought\|>(?s:(.*?))<\|end_of_thought\|>)")
-_OLLAMA = re.compile(r"(?m)^[ \t]*Thinking\.\.\.[ \t]*\n(?s:(.*?))"
-                     r"^[ \t]*\.\.\.done thinking\.[ \t]*$")
+    r"(?m)^[ \t]*(?:◁think▷(?s:(.*?))(◁/think▷|\Z)|\[THINK\](?s:(.*?))(\[/THINK\]|\Z)"
+    r"|<\|begin_of_thought\|>(?s:(.*?))(<\|end_of_thought\|>|\Z))")
+_OLLAMA = re.compile(r"(?m)^[ \t]*Thinking\.\.\.[ \t\r]*\n(?s:(.*?))"
+                     r"^[ \t]*\.\.\.done thinking\.[ \t\r]*$")
+#: Ollama's opener alone on the first line of the reply, with no closer after it.
+_OLLAMA_OPEN = re.compile(r"\s*Thinking\.\.\.[ \t\r]*(?:\n|\Z)")
+#: The end of a reply that ends with a value: a closing bracket, then at most a fence's
+#: closing line, an answer tag's closing one, Markdown or a full stop.
+_ENDS_WITH_VALUE = re.compile(r"[}\]｝］](?:\s|```|</[A-Za-z_|][\w|:-]*>|[*_.])*\Z")
 
 
 def _as_think_tags(text: str) -> str:
     """``text`` with the reasoning markers of :data:`_OTHER_REASONING` as ``<think>``
-    tags, and the harmony format's other tokens removed."""
-    text = _MARKED_BLOCK.sub(
-        lambda m: f"<think>{next(g for g in m.groups() if g is not None)}</think>", text)
+    tags, and the harmony format's other tokens removed. A block whose closer never
+    comes is an unclosed ``<think>`` (the output ends inside it: cut off while
+    thinking) only when it opens the reply (:func:`_think_block`); Ollama's
+    ``Thinking...`` alone on the reply's first line is one unless the reply ends with a
+    value (Ollama writes ``...done thinking.`` unless cut off, and one cut off while
+    thinking ends in its words, not in an answer: "Thinking...\n{...}" is answered)."""
+    blocks = _outside_strings(_MARKED_BLOCK.finditer(text), text)
+    if blocks:
+        # (a block on a line of a string value is its content, kept as written)
+        pieces, at = [], 0
+        for m in blocks:
+            pieces += [text[at:m.start()], _think_block(m)]
+            at = m.end()
+        text = "".join(pieces) + text[at:]
     if "<|channel|>" in text:
         text = _HARMONY_ANALYSIS.sub(lambda m: f"<think>{m.group(1)}</think>\n", text)
         text = _HARMONY_TOKENS.sub("\n", text)
     if "done thinking." in text:
         text = _OLLAMA.sub(lambda m: f"<think>{m.group(1)}</think>", text)
+    opener = _OLLAMA_OPEN.match(text)
+    if opener is not None and "done thinking." not in text \
+            and _ENDS_WITH_VALUE.search(text, opener.end()) is None:
+        text = "<think>" + text[opener.end():]
     return text
+
+
+def _think_block(m: re.Match[str]) -> str:
+    """A block of :data:`_MARKED_BLOCK` as ``<think>`` tags; one whose closer never came
+    only when it opens the text, not indented as code (elsewhere the marker is quoted:
+    in a code fence, on an indented code line or a string's line, "Note:\n[THINK]
+    tokens were removed")."""
+    body, closer = next((m.group(i), m.group(i + 1)) for i in (1, 3, 5)
+                        if m.group(i) is not None)
+    if closer:
+        return f"<think>{body}</think>"
+    if m.string[:m.start()].strip() or _CODE_OR_QUOTE.match(m.group()) is not None:
+        return m.group()
+    return f"<think>{body}"
 
 
 def reasoning_aside(text: str, *, prose: bool = False) -> str:
