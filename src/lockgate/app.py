@@ -233,9 +233,17 @@ class Lockgate:
             self.store.close()
             raise
         #: The prompt registry, datasets and release gate (docs/gate.md).
-        self.prompts = Prompts(self.store, self.settings)
+        self.prompts = Prompts(self.store, self.settings, judge=self._judge_experiment)
         self.datasets = Datasets(self.store)
         self.gate = Gate(self.store)
+
+    def _judge_experiment(self, experiment: dict[str, Any], min_gain: float,
+                          min_tasks: int) -> dict[str, Any]:
+        """An A/B test's figures per arm and the rule's verdict, from the quality loop
+        (``lg.prompts`` is a layer below it)."""
+        from lockgate.quality.experiments import judge  # deferred: start-up time
+
+        return judge(self.store, experiment, min_gain, min_tasks)
 
     def close(self) -> None:
         """Close the database connections."""

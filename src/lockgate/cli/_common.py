@@ -154,7 +154,8 @@ FLAGS = {"older_than": "--older-than", "window": "--window", "cron": "--cron",
          "timeout": "--timeout", "processes": "--processes", "since": "--since",
          "by": "--by", "concurrency": "--concurrency", "claim_batch": "--claim-batch",
          "lease_s": "--lease", "shutdown_grace_s": "--grace",
-         "error_class": "--error-class", "pool": "--pool"}
+         "error_class": "--error-class", "pool": "--pool", "share": "--share",
+         "for": "--for", "min_gain": "--min-gain", "min_tasks": "--min-tasks"}
 
 
 def fail(exc: BaseException) -> None:

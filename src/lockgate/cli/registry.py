@@ -36,6 +36,13 @@ from lockgate.cli._common import (
 from lockgate.errors import LockgateError, StateConflict
 from lockgate.gate.binding import parse_comparison
 from lockgate.registry.content import read_json_option, read_template
+from lockgate.registry.experiments import (
+    DEFAULT_FOR,
+    DEFAULT_SHARE,
+    MIN_GAIN,
+    MIN_TASKS,
+    share_text,
+)
 
 prompt_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Prompts: versions, proposals, history, diff, rollback.")
@@ -43,6 +50,10 @@ dataset_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                           help="Labelled datasets for the release gate.")
 gate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                        help="Release-gate evaluations and decisions.")
+experiment_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                             help="A/B tests: a version takes a share of the live "
+                                  "traffic, then is promoted or not (docs/quality.md).")
+prompt_app.add_typer(experiment_app, name="experiment")
 app.add_typer(prompt_app, name="prompt")
 app.add_typer(dataset_app, name="dataset")
 app.add_typer(gate_app, name="gate")
@@ -212,6 +223,135 @@ def prompt_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     for r in rows:
         t.add_row(r["name"], _v(r["live_version"]), str(r["generation"]),
                   str(r["submissions"]), when(r["updated_at"]))
+    out.print(t)
+
+
+# -- prompt experiment -------------------------------------------------------------------
+
+MinGainOpt = Annotated[float, typer.Option(
+    "--min-gain", help="rise in completeness the candidate needs, in share points "
+                       "(0.02: 0.95 -> 0.97)")]
+MinTasksOpt = Annotated[int, typer.Option(
+    "--min-tasks", help="finished tasks each arm needs before a decision")]
+
+
+@command(experiment_app, "start")
+def experiment_start(name: str,
+                     version: Annotated[str, typer.Option(
+                         "--version", help="the candidate: number, vN, tag or label")],
+                     share: Annotated[str, typer.Option(
+                         help="its share of the live traffic: 5% or 0.05 (at most 50%)")]
+                     = DEFAULT_SHARE,
+                     duration: Annotated[str, typer.Option(
+                         "--for", metavar="DURATION", help=f"how long; {DURATION_HELP}")]
+                     = DEFAULT_FOR,
+                     actor: ActorOpt = None, reason: ReasonOpt = None,
+                     db: DbOpt = None) -> None:
+    """Give a version a share of the tasks that follow the live version (NAME,
+    NAME@production) for a time; the live version is the control."""
+    with opened_for_change(db) as lg:
+        e = lg.prompts.start_experiment(name, version, share=share, duration=duration,
+                                        actor=actor, reason=reason)
+    console.print(f"{name}: experiment {e['id']} runs v{e['candidate_version']} on "
+                  f"{share_text(e['share_bp'])} of the live traffic (control "
+                  f"v{e['control_version']}) until {when(e['ends_at'])}", markup=False)
+
+
+def _figure(x: float | None, spec: str = ".4f") -> str:
+    """A figure of an arm; "-" where nothing was measured (no prices, no outputs)."""
+    return "-" if x is None else format(x, spec)
+
+
+def _arms_table(e: dict[str, Any]) -> Table:
+    d = e["decision"]
+    t = table(f"experiment {e['id']} of {e['prompt']}",
+              ("arm", "version", "tasks", "completeness", "conformance", "cost/task",
+               "tokens/task", "errors", "p95 ms"),
+              right=("tasks", "completeness", "conformance", "cost/task", "tokens/task",
+                     "errors", "p95 ms"))
+    for arm, f in d["arms"].items():
+        t.add_row(arm, f["version"], f"{f['tasks']:,}", _figure(f["completeness"]),
+                  _figure(f["conformance"]), _figure(f["cost_per_task"], ".6g"),
+                  _figure(f["tokens_per_task"], ".1f"), _figure(f["error_share"]),
+                  _figure(f["latency_p95_ms"], ".0f"))
+    return t
+
+
+def _show_experiment(e: dict[str, Any]) -> None:
+    ended = (f"ended {when(e['concluded_at'])}" if e["concluded_at"]
+             else f"ends {when(e['ends_at'])}")
+    out.print(f"{e['prompt']}: experiment {e['id']} {e['status']}  v{e['candidate_version']} "
+              f"on {share_text(e['share_bp'])} against v{e['control_version']}  started "
+              f"{when(e['started_at'])}  {ended}", markup=False)
+    d = e["decision"]
+    if d and d.get("arms"):
+        out.print(_arms_table(e))
+        said = "verdict" if e["status"] != "RUNNING" else "verdict now"
+        out.print(f"{said}: {d['verdict']} ({d['why']})", markup=False)
+
+
+@command(experiment_app, "status")
+def experiment_status(name: str, min_gain: MinGainOpt = MIN_GAIN,
+                      min_tasks: MinTasksOpt = MIN_TASKS, db: DbOpt = None,
+                      as_json: JsonOpt = False) -> None:
+    """The prompt's newest A/B test, each arm's figures since it started, and the
+    verdict the promotion rule gives now."""
+    with opened(db) as lg:
+        e = lg.prompts.experiment_status(name, min_gain=min_gain, min_tasks=min_tasks)
+    if as_json:
+        print_json(e)
+        return
+    _show_experiment(e)
+
+
+@command(experiment_app, "conclude")
+def experiment_conclude(name: str, min_gain: MinGainOpt = MIN_GAIN,
+                        min_tasks: MinTasksOpt = MIN_TASKS,
+                        stop: Annotated[bool, typer.Option(
+                            "--stop", help="too few tasks: end it undecided (STOPPED)")]
+                        = False,
+                        actor: ActorOpt = None, reason: ReasonOpt = None,
+                        db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Promote the candidate only if its completeness rose by --min-gain and its cost
+    per task did not rise (tokens per task without prices); else keep the control."""
+    with opened_for_change(db) as lg:
+        e = lg.prompts.conclude_experiment(name, min_gain=min_gain, min_tasks=min_tasks,
+                                           stop=stop, actor=actor, reason=reason)
+    if as_json:
+        print_json(e)
+        return
+    _show_experiment(e)
+    if e["status"] == "PROMOTED":
+        console.print(f"{name}: live v{e['control_version']} -> v{e['candidate_version']} "
+                      f"(generation {e['generation']}); `lockgate prompt rollback {name}` "
+                      "undoes it", markup=False)
+
+
+@command(experiment_app, "stop")
+def experiment_stop(name: str, actor: ActorOpt = None, reason: ReasonOpt = None,
+                    db: DbOpt = None) -> None:
+    """End the running A/B test without a decision; the live version stays."""
+    with opened_for_change(db) as lg:
+        e = lg.prompts.stop_experiment(name, actor=actor, reason=reason)
+    console.print(f"{name}: experiment {e['id']} STOPPED; live stays "
+                  f"v{e['control_version']}", markup=False)
+
+
+@command(experiment_app, "list")
+def experiment_list(name: Annotated[str | None, typer.Argument()] = None,
+                    db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Every A/B test (of one prompt), oldest first."""
+    with opened(db) as lg:
+        rows = lg.prompts.experiments(name)
+    if as_json:
+        print_json(rows)
+        return
+    t = table("experiments", ("id", "prompt", "candidate", "control", "share", "status",
+                              "started", "ends/ended"))
+    for r in rows:
+        t.add_row(str(r["id"]), r["prompt"], f"v{r['candidate_version']}",
+                  f"v{r['control_version']}", share_text(r["share_bp"]), r["status"],
+                  when(r["started_at"]), when(r["concluded_at"] or r["ends_at"]))
     out.print(t)
 
 

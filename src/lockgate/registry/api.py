@@ -11,10 +11,13 @@ Example::
     p = lg.prompts.propose("complaints", read_template("prompt_v2.txt"))
     print(lg.gate.wait(p.update_id)["status"])      # with workers running
     lg.prompts.rollback("complaints", reason="bad labels in prod")
+    lg.prompts.start_experiment("complaints", 3, share="5%", duration="72h")  # A/B test
+    lg.prompts.conclude_experiment("complaints")    # promote only if the rule holds
 """
 
 from __future__ import annotations
 
+import builtins
 import getpass
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from lockgate.config import Settings
-from lockgate.errors import NotFound, SpecError
+from lockgate.durations import parse_duration
+from lockgate.errors import LockgateError, NotFound, SpecError, StateConflict
 from lockgate.registry.callpath import execution_path
 from lockgate.registry.content import diff, make_content, render_text, spec_error_at
 from lockgate.registry.datasets import check_key, item_from, read_items
+from lockgate.registry.experiments import (
+    DEFAULT_FOR,
+    DEFAULT_SHARE,
+    MIN_GAIN,
+    MIN_TASKS,
+    Judge,
+    check_rule,
+    parse_share,
+)
 from lockgate.registry.refs import (
     PRODUCTION,
     check_name,
@@ -37,6 +50,7 @@ from lockgate.registry.refs import (
 from lockgate.runtime import placeholders
 from lockgate.spec import Message, RetryPolicy
 from lockgate.store import Store
+from lockgate.store.experiments import ExperimentStatus, ExperimentStore
 from lockgate.store.gate import GateStore, Proposal
 from lockgate.store.registry import DatasetItem, RegistryStore, VersionRow
 
@@ -52,10 +66,15 @@ def default_actor() -> str | None:
 class Prompts:
     """Prompts and their immutable versions, labels, rollback and audit trail."""
 
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings, *,
+                 judge: Judge | None = None) -> None:
         self.registry = RegistryStore(store)
         self.gates = GateStore(store)
+        self.experiments_store = ExperimentStore(store)
         self.settings = settings
+        #: The quality loop's figures and verdict of an A/B test (a layer above this
+        #: one: :mod:`lockgate.app` wires it in).
+        self.judge = judge
 
     def create(self, name: str, template: Any, *, model_config: dict[str, Any],
                delivery_rule: dict[str, Any] | None = None, tag: str | None = None,
@@ -163,7 +182,8 @@ class Prompts:
 
     def history(self, name: str) -> dict[str, Any]:
         """Every version, and the audit trail (its actions: create, propose, activate,
-        rejected, failed, stale, cancel, rollback, label; who, when, from, to, why)."""
+        rejected, failed, stale, cancel, rollback, label, and an A/B test's experiment,
+        promote, experiment-keep, experiment-stop; who, when, from, to, why)."""
         return {"prompt": self.registry.prompt(name), "versions": self.registry.versions(name),
                 "audit": self.registry.audit_trail(name)}
 
@@ -189,6 +209,72 @@ class Prompts:
         v = self.version(name, version)
         return self.registry.set_label(name, label, v.version, actor=actor or default_actor(),
                                        reason=reason)
+
+    # -- A/B tests (docs/quality.md "A/B tests") -------------------------------------------
+
+    def start_experiment(self, name: str, version: int | str, *,
+                         share: str | float = DEFAULT_SHARE,
+                         duration: str | float = DEFAULT_FOR, actor: str | None = None,
+                         reason: str | None = None) -> dict[str, Any]:
+        """Give a version (number, ``v3``, tag or label) ``share`` of the traffic that
+        follows the live version (``5%`` or ``0.05``, at most 50 %) for ``duration``
+        (default 72 h); the live version is the control. Audited; workers split within
+        their refresh interval."""
+        share_bp = parse_share(share)
+        seconds = parse_duration(duration, field="for", allow_zero=False)
+        v = self.version(name, version)
+        return self.experiments_store.start(name, v.version, share_bp, round(seconds * 1000),
+                                            actor=actor or default_actor(), reason=reason)
+
+    def experiment_status(self, name: str, *, min_gain: float = MIN_GAIN,
+                          min_tasks: int = MIN_TASKS) -> dict[str, Any]:
+        """The prompt's newest A/B test with, per arm, its figures since it started and
+        the verdict the rule gives now (an ended one: as recorded when it ended)."""
+        check_rule(min_gain, min_tasks)
+        e = self.experiments_store.latest(name)
+        if e["status"] == ExperimentStatus.RUNNING or not e["decision"]:
+            e["decision"] = self._judge()(e, min_gain, min_tasks)
+        return e
+
+    def conclude_experiment(self, name: str, *, min_gain: float = MIN_GAIN,
+                            min_tasks: int = MIN_TASKS, stop: bool = False,
+                            actor: str | None = None,
+                            reason: str | None = None) -> dict[str, Any]:
+        """Apply the promotion rule to the running A/B test: PROMOTED (the live pointer
+        moves to the candidate, generation + 1, audited: ``rollback`` undoes it) or KEPT
+        (the live version stays). With too few tasks in an arm it refuses, naming the
+        counts, unless ``stop`` (then STOPPED). The figures and verdict are stored."""
+        check_rule(min_gain, min_tasks)
+        e = self.experiments_store.running(name)
+        decision = self._judge()(e, min_gain, min_tasks)
+        status = {"promote": ExperimentStatus.PROMOTED,
+                  "keep": ExperimentStatus.KEPT}.get(decision["verdict"])
+        if status is None:
+            if not stop:
+                raise StateConflict(f"A/B test of '{name}' not concluded: {decision['why']}; "
+                                    "let it run longer, lower --min-tasks, or end it "
+                                    "undecided with --stop")
+            status = ExperimentStatus.STOPPED
+        return self.experiments_store.end(name, int(e["id"]), status, decision,
+                                          actor=actor or default_actor(),
+                                          reason=reason or decision["why"])
+
+    def stop_experiment(self, name: str, *, actor: str | None = None,
+                        reason: str | None = None) -> dict[str, Any]:
+        """End the running A/B test without a decision (STOPPED); live stays."""
+        e = self.experiments_store.running(name)
+        return self.experiments_store.end(name, int(e["id"]), ExperimentStatus.STOPPED, {},
+                                          actor=actor or default_actor(), reason=reason)
+
+    def experiments(self, name: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Every A/B test (of one prompt), by prompt and age."""
+        return self.experiments_store.list(name)
+
+    def _judge(self) -> Judge:
+        if self.judge is None:
+            raise LockgateError("an A/B test's figures come from the quality rollups: "
+                                "open the database with lockgate.connect()")
+        return self.judge
 
 
 def _labels_of(labels: dict[str, int]) -> str:

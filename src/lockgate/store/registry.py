@@ -25,8 +25,9 @@ from lockgate.store import schema
 from lockgate.store.store import Store
 from lockgate.store.tx import Tx, sql
 
-#: Audit actions that set the live pointer (the live history).
-LIVE_ACTIONS = ("create", "activate", "rollback")
+#: Audit actions that set the live pointer (the live history); ``promote`` is an A/B
+#: test's (:mod:`lockgate.store.experiments`).
+LIVE_ACTIONS = ("create", "activate", "rollback", "promote")
 PRODUCTION = "production"
 
 # The statements, the same on every dialect. Inserts go through the schema's tables
@@ -424,7 +425,7 @@ class RegistryStore:
         def work(tx: Tx) -> dict[str, Any]:
             now = tx.now
             p = self.prompt_row(tx, name, lock=True)
-            pid, live, generation = int(p["id"]), p["live_version"], int(p["generation"])
+            pid, live = int(p["id"]), p["live_version"]
             history = tx.execute(_LIVE_HISTORY, {"p": pid, "acts": list(LIVE_ACTIONS)}).all()
             good = {int(h.to_version) for h in history if h.to_version is not None}
             target = to
@@ -440,16 +441,25 @@ class RegistryStore:
                 raise StateConflict(
                     f"version {target} of '{name}' was never live (passed the gate); "
                     f"rollback targets: {sorted(good)}")
-            n = tx.execute(_SWAP_LIVE, {"to": target, "p": pid, "g": generation}).rowcount
-            if n != 1:
-                raise StateConflict(f"prompt '{name}' changed during the rollback; retry")
-            generation += 1
-            self.audit(tx, pid, "rollback", live, target,
-                       generation=generation, actor=actor, reason=reason, now=now)
+            generation = self.move_live(tx, p, target, "rollback", actor=actor,
+                                        reason=reason, now=now)
             return {"prompt": name, "from": live, "to": target,
                     "generation": generation, "at": now}
 
         return self.store.transaction(work)
+
+    def move_live(self, tx: Tx, p: Mapping[str, Any], to: int, action: str, *,
+                  actor: str | None, reason: str | None, now: int) -> int:
+        """Compare-and-swap the live pointer of the locked prompt row ``p`` to version
+        ``to`` and audit it as ``action`` (one of :data:`LIVE_ACTIONS`, so that a
+        rollback can undo it); returns the new generation."""
+        generation = int(p["generation"])
+        n = tx.execute(_SWAP_LIVE, {"to": to, "p": p["id"], "g": generation}).rowcount
+        if n != 1:
+            raise StateConflict(f"prompt '{p['name']}' changed during the {action}; retry")
+        self.audit(tx, int(p["id"]), action, p["live_version"], to,
+                   generation=generation + 1, actor=actor, reason=reason, now=now)
+        return generation + 1
 
     # -- datasets -------------------------------------------------------------------------
 

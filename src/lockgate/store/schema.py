@@ -572,3 +572,27 @@ quality_circuit_event = Table(
     Column("figures", Text),
     UniqueConstraint("prompt", "version", name="uq_quality_circuit_event"),
 )
+
+# 0013: A/B tests of prompt versions (docs/quality.md "A/B tests"). ``share_bp`` is the
+# candidate's share in basis points (500 = 5%: stored exactly); ``running`` is the
+# prompt's id while RUNNING, else NULL: UNIQUE, so one runs per prompt, and the index
+# the workers' pointer read joins on. ``decision`` is the figures and verdict (JSON).
+experiment = Table(
+    "experiment", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("prompt_id", BigInteger, nullable=False),
+    Column("control_version", Integer, nullable=False),
+    Column("candidate_version", Integer, nullable=False),
+    Column("share_bp", Integer, nullable=False),
+    Column("status", String(12), nullable=False),
+    Column("running", BigInteger),
+    Column("started_at", BigInteger, nullable=False),
+    Column("ends_at", BigInteger, nullable=False),
+    Column("concluded_at", BigInteger),
+    Column("decision", Text),
+    Column("actor", String(NAME)),
+    Column("reason", Text),
+    UniqueConstraint("running", name="uq_experiment_running"),
+    Index("ix_experiment_prompt", "prompt_id", "id"),
+    mysql_charset="utf8mb4", mysql_collate="utf8mb4_bin",
+)

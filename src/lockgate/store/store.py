@@ -72,7 +72,7 @@ _WORKER_REREGISTER = sql("UPDATE worker SET hostname = :hostname, pid = :pid, "
                          "concurrency = :concurrency, version = version + 1 WHERE id = :id")
 #: The newest schema revision: the head of ``migrations/versions`` (a test holds the two
 #: together). A database at it needs no migration, so opening it does not load alembic.
-SCHEMA_HEAD = "0012"
+SCHEMA_HEAD = "0013"
 _WRITTEN_BEFORE = sql("SELECT task_pk, lease_token FROM task_attempt WHERE task_pk IN :ids "
                       "AND lease_token IN :toks AND outcome <> 'discarded'", "ids", "toks")
 #: A batch is complete once no submit of it is left unfinished.

@@ -244,7 +244,8 @@ class Calls(WorkerCore):
         else:
             try:
                 config, prompt_version = await self._prompts.resolve(
-                    entry, functools.partial(self._db_retry, "reading the prompt registry"))
+                    entry, functools.partial(self._db_retry, "reading the prompt registry"),
+                    t.task_id)
             except LockgateError as exc:  # a registry reference that names nothing
                 return _uncalled(t, started, TaskStatus.FAILED, ErrorClass.INVALID_REQUEST,
                                  f"prompt registry: {exc}", str(exc))
@@ -309,7 +310,7 @@ class Calls(WorkerCore):
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
-        fn = functools.partial(self._if_current, call, entry, resolved) \
+        fn = functools.partial(self._if_current, call, entry, resolved, t.task_id) \
             if recheck and isinstance(entry, RegistryRef) and entry.ref.version is None \
             else call
         res, passage = await self.flow.call(t, config, endpoint, fn)
@@ -409,13 +410,15 @@ class Calls(WorkerCore):
 
     async def _if_current(self, call: Callable[[Endpoint, Provider],
                                                Coroutine[Any, Any, AttemptResult]],
-                          entry: Entry, version: str | None, ep: Endpoint,
+                          entry: Entry, version: str | None, task_id: str, ep: Endpoint,
                           provider: Provider) -> AttemptResult:
         """``call``, unless the reference ``entry`` names no longer resolves to
-        ``version`` (raises :class:`_VersionMoved` before anything is sent)."""
+        ``version`` for task ``task_id`` (raises :class:`_VersionMoved` before anything
+        is sent)."""
         try:
             _config, now = await self._prompts.resolve(
-                entry, functools.partial(self._db_retry, "reading the prompt registry"))
+                entry, functools.partial(self._db_retry, "reading the prompt registry"),
+                task_id)
         except LockgateError:  # gone meanwhile: the attempt starts again and says so
             raise _VersionMoved from None
         if now != version:
