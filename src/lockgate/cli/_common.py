@@ -29,7 +29,7 @@ from lockgate.app import Lockgate
 from lockgate.durations import EXAMPLES, parse_duration
 from lockgate.errors import LockgateError, SpecError
 from lockgate.results import plain, utc
-from lockgate.store.failures import dropped_for_now, refused_for_now
+from lockgate.store.failures import dropped_for_now, refused_for_now, sqlite_passing
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -223,15 +223,18 @@ def _open_waiting(db: str | None, config: Path | None, create: bool) -> Lockgate
     """Open the database, waiting with back-off (until stopped: Ctrl-C or SIGTERM) for
     as long as its server answers but takes no connection for now: too many
     connections, a connection limit, starting up, shutting down, recovering; or that
-    took the session and dropped it (a restart, a session killed). Anything else (a
+    took the session and dropped it (a restart, a session killed); or, on SQLite, as
+    long as the file is locked by another writer or its disk is full or cannot be
+    written (the one-line warning says which, and what to check). Anything else (a
     login refused, a database that does not exist, a bad URL, a server that cannot be
-    reached at all: most often a wrong host or port) is raised at once."""
+    reached at all: most often a wrong host or port, a read-only SQLite file) is raised
+    at once."""
     failures = 0
     while True:
         try:
             return Lockgate(db, config=config, create=create, migrate=create)
         except LockgateError as exc:
-            if not (refused_for_now(exc) or dropped_for_now(exc)):
+            if not (refused_for_now(exc) or dropped_for_now(exc) or sqlite_passing(exc)):
                 raise
             failures += 1
             delay = min(OPEN_RETRY_MAX_S, 0.25 * 2 ** (failures - 1))
@@ -248,8 +251,8 @@ def opened(db: str | None, config: Path | None = None, *,
     ``submit``, ``run``, ``worker``, ``prompt create``, ``dataset add``) may create it;
     every other command refuses a database that does not exist, and read-only ones
     never migrate it. With ``wait`` (``lockgate worker``) a server that takes no
-    connection for now is waited for (:func:`_open_waiting`); other commands fail at
-    once, saying why."""
+    connection for now, or a SQLite file locked or on a full disk, is waited for
+    (:func:`_open_waiting`); other commands fail at once, saying why."""
     lg = (_open_waiting(db, config, create) if wait else
           Lockgate(db, config=config, create=create, migrate=create))
     try:

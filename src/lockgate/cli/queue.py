@@ -419,7 +419,9 @@ def _stopped(stats: WorkerStats) -> None:
 
     console.print(f"worker stopped: {stats.succeeded:,} succeeded, {stats.failed:,} failed, "
                   f"{stats.dead:,} dead, {stats.retried:,} retried, "
-                  f"{stats.discarded:,} discarded", markup=False)
+                  f"{stats.discarded:,} discarded"
+                  + (f", {stats.unwritten:,} not written back (they run again when their "
+                     "leases expire)" if stats.unwritten else ""), markup=False)
     exit_if_stuck(stats)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lockgate.store.engine import create
+from lockgate.store.failures import cause
 
 log = logging.getLogger("lockgate.worker")
 
@@ -62,9 +63,11 @@ class ArrivalListener:
                     failures = 0
                 except Exception as exc:  # the database is down or the link broke
                     failures += 1
+                    # (the driver's first line: libpq's lost-connection message goes on
+                    # for three)
                     (log.warning if failures == 1 else log.debug)(
                         "listening for new tasks failed (%s); idle polls find them "
-                        "meanwhile", exc)
+                        "meanwhile", cause(exc))
                     engine.dispose()
                     self._stop.wait(_RETRY_S[min(failures, len(_RETRY_S)) - 1])
         finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,14 @@ _PG_PASSING = frozenset({"57014", "25006", "53100", "53200"})
 #: SQLite messages of conditions that pass: another writer, a full disk, a file made
 #: read-only (space returns, a lock is released, permissions are fixed).
 _SQLITE_PASSING = ("locked", "busy", "disk is full", "disk i/o", "readonly")
+#: ... of those, the ones a worker that opens the database waits out: another writer, a
+#: full disk, a disk SQLite cannot write (it says "disk I/O error" when a full disk
+#: leaves no room for the -shm file it creates as it opens). A file made read-only is
+#: most often a mistake at start: said at once.
+_SQLITE_WAIT = ("locked", "busy", "disk is full", "disk i/o")
+#: Free bytes below which the disk holding a SQLite file is called full: a few steps of
+#: the -wal file and the 32 KiB -shm file do not fit.
+FULL_BELOW_BYTES = 1 << 20
 
 
 def _mysql_code(exc: DBAPIError) -> int | None:
@@ -153,6 +162,15 @@ def dropped_for_now(exc: BaseException) -> bool:
             and "timed out" not in text.lower())
 
 
+def sqlite_passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a SQLite database that is there but cannot be used for now
+    (see :data:`_SQLITE_WAIT`): locked by another writer, or on a full disk or one it
+    cannot write. A worker opening it waits; one-shot commands say so and end."""
+    orig = getattr(exc.__cause__, "orig", exc.__cause__)
+    return (isinstance(exc, StoreError) and isinstance(orig, sqlite3.OperationalError)
+            and any(word in str(orig).lower() for word in _SQLITE_WAIT))
+
+
 def cause(exc: BaseException) -> str:
     """The driver's own message, first line, without SQLAlchemy's background link."""
     orig = getattr(exc, "orig", None) or exc
@@ -160,35 +178,64 @@ def cause(exc: BaseException) -> str:
     return text.splitlines()[0].strip().rstrip(".")
 
 
+def _free_bytes(folder: Path) -> int | None:
+    """The bytes free on the disk holding ``folder`` (None if it cannot be read)."""
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(folder).free
+    return None
+
+
 def sqlite_hint(message: str, url: str | None) -> str:
-    """What to do about a SQLite file that cannot be written or has no room ("" when
-    the message is about something else)."""
+    """What to do about a SQLite file that cannot be written or has no room, as
+    sentences that follow the message ("" when it is about something else)."""
     text = message.lower()
     path = Path(make_url(url).database or "") if url else None
     if "not a database" in text:  # SQLITE_NOTADB: some other file at that path
         return (f". {path or 'The file'} is not an SQLite database (another kind of file, "
                 "or a damaged one): name the lockgate database file, or a new file name "
-                "to create one")
+                "to create one.")
     if path is not None and path.is_dir() and "unable to open" in text:
-        return f". {path} is a folder; name a database file in it, e.g. {path / 'lockgate.db'}"
-    if "full" in text:
-        return (". Free space on the disk that holds the file and its -wal file: nothing "
-                "written so far is lost, and the same command run again (a worker, by "
-                "itself) goes on")
+        return f". {path} is a folder; name a database file in it, e.g. {path / 'lockgate.db'}."
+    free = _free_bytes(path.parent) if path is not None else None
+    full = free is not None and free < FULL_BELOW_BYTES
+    if "full" in text or ("disk i/o" in text and full):
+        what = (f". The disk holding {path} is full ({free:,} bytes free): SQLite cannot "
+                "create the -wal and -shm files it keeps beside it. Free space on it"
+                if "disk i/o" in text else  # (SQLITE_IOERR: as it opens, on a full disk)
+                ". Free space on the disk that holds the file and its -wal file"
+                + (f" ({free:,} bytes free)" if full else ""))
+        return (f"{what}: nothing written so far is lost, and the same command run again "
+                "(a worker, by itself) goes on.")
+    if "disk i/o" in text:  # SQLITE_IOERR: a read or write of the file or its -wal/-shm
+        folder = path.parent if path is not None else "the database's folder"
+        return (". SQLite could not read or write the file or the -wal and -shm files it "
+                "keeps beside it; most often the disk is full, files cannot be created in "
+                f"{folder} (permissions), or it is on a network file system (NFS, SMB), "
+                f"where SQLite's locks fail. Check the free space (df {folder}) and the "
+                "folder's permissions; keep the database on a local disk.")
     if "readonly" not in text and "unable to open" not in text:
         return ""
     if path is not None and not path.parent.exists():
         return (f". The folder {path.parent} does not exist: create it, or name a file "
-                "in a folder that does")
+                "in a folder that does.")
     if path is not None and path.parent.is_dir():
         with contextlib.suppress(OSError):
             if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
                 return (f". The file system holding {path} is mounted read-only; SQLite "
                         "writes the file and its -wal and -shm files beside it, even to "
-                        "read: remount it read-write")
+                        "read: remount it read-write.")
     return (". SQLite writes the database file and its -wal and -shm files beside it, "
             "even to read: make the file and its folder writable (permissions, a "
-            "read-only mount, chattr +i)")
+            "read-only mount, chattr +i).")
+
+
+def refused(text: str, url: str | None, *, sqlite: bool) -> str:
+    """The message of an operation the database refused, ``text`` in the driver's
+    words, with what to do about a SQLite file: whole sentences, so that more advice
+    may follow."""
+    where = f" {redact_url(url)}" if url else ""
+    hint = sqlite_hint(text, url) if sqlite else ""
+    return f"the database{where} refused the operation: {text}{hint or '.'}"
 
 
 #: A server's words for a database that does not exist (PostgreSQL, MySQL/MariaDB).
@@ -202,12 +249,12 @@ def _login_refused(exc: DBAPIError, where: str) -> StoreError | None:
     if code in _MYSQL_LOGIN:
         return StoreError(f"the database{where} refused the login: {cause(exc)}. Fix the "
                           "user or password in the URL (--db or LOCKGATE_DATABASE_URL; "
-                          "a password with @, : or / is written %40, %3A, %2F)")
+                          "a password with @, : or / is written %40, %3A, %2F).")
     if code in _MYSQL_NO_ACCESS:
         return StoreError(f"the database{where} refused the user access to the database: "
                           f"{cause(exc)}. Fix the database name or the user in the URL "
                           "(--db or LOCKGATE_DATABASE_URL), or grant the user access "
-                          "(GRANT ALL ON lockgate.* TO ...)")
+                          "(GRANT ALL ON lockgate.* TO ...).")
     return None
 
 
@@ -220,7 +267,7 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             name = missing.group(1) or missing.group(2)
             return StoreError(f"the database{where} does not exist on its server: create "
                               f"it first (CREATE DATABASE {name}), or fix the URL (--db or "
-                              "LOCKGATE_DATABASE_URL)")
+                              "LOCKGATE_DATABASE_URL).")
         login = _login_refused(exc, where)
         if login is not None:
             return login
@@ -228,7 +275,7 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             return StoreError(f"the database{where} refused a statement larger than its "
                               f"max_allowed_packet: {cause(exc)}. Running it again cannot "
                               "help: make the task (its input, metadata or template) "
-                              "smaller, or raise max_allowed_packet on the server")
+                              "smaller, or raise max_allowed_packet on the server.")
         if is_unavailable(exc):
             text = cause(exc)
             sent = (" The server reset the connection while a statement was being sent: "
@@ -239,10 +286,9 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
             return DatabaseUnavailable(
                 f"cannot reach the database{where}: {text}.{sent} Is the server running, "
                 "and is the URL (--db or LOCKGATE_DATABASE_URL) right?")
-        hint = sqlite_hint(cause(exc), url) if isinstance(exc.orig, sqlite3.Error) else ""
-        return StoreError(f"the database{where} refused the operation: {cause(exc)}{hint}",
+        return StoreError(refused(cause(exc), url, sqlite=isinstance(exc.orig, sqlite3.Error)),
                           transient=is_transient(exc))
-    return StoreError(f"database error{where}: {cause(exc)}")
+    return StoreError(f"database error{where}: {cause(exc)}.")
 
 
 @contextmanager
@@ -256,7 +302,5 @@ def map_db_errors(url: str | None = None) -> Iterator[None]:
     except SQLAlchemyError as exc:
         raise translate(exc, url) from exc
     except sqlite3.Error as exc:  # the hot path's raw cursors, outside SQLAlchemy
-        raise StoreError(f"the database{' ' + redact_url(url) if url else ''} refused the "
-                         f"operation: {cause(exc)}{sqlite_hint(cause(exc), url)}",
-                         transient=any(
-                             s in str(exc).lower() for s in _SQLITE_PASSING)) from exc
+        raise StoreError(refused(cause(exc), url, sqlite=True), transient=any(
+            s in str(exc).lower() for s in _SQLITE_PASSING)) from exc

@@ -81,8 +81,10 @@ _BATCH_COMPLETE = sql("UPDATE batch SET complete = 1 WHERE id IN :b AND NOT EXIS
 _SUBMIT_DONE = sql("DELETE FROM batch_submit WHERE submit_key = :k AND batch_id IN :b",
                    "b")
 _BATCHES_INCOMPLETE = sql("UPDATE batch SET complete = 0 WHERE id IN :b", "b")
-_BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id = :b AND NOT EXISTS "
-                        "(SELECT 1 FROM task WHERE task.batch_id = :b)")
+#: A batch left without tasks is not kept, unless a submit of it is still unfinished.
+_BATCH_DROP_EMPTY = sql("DELETE FROM batch WHERE id IN :b AND NOT EXISTS "
+                        "(SELECT 1 FROM task WHERE task.batch_id = batch.id) AND NOT EXISTS "
+                        "(SELECT 1 FROM batch_submit s WHERE s.batch_id = batch.id)", "b")
 _TASK_BATCHES = sql("SELECT task_id, batch_id FROM task WHERE task_id IN :ids", "ids")
 _CONFIGS = sql("SELECT hash, document FROM task_config WHERE hash IN :h", "h")
 #: PENDING is checked under the row lock by ``Dialect.owned`` first.
@@ -443,12 +445,11 @@ class Store(TaskViews):
         fields = dict(batch_fields or {})
         key = submit_key(source)
         source = schema.source_path(source)
-        created = self.transaction(
-            lambda tx: self._open_batch(tx, batch_id, source, fields, key))
+        self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields, key))
         seen: dict[str, None] = {batch_id: None}
         report = self._write_chunks(rows, batch_id, source, fields, progress, key, seen,
                                     written)
-        self.transaction(lambda tx: self._close_batch(tx, list(seen), key, created))
+        self.transaction(lambda tx: self._close_batch(tx, list(seen), key))
         return report
 
     def _write_chunks(self, rows: Iterable[NewTask], batch_id: str, source: str | None,
@@ -538,15 +539,14 @@ class Store(TaskViews):
                             tuple(itertools.islice(seen_batches, _NAMED_BATCHES)))
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
-                    fields: dict[str, Any], key: str) -> bool:
+                    fields: dict[str, Any], key: str) -> None:
         """Create the batch row (or find it), mark it incomplete and record this submit
-        of it; True if created."""
-        created = tx.execute(self.dialect.insert_ignore(schema.batch), [
-            {"id": batch_id, "source": source, "created_at": tx.now, "complete": 0}]).rowcount
+        of it."""
+        tx.execute(self.dialect.insert_ignore(schema.batch), [
+            {"id": batch_id, "source": source, "created_at": tx.now, "complete": 0}])
         tx.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
                    .values(complete=0, **fields))
         self._record_submit(tx, [batch_id], source, key)
-        return bool(created)
 
     def _record_submit(self, tx: Tx, batch_ids: Sequence[str], source: str | None,
                        key: str) -> None:
@@ -555,15 +555,15 @@ class Store(TaskViews):
              "started_at": tx.now} for b in batch_ids])
 
     @staticmethod
-    def _close_batch(tx: Tx, batch_ids: list[str], key: str, created: bool) -> None:
-        """This submit is over: its batches are complete unless another submit of them
-        is unfinished; the batch it made is dropped if it holds no task."""
+    def _close_batch(tx: Tx, batch_ids: list[str], key: str) -> None:
+        """This submit is over: each of its batches is complete, and dropped if it holds
+        no task (a batch left without tasks is not kept), unless another submit of it is
+        unfinished; whether this run made the batch or an interrupted one before it."""
         for i in range(0, len(batch_ids), 1000):
             part = batch_ids[i:i + 1000]
             tx.execute(_SUBMIT_DONE, {"k": key, "b": part})
             tx.execute(_BATCH_COMPLETE, {"b": part})
-        if created:  # a batch this submit made and left empty is not kept
-            tx.execute(_BATCH_DROP_EMPTY, {"b": batch_ids[0]})
+            tx.execute(_BATCH_DROP_EMPTY, {"b": part})
 
     def _insert_configs(self, tx: Tx, configs: list[ConfigRow]) -> None:
         # Sorted: two submits never take the same keys in opposite orders.

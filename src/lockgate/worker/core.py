@@ -74,6 +74,10 @@ class WorkerStats:
     #: so a command-line process ends without them (:func:`exit_if_stuck`). Summed
     #: over processes: how many stopped so.
     stuck_db: int = 0
+    #: Results and released tasks still held when the worker stopped: their write-back
+    #: did not land (the database did not answer); the tasks run again when their
+    #: leases expire.
+    unwritten: int = 0
 
     @property
     def finished(self) -> int:

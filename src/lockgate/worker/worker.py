@@ -42,6 +42,14 @@ HARD_STOP_DB_S = 3.0
 #: the database as not answering.
 DB_THREADS_END_S = 0.5
 HARD_STOP_ROUNDS = 3
+#: After a stop's grace, how long the worker still waits for a database that does not
+#: take what it holds, at most: a lease (past it the tasks are another worker's to take,
+#: and a result written later is most likely discarded), and never more than this; then
+#: it stops as at a second signal.
+STOP_DB_WAIT_MAX_S = 30.0
+#: How long past the grace a stopping worker waits before it says that it waits for the
+#: database (one that answers takes milliseconds to take what the worker holds).
+STOP_DB_QUIET_S = 1.0
 
 log = logging.getLogger("lockgate.worker")
 
@@ -108,6 +116,8 @@ class Worker(Calls, Upkeep):
             abandoned = self._hard.is_set()  # before the stop below sets it anyway
             self.request_stop(hard=True)
             await self._end([claim, *side, *self._running.values()], abandoned)
+            # (settled ones are let go: what is still held was not written back)
+            self.stats.unwritten = len(self._held)
             if failed:
                 await self._give_back()
             for p in self._providers.values():
@@ -142,15 +152,45 @@ class Worker(Calls, Upkeep):
             if t is not claim and t is not hard and not self._stopping.is_set():
                 t.result()  # a side loop died: raise its error (stops the worker)
                 raise RuntimeError(f"{t.get_name()} stopped unexpectedly")
-        if not await self._unless_hard(claim):
+        # A stop that was asked for ends within the grace and a bounded wait for the
+        # database (a burst that drained the queue holds nothing more to write).
+        watch = (asyncio.ensure_future(self._stop_watch()) if self._stopping.is_set()
+                 else None)
+        try:
+            if not await self._unless_hard(claim):
+                return
+            self._stopping.set()  # burst drained, or a stop was requested
+            self.flow.wake()
+            # What it holds is written back before the worker exits, the database
+            # waited for until the watch gives up on it (as a second stop request does).
+            if await self._unless_hard(self._drain()) and await self._unless_hard(side[0]):
+                await self._unless_hard(asyncio.wait_for(
+                    asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60))
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _stop_watch(self) -> None:
+        """After a stop request: the calls in flight get the grace, then the database
+        gets :meth:`_stop_db_wait_s` to take the results and released tasks still held
+        (a warning says so); then the stop goes on as at a second signal: their tasks
+        run again when their leases expire (a late write-back is fenced off)."""
+        await self._sleep_hard(self.ws.shutdown_grace_s + STOP_DB_QUIET_S)
+        if self._hard.is_set():
             return
-        self._stopping.set()  # burst drained, or a stop was requested
-        self.flow.wake()
-        # Every result is written back before the worker exits, however long the
-        # database takes to come back (a second stop request gives up on them).
-        if await self._unless_hard(self._drain()) and await self._unless_hard(side[0]):
-            await self._unless_hard(asyncio.wait_for(
-                asyncio.gather(*side), timeout=self.ws.shutdown_grace_s + 60))
+        wait_s = self._stop_db_wait_s()
+        log.warning("stopping: %d task(s) still to write back or release wait for the "
+                    "database, which does not take them; waiting at most %gs more, then "
+                    "they are left to run again when their leases expire (send the "
+                    "signal again to stop now)", len(self._held), wait_s)
+        await self._sleep_hard(wait_s)
+        self.request_stop(hard=True)
+
+    def _stop_db_wait_s(self) -> float:
+        """How long a stopping worker waits for a database that does not answer, once
+        the grace and :data:`STOP_DB_QUIET_S` are over: a lease (at most
+        :data:`STOP_DB_WAIT_MAX_S`) from the grace's end."""
+        return max(0.0, min(self.ws.lease_s, STOP_DB_WAIT_MAX_S) - STOP_DB_QUIET_S)
 
     async def _end(self, tasks: list[asyncio.Task[Any]], abandoned: bool) -> None:
         """Cancel the loops and calls and wait for them to end; after a stop at once,
