@@ -6,44 +6,46 @@ one submodule) does not pay for SQLAlchemy and the worker.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lockgate.lazy import lazy_names as _lazy_names
 
 __version__ = "0.1.0"
 
+#: Where each public name lives (its module, in this package).
 _EXPORTS = {
-    "AsyncLockgate": "lockgate.app",
-    "Lockgate": "lockgate.app",
-    "connect": "lockgate.app",
-    "connect_async": "lockgate.app",
-    "ConfigError": "lockgate.errors",
-    "DatabaseUnavailable": "lockgate.errors",
-    "ErrorClass": "lockgate.errors",
-    "LockgateError": "lockgate.errors",
-    "NotFound": "lockgate.errors",
-    "SpecError": "lockgate.errors",
-    "StateConflict": "lockgate.errors",
-    "StoreError": "lockgate.errors",
-    "TemplateError": "lockgate.errors",
-    "TaskSpec": "lockgate.spec",
-    "parse_task": "lockgate.spec",
-    "Attempt": "lockgate.results",
-    "Response": "lockgate.results",
-    "BatchSummary": "lockgate.results",
-    "CircuitView": "lockgate.results",
-    "ReviewItem": "lockgate.results",
-    "Status": "lockgate.results",
-    "TaskError": "lockgate.results",
-    "TaskResult": "lockgate.results",
-    "TaskView": "lockgate.results",
-    "Usage": "lockgate.results",
-    "WorkerInfo": "lockgate.results",
-    "Worker": "lockgate.worker",
-    "WorkerStats": "lockgate.worker",
-    "SubmitReport": "lockgate.store",
-    "QualityRow": "lockgate.quality",
-    "Alert": "lockgate.quality.alerts",
-    "AlertSample": "lockgate.quality.alerts",
+    "AsyncLockgate": "app",
+    "Lockgate": "app",
+    "connect": "app",
+    "connect_async": "app",
+    "ConfigError": "errors",
+    "DatabaseUnavailable": "errors",
+    "ErrorClass": "errors",
+    "LockgateError": "errors",
+    "NotFound": "errors",
+    "SpecError": "errors",
+    "StateConflict": "errors",
+    "StoreError": "errors",
+    "TemplateError": "errors",
+    "TaskSpec": "spec",
+    "parse_task": "spec",
+    "Attempt": "results",
+    "Response": "results",
+    "BatchSummary": "results",
+    "CircuitView": "results",
+    "ReviewItem": "results",
+    "Status": "results",
+    "TaskError": "results",
+    "TaskResult": "results",
+    "TaskView": "results",
+    "Usage": "results",
+    "WorkerInfo": "results",
+    "Worker": "worker",
+    "WorkerStats": "worker",
+    "SubmitReport": "store",
+    "QualityRow": "quality",
+    "Alert": "quality.alerts",
+    "AlertSample": "quality.alerts",
 }
 _MODULES = ("config", "files")
 
@@ -119,12 +121,4 @@ if TYPE_CHECKING:
     from lockgate.worker import Worker, WorkerStats
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _MODULES:
-        value = importlib.import_module(f"lockgate.{name}")
-    else:
-        raise AttributeError(f"module 'lockgate' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = _lazy_names(__name__, _EXPORTS, _MODULES)
