@@ -62,7 +62,7 @@ _SQLITE_PASSING = ("locked", "busy", "disk is full", "disk i/o", "readonly")
 #: full disk, a disk SQLite cannot write (it says "disk I/O error" when a full disk
 #: leaves no room for the -shm file it creates as it opens). A file made read-only is
 #: most often a mistake at start: said at once.
-_SQLITE_WAIT = ("locked", "busy", "disk is full", "disk i/o")
+_SQLITE_WAIT = tuple(w for w in _SQLITE_PASSING if w != "readonly")
 #: Free bytes below which the disk holding a SQLite file is called full: a few steps of
 #: the -wal file and the 32 KiB -shm file do not fit.
 FULL_BELOW_BYTES = 1 << 20
