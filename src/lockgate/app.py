@@ -45,7 +45,6 @@ from lockgate.files import (
     Intake,
     Reading,
     Spool,
-    TaskIds,
     batch_id_problem,
     check_file,
     file_batch,
@@ -73,6 +72,7 @@ from lockgate.states import CircuitState, TaskStatus
 from lockgate.store import Store, SubmitReport
 from lockgate.store.flow import FlowStore
 from lockgate.store.types import NewTask
+from lockgate.taskids import TaskIds
 
 # The worker, the gate's and the quality loop's services, the alerts and the quality
 # reports are imported where they are used (deferred for start-up time: they bring

@@ -51,6 +51,7 @@ from lockgate.spec import (
 )
 from lockgate.store.store import new_task
 from lockgate.store.types import ConfigRow, NewTask
+from lockgate.taskids import TaskIds, shown
 
 log = logging.getLogger("lockgate.submit")
 
@@ -339,10 +340,6 @@ def batch_id_problem(value: str) -> str | None:
     return None
 
 
-def _shown(value: str) -> str:
-    return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
-
-
 def file_batch(path: Path, batch_id: str | None) -> str:
     """The batch a file's tasks go to unless a line names its own: ``batch_id`` (the
     submit's ``--batch``) when given, else the file's name without its extension; each
@@ -352,7 +349,7 @@ def file_batch(path: Path, batch_id: str | None) -> str:
     if batch_id is not None:
         problem = batch_id_problem(batch_id)
         if problem is not None:
-            raise SpecError(f"--batch {_shown(batch_id)}: {problem}")
+            raise SpecError(f"--batch {shown(batch_id)}: {problem}")
         return batch_id
     if os.path.abspath(path).startswith(("/dev/", "/proc/")):
         # A name the system gave (``<(...)`` is /dev/fd/63, /dev/stdin): a batch named
@@ -361,8 +358,8 @@ def file_batch(path: Path, batch_id: str | None) -> str:
                         "name the batch with --batch NAME")
     problem = batch_id_problem(path.stem)
     if problem is not None:
-        raise SpecError(f"the file name {_shown(path.name)} makes a bad batch id "
-                        f"({_shown(path.stem)}: {problem}); name the batch with --batch")
+        raise SpecError(f"the file name {shown(path.name)} makes a bad batch id "
+                        f"({shown(path.stem)}: {problem}); name the batch with --batch")
     return path.stem
 
 
@@ -730,33 +727,6 @@ class Spool:
 
 #: What a line of each format calls its task id.
 _ID_FIELD: dict[str, str] = {"tasks": "task_id", "openai-batch": "custom_id"}
-
-
-class TaskIds:
-    """The task ids of one file (or one call's tasks) met so far, each with its line
-    and a digest of its task, so that a second line with the same id and another task
-    is refused, naming both lines, rather than skipped as "already present". A line
-    repeated as it is (the same id, input, config, batch, metadata and priority) is the
-    same task, submitted once. Memory grows with the file: about 150 bytes a task (a
-    million-line file holds about 150 MB of ids), less than the file itself."""
-
-    _MASK = (1 << 64) - 1
-
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-
-    def check(self, row: NewTask, line: int, field: str = "task_id") -> None:
-        """:class:`SpecError` when ``row``'s id came on an earlier line with another
-        task (``field``: what the line calls its id)."""
-        digest = hash((row.batch_id, row.config.hash, row.input_json, row.metadata_json,
-                       row.priority)) & self._MASK
-        packed = (line << 64) | digest
-        known = self._ids.setdefault(row.task_id, packed)
-        if known != packed and known & self._MASK != digest:
-            raise SpecError(f"{_shown(row.task_id)} is also the {field} of line "
-                            f"{known >> 64}, with another task: a task id names one task "
-                            "(the second would be skipped as already present). Give one "
-                            "of them another id, or delete one", field=field, line=line)
 
 
 def check_file(path: Path, fmt: Format, *, reject_sink: TextIO | None = None,
