@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import ssl
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from yarl import URL
 
 import helpers
 from helpers import call_model, chat_server
@@ -30,7 +32,8 @@ from lockgate.config import Endpoint
 from lockgate.errors import ErrorClass
 from lockgate.providers import reach
 from lockgate.providers.base import Completion, ProviderError
-from lockgate.providers.openai import classify_response
+from lockgate.providers.environment import proxy_for
+from lockgate.providers.openai import _environment, classify_response
 from lockgate.worker.loop import run_async
 
 CLIENTS = ["aiohttp", "pyreqwest"]
@@ -457,6 +460,39 @@ def test_no_proxy_is_honoured_by_both_clients(proxy: Counter[str], client: str,
         got = call_model(url, "m", client)
     assert isinstance(got, Completion), got
     assert not proxy
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_proxy_written_without_a_scheme_is_an_http_proxy_for_both_clients(
+        proxy: Counter[str], client: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HTTP_PROXY=host:port (no http://): pyreqwest and the start check took it for an
+    # HTTP proxy, aiohttp for a URL whose scheme is the host: every call failed,
+    # "connection_error: InvalidURL: 127.0.0.1:PORT", after a start check that passed
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, os.environ[name].removeprefix("http://"))
+    got = call_model("http://upstream.invalid/v1", "m", client)
+    assert isinstance(got, Completion), got
+    assert proxy["upstream.invalid"] == 1
+    assert reach.check([Endpoint(name="p", base_url="http://upstream.invalid/v1")]) == []
+
+
+def test_the_client_reads_the_proxy_as_the_start_check_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # an https:// proxy was ignored by aiohttp (the calls went direct) while the start
+    # check checked the proxy; a login in the proxy's URL goes to proxy_auth
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "https://me:secret@proxy.corp:3128")
+    env = _environment("https://api.example/v1", authorized=True)
+    assert env.proxy == URL("https://proxy.corp:3128")
+    assert env.proxy_auth is not None and env.proxy_auth.login == "me"
+    assert proxy_for("https://api.example/v1") == "https://me:secret@proxy.corp:3128"
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.corp:3128")
+    assert _environment("https://api.example/v1", authorized=True).proxy == URL(
+        "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "api.example")
+    assert _environment("https://api.example/v1", authorized=True).proxy is None
+    assert proxy_for("https://api.example/v1") is None
 
 
 def test_the_start_check_checks_the_proxy_not_the_host(proxy: Counter[str],

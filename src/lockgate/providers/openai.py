@@ -26,7 +26,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
+from aiohttp.helpers import basicauth_from_netrc, netrc_from_env, strip_auth_from_url
 from yarl import URL
 
 try:  # the optional fast-http extra
@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover - checked by check_http_client
 
 from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
+from lockgate.providers.environment import proxy_for
 from lockgate.providers.headers import parse_retry_after_ms, rate_headers
 from lockgate.redact import redact_url
 
@@ -1132,17 +1133,23 @@ class _Environment:
 
 
 def _environment(url: str, *, authorized: bool) -> _Environment:
-    """For ``url``, what aiohttp's ``trust_env`` reads, as it reads it: the proxy of
-    ``HTTP_PROXY``/``HTTPS_PROXY`` (either case) unless ``NO_PROXY`` names the host,
-    its login from the proxy URL or ``.netrc``, and, for a request that carries no
-    Authorization of its own, the host's login from ``.netrc`` (``$NETRC``). Read once
-    per endpoint: ``trust_env`` read them at every request, on two hops to a thread
-    (a third of a worker's CPU at a 0 ms model). Their Authorization would also clash
-    with an API key's: aiohttp refuses both on one request."""
+    """For ``url``, what the environment says: the proxy of ``HTTP_PROXY``/
+    ``HTTPS_PROXY`` unless ``NO_PROXY`` names the host (:func:`proxy_for`, as the start
+    check reads it), its login from the proxy URL or ``.netrc``, and, for a request
+    that carries no Authorization of its own, the host's login from ``.netrc``
+    (``$NETRC``). Read once per endpoint: aiohttp's ``trust_env`` read them at every
+    request, on two hops to a thread (a third of a worker's CPU at a 0 ms model), took
+    a proxy written without a scheme for a URL with the host as its scheme (every call
+    failed) and ignored an https:// proxy. Its Authorization would also clash with an
+    API key's: aiohttp refuses both on one request."""
     target = URL(url)
     proxy = proxy_auth = auth = None
-    with contextlib.suppress(LookupError):
-        proxy, proxy_auth = get_env_proxy_for_url(target)
+    named = proxy_for(url)
+    if named is not None:
+        proxy, proxy_auth = strip_auth_from_url(URL(named))
+        if proxy_auth is None and proxy.host:
+            with contextlib.suppress(LookupError):
+                proxy_auth = basicauth_from_netrc(netrc_from_env(), proxy.host)
     if not authorized and target.host:
         with contextlib.suppress(LookupError):
             auth = basicauth_from_netrc(netrc_from_env(), target.host)

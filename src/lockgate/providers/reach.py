@@ -20,12 +20,12 @@ import asyncio
 import contextlib
 import socket
 import ssl
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from lockgate.config import Endpoint
+from lockgate.providers.environment import proxy_for
 from lockgate.providers.openai import tls_fix
 from lockgate.redact import redact_url
 
@@ -66,20 +66,6 @@ def _cause(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
-
-
-def proxy_for(base_url: str) -> str | None:
-    """The proxy the HTTP clients send requests to ``base_url`` through, from the
-    environment (``HTTP_PROXY`` for http://, ``HTTPS_PROXY`` for https://, either
-    case), or None: none set, or ``NO_PROXY`` names the host."""
-    parts = urlsplit(base_url)
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if not proxy or not parts.hostname:
-        return None
-    with contextlib.suppress(Exception):
-        if urllib.request.proxy_bypass(parts.hostname):
-            return None
-    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 def _tls_cause(exc: BaseException, timeout: float) -> str:
