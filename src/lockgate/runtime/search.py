@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, overload
 
@@ -1214,9 +1215,8 @@ def _another_item(text: str, start: int, floor: int) -> bool:
     at = text.rfind(lead, max(floor, start - _INTRO - len(lead)), start) if lead else -1
     if at < 0:
         return False
-    last = None
-    for last in _corrections(text, at, at + len(lead)):  # noqa: B007 - the last
-        pass
+    found = deque(_corrections(text, at, at + len(lead)), maxlen=1)  # the last only
+    last = found[0] if found else None
     label = _ASIDE.sub(" ", text[at if last is None else last.end():at + len(lead)])
     return _ANOTHER_ITEM.search(label) is not None
 

@@ -112,7 +112,7 @@ class ExperimentStore:
             now = tx.now
             p = self.registry.prompt_row(tx, name, lock=True)
             pid, live = int(p["id"]), p["live_version"]
-            self.registry._version(tx, name, pid, candidate)
+            self.registry.version_row(tx, name, pid, candidate)
             if live is None:
                 raise StateConflict(f"prompt '{name}' has no live version to compare with")
             if candidate == live:

@@ -199,8 +199,8 @@ class GateStore(RunSteps):
             if not bound:
                 raise StateConflict(f"no dataset is bound to '{name}'; bind one first with "
                                     f"`lockgate bind {name} DATASET --threshold ...`")
-            cand = self.registry._version(tx, name, pid, version)
-            base = (self.registry._version(tx, name, pid, int(p["live_version"]))
+            cand = self.registry.version_row(tx, name, pid, version)
+            base = (self.registry.version_row(tx, name, pid, int(p["live_version"]))
                     if p["live_version"] is not None else None)
             snapshot = {
                 "prompt": name,

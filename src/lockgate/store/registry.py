@@ -267,7 +267,7 @@ class RegistryStore:
                                           note=note, now=now)
             self.audit(tx, int(pid), "create", None, version, generation=1, actor=author,
                        reason=note, now=now)
-            return self._version(tx, name, int(pid), version)
+            return self.version_row(tx, name, int(pid), version)
 
         return self.store.transaction(work)
 
@@ -322,7 +322,9 @@ class RegistryStore:
             to_version=to_version, label=label, update_id=update_id, generation=generation,
             actor=schema.audit_name(actor), reason=reason, created_at=now))
 
-    def _version(self, tx: Tx, name: str, prompt_id: int, version: int) -> VersionRow:
+    def version_row(self, tx: Tx, name: str, prompt_id: int, version: int) -> VersionRow:
+        """Version ``version`` of prompt ``name`` (id ``prompt_id``); NotFound naming
+        the command that lists them when there is none."""
         return _version_row(name, tx.one(
             _VERSION, {"p": prompt_id, "v": version},
             missing=NotFound(f"prompt '{name}' has no version {version}; "
@@ -345,7 +347,7 @@ class RegistryStore:
         """One version of a prompt."""
         with self.store.read() as tx:
             row = self.prompt_row(tx, name)
-            return self._version(tx, name, int(row["id"]), version)
+            return self.version_row(tx, name, int(row["id"]), version)
 
     def version_by_tag(self, name: str, tag: str) -> VersionRow:
         """The version a tag names."""
@@ -393,7 +395,7 @@ class RegistryStore:
             now = tx.now
             p = self.prompt_row(tx, name, lock=True)
             pid = int(p["id"])
-            self._version(tx, name, pid, version)
+            self.version_row(tx, name, pid, version)
             tagged = tx.execute(_VERSION_TAGGED, {"p": pid, "t": label}).scalar()
             if tagged is not None:
                 # A selector reads a label first: version ``tagged`` could no longer be
