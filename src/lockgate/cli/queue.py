@@ -75,7 +75,7 @@ SkipOpt = Annotated[bool, typer.Option(
 RejectsOpt = Annotated[Path | None, typer.Option(
     "--rejects", metavar="FILE",
     help="where the bad lines are written, opened only when a line is bad "
-         "[FILE.rejects.jsonl with --skip-invalid; a pipe needs --rejects]")]
+         "[NAME.rejects.jsonl beside NAME.jsonl with --skip-invalid; a pipe needs --rejects]")]
 ConcOpt = Annotated[int | None, typer.Option(
     "--concurrency", metavar="N", help="calls in flight per worker process [512]")]
 ClaimOpt = Annotated[int | None, typer.Option("--claim-batch", metavar="N",
@@ -215,7 +215,7 @@ def _system_named(file: Path) -> bool:
 
 def _rejects_path(file: Path, skip_invalid: bool, rejects: Path | None) -> Path | None:
     """Where the rejected lines go: ``--rejects``, else with ``--skip-invalid`` the file
-    beside the task file (``FILE.rejects.jsonl``). A pipe or a device has no such place
+    beside the task file (``NAME.rejects.jsonl`` for ``NAME.jsonl``). A pipe or a device has no such place
     (``/dev/fd/63.rejects.jsonl``): it needs ``--rejects``."""
     if rejects is not None or not skip_invalid:
         return rejects
@@ -225,7 +225,7 @@ def _rejects_path(file: Path, skip_invalid: bool, rejects: Path | None) -> Path 
     if not regular or _system_named(file):
         raise LockgateError(f"--skip-invalid on {file} (a pipe or a device) needs --rejects "
                             "FILE: where to write the rejected lines (there is no folder "
-                            "of its own to put FILE.rejects.jsonl in)")
+                            "of its own to put NAME.rejects.jsonl in)")
     return file.with_suffix(".rejects.jsonl")
 
 
