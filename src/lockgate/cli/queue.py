@@ -215,8 +215,8 @@ def _system_named(file: Path) -> bool:
 
 def _rejects_path(file: Path, skip_invalid: bool, rejects: Path | None) -> Path | None:
     """Where the rejected lines go: ``--rejects``, else with ``--skip-invalid`` the file
-    beside the task file (``NAME.rejects.jsonl`` for ``NAME.jsonl``). A pipe or a device has no such place
-    (``/dev/fd/63.rejects.jsonl``): it needs ``--rejects``."""
+    beside the task file (``NAME.rejects.jsonl`` for ``NAME.jsonl``). A pipe or a device
+    has no such place (``/dev/fd/63.rejects.jsonl``): it needs ``--rejects``."""
     if rejects is not None or not skip_invalid:
         return rejects
     regular = True
