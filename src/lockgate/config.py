@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import functools
 import json
 import os
 import re
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -44,6 +46,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -127,8 +130,60 @@ def _env_name(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+def _number_type(annotation: Any) -> bool:
+    """Whether a field's type takes only numbers (``int``, ``float``, optional or not;
+    ``bool`` is none). A duration (``Seconds``) is left out: :func:`duration_field`
+    refuses ``true`` and ``false`` in its own words."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        inner, *metadata = typing.get_args(annotation)
+        return (not any(getattr(m, "func", None) is duration_field for m in metadata)
+                and _number_type(inner))
+    if origin is typing.Union or origin is types.UnionType:
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(kinds) and all(_number_type(a) for a in kinds)
+    return annotation is int or annotation is float
+
+
+@functools.cache
+def _number_fields(model: type[BaseModel]) -> dict[str, str]:
+    """The numeric settings of ``model`` (not durations), each with an example value
+    for the message refusing a boolean: its default, else 600 within its bounds."""
+    found: dict[str, str] = {}
+    for name, fld in model.model_fields.items():
+        if (not _number_type(fld.annotation)
+                or any(getattr(m, "func", None) is duration_field for m in fld.metadata)):
+            continue
+        example: float = 600
+        if isinstance(fld.default, int | float) and not isinstance(fld.default, bool):
+            example = fld.default
+        else:
+            for m in fld.metadata:
+                for key, pick in (("le", min), ("lt", min), ("ge", max), ("gt", max)):
+                    bound = getattr(m, key, None)
+                    if isinstance(bound, int | float):
+                        example = pick(example, bound)
+        found[name] = repr(example) if isinstance(example, int) else f"{example:g}"
+    return found
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true``/``false`` for a numeric setting: pydantic's lax mode takes
+        them for 1 and 0 (``rpm = true`` would be one request a minute). Lax mode stays
+        for the rest: ``rpm = "600"`` and an int for a float are still taken."""
+        if isinstance(value, bool) and info.field_name is not None:
+            example = _number_fields(cls).get(info.field_name)
+            if example is not None:
+                raise PydanticCustomError(
+                    "not_a_number", "{value} is not a number: write a number ({example})",
+                    {"value": str(value).lower(),
+                     "example": f"{info.field_name} = {example}"})
+        return value
 
 
 class Endpoint(_Strict):
@@ -535,7 +590,12 @@ class Settings(_Strict):
     def _check_fallbacks(self) -> Settings:
         names = {e.name: e for e in self.endpoint}
         if len(names) != len(self.endpoint):
-            raise ValueError("two endpoints have the same name")
+            order = [e.name for e in self.endpoint]
+            twice = next(n for i, n in enumerate(order) if n in order[:i])
+            places = [f"the {_ordinal(i + 1)}" for i, n in enumerate(order) if n == twice]
+            listed = f"{', '.join(places[:-1])} and {places[-1]}"
+            raise ValueError(f"{listed} [[endpoint]] are {'both' if len(places) == 2 else 'all'}"
+                             f" named '{twice}': give each endpoint its own name")
         known = {e.name for e in self.endpoints()}
         if self.default_endpoint is not None and self.default_endpoint not in known:
             raise ValueError(f"default_endpoint '{self.default_endpoint}' is not a defined "
