@@ -33,7 +33,7 @@ from lockgate.cli._common import (
     table,
     when,
 )
-from lockgate.errors import LockgateError, StateConflict
+from lockgate.errors import ConfigError, LockgateError, NotFound, StateConflict
 from lockgate.gate.binding import parse_comparison
 from lockgate.registry.content import read_json_option, read_template
 from lockgate.registry.experiments import (
@@ -83,17 +83,32 @@ def prompt_create(name: str,
                   description: Annotated[str | None, typer.Option()] = None,
                   db: DbOpt = None, config: ConfigOpt = None) -> None:
     """Create a prompt; its version 1 is live at once."""
+    template = read_template(file)
     mc = read_json_option(model_config, "--model-config")
     if mc is None:
+        _refuse_existing(name, db, config)
         raise LockgateError("--model-config is required for a new prompt, e.g. "
                             '\'{"name": "gpt-4o-mini", "temperature": 0.2}\'')
     with opened(db, config, create=True) as lg:
-        v = lg.prompts.create(name, read_template(file), model_config=mc,
+        v = lg.prompts.create(name, template, model_config=mc,
                               delivery_rule=read_json_option(delivery_rule,
                                                              "--delivery-rule"),
                               tag=tag, author=actor, note=reason, description=description)
     console.print(f"prompt {name}: version {v.version} is live "
                   f"(content {v.content_hash[:12]})", markup=False)
+
+
+def _refuse_existing(name: str, db: str | None, config: Path | None) -> None:
+    """``create`` without --model-config of a prompt that exists: say that it exists
+    (its next version is proposed), not that a new prompt needs a model config. A
+    database that does not exist yet is not made for it."""
+    try:
+        with opened(db, config) as lg:
+            lg.prompts.registry.prompt(name)
+    except (ConfigError, NotFound):
+        return
+    raise StateConflict(f"prompt '{name}' already exists; change it with `lockgate prompt "
+                        "propose`")
 
 
 @command(prompt_app, "propose")
@@ -262,18 +277,40 @@ def _figure(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+#: The figures of an arm, as the columns (or, in a narrow terminal, the rows) name them.
+ARM_FIGURES = ("version", "tasks", "completeness", "conformance", "cost/task", "tokens/task",
+               "errors", "p95 ms")
+
+
+def _arm_cells(f: dict[str, Any]) -> list[str]:
+    return [f["version"], f"{f['tasks']:,}", _figure(f["completeness"]),
+            _figure(f["conformance"]), _figure(f["cost_per_task"], ".6g"),
+            _figure(f["tokens_per_task"], ".1f"), _figure(f["error_share"]),
+            _figure(f["latency_p95_ms"], ".0f")]
+
+
 def _arms_table(e: dict[str, Any]) -> Table:
-    d = e["decision"]
-    t = table(f"experiment {e['id']} of {e['prompt']}",
-              ("arm", "version", "tasks", "completeness", "conformance", "cost/task",
-               "tokens/task", "errors", "p95 ms"),
-              right=("tasks", "completeness", "conformance", "cost/task", "tokens/task",
-                     "errors", "p95 ms"))
-    for arm, f in d["arms"].items():
-        t.add_row(arm, f["version"], f"{f['tasks']:,}", _figure(f["completeness"]),
-                  _figure(f["conformance"]), _figure(f["cost_per_task"], ".6g"),
-                  _figure(f["tokens_per_task"], ".1f"), _figure(f["error_share"]),
-                  _figure(f["latency_p95_ms"], ".0f"))
+    """Both arms' figures, the control first (a stored decision may list the candidate
+    first). One row per arm where the nine columns fit; in a narrower terminal one row
+    per figure and one column per arm, as the numeric columns never wrap and would
+    squeeze the arm and version columns to nothing."""
+    arms = sorted(e["decision"]["arms"].items(), key=lambda kv: kv[0] != "control")
+    cells = [[arm, *_arm_cells(f)] for arm, f in arms]
+    title = f"experiment {e['id']} of {e['prompt']}"
+    columns = ("arm", *ARM_FIGURES)
+    needed = sum(max(len(c), *(len(row[i]) for row in cells))
+                 for i, c in enumerate(columns)) + 3 * len(columns) + 1
+    if needed <= out.width:
+        t = table(title, columns, right=ARM_FIGURES[1:])
+        for row in cells:
+            t.add_row(*row)
+        return t
+    t = Table(title=title)
+    t.add_column("figure", no_wrap=True)
+    for arm, _f in arms:
+        t.add_column(arm, justify="right", overflow="fold")
+    for i, figure in enumerate(ARM_FIGURES, start=1):
+        t.add_row(figure, *(row[i] for row in cells))
     return t
 
 
@@ -333,8 +370,11 @@ def experiment_stop(name: str, actor: ActorOpt = None, reason: ReasonOpt = None,
     """End the running A/B test without a decision; the live version stays."""
     with opened_for_change(db) as lg:
         e = lg.prompts.stop_experiment(name, actor=actor, reason=reason)
-    console.print(f"{name}: experiment {e['id']} STOPPED; live stays "
-                  f"v{e['control_version']}", markup=False)
+        live = lg.prompts.registry.prompt(name)["live_version"]
+    moved = ("" if live == e["control_version"] else
+             f" (the control, v{e['control_version']}, is no longer live)")
+    console.print(f"{name}: experiment {e['id']} STOPPED; live stays v{live}{moved}",
+                  markup=False)
 
 
 @command(experiment_app, "list")
