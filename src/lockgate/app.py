@@ -189,22 +189,20 @@ class _WrittenIds:
             yield from orjson.loads(line)
 
 
-def _into(rows: Iterable[NewTask], batch_id: str | None,
-          moved: list[int]) -> Iterator[NewTask]:
-    """``rows``, all into ``batch_id`` when the caller named one (it wins over a line's
-    own ``batch_id``; ``moved[0]`` counts the lines that named another), else as they
-    are."""
-    if batch_id is None:
-        yield from rows
-        return
+def _into(rows: Iterable[NewTask], batch_id: str, named: bool) -> Iterator[NewTask]:
+    """``rows`` as the store counts the tasks a named batch takes from another
+    (``SubmitReport.moved``): a row naming ``batch_id`` itself is one whose line named
+    another batch while the caller ``named`` ``batch_id`` (it wins over a line's own).
+    So a line that names ``batch_id`` (named or not) is written with no batch of its
+    own, as a line naming none, and, without ``named``, the others keep theirs."""
     for row in rows:
-        if row.batch_id is not None:
-            if row.batch_id != batch_id:
-                moved[0] += 1
-            # (built directly: NamedTuple._replace costs three times as much a row)
-            row = NewTask(row.task_id, None, row.config, row.input_json,
-                          row.metadata_json, row.priority, row.pool)
-        yield row
+        b = row.batch_id
+        if b is None or (b != batch_id and not named):
+            yield row
+            continue
+        # (built directly: NamedTuple._replace costs three times as much a row)
+        yield NewTask(row.task_id, batch_id if b != batch_id else None, row.config,
+                      row.input_json, row.metadata_json, row.priority, row.pool)
 
 
 class Lockgate:
@@ -272,11 +270,11 @@ class Lockgate:
             row = intake.task(t, i)
             ids.check(row, i)  # the same id with another task: refused, naming both
             rows.append(row)
-        moved = [0]
+        bid = batch_id or "default"
         report = self.store.submit_rows(
-            _into(rows, batch_id, moved), batch_id=batch_id or "default",
+            _into(rows, bid, batch_id is not None), batch_id=bid,
             batch_fields=plan.fields() if plan else None)
-        return self._settled(report, plan, moved[0])
+        return self._settled(report, plan)
 
     def _checks(self) -> Checks:
         """A submit's checks; each distinct registry reference is looked up once."""
@@ -318,15 +316,14 @@ class Lockgate:
     def _pool_of(self, spec: TaskSpec) -> str:
         return self.settings.pool_of(spec.model)
 
-    def _settled(self, report: SubmitReport, plan: BatchPlan | None,
-                 moved: int) -> SubmitReport:
+    def _settled(self, report: SubmitReport, plan: BatchPlan | None) -> SubmitReport:
         """The report naming the batches written (the submit's own batch is dropped when
         every line named another), with the plan set on each of them: a window without
         a target throughput gets the batch's tasks / length."""
         written = report.batches
         if len(written) > 1:  # the lines named batches: keep those that hold tasks
             written = tuple(b for b in written if sum(self.store.batch_counts(b).values()))
-        report = dataclasses.replace(report, batches=written, moved=moved)
+        report = dataclasses.replace(report, batches=written)
         if plan is None:
             return report
         flow = FlowStore(self.store)
@@ -384,17 +381,14 @@ class Lockgate:
                     "--stream (stream=True), which reads it once")
             else:
                 rows = valid_tasks(p, format, skip, intake)
-            moved = [0]
             return self._settled(self.store.submit_rows(
-                _into(rows, batch_id, moved), batch_id=bid, source=str(p),
-                progress=progress, batch_fields=plan.fields() if plan else None),
-                plan, moved[0])
+                _into(rows, bid, batch_id is not None), batch_id=bid, source=str(p),
+                progress=progress, batch_fields=plan.fields() if plan else None), plan)
 
     def _submit_streamed(self, p: Path, format: Format, intake: Intake, bid: str,
                          skip_invalid: bool, rejects: str | Path | None,
                          progress: Callable[[int], None] | None, plan: BatchPlan | None,
                          on_bad_line: Literal["keep", "cancel"], named: bool) -> SubmitReport:
-        moved = [0]
         with contextlib.ExitStack() as stack, \
                 _rejects_file(rejects, p, self._sqlite_file()) as sink, \
                 _WrittenIds() as written:
@@ -403,7 +397,7 @@ class Lockgate:
             reader = read_tasks(p, format, intake, reading, reject_sink=sink,
                                 on_bad="skip" if skip_invalid else "stop")
             stack.enter_context(contextlib.closing(reader))
-            rows = _into(reader, bid if named else None, moved)
+            rows = _into(reader, bid, named)
             if named:
                 reading.batches = {None}  # every line goes to the named batch
             try:
@@ -416,7 +410,7 @@ class Lockgate:
                     raise
                 raise SpecError(f"{exc}; the submit stopped there: " + self._stopped(
                     reading, bid, written if on_bad_line == "cancel" else None)) from None
-        return self._settled(report, plan, moved[0])
+        return self._settled(report, plan)
 
     def _stopped(self, reading: Reading, batch_id: str,
                  written: _WrittenIds | None) -> str:

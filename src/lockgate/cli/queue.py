@@ -182,7 +182,7 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
         where = ", ".join(f"{n:,} in batch '{b}'" for b, n in sorted(report.elsewhere.items()))
         console.print(f"{sum(report.elsewhere.values()):,} task id(s) already belong to "
                       f"another batch ({where}); they were not moved"
-                      + ("" if _kept(report) else
+                      + ("" if _kept(report, lg) else
                          f", and batch '{report.batch_id}' was not created"), markup=False)
     after = _stamp(rejects)
     if rejects is not None and after is not None and after != before and after[2]:
@@ -190,10 +190,15 @@ def _submit(lg: Lockgate, file: Path, fmt: str, batch: str | None, skip_invalid:
     return report
 
 
-def _kept(report: SubmitReport) -> bool:
-    """Whether the submit's batch holds tasks: not when every task id it gave belonged
-    to another batch already (a batch left without tasks is not kept)."""
-    return bool(report.inserted) or report.duplicates > sum(report.elsewhere.values())
+def _kept(report: SubmitReport, lg: Lockgate | None = None) -> bool:
+    """Whether the submit's batch is there after it. It is when the submit wrote tasks
+    to it or met some of the file's there; when every task id it gave belonged to
+    another batch already, only if it existed before (or another submit of it is
+    unfinished): a batch left without tasks is not kept. That is asked of the database
+    with ``lg``, without it answered no."""
+    if report.inserted or report.duplicates > sum(report.elsewhere.values()):
+        return True
+    return lg is not None and lg.store.batch_exists(report.batch_id)
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:

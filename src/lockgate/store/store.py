@@ -193,8 +193,11 @@ class SubmitReport:
     #: The batches the submitted tasks were written to: this one, then those the tasks
     #: named themselves (``batch_id`` on a line), in the order met (at most 64).
     batches: tuple[str, ...] = ()
-    #: Tasks whose line named another batch, written to this one because the submit
-    #: named it (``--batch``): a batch named by the caller wins over the lines'.
+    #: Tasks whose line named another batch, written now to this one because the submit
+    #: named it (``--batch``): a batch named by the caller wins over the lines'. A task
+    #: id that was in already (in any batch) is skipped, not moved. (The store counts
+    #: the rows written now that name this batch themselves: ``lockgate.app`` gives
+    #: those so, a line naming this batch unasked as one naming none.)
     moved: int = 0
 
 
@@ -460,30 +463,34 @@ class Store(TaskViews):
                       ) -> SubmitReport:
         """Write ``rows`` in chunks, each committed in its own transaction, one chunk
         written in a thread while the next is read. ``seen_batches`` (ordered: this
-        batch, then those tasks name) gains the batches the lines name."""
+        batch, then those tasks name) gains the batches the lines name. The rows that
+        name ``batch_id`` itself are counted as moved (``SubmitReport.moved``) when
+        written now: a chunk holding one reads which of its ids are new before its
+        insert; a chunk without one reads nothing more for it."""
         window_start = int(fields.get("window_start") or 0)
         told = written_ids or _untold
         check = written_ids is not None
         seen_configs: set[str] = set()
-        inserted = total = 0
+        inserted = total = moved = 0
         elsewhere: dict[str, int] = {}
         chunk: list[NewTask] = []
         configs: list[ConfigRow] = []
         batches: list[str] = []
-        size = 0
+        size = taken = 0  # taken: rows of the chunk naming this batch (moved if new)
         limit = SUBMIT_FIRST_CHUNK_ROWS
-        writing: Future[tuple[int, dict[str, int]]] | None = None
+        writing: Future[tuple[int, dict[str, int], int]] | None = None
         written = 0
 
         def collect() -> None:
             """Wait for the chunk being written, and count it."""
-            nonlocal inserted, total, writing
+            nonlocal inserted, total, moved, writing
             if writing is None:
                 return
-            got, other = writing.result()
+            got, other, took = writing.result()
             writing = None
             inserted += got
             total += written
+            moved += took
             for b, n in other.items():
                 elsewhere[b] = elsewhere.get(b, 0) + n
             if progress:
@@ -491,23 +498,23 @@ class Store(TaskViews):
 
         stats = _StatisticsKeeper(self)
 
-        def write(args: tuple[list[NewTask], list[ConfigRow], list[str]]
-                  ) -> tuple[int, dict[str, int]]:
+        def write(args: tuple[list[NewTask], list[ConfigRow], list[str]], taking: int
+                  ) -> tuple[int, dict[str, int], int]:
             ids = [t.task_id for t in args[0]]
             # (the ids that exist already are read first: they are not this submit's)
             mine, got, at = self.transaction(lambda tx: (
-                _new_ids(tx, ids, check), self._insert_chunk(
+                _new_ids(tx, ids, check or taking > 0), self._insert_chunk(
                     tx, *args, source, window_start, batch_id, key), tx.now))
             stats.grew(got[0])
             told(mine, at)
-            return got
+            return got[0], got[1], _moved(args[0], mine, batch_id, got[0]) if taking else 0
 
         def flush() -> None:
-            nonlocal chunk, configs, batches, size, limit, writing, written
+            nonlocal chunk, configs, batches, size, taken, limit, writing, written
             collect()
-            writing = writer.submit(write, (chunk, configs, batches))
+            writing = writer.submit(write, (chunk, configs, batches), taken)
             written = len(chunk)
-            chunk, configs, batches, size = [], [], [], 0
+            chunk, configs, batches, size, taken = [], [], [], 0, 0
             limit = self.dialect.submit_chunk_rows
 
         # One chunk is written (in a thread: the database works, and the driver waits
@@ -522,6 +529,7 @@ class Store(TaskViews):
                     if t.batch_id and t.batch_id not in seen_batches:
                         seen_batches[t.batch_id] = None
                         batches.append(t.batch_id)
+                    taken += t.batch_id == batch_id
                     chunk.append(t)
                     size += len(t.input_json) + len(t.metadata_json or "") + 200
                     if size >= SUBMIT_CHUNK_BYTES or len(chunk) >= limit:
@@ -536,7 +544,7 @@ class Store(TaskViews):
             finally:
                 collect()  # interrupted too: the chunk handed over is committed whole
         return SubmitReport(batch_id, inserted, total - inserted, elsewhere,
-                            tuple(itertools.islice(seen_batches, _NAMED_BATCHES)))
+                            tuple(itertools.islice(seen_batches, _NAMED_BATCHES)), moved)
 
     def _open_batch(self, tx: Tx, batch_id: str, source: str | None,
                     fields: dict[str, Any], key: str) -> None:
@@ -847,6 +855,16 @@ def _new_ids(tx: Tx, ids: list[str], check: bool) -> list[str]:
     there = {str(r[0]) for i in range(0, len(ids), 1000)
              for r in tx.execute(_TASK_BATCHES, {"ids": ids[i:i + 1000]})}
     return [i for i in ids if i not in there]
+
+
+def _moved(rows: list[NewTask], new_ids: list[str], batch_id: str, inserted: int) -> int:
+    """How many of a chunk's ``rows`` naming ``batch_id`` itself were written now: those
+    whose id is in ``new_ids`` (an id met twice is written as first met), at most the
+    chunk's ``inserted`` (another submit may have written one of them since)."""
+    first: dict[str, bool] = {}
+    for t in rows:
+        first.setdefault(t.task_id, t.batch_id == batch_id)
+    return min(sum(first[i] for i in set(new_ids)), inserted)
 
 
 def new_task(spec: TaskSpec, pool: str = "default") -> NewTask:
