@@ -12,6 +12,7 @@ Pauses are published to the shared row with the next lease.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -34,16 +35,36 @@ ENDPOINT_FAILURES = frozenset({ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT,
                                ErrorClass.CONNECTION_ERROR})
 
 
+#: What a 403 says when it refuses the key itself, not one model, a resource or a
+#: region: OpenAI's ``invalid_api_key`` "Incorrect API key provided", Google's
+#: ``API_KEY_INVALID`` and PERMISSION_DENIED "Your API key was reported as leaked", a
+#: key revoked, expired, disabled. Sought in the error's message and in its body (the
+#: code, the status, the ``details`` reasons). Words about the key with a model in
+#: between ("API key ... model X is invalid") or a permission it lacks ("Your API key
+#: does not have permission to use the specified resource") are not one.
+_KEY_403 = re.compile(
+    r"(?i)invalid.?api.?key|api.?key.?(?:invalid|expired|service.?blocked)"
+    r"|\b(?:invalid|incorrect|expired|revoked|leaked|disabled|deactivated|suspended"
+    r"|deleted|compromised) (?:x-)?api[ _-]?key\b"
+    r"|\bapi[ _-]?key\b(?:(?!\bmodels?\b|\bbut\b)[^.;]){0,40}?\b(?:not valid|invalid"
+    r"|incorrect|expired|revoked|leaked|disabled|deactivated|suspended|blocked|deleted"
+    r"|compromised)\b")
+
+
 def key_refused(out: CallOutcome | None) -> bool:
     """Whether the endpoint refused the key (an auth error: a 401, a key refused in
     another 4xx such as Gemini's 400 ``API_KEY_INVALID``, or no status): every call to
-    it meets that until the key is fixed. A 403 is not counted: some providers give it
-    for one model not enabled, and the endpoint serves others. An error object inside
-    a 200 answer counts by the status its code names (``"code": 401`` is a refused
-    key, ``"code": 403`` is not), as that status would have."""
+    it meets that until the key is fixed. A 403 counts only when it says the key itself
+    is refused (:data:`_KEY_403`: invalid, leaked, revoked, expired): some providers
+    give a 403 for one model not enabled, or a region, and the endpoint serves others.
+    An error object inside a 200 answer counts by the status its code names
+    (``"code": 401`` is a refused key, ``"code": 403`` only in those words), as that
+    status would have."""
     err = out.error if out is not None else None
-    return err is not None and err.error_class is ErrorClass.AUTH_ERROR \
-        and err.status != 403
+    if err is None or err.error_class is not ErrorClass.AUTH_ERROR:
+        return False
+    return err.status != 403 or bool(_KEY_403.search(err.message)) \
+        or (err.body is not None and bool(_KEY_403.search(err.body)))
 
 
 def endpoint_failure(out: CallOutcome) -> bool:

@@ -9,6 +9,7 @@ cannot be met at the endpoints' limits, or is projected to end late.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -134,7 +135,10 @@ def report(store: Store, settings: Settings,
 def trouble(workers: Iterable[Mapping[str, Any]]) -> list[str]:
     """The endpoints in trouble as the live workers report them, one phrase each (the
     progress line of ``lockgate run``): a breaker open or probing, a run of failures of
-    ``TROUBLE_AFTER_S`` or more, a pause of as long."""
+    ``TROUBLE_AFTER_S`` or more, a pause of as long. A pause in force is named with the
+    breaker or the failures it comes with, with its time left (rounded up): it holds
+    every call, so "next try in 0 s" (the breaker's wait over) would say calls go when
+    none does; the breaker's next try is said only when it comes after the pause."""
     seen: dict[str, list[Mapping[str, Any]]] = {}
     for w in workers:
         for name, d in (w.get("endpoints") or {}).items():
@@ -151,16 +155,21 @@ def trouble(workers: Iterable[Mapping[str, Any]]) -> list[str]:
                     default=None)
         paused = max((d.get("paused_ms") or 0 for d in ds), default=0) / 1000
         since = f" for {failing:.0f} s" if failing is not None else ""
-        if breaker == "open":
-            nxt = f", next try in {retry:.0f} s" if retry is not None else ""
-            out.append(f"endpoint {name} down{since}{why}{nxt}")
-        elif breaker == "half_open":
-            out.append(f"endpoint {name} down{since}{why}, trying it again")
-        elif failing is not None and failing >= TROUBLE_AFTER_S:
-            out.append(f"endpoint {name} failing{since}{why}")
-        elif paused >= TROUBLE_AFTER_S:
+        pause = ""
+        if paused > 0:
             reason = next((d["pause_reason"] for d in ds if d.get("pause_reason")), "paused")
-            out.append(f"endpoint {name} paused ({reason}) for {paused:.0f} s more")
+            pause = f"paused ({reason}) for {math.ceil(paused)} s more"
+        if breaker == "open":
+            parts = [pause] if pause else []
+            if retry is not None and (not pause or retry > paused):
+                parts.append(f"next try in {retry:.0f} s")
+            out.append(", ".join([f"endpoint {name} down{since}{why}", *parts]))
+        elif breaker == "half_open":
+            out.append(f"endpoint {name} down{since}{why}, {pause or 'trying it again'}")
+        elif failing is not None and failing >= TROUBLE_AFTER_S:
+            out.append(f"endpoint {name} failing{since}{why}" + (f", {pause}" if pause else ""))
+        elif paused >= TROUBLE_AFTER_S:
+            out.append(f"endpoint {name} {pause}")
     return out
 
 

@@ -376,16 +376,20 @@ def is_quota(code: str, etype: str, message: str) -> bool:
 
 
 #: Codes, types and messages of a prompt longer than the model's context, in the
-#: words of OpenAI, vLLM, Anthropic, llama.cpp, TGI, Gemini, Mistral, DashScope... A
-#: parameter out of range ("max_tokens must be <= 4096") is not one.
+#: words of OpenAI, vLLM, Anthropic, llama.cpp, TGI, Gemini, Mistral, DashScope,
+#: Bedrock... (Anthropic's "input length and `max_tokens` exceed context limit", vLLM
+#: V1's "is longer than the maximum model length of 4096", "is too long to fit into the
+#: model"). A parameter out of range ("max_tokens must be <= 4096", "max_tokens is too
+#: large: ... This model supports at most 4096 completion tokens") is not one.
 _CONTEXT_WORDS = re.compile(
     r"(?i)context.?length.?exceeded|exceeds?.?(?:the )?(?:available |model'?s? )?context"
-    r".?(?:size|window|length)|context.?window.?exceeded|maximum context length"
+    r".?(?:size|window|length|limit)|context.?window.?exceeded|maximum context length"
     r"|prompt is too long|input token count.{0,40}exceeds"
     r"|inputs?`? tokens.{0,60}must be <=|range of input length"
-    r"|too (?:long|large) for (?:the |this )?model"
+    r"|too (?:long|large) for (?:the |this |requested )?model"
+    r"|too (?:long|large) to fit (?:in|into|within) (?:the |this )?(?:model|context)\b"
     r"|(?:longer|larger|more) than (?:the |this )?(?:model'?s? )?(?:maximum |max )?"
-    r"context(?:.?(?:length|window|size|limit))?\b")
+    r"(?:context(?:.?(?:length|window|size|limit))?|model.?len(?:gth)?)\b")
 
 
 def is_context_length(code: str, etype: str, message: str) -> bool:
