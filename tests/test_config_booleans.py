@@ -206,3 +206,13 @@ def test_a_duplicate_endpoint_name_is_named_with_its_tables(tmp_path: Path) -> N
     assert refused(tmp_path, toml).endswith(
         ": the 2nd, the 3rd and the 4th [[endpoint]] are all named 'y': give each "
         "endpoint its own name")
+
+
+def test_a_duplicate_webhook_name_is_named_with_its_tables(tmp_path: Path) -> None:
+    """It said only "two webhooks have the same name" (a webhook is named by its host
+    when it has no name of its own)."""
+    toml = "".join(f'[[quality.webhook]]\nurl = "https://{h}/x"\n'
+                   for h in ("a.example", "b.example", "a.example"))
+    assert refused(tmp_path, toml).endswith(
+        ": the 1st and the 3rd [[quality.webhook]] are both named 'a.example': give each "
+        "a distinct name")

@@ -167,6 +167,18 @@ def _number_fields(model: type[BaseModel]) -> dict[str, str]:
     return found
 
 
+def _same_name(names: list[str], table: str) -> str | None:
+    """The first name given to two tables or more of ``names`` (an array of ``table``),
+    with their places ("the 1st and the 3rd [[endpoint]] are both named 'a'"), or None
+    when every name is its own."""
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is None:
+        return None
+    places = [f"the {_ordinal(i + 1)}" for i, n in enumerate(names) if n == twice]
+    return (f"{', '.join(places[:-1])} and {places[-1]} {table} are "
+            f"{'both' if len(places) == 2 else 'all'} named '{twice}'")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -536,9 +548,9 @@ class QualitySettings(_Strict):
 
     @model_validator(mode="after")
     def _check_webhooks(self) -> QualitySettings:
-        names = [w.target for w in self.webhook]
-        if len(set(names)) != len(names):
-            raise ValueError("two webhooks have the same name: give each a distinct name")
+        problem = _same_name([w.target for w in self.webhook], "[[quality.webhook]]")
+        if problem is not None:
+            raise ValueError(f"{problem}: give each a distinct name")
         if self.evaluator_lease_s <= self.evaluate_every:
             raise ValueError(f"evaluator_lease_s ({self.evaluator_lease_s:g} s) must be "
                              f"longer than evaluate_every ({self.evaluate_every:g} s)")
@@ -590,12 +602,8 @@ class Settings(_Strict):
     def _check_fallbacks(self) -> Settings:
         names = {e.name: e for e in self.endpoint}
         if len(names) != len(self.endpoint):
-            order = [e.name for e in self.endpoint]
-            twice = next(n for i, n in enumerate(order) if n in order[:i])
-            places = [f"the {_ordinal(i + 1)}" for i, n in enumerate(order) if n == twice]
-            listed = f"{', '.join(places[:-1])} and {places[-1]}"
-            raise ValueError(f"{listed} [[endpoint]] are {'both' if len(places) == 2 else 'all'}"
-                             f" named '{twice}': give each endpoint its own name")
+            problem = _same_name([e.name for e in self.endpoint], "[[endpoint]]")
+            raise ValueError(f"{problem}: give each endpoint its own name")
         known = {e.name for e in self.endpoints()}
         if self.default_endpoint is not None and self.default_endpoint not in known:
             raise ValueError(f"default_endpoint '{self.default_endpoint}' is not a defined "

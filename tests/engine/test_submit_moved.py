@@ -86,6 +86,17 @@ def test_a_resubmit_into_an_existing_named_batch_says_nothing_moved(
     assert batch_sizes(db_url) == {"alpha": 1, "beta": 1, "mix": 1, "named": 3}
 
 
+def test_a_window_on_a_resubmit_into_an_existing_batch_is_said(
+        db_url: str, tmp_path: Path) -> None:
+    """The window's note was asked whether the batch is there after the database was
+    closed: silent although the window was set on the batch."""
+    mix = reviewers_scenario(db_url, tmp_path)
+    out = said(lockgate_cli("submit", mix, "--batch", "named", "--window", "22:00-06:00",
+                            "--db", db_url))
+    assert "was not created" not in out, out
+    assert "window " in out and "tasks start at its start" in out, out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_python_api_reports_no_move_on_a_resubmit(
         db_url: str, tmp_path: Path, mode: str) -> None:

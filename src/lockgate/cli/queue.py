@@ -303,11 +303,12 @@ def submit(file: Path, db: DbOpt = None, fmt: InputFormatOpt = "tasks",
                 past = plan.deadline_ms
         report = _submit(lg, file, fmt, batch, skip_invalid, rejects, plan, stream,
                          on_bad_line)
-    if plan is not None and plan.window is not None and _kept(report):
+        kept = plan is not None and _kept(report, lg)  # asked while the database is open
+    if plan is not None and plan.window is not None and kept:
         w = plan.window
         console.print(f"window {when(w.start_ms)} - {when(w.end_ms)}: tasks start at its "
                       "start and are paced to finish inside it", markup=False)
-    if past is not None and _kept(report):
+    if past is not None and kept:
         # (a year mistyped reads as the most urgent batch there is, without a word)
         console.print(f"note: the deadline {when(past)} has passed: the batch "
                       "is as urgent as a batch gets (max_urgency); was another date "
