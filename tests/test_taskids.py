@@ -24,8 +24,10 @@ def row(tid: str, text: str = "x", config: int = 0, batch: str | None = None,
 
 
 class Small(TaskIds):
-    """Freezes every 3 ids and caps runs at 12: every path taken by a few dozen ids."""
+    """Freezes at 5 ids, then every 3, and caps runs at 12: every path taken by a few
+    dozen ids."""
 
+    FIRST = 5
     CHUNK = 3
     RUN_CAP = 12
 
@@ -109,10 +111,11 @@ def test_any_line_numbers_are_kept_as_given(case: tuple[list[NewTask], list[int]
 
 
 def test_the_real_sizes_keep_every_id_once() -> None:
-    """Past a chunk (numpy's runs and filter in use): every id counted once, a repeat
-    of the first line found 50,000 lines later, the same task repeated passing."""
+    """Past the first freeze and three chunks (numpy's runs and filter in use): every
+    id counted once, a repeat of the first line found 180,000 lines later, the same
+    task repeated passing."""
     ids = TaskIds()
-    total = 3 * TaskIds.CHUNK + 17
+    total = TaskIds.FIRST + 3 * TaskIds.CHUNK + 17
     for n in range(1, total + 1):
         ids.check(row(f"t{n}"), n)
     assert len(ids) == total

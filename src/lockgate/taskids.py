@@ -6,10 +6,11 @@ batch, metadata or priority) is refused, naming both lines; a line repeated as i
 the same task and passes. To tell them apart the check keeps, for every id, the line it
 first came on and a 64-bit digest of its task.
 
-The most recent ids (:data:`TaskIds.CHUNK` of them) are kept in a dict keyed by the id
-itself. When it fills, its entries are frozen into sorted numpy arrays (a 64-bit and an
-independent 32-bit hash of the id, the digest and the line: 24 bytes an id, where the
-dict takes about 150) and the dict starts again. A Bloom filter over the frozen ids
+The most recent ids are kept in a dict keyed by the id itself (the first
+:data:`TaskIds.FIRST` ids, then :data:`TaskIds.CHUNK` at a time). When it fills, its
+entries are frozen into sorted numpy arrays (a 64-bit and an independent 32-bit hash of
+the id, the digest and the line: 24 bytes an id, where the dict takes about 150) and the
+dict starts again. A Bloom filter over the frozen ids
 (two probes in a table of 16 to 64 bits an id: at most about 1.4% false hits) answers
 "never seen" for almost every new id in pure Python; only its hits look in the arrays.
 Frozen runs are merged as a binary counter (sizes halve along the list) up to
@@ -19,7 +20,7 @@ many ids at once (about 40 MB for a moment).
 
 Two different frozen ids are taken for one only if both of their independent hashes
 agree (about 2^-96 a pair). numpy is loaded only once a submit passes
-:data:`TaskIds.CHUNK` ids: small submits never load it.
+:data:`TaskIds.FIRST` ids: a file of fewer (most files) never loads it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ class TaskIds:
     with the filter (a million-line file: about 28 MB) plus a bounded dict of the
     latest ids."""
 
-    #: Ids kept in the dict before they are frozen into arrays.
+    #: Ids kept in the dict before the first freeze into arrays (about 20 MB of dict
+    #: at most; numpy's import costs about 0.1 s and 15 MB).
+    FIRST = 1 << 17
+    #: Ids kept in the dict before each later freeze.
     CHUNK = 1 << 14
     #: The largest frozen run a merge makes.
     RUN_CAP = 1 << 20
@@ -74,6 +78,7 @@ class TaskIds:
         self._frozen = 0  # ids in the runs
         self._bits = bytearray()  # the Bloom filter over the runs' first hashes
         self._bitmask = 0  # its size in bits, less one (a power of two, less one)
+        self._limit = self.FIRST  # the dict's size at the next freeze
 
     def __len__(self) -> int:
         return len(self._recent) + self._frozen
@@ -105,7 +110,7 @@ class TaskIds:
                     return
         recent[tid] = digest
         self._first[tid] = line
-        if len(recent) >= self.CHUNK:
+        if len(recent) >= self._limit:
             self._freeze()
 
     def _lookup(self, tid: str, h: int) -> tuple[int, int] | None:
@@ -147,6 +152,7 @@ class TaskIds:
                              np.concatenate((a.digest, b.digest))[order],
                              np.concatenate((a.line, b.line))[order]))
         self._frozen += n
+        self._limit = self.CHUNK
         if self._frozen * _BITS_PER_ID > self._bitmask + 1:
             # Too full: a new filter with room for twice as many, from every run.
             size = 8
