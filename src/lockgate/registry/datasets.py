@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from lockgate.errors import SpecError, cannot
-from lockgate.files import big_int_field
+from lockgate.files import MAX_SHOWN, big_int_field, describe_rejects
 from lockgate.registry.content import not_utf8
 from lockgate.spec import MAX_INPUT_BYTES, canonical_json
 from lockgate.store.registry import DatasetItem
@@ -95,8 +95,9 @@ def item_from(obj: Any, line: int) -> DatasetItem:
                        ignored=ignored)
 
 
-def read_jsonl(path: Path) -> Iterator[DatasetItem]:
-    """Items of a JSONL file (a byte order mark at its start is skipped)."""
+def read_jsonl(path: Path) -> Iterator[DatasetItem | SpecError]:
+    """Items of a JSONL file (a byte order mark at its start is skipped), and in the
+    place of each bad line its error."""
     with path.open("rb") as fh:
         offset = 0  # of the line in the file, for a byte that is not UTF-8
         for n, raw in enumerate(fh, start=1):
@@ -106,19 +107,27 @@ def read_jsonl(path: Path) -> Iterator[DatasetItem]:
             if not raw.strip():
                 continue
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError as bad:
-                    raise not_utf8(path, raw, bad, base=start, line=n) from None
-                raise SpecError(f"not valid JSON ({exc})", line=n) from None
-            if isinstance(obj, dict):  # (anything else is refused by item_from)
-                where = big_int_field(raw)
-                if where is not None:
-                    raise SpecError(f"{_BIG_INT}: write it as a string",
-                                    field=where or None, line=n)
-            yield item_from(obj, n)
+                yield _jsonl_item(path, raw, n, start)
+            except SpecError as exc:
+                yield exc
+
+
+def _jsonl_item(path: Path, raw: bytes, n: int, start: int) -> DatasetItem:
+    """The item of line ``n`` (``start``: its offset in the file)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise not_utf8(path, raw, bad, base=start, line=n) from None
+        raise SpecError(f"not valid JSON ({exc})", line=n) from None
+    if isinstance(obj, dict):  # (anything else is refused by item_from)
+        where = big_int_field(raw)
+        if where is not None:
+            raise SpecError(f"{_BIG_INT}: write it as a string", field=where or None,
+                            line=n)
+    return item_from(obj, n)
 
 
 def _cell(value: str, column: str, line: int) -> Any:
@@ -138,8 +147,9 @@ def _cell(value: str, column: str, line: int) -> Any:
 
 
 def read_csv(path: Path, *, expected_column: str | None = None,
-             id_column: str = "id") -> Iterator[DatasetItem]:
-    """Items of a CSV file with a header row. A cell may hold up to
+             id_column: str = "id") -> Iterator[DatasetItem | SpecError]:
+    """Items of a CSV file with a header row, and in the place of each bad row its
+    error (a bad header, quote or encoding is raised at once). A cell may hold up to
     :data:`MAX_INPUT_BYTES` characters (an item's bound), not the csv module's 128 KiB."""
     with path.open(newline="", encoding="utf-8-sig") as fh, _field_limit(MAX_INPUT_BYTES):
         reader = csv.DictReader(fh, strict=True)  # strict: an unterminated quote is refused
@@ -187,7 +197,7 @@ def _field_limit(chars: int) -> Iterator[None]:
 
 
 def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | None,
-               id_column: str, read: list[int]) -> Iterator[DatasetItem]:
+               id_column: str, read: list[int]) -> Iterator[DatasetItem | SpecError]:
     header = list(reader.fieldnames or [])
     repeated = [(c, k) for c, k in Counter(header).items() if k > 1]
     if repeated:  # DictReader would keep the last of them and drop the others silently
@@ -218,25 +228,33 @@ def _csv_items(path: Path, reader: csv.DictReader[str], expected_column: str | N
     skip = {column, id_column, *fields}
     for row in reader:
         n, read[0] = read[0] + 1, reader.line_num
-        extra = row.get(None)  # the values past the header (DictReader's restkey)
-        if extra:
-            raise SpecError(f"{len(header) + len(extra)} fields, the header has "
-                            f"{len(header)}", line=n)
-        missing = [k for k, v in row.items() if v is None]
-        if missing:
-            raise SpecError(f"{len(header) - len(missing)} field(s), the header has "
-                            f"{len(header)} (no {', '.join(missing)})", line=n)
-        if column is not None:
-            expected: Any = _cell(row[column], column, n)
-        else:
-            expected = {f.split(".", 1)[1]: _cell(row[f], f, n) for f in fields}
-        inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
-        if not inputs:
-            raise SpecError("no input columns", line=n)
-        if row.get(id_column):
-            yield DatasetItem(_key(row[id_column], n), inputs, expected, n)
-        else:
-            yield DatasetItem(_default_id(inputs), inputs, expected, n, derived_key=True)
+        try:
+            yield _csv_item(row, n, header, column, fields, skip, id_column)
+        except SpecError as exc:
+            yield exc
+
+
+def _csv_item(row: dict[str | None, Any], n: int, header: list[str], column: str | None,
+              fields: list[str], skip: set[str | None], id_column: str) -> DatasetItem:
+    """The item of the row that starts on line ``n``."""
+    extra = row.get(None)  # the values past the header (DictReader's restkey)
+    if extra:
+        raise SpecError(f"{len(header) + len(extra)} fields, the header has "
+                        f"{len(header)}", line=n)
+    missing = [k for k, v in row.items() if v is None]
+    if missing:
+        raise SpecError(f"{len(header) - len(missing)} field(s), the header has "
+                        f"{len(header)} (no {', '.join(str(k) for k in missing)})", line=n)
+    if column is not None:
+        expected: Any = _cell(row[column], column, n)
+    else:
+        expected = {f.split(".", 1)[1]: _cell(row[f], f, n) for f in fields}
+    inputs = {k: v for k, v in row.items() if k not in skip and k is not None}
+    if not inputs:
+        raise SpecError("no input columns", line=n)
+    if row.get(id_column):
+        return DatasetItem(_key(row[id_column], n), inputs, expected, n)
+    return DatasetItem(_default_id(inputs), inputs, expected, n, derived_key=True)
 
 
 def read_items(path: str | Path, *, expected_column: str | None = None) -> list[DatasetItem]:
@@ -249,9 +267,33 @@ def read_items(path: str | Path, *, expected_column: str | None = None) -> list[
         raise SpecError(f"--expected-column applies to CSV files only, and {p} is read as "
                         "JSONL (any name but *.csv): there the expected value is the "
                         "'expected' (or 'label') key of each line")
+    items: list[DatasetItem] = []
+    bad: list[tuple[int, SpecError]] = []  # the first MAX_SHOWN
+    count = 0
     try:
-        if is_csv:
-            return list(read_csv(p, expected_column=expected_column))
-        return list(read_jsonl(p))
+        for got in (read_csv(p, expected_column=expected_column) if is_csv
+                    else read_jsonl(p)):
+            if isinstance(got, DatasetItem):
+                items.append(got)
+                continue
+            count += 1
+            if len(bad) < MAX_SHOWN:
+                bad.append((got.line or 0, got))
     except OSError as exc:
         raise cannot("read", p, exc) from None
+    except SpecError as exc:  # the file cannot be read on (a quote, an encoding)
+        if not count:
+            raise
+        count += 1
+        if len(bad) < MAX_SHOWN:
+            bad.append((exc.line or 0, exc))
+    if count == 1:
+        raise bad[0][1]
+    if count:
+        # (bad holds MAX_SHOWN errors at most; the rest are counted here)
+        listed = describe_rejects(bad)
+        if count > len(bad):
+            listed += f"\n  ... and {count - len(bad)} more"
+        raise SpecError(f"{p}: {count} bad lines; nothing was added. Fix them and add "
+                        f"the file again:\n{listed}")
+    return items
