@@ -43,6 +43,7 @@ from lockgate.registry.experiments import (
     MIN_TASKS,
     share_text,
 )
+from lockgate.store.registry import prompt_exists
 
 prompt_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Prompts: versions, proposals, history, diff, rollback.")
@@ -107,8 +108,7 @@ def _refuse_existing(name: str, db: str | None, config: Path | None) -> None:
             lg.prompts.registry.prompt(name)
     except (ConfigError, NotFound):
         return
-    raise StateConflict(f"prompt '{name}' already exists; change it with `lockgate prompt "
-                        "propose`")
+    raise prompt_exists(name)
 
 
 @command(prompt_app, "propose")

@@ -230,6 +230,12 @@ def _version_row(name: str, r: Mapping[str, Any]) -> VersionRow:
                       note=r["note"], created_at=int(r["created_at"]))
 
 
+def prompt_exists(name: str) -> StateConflict:
+    """The refusal of a prompt created again."""
+    return StateConflict(f"prompt '{name}' already exists; change it with `lockgate prompt "
+                         "propose`")
+
+
 class RegistryStore:
     """Prompts, versions, labels, audit trail and datasets on one :class:`Store`."""
 
@@ -260,9 +266,7 @@ class RegistryStore:
                     name=name, live_version=1, generation=1, submissions=0,
                     description=description, created_at=now, updated_at=now)))
             except IntegrityError:
-                raise StateConflict(
-                    f"prompt '{name}' already exists; change it with `lockgate prompt "
-                    "propose`") from None
+                raise prompt_exists(name) from None
             version, _ = self.add_version(tx, int(pid), content, tag=tag, author=author,
                                           note=note, now=now)
             self.audit(tx, int(pid), "create", None, version, generation=1, actor=author,
