@@ -505,8 +505,10 @@ _EXAMPLE_LABEL = re.compile(
 _EXAMPLE_END = re.compile(
     r"(?i)(?:\bfor (?:example|instance)|\be\.g\.|\bi\.e\.|\bsuch as|\bas an example"
     r"|\b(?:an?|another|one more|some|more)\s+examples?|\bsample (?:output|response|answer"
-    r"|json|result)s?|\bdrafts?|\b(?:output|response|answer|expected|json|required"
-    r"|following) format(?:\s+(?:is|would be|looks like|like|as follows|should be))?"
+    r"|json|result)s?|\bdrafts?|\b(?:(?:output|response|answer|expected|json|required"
+    r"|following|this|that) format|\b(?:expected|required|following|this|that) structure)"
+    r"(?:\s+(?:is|would be|looks like|like|as follows|should be))?"
+    r"|\b(?:should|must|would|will) look like(?:\s+(?:this|so|the following))?"
     r"|\bformat(?:ted)? (?:like|as))[\s*_]*[:：,]?[\s*_]*\Z"
     r"|^" + _DONE_BRACKET + r"[\s*_#>\-]*(?:例如|比如|譬如|示例|样例|范例|草稿|举例)"
     r"|(?:例如|比如|示例|样例|范例|格式为|格式如下|格式是|草稿)[\s*_]*[:：，,]?\s*\Z")
@@ -543,6 +545,11 @@ _CORRECTION = re.compile(
     r"|(?:final|correct|new|actual|right|real)\s+(?:answer|output|result|version|json"
     r"|label|response|classification|object|list)|final(?:ly)?|in conclusion|to conclude"
     r"|so the (?:final )?answer|the answer is|my (?:final )?answer"
+    # a conclusion: a connective, then the answer named ("Therefore the output is:",
+    # "Hence the final output:", "Thus, my classification"), or the connective alone as
+    # the label right before the value ("Thus:", "Hence:" - group ``label``)
+    r"|(?:therefore|thus|hence|consequently|so|accordingly)[,\s]+(?:(?:the|my|our)[ \t]+)?"
+    r"(?:final[ \t]+)?(?:answer|output|result|label|classification|response|verdict|json)"
     r"|I(?:'ll| will)? (?:pick|choose|select|go with))\b"
     r"|最终|更正|修正(?!前)|改正|纠正|正确(?:的)?(?:答案|输出|结果)|实际上|结论|等等|不对"
     # (after 我, "我重新检查了一下", told as finely as the group ``near``: :func:`_added`)
@@ -573,6 +580,7 @@ _CORRECTION = re.compile(
     # es, it, pt, ru, nl, pl, tr, ar, ja, ko ("Korrektur: {", not "Korrektur: keine
     # nötig", "수정 전:")
     r"|(?P<label>(?i:hmm+,?[ \t]+no|fix|errat(?:um|a)|amendment|revision"
+    r"|therefore|thus|hence|consequently"
     r"|never[ \t]?mind(?:[ \t]*[,.!:—–][ \t]*(?:(?:it|that|this|the[ \t]+(?:answer|output"
     r"|label|result))[ \t]+(?:should be|is|was)|here(?:'s|’s| is)[ \t]+the[ \t]+(?:right"
     r"|correct|corrected|new|final|actual)[ \t]+(?:one|answer|output|version|json|result)))?"
@@ -639,10 +647,12 @@ _NEAR_TAIL = re.compile(
     + r"[ \t]*(?:[:：.,!。！，、—–-]\s*(?:" + _INTRO_CLAUSE + r")?)?"
     r"[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?(?:[{\[｛［]|```)")
 #: What must follow a label of :data:`_CORRECTION` (its group ``label``): a colon (or
-#: a dash, a full stop) and the value, only space, Markdown or a fence's opening line
-#: between (or the fence the value stands in).
-_LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*)?[{\[｛［]"
-                         r"|[ \t]*[:：.,!—–-]?\s*```")
+#: a dash, a full stop) and the value, only space, Markdown, a fence's opening line or
+#: an answer tag between (or the fence or the answer container the value stands in:
+#: group ``tag``, the container's ``<``). What is transparent between an introduction
+#: and its value is so for every introduction (:data:`_TO_BRACKET`, :data:`_NEAR_TAIL`).
+_LABEL_TAIL = re.compile(r"[ \t]*[:：.,!—–-]?[\s*_]*(?:```[\w+.-]*\s*|<[A-Za-z_|][\w|:-]*>\s*)?"
+                         r"[{\[｛［]|[ \t]*[:：.,!—–-]?\s*(?:```|(?P<tag><)(?=[A-Za-z_|]))")
 
 
 #: A revision of the value before, in words broader than :data:`_CORRECTION`'s, in the
@@ -1153,7 +1163,13 @@ def _label_tail(text: str, at: int, end: int) -> bool:
     ("Korrektur:\n```\nkeine nötig\n```\nEin Beispiel:\n{...}"), is none."""
     stop = min(len(text), end + 3) if end >= 0 else len(text)
     tail = _LABEL_TAIL.match(text, at, stop)
-    return tail is not None and (not tail.group().endswith("```") or tail.end() == end + 3)
+    if tail is None:
+        return False
+    if tail.group("tag") is not None:
+        # (the container the value stands in; any later value: an answer container)
+        return tail.end() == end + 1 if end >= 0 \
+            else _ANSWER_TAG.match(text, tail.end() - 1) is not None
+    return not tail.group().endswith("```") or tail.end() == end + 3
 
 
 def _revised(text: str, after: int | None, start: int, floor: int, *,
@@ -1374,7 +1390,104 @@ def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Par
         return unusable(ParseStatus.INVALID_JSON, plan,
                         "the output was cut off inside the answer that corrects the "
                         "value before it", (*fixes.labels(), "truncated"))
+    taken_back = _unusable_correction(text, picks, plan, fixes)
+    if taken_back is not None:
+        return taken_back
+    refusal = _refused(text, picks)
+    if refusal is not None:
+        return unusable(ParseStatus.NO_JSON_FOUND, plan,
+                        f"the output declines to answer ({refusal!r}) and its only "
+                        f"values are introduced as examples of the format, not as its "
+                        f"answer", fixes.labels())
     return _chosen(text, picks)
+
+
+#: The model declining to answer, at the start of a clause of its own: "I can't
+#: classify this.", "I cannot determine ...", "I'm unable to ...", "I won't ...",
+#: "Sorry, I can't ...", "Unable to determine ...".
+_REFUSAL = re.compile(
+    r"(?i)(?:^|(?<=[.!?…。！？\n,;:]))[\s*_>\"'“(]*(?:(?:sorry|i'?m sorry|i apologi[sz]e|"
+    r"unfortunately)[,!. \t]+(?:but[ \t]+)?)?(?:"
+    r"i[ \t]*(?:can(?:no|'|’)t|cannot|can[ \t]+not|won(?:'|’)t|will[ \t]+not"
+    r"|must[ \t]+decline|(?:am|'m|’m)[ \t]+(?:unable|not[ \t]+able)"
+    r"|(?:do[ \t]+not|don(?:'|’)t)[ \t]+have[ \t]+enough)"
+    r"|unable[ \t]+to[ \t]+(?:determine|classify|answer|help|assist|comply|tell|decide"
+    r"|provide|extract))(?![\w'’])")
+
+
+def _refused(text: str, picks: list[Pick]) -> str | None:
+    """The words with which the model declines to answer (:data:`_REFUSAL`, outside the
+    values and outside a quotation on its line) when every value is introduced as not
+    the answer (an example of the format, :func:`_not_the_answer`): then that value is
+    no answer either; else None (a lone example with no refusal is delivered, as
+    documented)."""
+    if not all(_not_the_answer(text, s, picks[i - 1][1] if i else 0)
+               for i, (s, _e, _p) in enumerate(picks)):
+        return None
+    at = 0
+    for start, end, _ in [*picks, (len(text), len(text), picks[-1][2])]:
+        for m in _REFUSAL.finditer(text, at, start):
+            if not _quoted(text, m.end() - 1):
+                return m.group().strip(" \t\n*_>\"'“(")
+        at = end
+    return None
+
+
+#: How much of a value an error message quotes (characters).
+_QUOTED_VALUE = 80
+
+
+def _unusable_correction(text: str, picks: list[Pick], plan: OutputPlan,
+                         fixes: Fixes) -> Parsed | None:
+    """Why the output is unusable when a complete value after the usable ones is
+    introduced as a correction or the final answer (:func:`_corrected`; not as an
+    example, :func:`_not_the_answer`) and is itself unusable (a member outside the
+    enum, a required field missing, a misspelled key): it supersedes every value
+    before it, which the model took back, so none of those is delivered - as for a
+    correction the output ends inside (:func:`_cut_correction`). The last such value
+    explains; None when there is none, or when a usable value follows one (the
+    choice among usable values stands)."""
+    end = picks[-1][1]
+    if not (_correction(text, end, len(text)) or _revision_after(text, end)):
+        return None  # (the usual reply: nothing after the last value corrects it)
+    start_at = ANY_START if plan.expect == "array" else OBJECT_START
+    before: Pick = picks[-1]
+    failure: tuple[Region, Parsed] | None = None
+    for region in regions(text, start_at, _REGIONS, pos=end):
+        if not region.closed:
+            break
+        parsed = next((finish(value, plan, _with(fixes, labels), repaired=repaired, cut=cut)
+                       for value, labels, repaired, cut in _candidates(text, region, plan)),
+                      None)
+        if parsed is not None and parsed.usable:
+            return None
+        here: Pick = (region.start, region.end, before[2])
+        if parsed is not None and not _not_the_answer(text, region.start, before[1]) \
+                and _corrected(text, [before, here], 1):
+            failure = (region, parsed)
+        before = here
+    if failure is None:
+        return None
+    region, parsed = failure
+    written = text[region.start:region.end]
+    if len(written) > _QUOTED_VALUE:
+        written = written[:_QUOTED_VALUE - 3] + "..."
+    status = parsed.status if parsed.status in (
+        ParseStatus.SCHEMA_VIOLATION, ParseStatus.INVALID_JSON) \
+        else ParseStatus.SCHEMA_VIOLATION
+    return unusable(status, plan,
+                    f"the value introduced as a correction of the answer before it, "
+                    f"{written}, is not usable ({parsed.error or parsed.status.value}); "
+                    f"the value it corrects was taken back, so neither is delivered "
+                    f"(the task retries)", parsed.fixes)
+
+
+def _with(fixes: Fixes, labels: tuple[str, ...]) -> Fixes:
+    """A copy of ``fixes`` with ``labels`` applied."""
+    inner = fixes.copy()
+    for label in labels:
+        inner.repair(label)
+    return inner
 
 
 def _cut_correction(text: str, picks: list[Pick], *, keep: bool) -> bool:
