@@ -62,6 +62,9 @@ _ENUMERATION_SPLIT_RE = re.compile(r"\s*、\s*")
 #: may be decimal commas, "1,5; 2,5", or belong to the items).
 _COMMA_RE = re.compile("[,，]")
 _SEMICOLON_RE = re.compile("[;；]")
+#: A comma between two digits, no space after it: a decimal comma ("19,99") or a
+#: thousands one ("1,234") as well as a list's, so no list of numbers is split there.
+_DIGIT_COMMA_RE = re.compile(r"\d[,，]\d")
 #: The integers a JSON value may hold exactly (signed 64 bits).
 _MIN_INT, _MAX_INT = -(1 << 63), (1 << 63) - 1
 #: Below this magnitude a float holds every integer exactly (2**53; 2**53 + 1 is not
@@ -434,8 +437,10 @@ def _split(text: str, items: Node | None) -> list[str] | None:
     """``text`` as the list it writes, where that reading is the only one: parts
     separated by the enumeration comma ``、`` (which only ever separates items), or by
     commas or semicolons when every part is a member of the items' enum or every part is
-    a number of the items' type and the whole is not one ("1,234"). Otherwise None: a
-    comma may belong to the value ("Washington, D.C.")."""
+    a number of the items' type, the whole is not one ("1,234") and no comma stands
+    between two digits ("19,99", "1,5, 2,5": a decimal comma, or a thousands one, as
+    well as a list's: ``"1, 2"`` and ``"1; 2"`` are split). Otherwise None: a comma
+    may belong to the value ("Washington, D.C.")."""
     if items is None or _LIST_SPLIT_RE.search(text) is None:
         return None
     if "、" in text and (not items.types or "string" in items.types) and items.enum is None:
@@ -445,6 +450,10 @@ def _split(text: str, items: Node | None) -> list[str] | None:
         return None
     if _COMMA_RE.search(text) and _SEMICOLON_RE.search(text):
         return None  # "1,5; 2,5": a comma inside items separated by semicolons
+    if _DIGIT_COMMA_RE.search(text) and ("integer" in items.types or "number" in items.types
+                                         or any(type(m) in (int, float)
+                                                for m in items.enum or ())):
+        return None  # "19,99", "1,5, 2,5": a comma between digits may be a decimal one
     parts = [p for p in _LIST_SPLIT_RE.split(text) if p]
     if len(parts) < 2:
         return None

@@ -297,7 +297,10 @@ def bare_values(text: str) -> str | None:
       the first token; digit groups are never joined here). So does a literal
       followed by more (``true or false``) or negated (``!true``), and a number
       followed by a comma and a digit after an object key (a decimal comma). A number
-      as Python writes it (``1_000``, ``0xff``) is left to the repair, which reads it.
+      as Python writes it (``1_000``, ``0xff``) is left to the repair, which reads it;
+      one written with a leading zero (``02134``, ``007``: no JSON number, and the
+      repair would drop its zeros) becomes the string written: a string field keeps
+      it, a number field reads the decimal number from it.
 
     A string in other quotation marks (``«C'est bien»``, :data:`_QUOTE_PAIRS`) where a
     key or value starts is read as a JSON string.
@@ -385,7 +388,12 @@ def _keys_colon(text: str, at: int) -> bool:
 _NUMBER_THEN_MORE = re.compile(
     r"[~≈∼≃<>≤≥≲≳±∓≠][ \t]*[\d.tfnTFN+-]|-[ \t]*[tfTF]"
     r"|\d[^\d\s,}\].eE\"'/#]|\d\.[ \t]|\d,\d|-[ \t]*[-" + _DASHES + r"]|-[ \t]+\d"
-    r"|(?:\d|true|false|null|True|False|None)[ \t" + _GROUP_SEPS[1:] + r"]+[^\s,}\]/#]")
+    r"|(?:\d|true|false|null|True|False|None)[ \t" + _GROUP_SEPS[1:] + r"]+[^\s,}\]/#]"
+    r"|(?<![\w.])0\d")
+#: A number written with a leading zero (``02134``, ``007``, ``-00.5``): no JSON number,
+#: and the repair reads it as a number without its zeros (a zip code, a phone number
+#: or a code would lose them).
+_LEADING_ZERO = re.compile(r"-?0\d+(?:\.\d*)?(?:[eE][+-]?\d+)?")
 
 
 def _bare_value(text: str, start: int, end: int, keyed: bool) -> tuple[str, int] | None:
@@ -401,6 +409,10 @@ def _bare_value(text: str, start: int, end: int, keyed: bool) -> tuple[str, int]
         and text[stop + 1:stop + 2].isdigit()
     rest = text[end:stop]
     if not decimal and not value.startswith("!") and _VALUE_TAIL_OK.match(rest):
+        if _LEADING_ZERO.fullmatch(value):
+            # "02134", "007": the text as written (a string field keeps its zeros; a
+            # number field reads the decimal number, as from the string "007")
+            return orjson.dumps(text[start:end]).decode(), end
         return (value, end) if signed else None
     if decimal:  # "3,5", "1 299,99", "1,000,000": its digits after commas belong to it
         after = _COMMA_DIGITS.match(text, stop).end()  # type: ignore[union-attr]

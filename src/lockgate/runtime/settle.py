@@ -11,6 +11,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -220,10 +221,11 @@ def finish(value: Any, plan: OutputPlan, fixes: Fixes, *, repaired: bool,
     value = conform(value, plan.root, fixes)
     completeness, missing = _completeness(value, plan)
     own = value
+    too_large = _too_large(value)
     filled: set[str] = set()
     if isinstance(value, dict):
         value = _fill(value, plan, fixes, filled)
-    error = _violation(value, plan, filled)
+    error = too_large or _violation(value, plan, filled)
     if error is not None and isinstance(value, dict):
         value, refilled = _fill_invalid(value, plan, fixes, filled)
         if refilled:
@@ -257,8 +259,9 @@ def _cut(error: str, fixes: Fixes) -> str:
 
 def deliverable(parsed: Parsed) -> Parsed:
     """The parsed output if its value can be stored as JSON: integers beyond 64 bits
-    become floats (as ``orjson`` reads them), stray surrogates U+FFFD; nesting deeper
-    than ``orjson`` writes (254 levels) makes it unusable."""
+    become floats (as ``orjson`` reads them; :func:`finish` refuses those no float
+    holds exactly, :func:`_too_large`), stray surrogates U+FFFD; nesting deeper than
+    ``orjson`` writes (254 levels) makes it unusable."""
     try:
         # orjson writes inf and nan as null: a null in the text asks for a look.
         if b"null" not in orjson.dumps(parsed.value) or _finite(parsed.value):
@@ -309,9 +312,9 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        if -(1 << 63) <= value < (1 << 64):
+        if _MIN_INT <= value <= _MAX_INT:
             return value
-        try:
+        try:  # (one the float holds exactly: finish refuses the others, _too_large)
             return float(value)
         except OverflowError:
             raise TypeError("an integer too large for a JSON number") from None
@@ -320,6 +323,45 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
         return [_json_safe(v, depth + 1) for v in value]
     raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+#: The integers a JSON value is stored with exactly (as ``orjson`` reads and writes
+#: them: signed 64 bits and unsigned 64 bits).
+_MIN_INT, _MAX_INT = -(1 << 63), (1 << 64) - 1
+
+
+def _too_large(value: Any) -> str | None:
+    """Why ``value`` cannot be stored as read: an integer beyond 64 bits (read by a
+    Python literal or the repair, where strict JSON would read a float) that no float
+    is exactly, naming its field; None when there is none. It is refused
+    (``schema_violation``) rather than delivered as an approximating float
+    (``123456789012345678901234567890`` is not ``1.2345678901234568e+29``); one whose
+    float's shortest form is the number written (``10**30``, ``1e+30``) is stored as
+    that float (:func:`deliverable`), as strict JSON reads it. Walked without
+    recursion."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not _MIN_INT <= v <= _MAX_INT and not _float_exact(v):
+                shown = str(v) if v.bit_length() <= 256 else f"{v.bit_length()} bits"
+                return (f"{path or '$'} holds an integer beyond 64 bits ({shown}), which "
+                        "could only be stored as an approximating float; declare the "
+                        "field a string to keep such numbers as written")
+        elif isinstance(v, dict):
+            stack.extend((c, f"{path}.{k}" if path else str(k)) for k, c in v.items())
+        elif isinstance(v, list):
+            stack.extend((c, f"{path}[{i}]") for i, c in enumerate(v))
+    return None
+
+
+def _float_exact(number: int) -> bool:
+    """Whether the float nearest ``number`` is written exactly as ``number`` (its
+    shortest form: ``10**30`` is ``1e+30``; ``10**30 + 1`` is not)."""
+    try:
+        return Decimal(repr(float(number))) == number
+    except OverflowError:
+        return False
 
 
 def _completeness(value: Any, plan: OutputPlan) -> tuple[float, tuple[str, ...]]:
