@@ -314,12 +314,22 @@ def _arms_table(e: dict[str, Any]) -> Table:
     return t
 
 
+def _experiment_state(e: dict[str, Any]) -> str:
+    """The status, and for a running test that no longer splits the traffic, so."""
+    if e["status"] == "RUNNING" and not e["splitting"]:
+        return f"{e['status']} (not splitting)"
+    return str(e["status"])
+
+
 def _show_experiment(e: dict[str, Any]) -> None:
     ended = (f"ended {when(e['concluded_at'])}" if e["concluded_at"]
              else f"ends {when(e['ends_at'])}")
-    out.print(f"{e['prompt']}: experiment {e['id']} {e['status']}  v{e['candidate_version']} "
-              f"on {share_text(e['share_bp'])} against v{e['control_version']}  started "
-              f"{when(e['started_at'])}  {ended}", markup=False)
+    out.print(f"{e['prompt']}: experiment {e['id']} {_experiment_state(e)}  "
+              f"v{e['candidate_version']} on {share_text(e['share_bp'])} against "
+              f"v{e['control_version']}  started {when(e['started_at'])}  {ended}",
+              markup=False)
+    if e["status"] == "RUNNING" and not e["splitting"]:
+        out.print(f"not splitting traffic: {e['split_reason']}", markup=False)
     d = e["decision"]
     if d and d.get("arms"):
         out.print(_arms_table(e))
@@ -390,7 +400,7 @@ def experiment_list(name: Annotated[str | None, typer.Argument()] = None,
                               "started", "ends/ended"))
     for r in rows:
         t.add_row(str(r["id"]), r["prompt"], f"v{r['candidate_version']}",
-                  f"v{r['control_version']}", share_text(r["share_bp"]), r["status"],
+                  f"v{r['control_version']}", share_text(r["share_bp"]), _experiment_state(r),
                   when(r["started_at"]), when(r["concluded_at"] or r["ends_at"]))
     out.print(t)
 

@@ -28,7 +28,7 @@ from lockgate.config import Settings
 from lockgate.durations import parse_duration
 from lockgate.errors import LockgateError, NotFound, SpecError, StateConflict
 from lockgate.registry.callpath import execution_path
-from lockgate.registry.content import diff, make_content, render_text, spec_error_at
+from lockgate.registry.content import diff, make_content, render_text
 from lockgate.registry.datasets import check_key, item_from, read_items
 from lockgate.registry.experiments import (
     DEFAULT_FOR,
@@ -38,6 +38,7 @@ from lockgate.registry.experiments import (
     Judge,
     check_rule,
     parse_share,
+    split_state,
 )
 from lockgate.registry.refs import (
     PRODUCTION,
@@ -48,9 +49,9 @@ from lockgate.registry.refs import (
     reads_as_version,
 )
 from lockgate.runtime import placeholders
-from lockgate.spec import Message, RetryPolicy
+from lockgate.spec import Message, RetryPolicy, retry_policy_error
 from lockgate.store import Store
-from lockgate.store.experiments import ExperimentStatus, ExperimentStore
+from lockgate.store.experiments import ExperimentStatus, ExperimentStore, control_moved
 from lockgate.store.gate import GateStore, Proposal
 from lockgate.store.registry import DatasetItem, RegistryStore, VersionRow
 
@@ -107,7 +108,7 @@ class Prompts:
         try:
             policy = RetryPolicy.model_validate(retry_policy or {}).model_dump(mode="json")
         except ValidationError as exc:
-            raise spec_error_at(exc, "retry_policy") from None
+            raise retry_policy_error(exc) from None
         self._check_inputs(name, content.template,
                            set(content.delivery_rule.get("input_defaults") or {}))
         return self.gates.propose(name, content, tag=tag, author=author or default_actor(),
@@ -223,15 +224,19 @@ class Prompts:
         share_bp = parse_share(share)
         seconds = parse_duration(duration, field="for", allow_zero=False)
         v = self.version(name, version)
-        return self.experiments_store.start(name, v.version, share_bp, round(seconds * 1000),
-                                            actor=actor or default_actor(), reason=reason)
+        return self._with_split(self.experiments_store.start(
+            name, v.version, share_bp, round(seconds * 1000), actor=actor or default_actor(),
+            reason=reason))
 
     def experiment_status(self, name: str, *, min_gain: float = MIN_GAIN,
                           min_tasks: int = MIN_TASKS) -> dict[str, Any]:
         """The prompt's newest A/B test with, per arm, its figures since it started and
-        the verdict the rule gives now (an ended one: as recorded when it ended)."""
+        the verdict the rule gives now (an ended one: as recorded when it ended), and
+        whether workers split the traffic for it now (``splitting``; if not, why:
+        ``split_reason``): a running test stops splitting once its time is up or the
+        live version is no longer its control."""
         check_rule(min_gain, min_tasks)
-        e = self.experiments_store.latest(name)
+        e = self._with_split(self.experiments_store.latest(name))
         if e["status"] == ExperimentStatus.RUNNING or not e["decision"]:
             e["decision"] = self._judge()(e, min_gain, min_tasks)
         return e
@@ -242,33 +247,60 @@ class Prompts:
                             reason: str | None = None) -> dict[str, Any]:
         """Apply the promotion rule to the running A/B test: PROMOTED (the live pointer
         moves to the candidate, generation + 1, audited: ``rollback`` undoes it) or KEPT
-        (the live version stays). With too few tasks in an arm it refuses, naming the
-        counts, unless ``stop`` (then STOPPED). The figures and verdict are stored."""
+        (the live version stays). Once the live version is no longer the control it
+        refuses (the comparison no longer holds), unless ``stop``. With too few tasks
+        in an arm it refuses, naming the counts, unless ``stop`` (then STOPPED). The
+        figures and verdict are stored."""
         check_rule(min_gain, min_tasks)
-        e = self.experiments_store.running(name)
+        e = self._with_split(self.experiments_store.running(name))
+        moved = e["live_version"] != e["control_version"]
+        if moved and not stop:  # before the counts: no wait would make it decidable
+            raise StateConflict(f"A/B test of '{name}' not concluded: "
+                                + control_moved(name, e["live_version"],
+                                                int(e["control_version"])))
         decision = self._judge()(e, min_gain, min_tasks)
         status = {"promote": ExperimentStatus.PROMOTED,
                   "keep": ExperimentStatus.KEPT}.get(decision["verdict"])
-        if status is None:
-            if not stop:
-                raise StateConflict(f"A/B test of '{name}' not concluded: {decision['why']}; "
-                                    "let it run longer, lower --min-tasks, or end it "
-                                    "undecided with --stop")
+        if moved:  # stopped: the arms no longer compare a change against what is live
+            decision = {**decision, "verdict": "undecided",
+                        "why": f"the live version is v{e['live_version']}, not the control "
+                               f"v{e['control_version']}"}
             status = ExperimentStatus.STOPPED
-        return self.experiments_store.end(name, int(e["id"]), status, decision,
-                                          actor=actor or default_actor(),
-                                          reason=reason or decision["why"])
+        elif status is None:
+            if not stop:
+                wait = ("let it run longer, " if e["splitting"] else
+                        "its time (--for) is up, so no more tasks reach the candidate: ")
+                raise StateConflict(f"A/B test of '{name}' not concluded: {decision['why']}; "
+                                    f"{wait}lower --min-tasks, or end it undecided with "
+                                    "--stop")
+            status = ExperimentStatus.STOPPED
+        return self._with_split(self.experiments_store.end(
+            name, int(e["id"]), status, decision, actor=actor or default_actor(),
+            reason=reason or decision["why"]))
 
     def stop_experiment(self, name: str, *, actor: str | None = None,
                         reason: str | None = None) -> dict[str, Any]:
         """End the running A/B test without a decision (STOPPED); live stays."""
         e = self.experiments_store.running(name)
-        return self.experiments_store.end(name, int(e["id"]), ExperimentStatus.STOPPED, {},
-                                          actor=actor or default_actor(), reason=reason)
+        return self._with_split(self.experiments_store.end(
+            name, int(e["id"]), ExperimentStatus.STOPPED, {}, actor=actor or default_actor(),
+            reason=reason))
 
     def experiments(self, name: str | None = None) -> builtins.list[dict[str, Any]]:
-        """Every A/B test (of one prompt), by prompt and age."""
-        return self.experiments_store.list(name)
+        """Every A/B test (of one prompt), by prompt and age, each with ``splitting``
+        and ``split_reason`` as :meth:`experiment_status` gives them."""
+        rows = self.experiments_store.list(name)
+        now = self.experiments_store.now() if rows else 0
+        return [self._with_split(e, now) for e in rows]
+
+    def _with_split(self, e: dict[str, Any], now: int | None = None) -> dict[str, Any]:
+        """``e`` with ``splitting`` and ``split_reason`` (see :func:`split_state`) at
+        ``now`` (default: the database's clock now, read for a running test only)."""
+        if now is None:
+            running = e["status"] == ExperimentStatus.RUNNING
+            now = self.experiments_store.now() if running else int(e["concluded_at"] or 0)
+        e["splitting"], e["split_reason"] = split_state(e, now)
+        return e
 
     def _judge(self) -> Judge:
         if self.judge is None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lockgate.errors import SpecError
+from lockgate.store.experiments import ExperimentStatus, control_moved
 
 #: The largest share a candidate may take (50 %): beyond it the "candidate" would be
 #: the main path, which is a release (``prompt propose``), not a test.
@@ -71,6 +72,22 @@ def in_candidate_arm(experiment_id: int, task_id: str, share_bp: int) -> bool:
     """Whether the task runs the candidate (see the module docstring)."""
     digest = hashlib.sha256(f"{experiment_id}:{task_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") * 10_000 < share_bp * _HASH_SPACE
+
+
+def split_state(experiment: dict[str, Any], now_ms: int) -> tuple[bool, str | None]:
+    """Whether workers split the traffic for ``experiment`` (a row with its prompt's
+    ``live_version``) at ``now_ms`` on the database's clock, and if not, why: it ended,
+    the live version is no longer the control, or its time (``--for``) is up."""
+    name, control = experiment["prompt"], int(experiment["control_version"])
+    if experiment["status"] != ExperimentStatus.RUNNING:
+        return False, f"it ended {experiment['status']}"
+    if experiment["live_version"] != control:
+        return False, control_moved(name, experiment["live_version"], control)
+    if now_ms >= experiment["ends_at"]:
+        return False, (f"its time (--for) is up: every task runs the control v{control} "
+                       f"again, so no more tasks reach the candidate; conclude it "
+                       f"(`lockgate prompt experiment conclude {name}`) or stop it")
+    return True, None
 
 
 def check_rule(min_gain: float, min_tasks: int) -> None:

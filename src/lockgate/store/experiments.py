@@ -40,9 +40,12 @@ _AUDIT = {ExperimentStatus.RUNNING: "experiment", ExperimentStatus.PROMOTED: "pr
           ExperimentStatus.KEPT: "experiment-keep",
           ExperimentStatus.STOPPED: "experiment-stop"}
 
+#: An experiment row, with its prompt's live version now (a running test splits only
+#: while that is its control).
 _COLUMNS = ("SELECT e.id, p.name AS prompt, e.control_version, e.candidate_version, "
             "e.share_bp, e.status, e.started_at, e.ends_at, e.concluded_at, e.decision, "
-            "e.actor, e.reason FROM experiment e JOIN prompt p ON p.id = e.prompt_id")
+            "e.actor, e.reason, p.live_version FROM experiment e "
+            "JOIN prompt p ON p.id = e.prompt_id")
 _BY_ID = sql(_COLUMNS + " WHERE e.id = :e")
 _LATEST = sql(_COLUMNS + " WHERE p.name = :n ORDER BY e.id DESC LIMIT 1")
 _OF_PROMPT = sql(_COLUMNS + " WHERE p.name = :n ORDER BY e.id")
@@ -67,6 +70,15 @@ class Split:
     candidate: int
     share_bp: int
     left_ms: int
+
+
+def control_moved(name: str, live: int | None, control: int) -> str:
+    """Why a running experiment neither splits nor decides once the live version is
+    another than its control (a rollback, a release gate's activation)."""
+    now = "has no live version now" if live is None else f"is v{live} now"
+    return (f"the live version of '{name}' {now}, not the control v{control}: "
+            f"no task runs the candidate and the comparison no longer holds; end it with "
+            f"`lockgate prompt experiment stop {name}`")
 
 
 def _row(r: Any) -> dict[str, Any]:
@@ -179,10 +191,8 @@ class ExperimentStore:
                                     f"{name}`")
             generation = int(p["generation"])
             if status != ExperimentStatus.STOPPED and p["live_version"] != e.control_version:
-                raise StateConflict(
-                    f"the live version of '{name}' is v{p['live_version']} now, not the "
-                    f"control v{e.control_version}: the comparison no longer holds; end it "
-                    f"with `lockgate prompt experiment stop {name}`")
+                raise StateConflict(control_moved(name, p["live_version"],
+                                                  int(e.control_version)))
             if status == ExperimentStatus.PROMOTED:
                 generation = self.registry.move_live(
                     tx, p, int(e.candidate_version), _AUDIT[status], actor=actor,
