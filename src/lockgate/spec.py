@@ -482,6 +482,15 @@ def spec_error_from(exc: ValidationError, line: int | None = None) -> SpecError:
     return SpecError(msg, field=path, line=line)
 
 
+def retry_policy_error(exc: ValidationError) -> SpecError:
+    """A prompt's refused ``retry_policy`` (``prompt propose --retry-policy``) as a task
+    line's would be: the field under ``retry_policy``, and a misspelt key's likely
+    meaning (``max_retry``: did you mean 'max_retries'?)."""
+    err = exc.errors()[0]
+    path, msg = _problem({**err, "loc": ("retry_policy", *err["loc"])})
+    return SpecError(msg, field=path)
+
+
 def nonfinite_field(value: Any) -> str | None:
     """The path (``text``, ``scores[2]``) of the first NaN or infinite float in
     ``value`` ("" for ``value`` itself), or None when there is none. JSON has no such

@@ -131,7 +131,10 @@ class BindingSettings(_Strict):
             raise ValueError(f"{', '.join(wanting)} {_need(wanting)} a label comparison "
                              "(--compare label:FIELD)")
         if "cost_per_item" in named and self.prices is None:
-            raise ValueError("cost_per_item needs prices (input and output per 1M tokens)")
+            raise ValueError("cost_per_item needs prices: give the price per million input "
+                             "and output tokens with --price-in and --price-out (the "
+                             "`prices=(input, output)` argument in Python), e.g. "
+                             "--price-in 2.5 --price-out 10")
         return self
 
 
@@ -238,8 +241,48 @@ def parse_comparison(text: str) -> Comparison:
                       "scorer:module:function")
 
 
+#: The option that sets a field of the settings, in ``lockgate bind`` and in Python,
+#: and the values it takes: a refused value is named by what the user typed.
+_OPTIONS: dict[tuple[str, ...], tuple[str, str, str]] = {
+    ("guard", "confidence"): ("--confidence", "confidence",
+                              "a confidence above 0.5 and below 1, e.g. 0.95"),
+    ("guard", "min_samples"): ("--min-samples", "min_samples",
+                               "a whole number of observations, 0 or more, e.g. 30"),
+    ("non_inferiority", "margin"): ("--non-inferiority", "non_inferiority",
+                                    "a margin of 0 or more, e.g. 0.02"),
+    ("non_inferiority", "metric"): ("--non-inferiority-metric", "non_inferiority['metric']",
+                                    f"one of {', '.join(METRICS)}"),
+    ("undefined",): ("--undefined", "undefined", "fail or pass"),
+    ("prices", "input_per_mtok"): ("--price-in", "prices[0]",
+                                   "a price per million input tokens, 0 or more"),
+    ("prices", "output_per_mtok"): ("--price-out", "prices[1]",
+                                    "a price per million output tokens, 0 or more"),
+}
+
+
+def _option_hint(loc: tuple[Any, ...], given: Any) -> str | None:
+    """``--confidence (`confidence` in Python) takes ...; got 1.5`` for a refused value
+    of a field an option sets, or None for another field."""
+    known = _OPTIONS.get(tuple(str(p) for p in loc))
+    if known is None:
+        return None
+    option, python, accepted = known
+    return f"{option} (`{python}` in Python) takes {accepted}; got {given!r}"
+
+
+def margin_out_of_range(ni: NonInferiority) -> str | None:
+    """Why a non-inferiority margin on a metric bounded to [0, 1] is no margin (``2``
+    on accuracy: live - 2 is below any value, so every candidate would pass), or None."""
+    if ni.metric not in BOUNDED or ni.margin <= 1:
+        return None
+    return (f"--non-inferiority (`non_inferiority` in Python) takes a margin between 0 "
+            f"and 1 on {ni.metric} (a metric between 0 and 1); got {ni.margin:g}, a margin "
+            "every candidate would meet: give one in that range, e.g. 0.02 for two points")
+
+
 def settings_from(doc: Any) -> BindingSettings:
-    """Validate a settings document; ConfigError with the first problem otherwise."""
+    """Validate a settings document; ConfigError with the first problem otherwise,
+    naming the option that sets a refused value and the values it takes."""
     try:
         settings = BindingSettings.model_validate(doc)
     except ValidationError as exc:
@@ -248,7 +291,13 @@ def settings_from(doc: Any) -> BindingSettings:
         msg = err["msg"]
         if err["type"] == "value_error":  # our own validator's words, without pydantic's
             msg = str(err.get("ctx", {}).get("error", msg))
+        else:
+            msg = _option_hint(tuple(err["loc"]), err.get("input")) or msg
         raise ConfigError(f"binding{' ' + where if where else ''}: {msg}") from None
+    if settings.non_inferiority is not None:
+        why = margin_out_of_range(settings.non_inferiority)
+        if why is not None:
+            raise ConfigError(f"binding non_inferiority.margin: {why}")
     # Checked here, where a binding is made, not in the model: a snapshot frozen before
     # this check must still load.
     for t in settings.thresholds:

@@ -7,6 +7,12 @@ could not complete: a run FAILED, or items of a run could not be evaluated becau
 the provider or the workers (``not_evaluated`` in its metrics: rate limits, an
 exhausted quota, server errors, timeouts, workers killed holding the items...), which
 say nothing about the candidate; the live version stays as it is in both cases.
+
+A candidate none of whose items was answered (every evaluated item ended in an ERROR:
+requests the provider refused, outputs the delivery rule rejected...) is rejected
+whatever the binding says: ``undefined = pass`` excuses a metric whose denominator is
+legitimately empty (no predicted positive), not one left empty because nothing was
+answered, and the metrics that stay defined (tokens, cost) say nothing of answers.
 """
 
 from __future__ import annotations
@@ -114,6 +120,11 @@ def check_threshold(t: Threshold, metrics: Mapping[str, Any],
         return Check("threshold", t.metric, t.op, t.value, value, False, n=n,
                      note=f"{n} samples < minimum {guard.min_samples}")
     if value is None:
+        silent = unanswered(metrics)
+        if silent is not None:
+            return Check("threshold", t.metric, t.op, t.value, None, False,
+                         n=None if guard is None else n,
+                         note=f"undefined: {silent}{_not_excused(settings)}")
         ok = settings.undefined == "pass"
         return Check("threshold", t.metric, t.op, t.value, None, ok,
                      n=None if guard is None else n,
@@ -143,6 +154,10 @@ def check_non_inferiority(settings: BindingSettings, metrics: Mapping[str, Any],
     base = baseline.get(ni.metric) if baseline else None
     higher = ni.metric in HIGHER_IS_BETTER
     op = ">=" if higher else "<="
+    silent = unanswered(metrics) if value is None else None
+    if silent is not None:
+        return Check("non_inferiority", ni.metric, op, None, None, False,
+                     note=f"undefined: {silent}{_not_excused(settings)}")
     if value is None or base is None:
         ok = settings.undefined == "pass"
         return Check("non_inferiority", ni.metric, op, None, value, ok,
@@ -182,8 +197,29 @@ def evaluate_dataset(name: str, settings: BindingSettings, run: Mapping[str, Any
         ni = check_non_inferiority(settings, metrics, base_metrics)
         if ni is not None:
             checks.append(ni)
-    return DatasetResult(name, status, all(c.passed for c in checks), checks, metrics,
-                         base_metrics)
+    silent = unanswered(metrics)
+    return DatasetResult(name, status, silent is None and all(c.passed for c in checks),
+                         checks, metrics, base_metrics,
+                         reason=silent)
+
+
+def unanswered(metrics: Mapping[str, Any]) -> str | None:
+    """Why a run's metrics cannot pass its candidate when no evaluated item was answered
+    (every one ended in an ERROR of the candidate's), or None when one was. Such a run
+    leaves precision and the latencies undefined and tokens or cost meaningless, so no
+    threshold, and no ``--undefined pass``, may let it through."""
+    counts = metrics.get("counts") or {}
+    items = int(counts.get("items", 0) or 0)
+    errors = int(counts.get("error", 0) or 0)
+    if items <= 0 or errors < items:
+        return None
+    return (f"no item was answered ({'the' if items == 1 else 'all'} {items} evaluated "
+            f"item{'s' if items != 1 else ''} ended in an error)")
+
+
+def _not_excused(settings: BindingSettings) -> str:
+    return ("; --undefined pass excuses an empty denominator, not a candidate that "
+            "answered nothing" if settings.undefined == "pass" else "")
 
 
 def not_evaluated(metrics: Mapping[str, Any] | None) -> str | None:
@@ -257,7 +293,7 @@ def _rerun_advice(prompt: str | None, candidate: int | None) -> str:
 
 def _describe(c: Check) -> str:
     label = c.metric if c.kind == "threshold" else f"{c.metric} vs live"
-    if c.note and "samples" in c.note:
+    if c.note and ("samples" in c.note or c.note.startswith("undefined: ")):
         return f"{label}: {c.note}"
     if c.value is None:
         return f"{label} undefined"
