@@ -1244,12 +1244,14 @@ _ASIDE = re.compile(r"\([^()\n]*\)|（[^（）\n]*）")
 def _more_wanted(text: str, picks: list[Pick]) -> bool:
     """Whether to look past the usable values found so far: the first was introduced
     as not the answer, a draft or a numbered step's output, a correction follows the
-    last, or every one is a bracketed word or citation (:func:`_weak`). Otherwise the
+    last, every one is a bracketed word or citation (:func:`_weak`), or every one is
+    mentioned inside a sentence (:func:`_mention`). Otherwise the
     first usable value is the answer (a later one never replaces it)."""
     return len(picks) < _MAX_PICKS and (_cued(text, picks[0][0], picks[-1][1])
                                         or _DRAFT_LEAD.search(_lead(text, picks[0][0], 0))
                                         is not None
                                         or all(_weak(text, p) for p in picks)
+                                        or all(_mention(text, p[0], p[1]) for p in picks)
                                         or all(_echo(p[2].value) for p in picks))
 
 
@@ -1338,6 +1340,51 @@ def _strict_strings(text: str, pick: Pick) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
+#: Prose right before a value on its line: a letter, then at most space, Markdown,
+#: quotes, a backtick or an opening bracket ("suggests {", "is `{").
+_PROSE_BEFORE = re.compile(r"[^\W\d_][ \t*_`\"'“‘(]*\Z")
+#: Prose right after a value on its line, the sentence going on: at most closing
+#: quotes, a backtick, Markdown or a hyphen, then a letter ("} at first glance",
+#: "}-ish"; not "}, but ...", where the value ends a clause).
+_PROSE_AFTER = re.compile(r"[ \t\"'”’`*_)]*-?[^\W\d_]")
+#: What a value standing on its own may have before it on its line: nothing, or a
+#: label that ends in a colon ("Answer:", "**Final:**", "- So:"), Markdown, quotes or a
+#: tag between.
+_ALONE_BEFORE = re.compile(r"[ \t>*_#`\"'“(-]*(?:[^\n{}\[\]]*[:：][ \t*_`\"'“(]*)?"
+                           r"(?:<[A-Za-z_|][\w|:-]*>[ \t]*)?")
+#: A tag (``</answer>``): no prose after a value.
+_TAG = re.compile(r"</?[A-Za-z_|][\w|:-]*>")
+
+
+def _line_around(text: str, start: int, end: int) -> tuple[int, int]:
+    """Where the line (or lines) of the value ``text[start:end]`` start and end."""
+    line_end = text.find("\n", end)
+    return text.rfind("\n", 0, start) + 1, len(text) if line_end < 0 else line_end
+
+
+def _mention(text: str, start: int, end: int) -> bool:
+    """Whether the value ``text[start:end]`` is mentioned inside a sentence: prose right
+    before it and right after it on its line (:data:`_PROSE_BEFORE`,
+    :data:`_PROSE_AFTER`: "The review suggests {...} at first glance", "The tone is
+    {...}-ish."). Such a value loses to a later one that stands on its own
+    (:func:`_alone`, :func:`_chosen`), as a citation does (:func:`_weak`)."""
+    begin, stop = _line_around(text, start, end)
+    return _PROSE_BEFORE.search(text, max(begin, start - 8), start) is not None \
+        and _PROSE_AFTER.match(text, end, min(stop, end + 8)) is not None
+
+
+def _alone(text: str, start: int, end: int) -> bool:
+    """Whether the value ``text[start:end]`` stands on its own: alone on its line, or
+    after a label only ("Answer: {...}", "So:\n{...}"), with nothing but punctuation,
+    Markdown or a tag after it on its line."""
+    begin, stop = _line_around(text, start, end)
+    if start - begin > _INTRO or stop - end > _INTRO:
+        return False
+    after = _TAG.sub("", text[end:stop])
+    return _WORD.search(after) is None and not any(c.isdigit() for c in after) \
+        and _ALONE_BEFORE.fullmatch(text, begin, start) is not None
+
+
 def _cued(text: str, start: int, end: int) -> bool:
     """Whether the value at ``start`` is introduced as not the answer, or a correction
     follows ``end``, or a revision may (a verdict right after it, or revision words
@@ -1385,12 +1432,17 @@ def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Par
     a value introduced as a correction or the final answer ("Actually, the correct
     output is {...cut", :func:`_cut_correction`): then the value it corrects is the one
     the model took back, and the output is refused (cut off), never delivered so, nor
-    the part of the correction that finished."""
+    the part of the correction that finished; nor when a correction in words after
+    the last value names another member of an enum field (:func:`_retracted_in_words`)."""
     if _cut_correction(text, picks, keep=plan.keep_truncated):
         return unusable(ParseStatus.INVALID_JSON, plan,
                         "the output was cut off inside the answer that corrects the "
                         "value before it", (*fixes.labels(), "truncated"))
     taken_back = _unusable_correction(text, picks, plan, fixes)
+    if taken_back is not None:
+        return taken_back
+    chosen = _chosen(text, picks)
+    taken_back = _retracted_in_words(text, picks, chosen, plan, fixes)
     if taken_back is not None:
         return taken_back
     refusal = _refused(text, picks)
@@ -1399,7 +1451,7 @@ def _answer(text: str, picks: list[Pick], plan: OutputPlan, fixes: Fixes) -> Par
                         f"the output declines to answer ({refusal!r}) and its only "
                         f"values are introduced as examples of the format, not as its "
                         f"answer", fixes.labels())
-    return _chosen(text, picks)
+    return chosen
 
 
 #: The model declining to answer, at the start of a clause of its own: "I can't
@@ -1480,6 +1532,146 @@ def _unusable_correction(text: str, picks: list[Pick], plan: OutputPlan,
                     f"{written}, is not usable ({parsed.error or parsed.status.value}); "
                     f"the value it corrects was taken back, so neither is delivered "
                     f"(the task retries)", parsed.fixes)
+
+
+#: A correction phrase of :data:`_CORRECTION` that concludes rather than takes back
+#: ("Finally,", "In conclusion", "Therefore the output", "the answer is", "I choose"):
+#: no retraction in words (:func:`_retracted_in_words`).
+_CONCLUSION = re.compile(
+    r"(?i)final|conclu|therefore|thus|hence|consequently|accordingly|answer is"
+    r"|my (?:final )?answer|pick|choose|select|go with|结论|最终|最終|최종|정답")
+#: How far after a correction phrase the member it names is looked for (characters):
+#: the passage it starts (up to a blank line).
+_RETRACTION_REACH = 240
+#: How many correction phrases after the last value are looked at (each costs a pass
+#: over its line: the time per output stays bounded).
+_MAX_RETRACTIONS = 16
+#: What may follow a member named as the answer, up to the end of its clause: closing
+#: quotes or Markdown, one adverb ("negative instead", "negative overall"), then a
+#: clause's end (not a question: "is it negative?" takes nothing back).
+_MEMBER_END = re.compile(
+    r"[\"'”’」』*_`]*(?:[ \t]+(?i:instead|overall|after all|then|rather|actually|really"
+    r"|though|here|in the end))?[\"'”’」』*_`]*[ \t]*(?:[.,;:!…。，；：！)）—–\n]|\Z)")
+#: A negation in the clause before a member ("not negative", "isn't negative", "rather
+#: than negative", 不是负面): the member is what the answer is not.
+_MEMBER_NEGATED = re.compile(
+    r"(?i)(?<![\w'’])(?:not|never|no longer|rather than|instead of|nor)(?![\w'’])"
+    r"|n['’]t(?![\w'’])|不是|并非|而非|不算")
+#: Where a clause ends, before a member named in it.
+_CLAUSE_END = re.compile(r"[.,;:!?…。，；：！？\n]|(?i:\bbut\b)")
+#: Letters of scripts written without spaces between words: a member written in them
+#: is found without a word boundary.
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def _enum_choices(node: Any, value: Any) -> list[tuple[str, str, list[str]]]:
+    """The enum fields of a delivered object (and of the objects in it, a few levels
+    deep): each field's name, its member in ``value`` and the other members that are
+    words (strings with a letter), for :func:`_retracted_in_words`."""
+    out: list[tuple[str, str, list[str]]] = []
+    stack: list[tuple[Any, Any, int]] = [(node, value, 0)]
+    while stack and len(out) < 16:
+        here, item, depth = stack.pop()
+        if here is None or depth > 4:
+            continue
+        if isinstance(item, list):
+            stack.extend((here.items, v, depth + 1) for v in item[:8])
+            continue
+        if not isinstance(item, dict):
+            continue
+        for key, v in item.items():
+            prop = here.props.get(key)
+            if prop is None:
+                continue
+            if isinstance(v, str) and prop.enum is not None:
+                others = [m for m in prop.enum if isinstance(m, str) and m.casefold()
+                          != v.casefold() and _WORD.search(m) is not None]
+                if others:
+                    out.append((key, v, others))
+            elif isinstance(v, (dict, list)):
+                stack.append((prop, v, depth + 1))
+    return out
+
+
+def _member_pattern(members: Iterable[str]) -> re.Pattern[str]:
+    """Members named as whole words, any case (longest first; no word boundary at an
+    end written in a script without spaces, :data:`_UNSPACED`)."""
+    parts = []
+    for m in sorted(members, key=len, reverse=True):
+        head = "" if _UNSPACED.match(m) else r"(?<![\w'’-])"
+        tail = "" if _UNSPACED.match(m[-1]) else r"(?![\w'’-])"
+        parts.append(head + re.escape(m) + tail)
+    return re.compile("(?i:" + "|".join(parts) + ")")
+
+
+def _named(text: str, pattern: re.Pattern[str], begin: int, end: int
+           ) -> Iterator[re.Match[str]]:
+    """The members of ``pattern`` named as the answer in ``text[begin:end]``: at the end
+    of their clause (:data:`_MEMBER_END`), not negated in it (:data:`_MEMBER_NEGATED`),
+    and outside a quotation unless the quotation is the member alone (the correct
+    label is "negative")."""
+    for m in pattern.finditer(text, begin, end):
+        if _MEMBER_END.match(text, m.end(), end) is None:
+            continue
+        clause = deque(_CLAUSE_END.finditer(text, begin, m.start()), maxlen=1)
+        if _MEMBER_NEGATED.search(text, clause[0].end() if clause else begin,
+                                  m.start()) is not None:
+            continue
+        if _quoted(text, m.start()) and not (
+                text[m.start() - 1:m.start()] in "\"'“‘「『«"
+                and text[m.end():m.end() + 1] in "\"'”’」』»"):
+            continue
+        yield m
+
+
+def _retracted_in_words(text: str, picks: list[Pick], chosen: Parsed, plan: OutputPlan,
+                        fixes: Fixes) -> Parsed | None:
+    """Why the output is unusable when, after its last value, a correction phrase of
+    the model's own (:data:`_CORRECTION` at a clause's start; not one of the words that
+    count only before a value, :func:`_added`; not quoted, not a conclusion,
+    :data:`_CONCLUSION`; in a sentence that states no condition) is followed in the
+    same passage by another member of an enum field of the delivered value, named as
+    the answer in words (:func:`_named`: "Wait, I misread the review. It is actually
+    negative.", 不对，应该是负面。, "Please ignore the above; the correct label is
+    \"negative\"."): the model took the value back without writing the one it meant,
+    so it is not delivered (the task retries). The member delivered named again after
+    it ("..., so positive after all") keeps the value; None when nothing so follows,
+    or a value follows (the rules for several values judge it)."""
+    end = picks[-1][1]
+    if not chosen.usable or end >= len(text) or not text[end:].strip():
+        return None
+    choices = _enum_choices(plan.root, chosen.value)
+    if not choices:
+        return None
+    for m in itertools.islice(_corrections(text, end, len(text)), _MAX_RETRACTIONS):
+        if _added(m) or _CONCLUSION.search(m.group()) or _quoted(text, m.start()):
+            continue
+        blank = re.compile(r"\n[ \t]*\n").search(text, m.end(), m.end() + _RETRACTION_REACH)
+        stop = blank.start() if blank is not None else min(len(text), m.end()
+                                                            + _RETRACTION_REACH)
+        head = text[max(end, m.start() - _INTRO):m.start()]
+        ends = list(_SENTENCE_END.finditer(head))
+        sentence_start = m.start() - len(head) + (ends[-1].end() if ends else 0)
+        for field, given, others in choices:
+            for named in _named(text, _member_pattern(others), m.end(), stop):
+                if _HYPOTHETICAL.search(text, sentence_start, named.end()) is not None:
+                    continue
+                if next(_named(text, _member_pattern([given]), named.end(), stop),
+                        None) is not None:
+                    continue  # (the delivered member named again: "..., so positive")
+                if regions(text, ANY_START, 1, pos=end):
+                    return None  # (a value follows, even cut: judged as several values)
+                phrase = m.group().strip(" \t\n*_#>\"'“(-,")
+                member = next((o for o in others
+                               if o.casefold() == named.group().casefold()), named.group())
+                return unusable(ParseStatus.SCHEMA_VIOLATION, plan,
+                                f"the output takes its value back in prose after it "
+                                f"({phrase!r} ... {named.group()!r}): the words name "
+                                f"{member!r} for the field {field!r}, not the delivered "
+                                f"{given!r}, and write no value for it, so the value is "
+                                f"not delivered (the task retries; ask for the answer "
+                                f"only)", fixes.labels())
+    return None
 
 
 def _with(fixes: Fixes, labels: tuple[str, ...]) -> Fixes:
@@ -1587,7 +1779,9 @@ def _chosen(text: str, picks: list[Pick]) -> Parsed:
     """The answer among usable values: the values introduced as not the answer
     (examples, drafts, the input, conditions) are left out (unless that leaves none),
     so are bracketed prose and citations (:func:`_weak`) when a later list of strings
-    written as strict JSON remains, then the last one introduced as a correction or the
+    written as strict JSON remains, and values mentioned inside a sentence
+    (:func:`_mention`) when a later one stands on its own (:func:`_alone`), then the
+    last one introduced as a correction or the
     final answer, else the first. When every value is introduced as a draft, the last
     (:data:`_DRAFT_LEAD`)."""
     if len(picks) > 1 and all(
@@ -1604,6 +1798,12 @@ def _chosen(text: str, picks: list[Pick]) -> Parsed:
         kept = [i for n, i in enumerate(kept) if not (_weak(text, picks[i]) and any(
             _strict_strings(text, picks[j]) and not _weak(text, picks[j])
             for j in kept[n + 1:]))]
+    if len(kept) > 1:
+        # (a value mentioned inside a sentence, "suggests {...} at first glance", loses
+        # to a later one that stands on its own)
+        kept = [i for n, i in enumerate(kept) if not (
+            _mention(text, picks[i][0], picks[i][1])
+            and any(_alone(text, picks[j][0], picks[j][1]) for j in kept[n + 1:]))]
     chosen = kept[0]
     for i in kept[1:]:
         if _corrected(text, picks, i):
@@ -1615,7 +1815,8 @@ def _first_strict(text: str, plan: OutputPlan, fixes: Fixes,
                   start_at: re.Pattern[str]) -> Parsed | None:
     found = regions(text, start_at, limit=1)
     if not found or found[0].value is NOT_READ or wide_bracket(text, found[0].start) \
-            or _cued(text, found[0].start, found[0].end):
+            or _cued(text, found[0].start, found[0].end) \
+            or _mention(text, found[0].start, found[0].end):
         return None
     for value, labels, repaired, _ in _candidates(text, found[0], plan):
         inner = fixes.copy()
