@@ -273,7 +273,7 @@ class Lockgate:
         bid = batch_id or "default"
         report = self.store.submit_rows(
             _into(rows, bid, batch_id is not None), batch_id=bid,
-            batch_fields=plan.fields() if plan else None)
+            batch_fields=plan.fields() if plan else None, named=batch_id is not None)
         return self._settled(report, plan)
 
     def _checks(self) -> Checks:
@@ -383,7 +383,8 @@ class Lockgate:
                 rows = valid_tasks(p, format, skip, intake)
             return self._settled(self.store.submit_rows(
                 _into(rows, bid, batch_id is not None), batch_id=bid, source=str(p),
-                progress=progress, batch_fields=plan.fields() if plan else None), plan)
+                progress=progress, batch_fields=plan.fields() if plan else None,
+                named=batch_id is not None), plan)
 
     def _submit_streamed(self, p: Path, format: Format, intake: Intake, bid: str,
                          skip_invalid: bool, rejects: str | Path | None,
@@ -404,7 +405,7 @@ class Lockgate:
                 report = self.store.submit_rows(
                     rows, batch_id=bid, source=str(p), progress=progress,
                     batch_fields=plan.fields() if plan else None,
-                    written=written if on_bad_line == "cancel" else None)
+                    written=written if on_bad_line == "cancel" else None, named=named)
             except SpecError as exc:
                 if reading.stopped_at is None:
                     raise
@@ -416,9 +417,12 @@ class Lockgate:
                  written: _WrittenIds | None) -> str:
         """What a streamed submit stopped by a bad line left, cancelling it if asked:
         the tasks it inserted itself, never those another submit wrote to the batch.
-        The batches named are those its lines went to (a line may name its own)."""
-        named = sorted({b if b is not None else batch_id for b in reading.batches}) \
-            or [batch_id]
+        The batches named are those its lines went to (a line may name its own); none
+        when it stopped at the first line without a batch named (none was opened)."""
+        if not reading.batches:
+            return ("nothing was submitted (no batch was made). Fix the line and submit "
+                    "the file again")
+        named = sorted({b if b is not None else batch_id for b in reading.batches})
         which = (f"batch {named[0]!r} is" if len(named) == 1 else
                  "batches " + ", ".join(repr(b) for b in named) + " are")
         if written is None:

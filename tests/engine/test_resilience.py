@@ -406,7 +406,7 @@ def test_a_results_stream_whose_connection_is_lost_says_so_in_one_error(
         other.execute(text(end.format(reader)))
         other.commit()
     with caplog.at_level(logging.DEBUG, logger="sqlalchemy.pool"), \
-            pytest.raises(DatabaseUnavailable, match="cannot reach the database"):
+            pytest.raises(DatabaseUnavailable, match="the database server closed the session"):
         for _ in stream:
             pass
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == [], \

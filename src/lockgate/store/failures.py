@@ -4,7 +4,9 @@ SQLAlchemy and driver exceptions never leave the store: :func:`map_db_errors` tu
 into a :class:`~lockgate.errors.StoreError` that says, in one line, what went wrong on
 which database (its password hidden), and whether trying again later can help
 (``transient``). A server that cannot be reached, or a connection lost mid-statement,
-becomes :class:`~lockgate.errors.DatabaseUnavailable`.
+becomes :class:`~lockgate.errors.DatabaseUnavailable`: "cannot reach the database" when
+it did not answer, "the database server closed the session" when it answered and then
+ended the session (a kill, a restart: the URL is right).
 """
 
 from __future__ import annotations
@@ -146,20 +148,39 @@ def refused_for_now(exc: BaseException) -> bool:
 #: A server's words for a session it took and then dropped: ended by an administrator,
 #: a fast shutdown or a restart (PostgreSQL 57P01, 57P02 "terminating connection"), or
 #: closed under the client (PostgreSQL "server closed the connection unexpectedly";
-#: MySQL/MariaDB 2013 "Lost connection", 2006 "server has gone away"). A server that
-#: cannot be reached at all says "Connection refused", "Can't connect" or times out.
+#: MySQL/MariaDB 2013 "Lost connection", 2006 "server has gone away", 1927 "Connection
+#: was killed"). A server that cannot be reached at all says "Connection refused",
+#: "Can't connect" or times out.
 _DROPPED = re.compile(
     r"terminating connection|server closed the connection unexpectedly|"
-    r"lost connection to (mysql|mariadb) server|server has gone away", re.IGNORECASE)
+    r"lost connection to (mysql|mariadb) server|server has gone away|"
+    r"connection was killed", re.IGNORECASE)
+
+
+#: A driver's words for a connection that was being made, not a session: libpq says
+#: "server closed the connection unexpectedly" of a connect cut by its TCP timeout in a
+#: network partition too, and MySQL/MariaDB "Lost connection" during the handshake.
+_CONNECTING = re.compile(r"connection failed:|handshake|initial communication packet",
+                         re.IGNORECASE)
+
+
+def _dropped(text: str) -> bool:
+    """Whether ``text`` tells of a connection the server dropped (:data:`_DROPPED`); one
+    that timed out is a server that did not answer: not this."""
+    return bool(_DROPPED.search(text)) and "timed out" not in text.lower()
+
+
+def closed_by_server(text: str) -> bool:
+    """Whether ``text`` (a driver's message of a connection lost) tells of a session the
+    server took and then ended: dropped (:func:`_dropped`), and not while it was being
+    made (:data:`_CONNECTING`: a partition cuts a connect so too)."""
+    return _dropped(text) and _CONNECTING.search(text) is None
 
 
 def dropped_for_now(exc: BaseException) -> bool:
-    """Whether ``exc`` is a session the server took and then dropped (see
-    :data:`_DROPPED`): it is there, and a restart or a kill passes. A connection that
-    timed out is a server that did not answer: not this."""
-    text = str(exc)
-    return (isinstance(exc, DatabaseUnavailable) and bool(_DROPPED.search(text))
-            and "timed out" not in text.lower())
+    """Whether ``exc`` is a connection the server dropped (:func:`_dropped`), a session
+    or one being made: it is there, and a restart or a kill passes."""
+    return isinstance(exc, DatabaseUnavailable) and _dropped(str(exc))
 
 
 def sqlite_passing(exc: BaseException) -> bool:
@@ -283,6 +304,13 @@ def translate(exc: SQLAlchemyError, url: str | None = None) -> StoreError:
                     "@@max_allowed_packet), which no retry can pass."
                     if _mysql_code(exc) == 2006 and ("ConnectionReset" in text
                                                      or "BrokenPipe" in text) else "")
+            if closed_by_server(text):  # it answered: neither down nor a wrong URL
+                at = f" ({redact_url(url)})" if url else ""
+                return DatabaseUnavailable(
+                    f"the database server closed the session{at}: {text}." + (sent or (
+                        " It was reached and then ended the session (killed by an "
+                        "administrator, a restart, a failover): the URL is right, and a "
+                        "new session goes on once the server takes connections again.")))
             return DatabaseUnavailable(
                 f"cannot reach the database{where}: {text}.{sent} Is the server running, "
                 "and is the URL (--db or LOCKGATE_DATABASE_URL) right?")

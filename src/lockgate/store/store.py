@@ -416,8 +416,8 @@ class Store(TaskViews):
                     source: str | None = None,
                     progress: Callable[[int], None] | None = None,
                     batch_fields: Mapping[str, Any] | None = None,
-                    written: Callable[[list[str], int], None] | None = None
-                    ) -> SubmitReport:
+                    written: Callable[[list[str], int], None] | None = None,
+                    named: bool = True) -> SubmitReport:
         """Insert tasks; task ids that exist already are skipped (idempotent).
 
         Tasks are written in chunks (the first small, so that workers start at once,
@@ -438,6 +438,12 @@ class Store(TaskViews):
         and a window's tasks become visible at its start. A batch left without tasks
         (every task id belonged to another batch already) is not kept.
 
+        ``named``: the caller named ``batch_id`` (``--batch``), and it is opened, marked
+        incomplete, before any row is read. Without it ``batch_id`` is only where rows
+        that name no batch go (a file's default batch), opened with the chunk that
+        writes the first of them, as the batches rows name are: a submit whose rows all
+        name their own batch, interrupted, leaves no batch it wrote nothing to.
+
         A :class:`SpecError` raised by ``rows`` (a bad line met while reading, in a
         streamed submit) stops the submit: the tasks before it are committed, the batch
         stays incomplete.
@@ -448,10 +454,11 @@ class Store(TaskViews):
         fields = dict(batch_fields or {})
         key = submit_key(source)
         source = schema.source_path(source)
-        self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields, key))
+        if named:
+            self.transaction(lambda tx: self._open_batch(tx, batch_id, source, fields, key))
         seen: dict[str, None] = {batch_id: None}
         report = self._write_chunks(rows, batch_id, source, fields, progress, key, seen,
-                                    written)
+                                    written, opened=named)
         self.transaction(lambda tx: self._close_batch(tx, list(seen), key))
         return report
 
@@ -459,16 +466,19 @@ class Store(TaskViews):
                       fields: dict[str, Any],
                       progress: Callable[[int], None] | None, key: str,
                       seen_batches: dict[str, None],
-                      written_ids: Callable[[list[str], int], None] | None
-                      ) -> SubmitReport:
+                      written_ids: Callable[[list[str], int], None] | None, *,
+                      opened: bool) -> SubmitReport:
         """Write ``rows`` in chunks, each committed in its own transaction, one chunk
         written in a thread while the next is read. ``seen_batches`` (ordered: this
-        batch, then those tasks name) gains the batches the lines name. The rows that
-        name ``batch_id`` itself are counted as moved (``SubmitReport.moved``) when
-        written now: a chunk holding one reads which of its ids are new before its
-        insert; a chunk without one reads nothing more for it."""
-        window_start = int(fields.get("window_start") or 0)
+        batch, then those tasks name) gains the batches the lines name; each is opened
+        by the chunk holding its first row, this batch too unless ``opened`` already
+        (with ``fields``). The rows that name ``batch_id`` itself are counted as moved
+        (``SubmitReport.moved``) when written now: a chunk holding one reads which of
+        its ids are new before its insert; a chunk without one reads nothing more for
+        it."""
         told = written_ids or _untold
+        # The batches open, or opened by the chunk being gathered.
+        opening = set(seen_batches) - (set() if opened else {batch_id})
         check = written_ids is not None
         seen_configs: set[str] = set()
         inserted = total = moved = 0
@@ -504,7 +514,7 @@ class Store(TaskViews):
             # (the ids that exist already are read first: they are not this submit's)
             mine, got, at = self.transaction(lambda tx: (
                 _new_ids(tx, ids, check or taking > 0), self._insert_chunk(
-                    tx, *args, source, window_start, batch_id, key), tx.now))
+                    tx, *args, source, fields, batch_id, key), tx.now))
             stats.grew(got[0])
             told(mine, at)
             return got[0], got[1], _moved(args[0], mine, batch_id, got[0]) if taking else 0
@@ -526,9 +536,11 @@ class Store(TaskViews):
                     if cfg.hash not in seen_configs:
                         seen_configs.add(cfg.hash)
                         configs.append(cfg)
-                    if t.batch_id and t.batch_id not in seen_batches:
-                        seen_batches[t.batch_id] = None
-                        batches.append(t.batch_id)
+                    b = t.batch_id or batch_id
+                    if b not in opening:  # its first row: opened with its chunk
+                        opening.add(b)
+                        seen_batches.setdefault(b, None)
+                        batches.append(b)
                     taken += t.batch_id == batch_id
                     chunk.append(t)
                     size += len(t.input_json) + len(t.metadata_json or "") + 200
@@ -580,12 +592,14 @@ class Store(TaskViews):
             for c in sorted(configs, key=lambda c: c.hash)])
 
     def _insert_chunk(self, tx: Tx, rows: list[NewTask], configs: list[ConfigRow],
-                      batches: list[str], source: str | None, window_start: int,
+                      batches: list[str], source: str | None, fields: dict[str, Any],
                       batch_id: str, key: str) -> tuple[int, dict[str, int]]:
-        """One chunk of a submit, in its transaction: the configs and batches it brings,
-        then its tasks. Returns (rows inserted, batches holding the ids that existed,
-        when not the batch asked for)."""
+        """One chunk of a submit, in its transaction: the configs and batches it brings
+        (``batch_id`` among them, opened late, gets the batch's ``fields``), then its
+        tasks. Returns (rows inserted, batches holding the ids that existed, when not
+        the batch asked for)."""
         now = tx.now
+        window_start = int(fields.get("window_start") or 0)
         if configs:
             self._insert_configs(tx, configs)
         if batches:  # named by lines: incomplete, like this submit's own, till it ends
@@ -594,6 +608,9 @@ class Store(TaskViews):
                 {"id": b, "source": source, "created_at": now, "complete": 0}
                 for b in ordered])
             tx.execute(_BATCHES_INCOMPLETE, {"b": ordered})
+            if fields and batch_id in batches:
+                tx.execute(schema.batch.update().where(schema.batch.c.id == batch_id)
+                           .values(**fields))
             self._record_submit(tx, ordered, source, key)
         if not rows:
             return 0, {}
