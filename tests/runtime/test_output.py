@@ -273,9 +273,25 @@ _chatter = st.text(st.characters(blacklist_characters="{}", blacklist_categories
                    max_size=80)
 
 
+def _holds_no_value(chatter: str) -> bool:
+    """Whether ``chatter`` alone gives no answer but one read from a list it leaves open
+    (``[[]``): a list it closes (``[[]]``, ``[[1], [2]]``) is a value written before
+    the object, which comes first under a rule with no schema."""
+    alone = parse_output(chatter, DeliveryRule())
+    return not alone.usable or "extracted:truncated" in alone.fixes
+
+
 @settings(max_examples=300, deadline=None)
+# (no value in the chatter before, and no "]" after: "[" + the object + "]" is a list
+# that holds it)
 @given(obj=st.dictionaries(st.text(max_size=10), _json_values, max_size=6),
-       before=_chatter, after=_chatter, indent=st.booleans())
+       before=_chatter.filter(_holds_no_value),
+       after=st.text(st.characters(blacklist_characters="{}]",
+                                   blacklist_categories=("Cs",)), max_size=80),
+       indent=st.booleans())
+@example(obj={}, before="[[]", after="", indent=False)  # an open bracket before
+@example(obj={"a": 1}, before="[[1], [", after="", indent=False)
+@example(obj={}, before="[[]'", after="", indent=False)
 @example(obj={}, before='"', after='"', indent=False)  # the whole output is a JSON string
 @example(obj={}, before='"so: ', after=' ok"', indent=False)
 def test_any_object_in_chatter_is_recovered_exactly(obj: dict[str, Any], before: str,

@@ -1997,12 +1997,48 @@ def _candidates(text: str, region: Region, plan: OutputPlan) -> Iterator[Candida
              if plan.expect != "array" or not isinstance(c[0], dict))
     if text[region.start] == "[" and plan.expect != "array":
         # A bracket that never closes before the end: the complete objects in it first
-        # (the first of them is the answer, as for an array of objects).
-        yield from inner
+        # (the first of them is the answer, as for an array of objects), then the cut
+        # list itself, then the complete objects written after its last complete
+        # element (:func:`_after_elements`). Its other complete values (``[]``,
+        # ``[1]``, a number) come last: an element that is no object is never delivered
+        # alone ahead of an object that follows it (``[[]{...}``, ``[[]'{...}``: the
+        # bracket may be prose before the object).
+        others: list[Candidate] = []
+        for c in inner:
+            if isinstance(c[0], dict):
+                yield c
+            else:
+                others.append(c)
         yield from own
+        yield from _after_elements(text, region)
+        yield from others
     else:
         yield from own
         yield from inner
+
+
+def _after_elements(text: str, region: Region) -> Iterator[Candidate]:
+    """Complete objects, strict JSON, that stand in a cut list after its last complete
+    element where the scan read no element: past a quote that never closes (``[['``,
+    ``[[]'`` before an object: the brackets and the quote were prose), or in a list
+    opened there that never closes either (``[[][{...}``, read the same way). An
+    element the output ended inside that is no list stops the search. At most
+    :data:`_MAX_RESTARTS` regions are read (the time per output stays bounded)."""
+    budget = _MAX_RESTARTS
+    while budget > 0:
+        after = region.inner[-1][1] if region.inner else region.start + 1
+        found = regions(text, OBJECT_START, budget, pos=after)
+        budget -= max(len(found), 1)
+        for r in found:
+            if r.closed and isinstance(r.value, dict):
+                yield r.value, ("extracted:chatter", EXTRACTED_FROM_CUT), False, None
+        if not found or found[-1].closed or text[found[-1].start] != "[":
+            return
+        region = found[-1]
+        for s, e in region.inner:  # a list left open inside: its complete objects
+            value = strict_region(text, s)
+            if value is not None and value.end == e and isinstance(value.value, dict):
+                yield value.value, ("extracted:chatter", EXTRACTED_FROM_CUT), False, None
 
 
 def _restarts(text: str, region: Region) -> Iterator[Candidate]:
