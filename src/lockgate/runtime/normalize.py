@@ -12,8 +12,10 @@ order:
    (a space), squared units (``㎏`` -> ``kg``), small and vertical punctuation. Kept
    as written: superscripts and subscripts (``mc²``, ``10⁻⁶``), circled characters
    (``①``), fractions (``½``), Korean compatibility jamo (``ㅋㅋ``, ``ㅠㅠ``), ``ℹ``
-   (U+2139) and spacing accents whose compatibility form is a space and a combining
-   mark (``´ ¨ ¯ ¸``: NFKC would write ``don ́t``).
+   (U+2139), spacing accents whose compatibility form is a space and a combining
+   mark (``´ ¨ ¯ ¸``: NFKC would write ``don ́t``), and letters of a script's own
+   alphabet typed as one character (Thai and Lao AM ``ทำ``, ``ກຳ``; ``ໜ``, ``ໝ``; the
+   Kazakh high-hamza letters; Armenian ``և``).
 2. **Emoji** (``emoji``): ``"tag"`` replaces each emoji by its English CLDR name
    between colons, exactly as :func:`emoji.demojize` does (``👍`` -> ``:thumbs_up:``);
    ``"remove"`` drops them; ``"keep"`` leaves them.
@@ -250,6 +252,12 @@ def replace_emoji(text: str, *, tag: bool = True) -> str:
 _KEPT_TAGS = ("<super>", "<sub>", "<circle>", "<fraction>")
 #: Hangul compatibility jamo (``ㅋㅋ``, ``ㅠㅠ``) and the information source sign.
 _KEPT_RANGES = ((0x3131, 0x318E), (0x2139, 0x2139))
+#: Letters and marks Unicode deprecates, whose compatibility form is the spelling to
+#: use (Tibetan vocalic RR and LL, ``ŉ``): folded.
+_DEPRECATED = frozenset({0x0149, 0x0F77, 0x0F79})
+#: Where presentation forms of letters are (Alphabetic Presentation Forms, Arabic
+#: Presentation Forms-A and -B): folded.
+_PRESENTATION = ((0xFB00, 0xFDFF), (0xFE70, 0xFEFF))
 #: Where compatibility decompositions are: the Basic Multilingual Plane and blocks of
 #: the Supplementary Multilingual Plane (modifier letters, math alphanumerics, Arabic
 #: math letters, enclosed and squared forms, segmented digits).
@@ -261,12 +269,34 @@ def _kept(cp: int) -> bool:
     """Whether NFKC would change the meaning of this character: see :func:`fold_width`."""
     if any(a <= cp <= b for a, b in _KEPT_RANGES):
         return True
-    decomposition = unicodedata.decomposition(chr(cp))
+    ch = chr(cp)
+    decomposition = unicodedata.decomposition(ch)
     if decomposition.startswith(_KEPT_TAGS):
         return True
     # Spacing accents ("´" is <compat> 0020 0301): NFKC makes a space and a loose mark.
     points = [p for p in decomposition.split() if not p.startswith("<")]
-    return len(points) > 1 and points[0] == "0020"
+    if len(points) > 1 and points[0] == "0020":
+        return True
+    return _spelled_letter(ch, decomposition, len(points))
+
+
+def _spelled_letter(ch: str, decomposition: str, length: int) -> bool:
+    """Whether ``ch`` is a letter or mark of a script's own alphabet that its writers
+    type as one character, though Unicode gives it a plain ``<compat>`` decomposition
+    into several: Thai and Lao AM (``ทำ``, ``ກຳ``), Lao HO NO and HO MO (``ໜ``, ``ໝ``),
+    the Kazakh high-hamza letters (``ٵ ٶ ٷ ٸ``), Armenian ``և``. Their NFKC form is
+    another spelling (``ํา`` renders apart, and costs more tokens). Folded still:
+    presentation forms (``ﬁ``, ``ﬓ``), Latin digraphs and ligatures (``ǆ``, ``ĳ``,
+    ``ŀ``: the letters they join are the usual spelling), deprecated characters, and
+    compatibility forms of one character (symbol variants such as ``ϐ``, ``µ``,
+    ``ℵ``)."""
+    if length < 2 or not decomposition.startswith("<compat>") \
+            or unicodedata.category(ch)[0] not in "LM":
+        return False
+    cp = ord(ch)
+    if cp in _DEPRECATED or any(a <= cp <= b for a, b in _PRESENTATION):
+        return False
+    return not unicodedata.name(ch, "").startswith("LATIN ")
 
 
 @functools.cache
@@ -304,7 +334,9 @@ def fold_width(text: str) -> str:
     (``𝗕𝗶𝗴``), no-break and typographic spaces, squared units (``㎏``), small and
     vertical punctuation, half-width Hangul (which then composes into syllables).
     Kept as written: superscripts and subscripts, circled characters, fractions,
-    Hangul compatibility jamo, U+2139 and spacing accents (``´``)."""
+    Hangul compatibility jamo, U+2139, spacing accents (``´``) and letters spelled as
+    one character (Thai and Lao AM ``ทำ ກຳ``, ``ໜ ໝ``, ``ٵ``, ``և``: see
+    :func:`_spelled_letter`)."""
     if text.isascii() or unicodedata.is_normalized("NFKC", text):
         return text  # the common case, in C
     bmp, astral = _fold_re()

@@ -20,8 +20,11 @@ cannot close the input section: a closing delimiter inside a value, in any case 
 any spaces inside the tag (``</INPUT>``, ``< /input >``), is shown as ``‹/input›``, and
 the opening one exactly as ``<input>`` as ``‹input›`` (code generics such as
 ``From<Input>`` or ``List<INPUT>`` stay as written).
-Surrogate pairs (as some JSON decoders leave astral characters) are joined; lone
-surrogates are replaced by ``?``.
+Surrogate pairs (as some JSON decoders leave astral characters) are joined, nested ones
+too, before normalisation; lone surrogates are replaced by ``?``. The condensation note
+goes on the last user message, or without one on the last message that is not the
+assistant's: an assistant message (an example, or the prefill the answer continues) is
+never altered.
 """
 
 from __future__ import annotations
@@ -304,6 +307,19 @@ def _sendable(text: str) -> str:
         return joined.encode(errors="replace").decode()
 
 
+def _normalised(value: Any, rule: InputRule) -> Any:
+    """:func:`normalize_value` with every string made sendable first, so a surrogate
+    pair nested in a mapping or list is joined before the emoji step sees it, as at
+    the top level (mapping keys are left alone, as there)."""
+    if isinstance(value, str):
+        return normalize_text(_sendable(value), rule)
+    if isinstance(value, Mapping):
+        return {k: _normalised(v, rule) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalised(v, rule) for v in value]
+    return normalize_value(value, rule)
+
+
 def _resolve(plan: _Plan, input_data: Mapping[str, Any],
              alerts: list[str]) -> tuple[dict[str, str], set[str]]:
     """Normalised text per placeholder, and which of them are free text (condensable)."""
@@ -332,7 +348,7 @@ def _resolve(plan: _Plan, input_data: Mapping[str, Any],
                 value = ""
         if isinstance(value, str):
             prose.add(name)
-        text = _sendable(_as_text(value if normalised else normalize_value(value, rule)))
+        text = _sendable(_as_text(value if normalised else _normalised(value, rule)))
         values[name] = _guard(text) if plan.delimited else text
     return values, prose
 
@@ -464,11 +480,16 @@ def _assemble(plan: _Plan, plain: Mapping[str, str], escaped: Mapping[str, str],
         messages.append({"role": role, "content": "".join(buf)})
     if with_note and any(n.startswith("condensed:") for n in notes):
         names = sorted({n.split(":")[1] for n in notes if n.startswith("condensed:")})
-        # On the last user message: an assistant message last is a prefill of the
-        # answer, never to be altered.
+        # On the last user message, or without one the last message that is not the
+        # assistant's (the system message): an assistant message is an example or a
+        # prefill of the answer, never to be altered.
         last = next((i for i in range(len(messages) - 1, -1, -1)
-                     if messages[i]["role"] == "user"), len(messages) - 1)
-        messages[last]["content"] += _NOTE.format(names=", ".join(names))
+                     if messages[i]["role"] == "user"), None)
+        if last is None:
+            last = next((i for i in range(len(messages) - 1, -1, -1)
+                         if messages[i]["role"] != "assistant"), None)
+        if last is not None:
+            messages[last]["content"] += _NOTE.format(names=", ".join(names))
     return messages
 
 

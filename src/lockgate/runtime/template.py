@@ -11,7 +11,10 @@ Rules:
   value is never parsed as a template, so braces inside values are inert.
 * A placeholder that sits inside a double-quoted string on its line (``"{text}"``, as
   in a JSON example) is marked *in a JSON string*: its value is JSON-escaped there, so
-  quotes and newlines in the value cannot break the example.
+  quotes and newlines in the value cannot break the example. It sits inside one when an
+  odd number of unescaped double quotes precede it on its line *and* one follows it
+  there: a lone quote earlier on a prose line (``Phone with 6" screen. Review:
+  {text}``) leaves the value as written.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def _compile_text(text: str, where: str) -> CompiledText:
     in_string: list[bool] = []
     literal = ""
     line_quotes = 0
-    for lit, name, spec, conv in parsed:
+    closes = _closing_quotes(parsed)
+    for i, (lit, name, spec, conv) in enumerate(parsed):
         literal += lit
         # Count unescaped double quotes since the last newline: odd means "inside".
         tail = lit.rsplit("\n", 1)
@@ -90,9 +94,27 @@ def _compile_text(text: str, where: str) -> CompiledText:
         parts.append(literal)
         literal = ""
         names.append(name)
-        in_string.append(line_quotes % 2 == 1)
+        in_string.append(line_quotes % 2 == 1 and closes[i])
     parts.append(literal)
     return CompiledText(tuple(parts), tuple(names), tuple(in_string))
+
+
+def _closing_quotes(parsed: list[tuple[str, str | None, str | None, str | None]]
+                    ) -> list[bool]:
+    """Per parsed field: whether an unescaped double quote follows its placeholder on
+    the same line (in the literal text after it, up to the next newline), so that a
+    quote before it is an opening one and not an inch mark or a lone quote in prose."""
+    closes = [False] * len(parsed)
+    ahead = False  # whether the rest of the line after the current field has a quote
+    for i in range(len(parsed) - 1, -1, -1):
+        closes[i] = ahead
+        lit = parsed[i][0]
+        head, newline, _tail = lit.partition("\n")
+        if newline:
+            ahead = _unescaped_quotes(head) > 0
+        elif _unescaped_quotes(lit):
+            ahead = True
+    return closes
 
 
 #: A quote after an even number of backslashes (none included): not escaped.

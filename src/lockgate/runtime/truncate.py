@@ -262,12 +262,19 @@ def _jamo(ch: str) -> str:
     return ""
 
 
+#: Regional indicators: a flag is a pair of them (``🇫🇷``).
+_REGIONAL = "".join(map(chr, range(0x1F1E6, 0x1F200)))
+#: Letters that attach to what precedes them as a spacing mark does: Thai and Lao AM.
+_SPACING_LETTERS = "\u0e33\u0eb3"
+
+
 def _joined(prev: str, nxt: str) -> bool:
-    """Whether a cut between ``prev`` and ``nxt`` would split a grapheme cluster."""
+    """Whether a cut between ``prev`` and ``nxt`` would split a grapheme cluster (a
+    cut between two regional indicators is judged by :func:`_safe_cut`, which sees
+    the whole run)."""
     if unicodedata.combining(nxt) or unicodedata.category(nxt) in ("Mn", "Mc", "Me") \
             or nxt in "\u200d\ufe0f\ufe0e\u20e3" or prev == "\u200d" \
-            or "\U0001f3fb" <= nxt <= "\U0001f3ff" \
-            or ("\U0001f1e6" <= prev <= "\U0001f1ff" and "\U0001f1e6" <= nxt <= "\U0001f1ff"):
+            or "\U0001f3fb" <= nxt <= "\U0001f3ff" or nxt in _SPACING_LETTERS:
         return True
     if "\U000e0020" <= nxt <= "\U000e007f":  # emoji tag sequence (flags of GB nations)
         return True
@@ -282,8 +289,21 @@ def _joined(prev: str, nxt: str) -> bool:
 
 
 def _safe_cut(text: str, end: int) -> int:
-    """Move ``end`` left until ``text[:end]`` does not split a grapheme cluster."""
-    while 0 < end < len(text) and _joined(text[end - 1], text[end]):
+    """Move ``end`` left until ``text[:end]`` does not split a grapheme cluster.
+
+    Inside a run of regional indicators the flags are the pairs from the run's start:
+    a cut after an even number of them is safe, after an odd number it moves back one
+    (the run is measured once, by ``rstrip`` in C, not walked character by character)."""
+    while 0 < end < len(text):
+        prev, nxt = text[end - 1], text[end]
+        if "\U0001f1e6" <= prev <= "\U0001f1ff" and "\U0001f1e6" <= nxt <= "\U0001f1ff":
+            run = end - len(text[:end].rstrip(_REGIONAL))
+            if run > 1 or run % 2 == 0:
+                return end - run % 2
+            end -= 1  # before the run's first indicator: judge what precedes it
+            continue
+        if not _joined(prev, nxt):
+            break
         end -= 1
     return end
 
