@@ -522,15 +522,46 @@ def check_finite(value: Any, encoded: bytes, field: str) -> None:
                         field=f"{field}.{path}" if path else field)
 
 
+def _without_surrogates(value: Any) -> Any:
+    """``value`` with every text's surrogate pairs joined into their character (as some
+    JSON decoders leave an emoji, ``"\\ud83d\\ude00"``) and lone surrogates, which no
+    JSON encoding carries, replaced by ``?`` (as rendering does); keys too."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+            return value
+        except UnicodeEncodeError:
+            joined = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le",
+                                                                       "surrogatepass")
+            return joined.encode(errors="replace").decode()
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_surrogates(v) for v in value]
+    return value
+
+
 def encode_input(input_data: dict[str, Any], *, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     """``input_data`` as JSON bytes; :class:`SpecError` if it cannot be stored (nested
-    too deep for JSON encoding, a NaN or an infinity, or larger than ``max_bytes``)."""
+    too deep for JSON encoding, a NaN or an infinity, or larger than ``max_bytes``).
+    Surrogates (a dict built in Python, a file's ``\\ud800`` escape) are joined into
+    their character when paired and replaced by ``?`` when alone: only texts that
+    orjson refuses are looked at."""
     try:
         raw = orjson.dumps(input_data)
     except (TypeError, orjson.JSONEncodeError) as exc:
-        why = ("is nested too deeply (more than 250 levels)" if "Recursion" in str(exc)
-               else f"cannot be encoded as JSON: {exc}")
-        raise SpecError(why, field="input_data") from None
+        problem: Exception = exc
+        raw = b""
+        if "surrogates" in str(exc):
+            try:
+                raw = orjson.dumps(_without_surrogates(input_data))
+            except (TypeError, orjson.JSONEncodeError, RecursionError) as again:
+                problem = again
+        if not raw:
+            why = ("is nested too deeply (more than 250 levels)"
+                   if isinstance(problem, RecursionError) or "Recursion" in str(problem)
+                   else unencodable(problem))
+            raise SpecError(why, field="input_data") from None
     check_finite(input_data, raw, "input_data")
     if len(raw) > max_bytes:
         raise SpecError(f"is {len(raw):,} bytes as JSON; a task's input may hold at most "

@@ -10,7 +10,8 @@ is already on disk, in this order:
    ``cl100k_base`` file (checked against tiktoken's published SHA-256);
 3. otherwise a calibrated estimator: counts of CJK characters, Latin words (by
    length), digit groups, punctuation runs and other symbols, with weights fitted
-   against ``cl100k_base`` (the measured error is in ``docs/runtime.md``).
+   against ``cl100k_base`` (the measured error is in ``docs/runtime.md``); other
+   scripts are counted by their UTF-8 bytes, which no byte-level BPE exceeds.
 
 No network is ever touched. The name of the estimator used is recorded with every
 rendered prompt (:attr:`lockgate.runtime.Rendered.estimator`).
@@ -71,11 +72,13 @@ def _class_table() -> bytes:
                 else " " if ch.isspace() else "."
         elif i in (0xC3, 0xC4, 0xC5):  # Latin-1 and Latin Extended-A letters (é, ł, ...)
             sym = "a"
-        elif 0xE3 <= i <= 0xED:  # U+3000..U+DFFF: CJK, kana, Hangul
+        elif 0xE3 <= i <= 0xE9:  # U+3000..U+9FFF: CJK punctuation, kana, ideographs
             sym = "c"
-        elif i >= 0xF0:  # outside the BMP: mostly emoji
+        elif i >= 0xF0:  # outside the BMP: emoji, historic scripts, rare ideographs
             sym = "e"
-        else:  # other scripts and symbols
+        elif i < 0xE0:  # two bytes: Greek, Cyrillic, Hebrew, Arabic, symbols, ...
+            sym = "b"
+        else:  # three bytes: Indic, Thai, Hangul, Ethiopic, symbols, ...
             sym = "y"
         table[i] = ord(sym)
     return bytes(table)
@@ -91,6 +94,8 @@ _CLASSES = _class_table()
 _CONTINUATION = bytes(range(0x80, 0xC0))
 _KEEP_LETTERS, _KEEP_DIGITS, _KEEP_PUNCT = _keep("a"), _keep("0"), _keep(".")
 _CJK_PUNCT = b"\xe3\x80"  # U+3000..U+303F: 。、「」 and friends
+_GENERAL_PUNCT = b"\xe2\x80"  # U+2000..U+203F: ’ “ ” — … and the zero-width joiner
+_FULLWIDTH = (b"\xef\xbc", b"\xef\xbd")  # U+FF00..U+FF7F: ，！？（）： of Chinese prose
 
 # Weights fitted (non-negative least squares, weighted by 1/sqrt(tokens)) against
 # cl100k_base on English and Chinese prose, mixed text, docstrings and JSON outputs.
@@ -103,8 +108,18 @@ _W_DIGIT = 0.30
 _W_PUNCT_RUN = 1.06
 _W_PUNCT_EXTRA = 0.03
 _W_NEWLINE = 0.94
-_W_OTHER = 0.80
-_W_ASTRAL = 2.2
+_W_FULLWIDTH = 0.80
+# Every other script is counted by its UTF-8 bytes, the most tokens a byte-level BPE can
+# make of them: cl100k_base gives well-known words of Greek, Cyrillic or Arabic fewer,
+# but random or rare text of any block (Sinhala, Ethiopic, Hangul, emoji) nearly that
+# many, and an estimate under the real count sends prompts over ``max_input_tokens``.
+_W_TWO_BYTE = 2.0
+_W_THREE_BYTE = 3.0
+_W_GENERAL_PUNCT = 2.0
+_W_ASTRAL = 4.0
+# A space before such a character is a token of its own where the character is rare (a
+# word of one letter of Armenian or Thaana: 'օ ՝գ֍ց ձ' counts 23% more than its bytes).
+_W_SPACE_BEFORE_OTHER = 1.0
 
 
 def calibrated_count(text: str) -> int:
@@ -121,8 +136,16 @@ def calibrated_count(text: str) -> int:
            + _W_WORD * letters.count(b" a") + _W_LONG_WORD * letters.count(b"aaaaaaaa")
            + _W_DIGIT_RUN * digits.count(b" 0") + _W_DIGIT * cls.count(b"0")
            + _W_PUNCT_RUN * punct_runs + _W_PUNCT_EXTRA * (cls.count(b".") - punct_runs)
-           + _W_NEWLINE * cls.count(b"\n") + _W_OTHER * cls.count(b"y")
+           + _W_NEWLINE * cls.count(b"\n") + _W_TWO_BYTE * cls.count(b"b")
            + _W_ASTRAL * cls.count(b"e"))
+    if cls.count(b"b") or cls.count(b"e"):
+        est += _W_SPACE_BEFORE_OTHER * (cls.count(b" b") + cls.count(b" e"))
+    three = cls.count(b"y")
+    if three:
+        punct = raw.count(_GENERAL_PUNCT)
+        wide = raw.count(_FULLWIDTH[0]) + raw.count(_FULLWIDTH[1])
+        est += (_W_THREE_BYTE * (three - punct - wide) + _W_GENERAL_PUNCT * punct
+                + _W_FULLWIDTH * wide + _W_SPACE_BEFORE_OTHER * cls.count(b" y"))
     return max(1, round(est))
 
 
