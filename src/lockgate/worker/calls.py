@@ -32,7 +32,9 @@ from lockgate.worker.execute import (
     decide,
     idempotency_key,
     provider_params,
+    render_prompt,
     run_attempt,
+    trace_fixes,
 )
 
 log = logging.getLogger("lockgate.worker")
@@ -307,6 +309,8 @@ class Calls(WorkerCore):
             self._unroutable_streak = 0
             return run_attempt(config, input_data, ep, provider,
                                idempotency_key=key, now_ms=self._now_ms,
+                               input_size=len(t.input_data),
+                               render_threads=self._render_threads,
                                params=params if ep.name == endpoint.name else
                                self._fallback_params(route_key, config, ep))
 
@@ -439,7 +443,8 @@ class Calls(WorkerCore):
             return None
         c = detour.circuit
         if c.fallback_kind == "review":
-            return self._hold_for_review(t, config, prompt_key, started, detour.reason)
+            return await self._hold_for_review(t, config, prompt_key, started,
+                                               detour.reason)
         if c.fallback_prompt is None:
             return config, version, c.fallback_endpoint
         missing = self._missing_fallbacks.get(c.fallback_prompt)
@@ -463,7 +468,8 @@ class Calls(WorkerCore):
             return None
         try:  # a task the fallback version cannot render (its input lacks the
             # version's placeholders) is not failed for the detour: it takes the primary
-            runtime.render(config, orjson.loads(t.input_data))
+            await render_prompt(config, orjson.loads(t.input_data), size=len(t.input_data),
+                                threads=self._render_threads)
         except LockgateError as exc:
             warned = (c.prompt, str(version))
             if warned not in self._unrenderable_warned:
@@ -489,14 +495,17 @@ class Calls(WorkerCore):
                "retry_policy": config.retry_policy.model_dump(mode="json")}
         return RegistryRef(parse_ref(version), doc, key)
 
-    def _hold_for_review(self, t: ClaimedTask, config: TaskConfig, prompt_key: str | None,
+    async def _hold_for_review(self, t: ClaimedTask, config: TaskConfig, prompt_key: str | None,
                          started: int, reason: str) -> Finish:
         """PENDING -> REVIEW without a call: the attempt row keeps the prompt a call would
         have sent (what the person resolving it reads, ``lockgate export --review``)."""
-        snapshot = sha = None
+        snapshot = sha = fixes = None
         try:
-            rendered = runtime.render(config, orjson.loads(t.input_data))
+            rendered = await render_prompt(config, orjson.loads(t.input_data),
+                                           size=len(t.input_data),
+                                           threads=self._render_threads)
             snapshot, sha = rendered.snapshot, rendered.sha256
+            fixes = trace_fixes(rendered, None)
         except LockgateError as exc:  # the person sees why it could not be rendered
             reason = f"{reason}; the prompt does not render: {exc}"
         return Finish(id=t.id, lease_token=t.lease_token, status=TaskStatus.REVIEW,
@@ -504,6 +513,7 @@ class Calls(WorkerCore):
                       attempt={"attempt": t.attempt, "outcome": "review",
                                "started_at": started, "prompt_version": prompt_key,
                                "prompt_snapshot": snapshot, "prompt_sha256": sha,
+                               "fixes": fixes,
                                "error_message": reason[:2000]})
 
     def _fallback_params(self, route_key: str, config: TaskConfig,

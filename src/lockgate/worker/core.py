@@ -165,6 +165,8 @@ class WorkerCore:
         #: seconds); a task whose lease ran out since is not called
         #: (:meth:`Calls._lapsed`).
         self._ready_at: dict[tuple[int, str], float] = {}
+        #: Seconds the last lease renewal spent on the database (``_renew``).
+        self._renew_db_s = 0.0
         #: Tasks kept ready that a renewal found held by another worker now.
         self._taken_over: set[tuple[int, str]] = set()
         self._prefetch = self.ws.prefetch if self.ws.prefetch is not None else min(
@@ -195,6 +197,11 @@ class WorkerCore:
         self._db_prefix = f"lockgate-db-{secrets.token_hex(4)}"
         self._db_threads = ThreadPoolExecutor(max_workers=3,
                                               thread_name_prefix=self._db_prefix)
+        #: Renders a large input off the event loop (condensing takes about a second
+        #: per MB; ``execute.renders_slowly``): one thread, started at the first such
+        #: input, so that a worker of small prompts never starts it.
+        self._render_threads = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="lockgate-render")
         #: Called with each SIGTERM/SIGINT this worker receives while it runs, after it
         #: has acted on it (a supervisor that is also a worker forwards it on).
         self.on_signal: Callable[[int], None] | None = None
@@ -233,9 +240,23 @@ class WorkerCore:
         if not held:
             return
         began = time.monotonic()
-        renew, lease_ms = self.store.renew_leases, self._lease_ms
-        lost = await (self._db_retry(retry, renew, held, lease_ms=lease_ms) if retry
-                      else self._db(renew, held, lease_ms=lease_ms))
+        lease_ms = self._lease_ms
+        ended: list[float] = []
+
+        def renew(held: dict[str, list[int]], *, lease_ms: int) -> set[tuple[int, str]]:
+            try:
+                return self.store.renew_leases(held, lease_ms=lease_ms)
+            finally:
+                ended.append(time.monotonic())
+
+        try:
+            lost = await (self._db_retry(retry, renew, held, lease_ms=lease_ms) if retry
+                          else self._db(renew, held, lease_ms=lease_ms))
+        finally:
+            # What the database took (its threads' queue included), apart from the
+            # event loop's delay in taking the answer: the lease loop's warning says
+            # which of the two held the renewal.
+            self._renew_db_s = (ended[-1] if ended else time.monotonic()) - began
         ready = self._ready_at
         self._taken_over.update(c for c in lost if c in ready)
         for token, ids in held.items():

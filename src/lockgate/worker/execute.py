@@ -7,9 +7,11 @@ Nothing here touches the database.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,19 +81,72 @@ class Decision:
     outcome: str  # succeeded | retry | failed | dead
 
 
+#: Inputs of up to this many characters are rendered on the event loop whatever their
+#: budget: rendering them costs under a millisecond or so, where a hop to a thread
+#: (20-50 µs) would add to every short prompt's cost.
+RENDER_ON_LOOP_CHARS = 16 * 1024
+
+#: Inputs of up to this many characters are rendered on the event loop when their
+#: model config sets no ``max_input_tokens`` (nothing to count or condense:
+#: normalising and joining cost some 25 ms per MB).
+RENDER_ON_LOOP_UNBUDGETED_CHARS = 256 * 1024
+
+
+def renders_slowly(config: TaskConfig, input_chars: int) -> bool:
+    """Whether rendering an input of ``input_chars`` characters may take long enough to
+    stall the event loop: condensing to a token budget costs about a second per MB of
+    input (and a store accepts inputs of several MB). While the loop is held, a worker
+    renews no lease and reads no answer: a claim of a few such tasks held it past their
+    leases, and other workers called them again. A prompt of at most as many bytes as
+    its budget has tokens cannot be over it (nothing is counted or condensed)."""
+    if input_chars <= RENDER_ON_LOOP_CHARS:
+        return False
+    budget = config.model.max_input_tokens
+    if budget is None:
+        return input_chars > RENDER_ON_LOOP_UNBUDGETED_CHARS
+    return input_chars > budget
+
+
+def input_chars(input_data: Mapping[str, Any]) -> int:
+    """The characters of an input's text values (what rendering normalises, counts and
+    condenses), without encoding the input: for callers without its JSON text."""
+    return sum(len(v) for v in input_data.values() if isinstance(v, str))
+
+
+async def render_prompt(config: TaskConfig, input_data: Mapping[str, Any], *,
+                        size: int | None = None,
+                        threads: Executor | None = None) -> runtime.Rendered:
+    """:func:`runtime.render`, on a thread of ``threads`` (None: the event loop's
+    default executor) when the input is large enough to be slow to render
+    (:func:`renders_slowly`), else at once. ``size`` is the input's length in
+    characters where the caller has it (its JSON text), else its text values are
+    measured."""
+    chars = input_chars(input_data) if size is None else size
+    if not renders_slowly(config, chars):
+        return runtime.render(config, input_data)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(threads, runtime.render, config, input_data)
+
+
 async def run_attempt(config: TaskConfig, input_data: dict[str, Any], endpoint: Endpoint,
                       provider: Provider, *, idempotency_key: str | None,
                       params: dict[str, Any],
-                      now_ms: Callable[[], int] | None = None) -> AttemptResult:
+                      now_ms: Callable[[], int] | None = None,
+                      input_size: int | None = None,
+                      render_threads: Executor | None = None) -> AttemptResult:
     """Render the prompt, call the model once, parse and validate the answer.
     ``now_ms`` (the worker's database clock) stamps the moment the request is sent
     (``sent_at``; the attempt's ``started_at`` is when the worker began the task,
     waits for flow control included). The endpoint's ``timeout`` (seconds), where set,
-    wins over the task's ``model_config.timeout_ms``."""
+    wins over the task's ``model_config.timeout_ms``. A large input is rendered on a
+    thread of ``render_threads`` (:func:`render_prompt`; ``input_size``: the length of
+    the input's JSON text, where the caller has it), so that the event loop goes on
+    renewing leases and reading answers meanwhile."""
     model = endpoint.model or config.model.name
     t0 = time.perf_counter()
     try:
-        rendered = runtime.render(config, input_data)
+        rendered = await render_prompt(config, input_data, size=input_size,
+                                       threads=render_threads)
     except LockgateError as exc:
         return AttemptResult(None, None, None, ErrorClass.RENDER_ERROR, str(exc), None, 0.0,
                              None, endpoint.name, model)
@@ -195,6 +250,17 @@ def provider_params(config: TaskConfig, endpoint: Endpoint, worker_seed: str) ->
     return params
 
 
+def trace_fixes(rendered: runtime.Rendered | None, parsed: runtime.Parsed | None
+                ) -> str | None:
+    """The attempt row's ``fixes``: what rendering did to the input (its alerts,
+    ``input_default:<name>``, ``input_fallback:<name>``, ``empty_input:<name>``,
+    ``over_budget``, and notes, ``condensed:<name>:<kept>/<total> <unit>``), then what
+    parsing did to the answer, comma-separated; None for neither."""
+    if rendered is None or not (rendered.alerts or rendered.notes):
+        return ",".join(parsed.fixes) if parsed and parsed.fixes else None
+    return ",".join((*rendered.alerts, *rendered.notes, *(parsed.fixes if parsed else ())))
+
+
 def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: str,
                   *, store_snapshot: bool = True,
                   prompt_version: str | None = None) -> AttemptRow:
@@ -217,7 +283,7 @@ def attempt_trace(attempt: int, started_ms: int, res: AttemptResult, outcome: st
         "http_status": res.http_status,
         "raw_output": kept(c.content) if c else None,
         "parse_status": str(p.status) if p else None,
-        "fixes": ",".join(p.fixes) if p and p.fixes else None,
+        "fixes": trace_fixes(r, p),
         "completeness": p.completeness if p else None,
         "error_class": str(res.error_class) if res.error_class else None,
         "error_message": (res.error_message or "")[:2000] or None,

@@ -132,14 +132,39 @@ class Upkeep(WorkerCore):
                 "succeeded": s.succeeded, "failed": s.failed + s.dead, "retried": s.retried,
                 "discarded": s.discarded, "conflicts": s.discarded}
 
+    def _say_late_renewal(self, late: float, took: float) -> None:
+        """Say that a renewal came later than a lease, and what held it: the database
+        (a LOCK TABLE, a long transaction, a slow server) or this worker's event loop
+        (work between two awaits: no timer, lease renewal or answer is taken
+        meanwhile). Said since the leases it held may have run out."""
+        db = self._renew_db_s
+        if db >= (late + took) / 2:
+            log.warning("renewing the leases took %.1f s, longer than a lease (%gs): "
+                        "the database was locked or slow. Tasks whose lease ran out "
+                        "meanwhile may be taken by another worker; this worker's late "
+                        "results for them are refused", took, self.ws.lease_s)
+            return
+        log.warning("renewing the leases came %.1f s late, longer than a lease (%gs): "
+                    "this worker's event loop was busy (the database took %.1f s of it; "
+                    "%d call(s) in flight). Work between two awaits holds up every "
+                    "lease: code sharing the worker's event loop, or parsing, checking "
+                    "or rendering very large answers or prompts. Tasks whose lease ran "
+                    "out meanwhile may be taken by another worker; this worker's late "
+                    "results for them are refused", late + took, self.ws.lease_s, db,
+                    len(self._running))
+
     async def _lease_loop(self) -> None:
         renew_every = self.ws.lease_s / 3
         last_beat = time.monotonic()
         renewals = Streak()
         while True:
+            pause = min(renew_every, self.ws.heartbeat_s)
+            slept = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=min(
-                    renew_every, self.ws.heartbeat_s))
+                await asyncio.wait_for(self._stopping.wait(), timeout=pause)
+            # How much later than asked the loop woke this one (a loop held by work
+            # between two awaits wakes no timer).
+            late = max(0.0, time.monotonic() - slept - pause)
             if self._hard.is_set() or (self._stopping.is_set() and not self._held):
                 return
             if self._stopping.is_set():
@@ -150,14 +175,8 @@ class Upkeep(WorkerCore):
                 began = time.monotonic()
                 await self._renew(self._held.values())
                 took = time.monotonic() - began
-                if took > self.ws.lease_s and self._held:
-                    # Blocked by a lock (a LOCK TABLE, a long transaction) or a slow
-                    # server: said, since the leases it held may have run out meanwhile.
-                    log.warning("renewing the leases took %.1f s, longer than a lease (%gs): "
-                                "the database was locked or slow. Tasks whose lease ran "
-                                "out meanwhile may be taken by another worker; this "
-                                "worker's late results for them are refused", took,
-                                self.ws.lease_s)
+                if late + took > self.ws.lease_s and self._held:
+                    self._say_late_renewal(late, took)
                 if time.monotonic() - last_beat >= self.ws.heartbeat_s:
                     last_beat = time.monotonic()
                     asked = self._wall()

@@ -131,6 +131,8 @@ class Worker(Calls, Upkeep):
             if listener is not None:
                 listener.stop(timeout_s=0)  # it lets go of its connection within 250 ms
             self._db_threads.shutdown(wait=not abandoned, cancel_futures=abandoned)
+            # (a render still running is the one of a call let go: not waited for)
+            self._render_threads.shutdown(wait=False, cancel_futures=True)
             if abandoned and await self._db_waiting():
                 self.stats.stuck_db = 1
                 log.error("stopping now without waiting for the database: it does not "
