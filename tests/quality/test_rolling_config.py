@@ -154,7 +154,7 @@ def test_a_sender_leaves_the_deliveries_of_a_webhook_it_does_not_know(
         now = store.db_now()
         with store.engine.begin() as conn:
             conn.execute(schema.alert_delivery.insert(), [
-                {"delivery_id": f"d{k:02d}", "alert_id": 1, "event": "open",
+                {"delivery_id": f"d{k:02d}", "alert_id": k, "event": "open",
                  "target": "ops2" if k == 10 else "ops",
                  "body": orjson.dumps({"n": k}).decode(), "status": "PENDING",
                  "next_at": now - 1000 + k, "created_at": now - 60_000}

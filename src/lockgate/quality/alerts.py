@@ -46,7 +46,7 @@ from lockgate.quality.circuit import (
 )
 from lockgate.quality.report import check_rules, prompt_filter, resolution_for
 from lockgate.quality.rollup import SPANS, bucket_of
-from lockgate.quality.rules import RULES, Finding, over
+from lockgate.quality.rules import RULES, Finding
 from lockgate.redact import MASK
 from lockgate.results import plain, utc
 from lockgate.states import CircuitState
@@ -424,10 +424,10 @@ class Evaluator:
         cleared it (its value back inside the bound, unless the rule cleared on its
         other condition: a latency whose input size left the band, a drift no longer
         expected often enough), or, when the rule no longer has the calls to compare
-        (no finding; a polluted minute short of ``min_calls_minute``), none measured
+        (no finding; a finding not :attr:`~Finding.measured`: a minute short of
+        ``min_calls_minute`` parsed outputs, an empty one included), none measured
         (``calls`` 0: the value reads ``-``)."""
-        if f is None or (f.rule == "format_pollution" and over(f.value, f.threshold)):
-            # no comparison (a polluted minute short of min_calls_minute calls)
+        if f is None or not f.measured:
             return {"value": 0.0, "calls": 0}
         return {"value": f.value, "baseline": f.baseline, "threshold": f.threshold,
                 "calls": f.calls, "window_s": self._window_s(f)}
@@ -744,8 +744,10 @@ def waiting_deliveries(store: Store) -> list[dict[str, Any]]:
 
 
 def prune_deliveries(store: Store, older_than_ms: int) -> int:
-    """Delete webhook deliveries done (DELIVERED or FAILED) before ``older_than_ms`` ago;
-    alerts and their samples stay."""
+    """Delete webhook deliveries done (DELIVERED or FAILED) before ``older_than_ms`` ago
+    of resolved alerts; alerts and their samples stay. Those of an alert not resolved
+    stay however old: they tell :func:`announced_to` which webhooks heard of it, so its
+    next event (an update, its resolve, its ack) reaches them."""
     return AlertStore(store).prune_deliveries(older_than_ms)
 
 

@@ -69,6 +69,10 @@ class Finding:
     #: evaluator opened: the window of the move that opened it): its alert opens with
     #: them. ``value`` None: nothing was measured.
     decided: tuple[float | None, int] | None = None
+    #: Whether the rule had the calls to compare in full (format pollution: every minute
+    #: had ``min_calls_minute`` parsed outputs). False: the value tells nothing (an
+    #: empty minute's share reads 0), and an alert it clears shows none (``calls`` 0).
+    measured: bool = True
 
 
 def completeness_collapse(now: Rollup, base: Rollup, s: QualitySettings,
@@ -108,7 +112,8 @@ def format_pollution(minutes: Sequence[Rollup], s: QualitySettings,
     enough = all(m.parsed >= s.min_calls_minute for m in last)
     return Finding("format_pollution", *key,
                    enough and all(over(x, s.invalid_json_share) for x in shares),
-                   min(shares), None, s.invalid_json_share, sum(m.calls for m in last))
+                   min(shares), None, s.invalid_json_share, sum(m.calls for m in last),
+                   measured=enough)
 
 
 def performance_degradation(now: Rollup, base: Rollup, s: QualitySettings,

@@ -129,9 +129,16 @@ def _version_cond(version: str | None, configs: Sequence[str] | None) -> str:
 # -- outbox -----------------------------------------------------------------------------
 #: Due deliveries to the webhooks a sender knows (``known``: its configuration's names):
 #: a delivery to a webhook it does not know stays PENDING, for a sender that knows it,
-#: and is not read, so it takes no place of the LIMIT.
+#: and is not read, so it takes no place of the LIMIT. A delivery waits while an
+#: earlier one of its alert to its webhook is PENDING (under way, or retried later):
+#: a webhook gets an alert's events in the order they were written, so a retried
+#: ``open`` is never overtaken by its ``resolve``. (Read here, not in the claim's
+#: UPDATE: MySQL cannot read the updated table in a subquery of an UPDATE.)
 _DUE = sql("SELECT id, target FROM alert_delivery WHERE status = 'PENDING' "
-           "AND next_at <= :now AND target IN :known ORDER BY next_at, id LIMIT :lim",
+           "AND next_at <= :now AND target IN :known AND NOT EXISTS (SELECT 1 FROM "
+           "alert_delivery e WHERE e.alert_id = alert_delivery.alert_id "
+           "AND e.target = alert_delivery.target AND e.status = 'PENDING' "
+           "AND e.id < alert_delivery.id) ORDER BY next_at, id LIMIT :lim",
            "known")
 #: PENDING deliveries per webhook: how many, and the oldest's creation (ms).
 _WAITING = sql("SELECT target, COUNT(*) AS pending, MIN(created_at) AS oldest "
@@ -160,8 +167,12 @@ _DROP_SAMPLES = sql("DELETE FROM quality_alert_sample WHERE alert_id IN :ids", "
 _DROP_DELIVERIES = sql("DELETE FROM alert_delivery WHERE alert_id IN :ids", "ids")
 _DROP_ALERTS = sql("DELETE FROM quality_alert WHERE id IN :ids AND status = 'RESOLVED'",
                    "ids")
-_PRUNE_DELIVERIES = sql("DELETE FROM alert_delivery WHERE status IN ('DELIVERED', 'FAILED') "
-                        "AND created_at <= :now - :age")
+#: Done deliveries of resolved alerts: those of an alert not resolved are who heard of
+#: it, whom its next event (an update, its resolve, its first ack) goes to, however old.
+_PRUNE_DELIVERIES = sql(
+    "DELETE FROM alert_delivery WHERE status IN ('DELIVERED', 'FAILED') "
+    "AND created_at <= :now - :age AND alert_id IN (SELECT a.id FROM quality_alert a "
+    "WHERE a.status = 'RESOLVED')")
 _DELIVERIES = sql("SELECT id, delivery_id, alert_id, event, target, status, attempts, "
                   "next_at, last_error, created_at, delivered_at FROM alert_delivery "
                   "WHERE alert_id = :id ORDER BY id")
@@ -429,7 +440,9 @@ class AlertStore:
             _FAILED, {"id": row_id, "t": token, "e": error[:2000]}).rowcount))
 
     def prune_deliveries(self, older_than_ms: int) -> int:
-        """Delete DELIVERED and FAILED deliveries older than that; how many went."""
+        """Delete DELIVERED and FAILED deliveries older than that of resolved alerts
+        (an alert's deliveries are the webhooks its next event goes to: those of an
+        alert not resolved stay); how many went."""
         return int(self.store.transaction(lambda tx: tx.execute(
             _PRUNE_DELIVERIES, {"age": older_than_ms}).rowcount))
 
