@@ -11,6 +11,7 @@ import codecs
 import contextlib
 import errno
 import html
+import http
 import json
 import logging
 import re
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
-from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -46,7 +47,7 @@ from lockgate.errors import ConfigError, ErrorClass
 from lockgate.providers.base import Completion, CompletionRequest, ProviderError
 from lockgate.providers.environment import proxy_for
 from lockgate.providers.headers import parse_retry_after_ms, rate_headers
-from lockgate.redact import redact_url
+from lockgate.redact import Secrets, redact_url
 
 log = logging.getLogger("lockgate.providers")
 
@@ -705,6 +706,10 @@ def _reqwest_causes(exc: BaseException) -> str:
 #: handshake that failed), where a connection that ended after the request was sent
 #: is "client error (SendRequest)".
 _REQWEST_CONNECT = re.compile(r"(?i)client error \(connect\)|tcp connect|dns error")
+#: What hyper-util says of a proxy that refused a CONNECT ("tunnel error: proxy
+#: authorization required", "tunnel error: unsuccessful"), and of a 407.
+_REQWEST_TUNNEL = re.compile(r"(?i)tunnel error:?\s*([^|]*)")
+_REQWEST_PROXY_AUTH = re.compile(r"(?i)proxy auth")
 
 
 def _after_send_reqwest(exc: BaseException) -> bool:
@@ -1160,6 +1165,35 @@ def _environment(url: str, *, authorized: bool) -> _Environment:
     return _Environment(proxy, proxy_auth, auth)
 
 
+#: Query parameters of a base_url that are no secret, left unmasked in errors (Azure
+#: OpenAI's ``api-version``, which its errors name).
+_PUBLIC_QUERY = frozenset({"api-version"})
+
+
+def _secrets(base_url: str, url: str, api_key: str | None,
+             headers: Mapping[str, str] | None, env: _Environment) -> Secrets:
+    """What an endpoint sends that is secret, to mask in its errors: the API key, the
+    values of its ``headers``, the user and password of ``base_url`` and their Basic
+    value, the values of its query string (but :data:`_PUBLIC_QUERY`'s), the proxy's
+    login and the ``.netrc`` one; and the chat ``url`` replaced by its
+    :func:`redact_url` where it is named whole."""
+    values: list[str | None] = [api_key, *(headers or {}).values()]
+    parts = urlsplit(base_url)
+    if "@" in parts.netloc:
+        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+        values += [user, password, unquote(user), unquote(password),
+                   base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()]
+    for pair in parts.query.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote(key).lower() not in _PUBLIC_QUERY:
+            values.append(value)
+    values += [v for k, v in parse_qsl(parts.query) if k.lower() not in _PUBLIC_QUERY]
+    for auth in (env.proxy_auth, env.auth):
+        if auth is not None:
+            values += [auth.login, auth.password, auth.encode().removeprefix("Basic ")]
+    return Secrets(values, shown={url: redact_url(url)})
+
+
 class OpenAICompatible:
     """Chat completions over HTTP. One instance per endpoint; one session per event loop."""
 
@@ -1171,6 +1205,7 @@ class OpenAICompatible:
         check_http_client(http_client)
         self.name = name
         self.http_client = http_client
+        given = base_url
         base_url, basic = _credentials(name, base_url)
         self.url = chat_url(base_url)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
@@ -1208,6 +1243,18 @@ class OpenAICompatible:
             k.lower() == "authorization" for k in self._headers))
         if self._env.auth is not None:
             self._headers["Authorization"] = self._env.auth.encode()
+        # The proxy's login as a header (aiohttp deprecates its proxy_auth argument: a
+        # DeprecationWarning at every request through a proxy with a login): on the
+        # CONNECT of an https:// request, else on the request the proxy relays
+        self._proxy_headers: dict[str, str] | None = None
+        if self._env.proxy_auth is not None and http_client == "aiohttp":
+            login = {"Proxy-Authorization": self._env.proxy_auth.encode()}
+            if urlsplit(self.url).scheme == "https":
+                self._proxy_headers = login
+            else:
+                self._headers.update(login)
+        #: What this endpoint sends that is secret, masked in its errors (:meth:`_masked`).
+        self._secrets = _secrets(given, self.url, api_key, headers, self._env)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -1243,25 +1290,65 @@ class OpenAICompatible:
         headers = self._headers
         if self._send_key and request.idempotency_key:
             headers = {**headers, "Idempotency-Key": request.idempotency_key}
-        if self.http_client == "pyreqwest":
-            status, resp_headers, raw, resent = await self._post_reqwest(
-                orjson.dumps(body), headers, request.timeout_s)
-        else:
-            status, resp_headers, raw, resent = await self._post_aiohttp(
-                orjson.dumps(body), headers, request.timeout_s)
+        resent = False
         try:
+            if self.http_client == "pyreqwest":
+                status, resp_headers, raw, resent = await self._post_reqwest(
+                    orjson.dumps(body), headers, request.timeout_s)
+            else:
+                status, resp_headers, raw, resent = await self._post_aiohttp(
+                    orjson.dumps(body), headers, request.timeout_s)
             answer = self._answer(status, resp_headers, raw, request.model)
         except ProviderError as exc:
-            exc.resent = resent
+            exc.resent = exc.resent or resent
+            self._masked(exc)
             raise
         answer.resent = resent
         return answer
 
+    def _masked(self, exc: ProviderError) -> None:
+        """``exc`` with the endpoint's secrets masked in all it tells (:func:`_secrets`):
+        an error is stored on the task and its attempts, exported and logged, and the
+        client's own text may hold the URL with its query string (pyreqwest's "error
+        sending request for url (...?api-key=...)")."""
+        mask = self._secrets
+        if not mask:
+            return
+        exc.message = mask.text(exc.message)
+        exc.args = (f"{exc.error_class}: {exc.message}",)
+        if exc.body is not None:
+            exc.body = mask.text(exc.body)
+        if exc.request_id is not None:
+            exc.request_id = mask.text(exc.request_id)
+        if exc.model is not None:
+            exc.model = mask.text(exc.model)
+        exc.rate_limit = {k: mask.text(v) for k, v in exc.rate_limit.items()}
+
     def _answer(self, status: int, resp_headers: Mapping[str, str], raw: bytes,
                 model: str) -> Completion:
-        """The completion an answer carries, or the classified error it is."""
+        """The completion an answer carries, or the classified error it is. An error
+        is read from the answer with the endpoint's secrets masked (:func:`_secrets`):
+        a provider that repeats the key, a header or the query string in its error
+        ("Incorrect API key provided: sk-...") has them masked in the message and in
+        the body kept, before either is cut to length. A 2xx answer is read as it came
+        (the success path pays nothing), and again masked if it turns out an error."""
         if 300 <= status < 400:
             raise self._redirected(status, resp_headers)
+        if status == 407:  # a proxy that would not relay a plain-HTTP request: its login
+            raise self._proxy_refused(status, http.HTTPStatus(status).phrase)
+        if not 200 <= status < 300:
+            return self._read(status, resp_headers, self._secrets.data(raw), model)
+        try:
+            return self._read(status, resp_headers, raw, model)
+        except ProviderError:
+            masked = self._secrets.data(raw)
+            if masked is raw:
+                raise
+        return self._read(status, resp_headers, masked, model)  # the same error, masked
+
+    def _read(self, status: int, resp_headers: Mapping[str, str], raw: bytes,
+              model: str) -> Completion:
+        """The completion a (non-redirect) answer carries, or the classified error it is."""
         raw = _as_utf8(status, raw, resp_headers)
         if raw and _is_event_stream(raw, resp_headers):
             return self._streamed(status, raw, resp_headers, model)
@@ -1369,6 +1456,24 @@ class OpenAICompatible:
         return ProviderError(ErrorClass.INVALID_REQUEST, message, http_status=status,
                              request_id=_request_id(headers))
 
+    def _proxy_refused(self, status: int | None, said: str) -> ProviderError:
+        """The proxy of the environment refused the request (a 407: its login is
+        missing or wrong; another status: it would not reach the endpoint's host). The
+        endpoint cannot be reached: ``connection_error``, which its tasks wait out
+        without spending an attempt (not ``server_error``: every attempt was spent on
+        the proxy's refusal). The proxy is named without its login."""
+        name = "HTTPS_PROXY" if urlsplit(self.url).scheme == "https" else "HTTP_PROXY"
+        proxy = f"the proxy of {name} ({redact_url(str(self._env.proxy))})" \
+            if self._env.proxy is not None else "a proxy on the way"
+        answer = f"HTTP {status} {said}" if status is not None else said
+        if status == 407:
+            fix = f"check the proxy login (the user:password in {name}, or .netrc)"
+        else:
+            fix = f"check {name} and that its proxy may reach the endpoint's host"
+        return ProviderError(ErrorClass.CONNECTION_ERROR,
+                             f"{proxy} refused the request ({answer}): {fix}",
+                             http_status=status)
+
     def _stale(self, exc: BaseException, deadline: float) -> float | None:
         """The time left for the one resend of a request whose pooled keep-alive
         connection was stale, or None when it is not resent."""
@@ -1377,7 +1482,7 @@ class OpenAICompatible:
             return None
         log.debug("endpoint '%s': the pooled keep-alive connection was closed before an "
                   "answer came (%s: %s); sent again on a new connection", self.name,
-                  type(exc).__name__, exc)
+                  type(exc).__name__, self._secrets.text(str(exc)))
         return left
 
     async def _post_aiohttp(self, body: bytes, headers: Mapping[str, str],
@@ -1415,7 +1520,7 @@ class OpenAICompatible:
         try:
             async with session.post(self.url, data=body, headers=headers,
                                     timeout=timeout, allow_redirects=False,
-                                    proxy=self._env.proxy, proxy_auth=self._env.proxy_auth,
+                                    proxy=self._env.proxy, proxy_headers=self._proxy_headers,
                                     trace_request_ctx=sent) as resp:
                 try:
                     return resp.status, resp.headers, await resp.read()
@@ -1430,6 +1535,11 @@ class OpenAICompatible:
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT,
                                 f"no answer within {timeout_s:g} s") from None
+        except aiohttp.ClientHttpProxyError as exc:
+            # Before ClientResponseError, its base: the proxy answered the CONNECT of an
+            # https:// request with other than 200 (a 407 for its login). No answer of
+            # the endpoint's: it could not be reached.
+            raise self._proxy_refused(exc.status, str(exc.message)) from None
         except aiohttp.ClientResponseError as exc:
             # Before ClientError: its subclass for an answer aiohttp could not parse
             # (a bad status line or Content-Length...), its status the 400 aiohttp
@@ -1527,8 +1637,15 @@ class OpenAICompatible:
             # Not the body's: the status line or the headers hyper could not parse.
             raise _not_http(_last_cause(exc)) from None
         except PyreqwestError as exc:
+            causes = _reqwest_causes(exc)
+            tunnel = _REQWEST_TUNNEL.search(causes)
+            if tunnel is not None:  # the proxy refused the CONNECT of an https:// request
+                refused = tunnel.group(1).strip()
+                if _REQWEST_PROXY_AUTH.search(refused):
+                    raise self._proxy_refused(407, http.HTTPStatus(407).phrase) from None
+                raise self._proxy_refused(None, refused) from None
             if not _after_send_reqwest(exc):  # no connection could be opened
-                raise _connection_error(exc, _reqwest_causes(exc)) from None
+                raise _connection_error(exc, causes) from None
             if reused:
                 raise _StaleConnection(exc) from None
             raise _dropped(exc, _last_cause(exc)) from None
