@@ -94,7 +94,7 @@ def test_without_a_header_named_the_key_is_a_bearer_token() -> None:
      "api_key_header = 'api-key' names the header of the key read from api_key_env, "
      "which is not set"),
     ('api_key_env = "K"\napi_key_header = "Api Key"',
-     "'api_key_header': 'Api Key' is not an HTTP header name"),
+     "'api_key_header': the value given is not an HTTP header name"),
     ('api_key_env = "K"\napi_key_header = "api-key:"', "is not an HTTP header name"),
     ('api_key_env = "K"\napi_key_header = "api-key"\nheaders = {"API-Key" = "x"}',
      "the header 'api-key' is both api_key_header and in headers"),

@@ -98,13 +98,40 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
 
 
+#: What HTTP forbids in a header's value (RFC 9110: control characters but the tab): a
+#: line break left at the end of a key by an env file with Windows line ends, a NUL.
+_FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_CONTROL_CHARACTER = "a line break or another control character"
+
+
 def _header_name(value: Any) -> Any:
-    """A pydantic ``BeforeValidator`` for ``api_key_header``."""
+    """A pydantic ``BeforeValidator`` for ``api_key_header``. The value refused is not
+    shown: it is often the key itself, or ``api-key: KEY``."""
     if isinstance(value, str) and _HEADER_NAME.fullmatch(value) is None:
         raise PydanticCustomError(
-            "header_name", "{value} is not an HTTP header name (letters, digits and "
-            "- or _, at most 100, without spaces or a colon): e.g. api-key",
-            {"value": repr(value)})
+            "header_name", "the value given is not an HTTP header name (letters, digits "
+            "and - or _, at most 100, without spaces or a colon; it is not shown, in "
+            "case it holds the key): name the header only, e.g. api-key, and keep the "
+            "key in the variable api_key_env names")
+    return value
+
+
+def _header_values(value: Any) -> Any:
+    """A pydantic ``BeforeValidator`` for an endpoint's ``headers``: a name or value
+    holding a line break or another control character would fail every call (the HTTP
+    clients refuse it, and pyreqwest's error shows the value). Neither is shown."""
+    if not isinstance(value, dict):
+        return value
+    for name, text in value.items():
+        if isinstance(name, str) and _FORBIDDEN_IN_HEADER.search(name):
+            raise PydanticCustomError(
+                "header_value", f"a header name in headers holds {_CONTROL_CHARACTER} "
+                "(it is not shown); remove it")
+        if isinstance(text, str) and _FORBIDDEN_IN_HEADER.search(text):
+            raise PydanticCustomError(
+                "header_value", "the value of header {name} holds "
+                f"{_CONTROL_CHARACTER}; remove it (the value is not shown, in case it is "
+                "a secret)", {"name": repr(name)})
     return value
 
 
@@ -215,7 +242,8 @@ class Endpoint(_Strict):
     max_concurrency: int = Field(1000, ge=1)
     supports_top_k: bool = False
     send_idempotency_key: bool = True
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: Annotated[dict[str, str], BeforeValidator(_header_values)] = Field(
+        default_factory=dict)
     provider: str | None = Field(
         None, min_length=1, max_length=100,
         description="gen_ai.provider.name in traces [the service of base_url's host, as "
@@ -277,9 +305,17 @@ class Endpoint(_Strict):
             return None
         key = os.environ.get(self.api_key_env)
         if not key:
+            state = "is not set" if key is None else "is set but empty"
             raise ConfigError(
                 f"endpoint '{self.name}' reads its API key from ${self.api_key_env}, "
-                f"which is not set; export {self.api_key_env}=... before starting")
+                f"which {state}; export {self.api_key_env}=... before starting")
+        if _FORBIDDEN_IN_HEADER.search(key):
+            # Sent, it would fail every call (and pyreqwest's error shows the key); a
+            # key is never changed silently: spaces around it are sent as they are.
+            raise ConfigError(
+                f"endpoint '{self.name}': ${self.api_key_env} holds {_CONTROL_CHARACTER} "
+                "(often left at the end by an env file with Windows line ends); remove "
+                "it (the key is not shown)")
         return key
 
 

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -37,9 +38,11 @@ from typing import Any
 
 import aiohttp
 from sqlalchemy.exc import DBAPIError
+from yarl import URL
 
 from lockgate.config import QualitySettings, Webhook
 from lockgate.errors import StoreError
+from lockgate.redact import MASK, redact_url
 from lockgate.store.alerts import AlertStore
 from lockgate.store.store import Store
 
@@ -61,6 +64,38 @@ def signature(key: bytes, body: bytes) -> str:
 def verify(key: bytes, body: bytes, header: str | None) -> bool:
     """Whether ``header`` is the signature of ``body`` (constant-time comparison)."""
     return header is not None and hmac.compare_digest(signature(key, body), header)
+
+
+def failure(exc: BaseException, url: str) -> str:
+    """What went wrong with a post to ``url``, for the log and ``last_error``: never the
+    URL's query string (a token) or user information (a password). aiohttp's
+    ``ClientResponseError`` names the URL it posted to: its status and message stand
+    for it; any other error's text has the URL, as written or as aiohttp spells it,
+    replaced by the redacted one, and what remains of the query or password masked
+    (from 4 characters: a shorter one would mask bits of the message)."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        text = f"{type(exc).__name__}: {exc.status}, message={exc.message!r}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    shown = redact_url(url)
+    try:
+        parsed = URL(url)
+        spellings = {url, str(parsed), str(parsed.with_user(None)),
+                     str(parsed.with_query(None)), parsed.human_repr()}
+        hidden: set[str | None] = {parsed.query_string, parsed.raw_query_string,
+                                   parsed.password, parsed.raw_password}
+    except (ValueError, TypeError):  # not a URL yarl reads: the URL as written
+        spellings, hidden = {url}, set()
+    _, _, query = url.partition("?")
+    hidden |= {query, query.partition("#")[0]}
+    # one pass, longest first; a spelling found in the redacted URL holds no secret
+    found = sorted((s for s in spellings if s not in shown), key=len, reverse=True)
+    if found:
+        text = re.sub("|".join(map(re.escape, found)), lambda _m: shown, text)
+    secrets_left = sorted((h for h in hidden if h and len(h) >= 4), key=len, reverse=True)
+    if secrets_left:
+        text = re.sub("|".join(map(re.escape, secrets_left)), MASK, text)
+    return text
 
 
 class Sender:
@@ -219,7 +254,7 @@ class Sender:
                 # without end would hold the post to its timeout, then be retried).
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            await self._again(w, row, token, f"{type(exc).__name__}: {exc}"[:500])
+            await self._again(w, row, token, failure(exc, w.url)[:500])
             return
         if 200 <= status < 300:
             await asyncio.to_thread(self.astore.delivered, rid, token)
@@ -244,4 +279,4 @@ class Sender:
                                 int(delay * 1000), error)
 
 
-__all__ = ["Sender", "signature", "verify"]
+__all__ = ["Sender", "failure", "signature", "verify"]

@@ -155,7 +155,7 @@ def _check_target(parsed: URL, given: str, backend: str) -> None:
     in-memory database belongs to one connection and ends with the process: tasks
     submitted there are lost, and a worker's other connections see no tables), one
     whose file was written as a host (two slashes), a server URL (PostgreSQL, MySQL)
-    without a database."""
+    without a database, a MySQL URL with a ``charset`` its driver does not know."""
     shown = redact_url(given)
     if backend == "sqlite":
         path = parsed.database or ""
@@ -170,7 +170,10 @@ def _check_target(parsed: URL, given: str, backend: str) -> None:
                 f"database URL '{shown}' names no file: an in-memory SQLite database "
                 "lives in one connection and ends with the process, so submitted tasks "
                 "would be lost; name a file, e.g. sqlite:///lockgate.db")
-    elif not parsed.database:
+        return
+    if backend in ("mysql", "mariadb"):
+        _check_charset(parsed, shown)
+    if not parsed.database:
         # PostgreSQL would connect to the server's default database (named after the
         # user) and create the tables there, where nobody looks for them.
         scheme = "mysql" if backend in ("mysql", "mariadb") else "postgresql"
@@ -181,6 +184,21 @@ def _check_target(parsed: URL, given: str, backend: str) -> None:
             f"{scheme}://{parsed.username or 'user'}@{parsed.host or 'host'}"
             f"{f':{parsed.port}' if parsed.port else ''}/lockgate (create it first: "
             f"{create_it})")
+
+
+def _check_charset(parsed: URL, shown: str) -> None:
+    """Refuse a MySQL URL's ``charset`` PyMySQL does not know: it failed every
+    connection with an ``AttributeError`` and a traceback (PyMySQL looks the name up
+    and uses what it found without checking)."""
+    from pymysql.charset import charset_by_name  # deferred: only a MySQL URL
+
+    given = parsed.query.get("charset")
+    for name in (given,) if isinstance(given, str) else given or ():
+        if charset_by_name(name) is None:
+            raise ConfigError(
+                f"database URL '{shown}': charset {name!r} is not a character set "
+                "the MySQL driver (PyMySQL) knows; leave charset out (lockgate's tables "
+                "use utf8mb4), or write a known one, e.g. charset=utf8mb4")
 
 
 def db_timeout_s() -> float:
