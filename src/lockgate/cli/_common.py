@@ -29,6 +29,7 @@ from lockgate.app import Lockgate
 from lockgate.durations import EXAMPLES, parse_duration
 from lockgate.errors import LockgateError, SpecError
 from lockgate.results import plain, utc
+from lockgate.store.dialects.base import MigrationLockBusy
 from lockgate.store.failures import dropped_for_now, refused_for_now, sqlite_passing
 
 P = ParamSpec("P")
@@ -228,11 +229,17 @@ def _open_waiting(db: str | None, config: Path | None, create: bool) -> Lockgate
     written (the one-line warning says which, and what to check). Anything else (a
     login refused, a database that does not exist, a bad URL, a server that cannot be
     reached at all: most often a wrong host or port, a read-only SQLite file) is raised
-    at once."""
+    at once. Another process's schema migration is waited for too, however long it
+    takes (MySQL/MariaDB bound each wait for its lock: the wait is taken again, with a
+    warning each time)."""
     failures = 0
+    started = time.monotonic()
     while True:
         try:
             return Lockgate(db, config=config, create=create, migrate=create)
+        except MigrationLockBusy:
+            log.warning("waiting for another process's schema migration (%d s so far)",
+                        time.monotonic() - started)
         except LockgateError as exc:
             if not (refused_for_now(exc) or dropped_for_now(exc) or sqlite_passing(exc)):
                 raise

@@ -280,11 +280,13 @@ class Store(TaskViews):
     def migrate(self) -> str | None:
         """Create or upgrade the schema to the newest revision (safe to run concurrently,
         and again after a run stopped part way: it finishes the revision that run was
-        making); returns the revision it found (None: no schema yet). A database
-        already at :data:`SCHEMA_HEAD` costs one read: alembic is not loaded. A
-        database at a revision this lockgate does not know (a newer lockgate's) is
-        refused with :class:`ConfigError`; a revision that cannot be applied is named
-        in the error."""
+        making); returns the revision it found under the migration lock (None: no
+        schema yet; :data:`SCHEMA_HEAD`: nothing was to do, also when another process
+        migrated it meanwhile), so of processes that migrate at once only one reports
+        a creation or an upgrade. A database already at :data:`SCHEMA_HEAD` costs one
+        read: alembic is not loaded. A database at a revision this lockgate does not
+        know (a newer lockgate's) is refused with :class:`ConfigError`; a revision that
+        cannot be applied is named in the error."""
         found = self._revision()
         if found == SCHEMA_HEAD:
             return found
@@ -298,11 +300,14 @@ class Store(TaskViews):
             # to take it sees the new revision (and does nothing).
             with map_db_errors(self.url), self.engine.connect() as conn, \
                     self.dialect.migration_lock(conn), conn.begin():
-                # Under the lock: a newer lockgate may have upgraded it meanwhile.
-                self._refuse_newer(Tx(conn, self.dialect.now).execute(_REVISION).scalar()
-                                   if inspect(conn).has_table("alembic_version") else None)
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
+                # Under the lock: another process (or a newer lockgate) may have
+                # migrated it meanwhile; what it is at now is what this run found.
+                found = (Tx(conn, self.dialect.now).execute(_REVISION).scalar()
+                         if inspect(conn).has_table("alembic_version") else None)
+                self._refuse_newer(found)
+                if found != SCHEMA_HEAD:
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, "head")
         except (ConfigError, StoreError) as exc:
             # migrations/env.py sets "start" once the run begins: errors before it (the
             # lock, a newer revision) are not a revision's

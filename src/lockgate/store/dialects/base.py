@@ -26,8 +26,16 @@ _SUBMIT_KINDS: tuple[type, ...] = (str, str, str, str, str, int, int, str)
 _SUBMIT_INTO = (f"INSERT {{ignore}}INTO task ({', '.join(_SUBMIT_COLS)}, status, created_at, "
                 "updated_at)")
 
-#: How long a process waits for another's schema migration (where the lock has a bound).
+#: How long a process waits for another's schema migration (where the lock has a bound:
+#: MySQL/MariaDB) before :class:`MigrationLockBusy`; ``lockgate worker`` then waits again.
 MIGRATION_LOCK_WAIT_S = 120
+
+
+class MigrationLockBusy(StoreError):
+    """Another process held the schema migration lock for all of
+    :data:`MIGRATION_LOCK_WAIT_S`: its migration is still running (or it hangs)."""
+
+
 _CLAIM_COLS = "id, task_id, batch_id, config_hash, input_data, attempts, lease_token"
 
 # The SET clause of a write-back, shared by all dialects. ``v`` is the batch of
@@ -265,9 +273,9 @@ class Dialect:
         got = conn.execute(text(take), {"wait": MIGRATION_LOCK_WAIT_S}).scalar()
         conn.commit()
         if got != 1:
-            raise StoreError(f"another process has held the schema migration lock for "
-                             f"{MIGRATION_LOCK_WAIT_S} s; let its migration finish (or stop "
-                             "it), then start again")
+            raise MigrationLockBusy(f"another process has held the schema migration lock "
+                                    f"for {MIGRATION_LOCK_WAIT_S} s; let its migration finish "
+                                    "(or stop it), then start again")
         try:
             yield
         finally:
