@@ -110,6 +110,12 @@ class Ticket:
     #: Sent blind: no limit known and no call of this worker refused for the rate yet
     #: (a 429 then is the provider's first word on its limit, not the task's doing).
     blind: bool = False
+    #: A probe of a run of refusals (:meth:`~lockgate.flow.endpoint.EndpointState.
+    #: run_probe`): the other calls wait for its answer.
+    run_probe: bool = False
+    #: Refused (429 naming nothing) in a run of refusals of a provider that accepts
+    #: nothing: at its limit, not the task's doing (set when the call is released).
+    in_run: bool = False
 
 
 #: Shortest wait for scheduled budget (calls that become usable within it go together).
@@ -171,7 +177,7 @@ class Admission:
                 if cold is not None:
                     cold.in_flight += 1
                 return Ticket(st, tokens, probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited, st.blind)
+                              input_chars, cold, st.limited, st.blind, st.run_probe())
             w = self._enqueue(st, tokens, now, pinned)
             if cold is not None:
                 cold.in_flight += 1  # held while it waits for budget, so others wait too
@@ -179,12 +185,14 @@ class Admission:
                 go = await w.fut
             except asyncio.CancelledError:
                 if w.fut.done() and not w.fut.cancelled() and w.fut.result():
+                    if w.run_probe:
+                        st.probe_done()
                     self.undo(st, tokens)
                 self.cold.done(cold, None)
                 raise
             if go:
                 return Ticket(st, tokens, w.probe, routed_from, task.batch_id, model,
-                              input_chars, cold, st.limited, st.blind)
+                              input_chars, cold, st.limited, st.blind, w.run_probe)
             self.cold.done(cold, None)
             # rerouted: the endpoint became unusable while the call waited; route again
 
@@ -214,6 +222,8 @@ class Admission:
     def _room(self, st: EndpointState, tokens: float, now: float) -> bool:
         if st.refused is not None and not st.paused(now):
             self._infer_pace(st, now)
+        if st.probing():  # a run of refusals: the others wait for the probe's answer
+            return False
         return st.in_flight < st.adaptive.slots and st.has_budget(tokens, now)
 
     def _infer_pace(self, st: EndpointState, now: float) -> None:
@@ -268,6 +278,8 @@ class Admission:
             if w.fut.done():  # its task was cancelled
                 self._drop(st, q.popleft())
                 continue
+            if st.probing():  # dispatched again when the probe is answered
+                break
             if not self._room(st, w.tokens, now):
                 if st.in_flight < st.adaptive.slots and st.has_budget(w.tokens):
                     # Budget held but scheduled: let the call go when it is usable
@@ -279,6 +291,7 @@ class Admission:
                 break
             self._drop(st, q.popleft())
             w.probe = self.admit(st, w.tokens, now)
+            w.run_probe = st.run_probe()
             w.fut.set_result(True)
 
     def _reroute(self, st: EndpointState) -> None:

@@ -252,11 +252,13 @@ class FlowControl:
             # Refused before any work: the fallback takes it.
             if not pin and self.reroutes(st.ep, ec):
                 return res, Passage(ticket.routed_from, "rerouted")
-            if ec is ErrorClass.RATE_LIMITED and ticket.blind:
+            if ec is ErrorClass.RATE_LIMITED and (ticket.blind or ticket.in_run):
                 # Sent before the endpoint named a limit or refused anything: its
                 # first refusals say how much it takes (a concurrency limit refuses
                 # most of a cold start's calls at once), they are no fault of the
-                # task's. Retried after the pause without spending an attempt.
+                # task's. Likewise a 429 naming nothing in a run of them while the
+                # provider accepts nothing (a window's limit reached). Retried after
+                # the pause without spending an attempt.
                 wait = max(0.0, st.paused_until - time.monotonic())
                 named = rec.outcome.retry_after_ms if rec.outcome is not None else None
                 return res, Passage(ticket.routed_from, "first_429",

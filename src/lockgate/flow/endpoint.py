@@ -44,6 +44,12 @@ PACE_MIN_ANSWERED = 1
 #: of random 429s every refusal paused the endpoint and cut its pace: a worker doing
 #: 200 calls a second settled at about 12.
 SPORADIC_SHARE = 0.05
+#: A run of 429s naming nothing (no header, no Retry-After) from a provider that accepts
+#: nothing (a window's limit reached): each pause of the run doubles the one before, up
+#: to the endpoint's ``limit_window_s`` and at most this (seconds); after each, this many
+#: calls probe the endpoint, the others wait for an answer.
+RUN_MAX_PAUSE_S = 60.0
+RUN_PROBES = 1
 
 
 @dataclass(slots=True)
@@ -157,6 +163,8 @@ class Waiter:
     tokens: float
     probe: bool = False
     pinned: bool = False
+    #: Whether it went as a probe of a run of refusals (:meth:`EndpointState.run_probe`).
+    run_probe: bool = False
 
 
 @dataclass(slots=True)
@@ -263,12 +271,13 @@ class Health:
 class EndpointState:
     """One endpoint in one worker (see the module docstring)."""
 
-    __slots__ = ("adaptive", "answered", "breaker", "ep", "factor", "first_sent",
-                 "health", "heard", "in_flight", "ledger", "limit_rate", "limited",
-                 "name", "pace", "pause_inferred", "pause_reason", "paused_until",
-                 "period_answers", "period_refusals", "probe_out", "quota_probe",
-                 "recent", "refused", "refused_recent", "refusing", "req_limited", "short_reset",
-                 "short_until", "timer", "tok_limited", "waiters", "waiting_tokens")
+    __slots__ = ("accepted_at", "adaptive", "answered", "breaker", "ep", "factor",
+                 "first_sent", "health", "heard", "in_flight", "ledger", "limit_rate",
+                 "limited", "name", "pace", "pause_inferred", "pause_reason", "paused_until",
+                 "period_answers", "period_refusals", "probe_out", "quota_probe", "recent",
+                 "refused", "refused_recent", "refusing", "req_limited", "run", "run_from",
+                 "run_probes", "run_started", "short_reset", "short_until", "timer",
+                 "tok_limited", "waiters", "waiting_tokens")
 
     def __init__(self, ep: Endpoint, fs: FlowSettings, now: float) -> None:
         self.ep = ep
@@ -330,6 +339,14 @@ class EndpointState:
         #: is a fixed window: its pause is then the reset that 429 names.
         self.short_until = 0.0
         self.short_reset = 0.0
+        #: A run of 429s naming nothing while the provider accepts nothing: its pauses
+        #: so far (0: no run), when it began, when its last pause ends (a call sent from
+        #: then on probes; its 429 doubles the pause), and its probes in flight.
+        self.run = 0
+        self.accepted_at: float | None = None  # when it last accepted a call
+        self.run_started = 0.0
+        self.run_from = 0.0
+        self.run_probes = 0
         self.factor = 1.0  # share of the limits in force, from the shared row
         #: Calls per second its known request limit allows (configured, or from the
         #: shared row at each lease, times the factor); None: no request limit known.
@@ -343,6 +360,51 @@ class EndpointState:
 
     def paused(self, now: float) -> bool:
         return now < self.paused_until
+
+    def probing(self) -> bool:
+        """Whether calls wait for the probes of a run of refusals (:data:`RUN_PROBES`
+        out, none answered yet)."""
+        return self.run > 0 and self.run_probes >= RUN_PROBES
+
+    def run_probe(self) -> bool:
+        """A call passed: whether it is a probe of a run of refusals (counted until it
+        ends)."""
+        if self.run <= 0:
+            return False
+        self.run_probes += 1
+        return True
+
+    def probe_done(self) -> None:
+        """A probe of a run of refusals was answered, or never sent."""
+        self.run_probes = max(0, self.run_probes - 1)
+
+    def run_pause_ms(self, base_ms: float, sent: float, now: float) -> int:
+        """The pause of a 429 naming nothing (of a call sent at ``sent``) from a provider
+        that accepts nothing: ``base_ms`` for the first of a run, doubled for each 429
+        of a call sent after the run's last pause ended, up to ``limit_window_s`` (at
+        most :data:`RUN_MAX_PAUSE_S`)."""
+        if self.run == 0:
+            self.run, self.run_started = 1, now
+        elif sent >= self.run_from - 1e-3:
+            self.run += 1
+        top = max(base_ms, 1000.0 * min(self.ep.limit_window_s, RUN_MAX_PAUSE_S))
+        return int(min(top, base_ms * 2.0 ** min(self.run - 1, 30)))
+
+    def run_ended(self, sent: float, now: float) -> None:
+        """The provider accepted a call sent at ``sent``: a run of refusals it was sent
+        in (or after) is over."""
+        self.accepted_at = now
+        if self.run and sent >= self.run_started - 1e-3:
+            self.run = 0
+
+    def at_limit(self, now: float) -> bool:
+        """Whether a 429 naming nothing says the provider is at a limit: it accepted a
+        call within two of its windows (``limit_window_s``). One that accepted nothing
+        for longer (or ever) refuses everything: no run, its 429s spend attempts."""
+        if self.accepted_at is None or now - self.accepted_at >= 2 * self.ep.limit_window_s:
+            self.run = 0
+            return False
+        return True
 
     def note_answer(self, now: float, *, refused: bool) -> None:
         """The provider answered a call (with a 429 for the rate when ``refused``)."""

@@ -102,6 +102,8 @@ class Feedback:
     def unsent(self, t: Ticket) -> None:
         """A call that had passage was never sent (rendering failed, or it was handed
         back to routing): the budget goes back, the breaker's probe place is free."""
+        if t.run_probe:
+            t.state.probe_done()
         t.state.breaker.unjudged(t.probe)
         self.admission.cold.done(t.cold, None)
         self.admission.undo(t.state, t.tokens, budgeted=t.budgeted)
@@ -111,6 +113,8 @@ class Feedback:
         as spent (the provider may have counted it); it says nothing of the endpoint's
         health, so a half-open breaker's probe place is free again."""
         t.state.in_flight -= 1
+        if t.run_probe:
+            t.state.probe_done()
         t.state.breaker.unjudged(t.probe)
         self.admission.cold.done(t.cold, None)
         self.admission.dispatch(t.state)
@@ -121,10 +125,43 @@ class Feedback:
         call go."""
         st = t.state
         st.in_flight -= 1
+        if t.run_probe:
+            st.probe_done()
         now = time.monotonic()
         ec = out.error_class
         throttled = ec in THROTTLED
         failed = endpoint_failure(out)
+        self._count(t, out, failed=failed, throttled=throttled, now=now)
+        completion = out.completion
+        if completion is not None:  # the provider took the call
+            st.run_ended(now - out.latency_ms / 1000.0, now)
+            if st.pace is not None:
+                if st.waiters:  # the pace holds calls back, and no 429 came
+                    st.pace.rise(now)
+            elif not st.req_limited:
+                st.answered.append(now - out.latency_ms / 1000.0)  # when it was sent
+        self._charge(t, throttled, now - out.latency_ms / 1000.0)
+        if throttled:
+            st.breaker.unjudged(t.probe)
+        else:
+            was = st.breaker.state
+            st.breaker.record(now, failed=failed, probe=t.probe)
+            if st.breaker.state is not was:
+                if st.breaker.state is BreakerState.CLOSED:
+                    st.health.failing_since = None
+                self._breaker_changed(st, was, now)
+            self._settle(t, out)
+        self.admission.cold.done(t.cold, t.model, refused=throttled)
+        t.in_run = self._learn(st, out, now, t.tokens)
+        self.admission.dispatch(st)
+
+    @staticmethod
+    def _count(t: Ticket, out: CallOutcome, *, failed: bool, throttled: bool,
+               now: float) -> None:
+        """The health figures and the adaptive limit's sample of a call that ended."""
+        st = t.state
+        ec = out.error_class
+        completion = out.completion
         h = st.health
         h.calls += 2 if resent(out) else 1  # a request sent twice is two calls
         if failed or throttled:
@@ -135,7 +172,6 @@ class Feedback:
                 st.refusing = True
         if t.routed_from:
             h.rerouted += 1
-        completion = out.completion
         st.adaptive.record(0.0 if throttled else out.latency_ms, ok=not failed,
                            dropped=throttled or ec is ErrorClass.TIMEOUT,
                            output_tokens=completion.completion_tokens if completion else None,
@@ -151,26 +187,11 @@ class Feedback:
                 h.failing_since = now
         else:  # an answer, whatever it says: the endpoint is reachable
             h.last_answer = now
-            h.failing_since = None
+            if st.breaker.state is BreakerState.CLOSED:
+                # (a breaker open or half-open: the failure goes on until it closes; a
+                # probe answered beside others failing does not restart its count)
+                h.failing_since = None
             st.heard = True
-        if completion is not None:  # the provider took the call
-            if st.pace is not None:
-                if st.waiters:  # the pace holds calls back, and no 429 came
-                    st.pace.rise(now)
-            elif not st.req_limited:
-                st.answered.append(now - out.latency_ms / 1000.0)  # when it was sent
-        self._charge(t, throttled, now - out.latency_ms / 1000.0)
-        if throttled:
-            st.breaker.unjudged(t.probe)
-        else:
-            was = st.breaker.state
-            st.breaker.record(now, failed=failed, probe=t.probe)
-            if st.breaker.state is not was:
-                self._breaker_changed(st, was, now)
-            self._settle(t, out)
-        self.admission.cold.done(t.cold, t.model, refused=throttled)
-        self._learn(st, out, now, t.tokens)
-        self.admission.dispatch(st)
 
     @staticmethod
     def _charge(t: Ticket, throttled: bool, sent: float) -> None:
@@ -241,7 +262,9 @@ class Feedback:
         self._learn_tokens(t.batch_id, float(charged))
 
     def _learn(self, st: EndpointState, out: CallOutcome, now: float,
-               tokens: float | None = None) -> None:
+               tokens: float | None = None) -> bool:
+        """Learn limits and pauses from an answer; returns whether it is a 429 of a run
+        of refusals naming nothing (:meth:`_refused`), which spends no attempt."""
         headers = out.rate_limit
         ec = out.error_class
         if out.completion is not None or ec is ErrorClass.RATE_LIMITED:
@@ -254,7 +277,7 @@ class Feedback:
             if not headers or (headers.get("x-ratelimit-remaining-requests") != "0"
                                and headers.get("x-ratelimit-remaining-tokens") != "0"
                                and st.health.answers % 32 and st.limited):
-                return
+                return False
         sig = read_signals(headers, out.retry_after_ms)
         led = st.ledger
         # A limit whose reset (the time until it is full again) is well beyond the
@@ -286,13 +309,13 @@ class Feedback:
                 # (at most one a CUT_GAP_MS, climbing back without 429s), unpaused.
                 if st.limited and st.waiters:
                     led.cut = min(led.cut, SPORADIC_CUT)
-                return
+                return False
             sent = now - out.latency_ms / 1000.0
             if st.limited:  # over the limit: every worker's rate goes down a step
                 led.cut = min(led.cut, CUT)
             if not st.req_limited:  # refused for the rate, with no limit known
                 self._pace(st, sent, now)
-            self._refused(st, sig, sent, now, tokens)
+            return self._refused(st, sig, sent, now, tokens)
         elif ec is not None and sig.explicit and sig.remaining_requests != 0 \
                 and sig.remaining_tokens != 0:
             # A Retry-After on another error (a 503): the server is unavailable for
@@ -302,17 +325,31 @@ class Feedback:
             ms = self._exhausted_ms(st, sig, None, now, tokens)
             if ms:
                 self._pause(st, ms, "exhausted", now)
+        return False
 
     def _refused(self, st: EndpointState, sig: Signals, sent: float, now: float,
-                 tokens: float | None) -> None:
+                 tokens: float | None) -> bool:
         """Pause after a 429 for the rate: for its Retry-After; else, its headers saying
-        nothing remains, as :meth:`_exhausted_ms` says; else ``default_pause_s``."""
+        nothing remains, as :meth:`_exhausted_ms` says; else, a 429 naming nothing, for
+        ``default_pause_s``, doubled for each pause of a run of such refusals (the
+        provider accepting nothing in between: a window's limit reached) up to the
+        endpoint's ``limit_window_s`` (:meth:`~lockgate.flow.endpoint.EndpointState.
+        run_pause_ms`), one call probing after each, when the provider accepted a call
+        within two windows (:meth:`~lockgate.flow.endpoint.EndpointState.at_limit`).
+        Returns whether it is a 429 of such a run: the provider is at its limit, the
+        task spends no attempt."""
         if sig.explicit:
             self._pause(st, sig.pause_ms() or 0, "rate_limited", now, explicit=True)
         elif (ms := self._exhausted_ms(st, sig, sent, now, tokens)) is not None:
             self._pause(st, ms, "exhausted", now)
+        elif st.at_limit(now):
+            ms = st.run_pause_ms(self.cfg.default_pause_s * 1000.0, sent, now)
+            self._pause(st, ms, "rate_limited", now)
+            st.run_from = max(st.run_from, st.paused_until)
+            return True
         else:
             self._pause(st, int(self.cfg.default_pause_s * 1000), "rate_limited", now)
+        return False
 
     @staticmethod
     def _exhausted_ms(st: EndpointState, sig: Signals, refused_sent: float | None,

@@ -1,9 +1,15 @@
 """Where a call goes: its endpoint while that is usable, else the first usable endpoint
 of its fallback chain (docs/flow.md, "Circuit breaker and fallback").
 
-An endpoint is unusable while it is out of quota, paused for longer than
+An endpoint is unusable while it is out of quota, paused because it answered that it is
+unavailable (a 503 or 529 with Retry-After), paused for longer than
 ``fallback_after_s``, or its breaker is open. With no usable fallback a call stays
 with its own endpoint and waits for it.
+
+An unavailable endpoint's short pause is no reason to wait: a call refused by it came
+back (its retry) within ``fallback_after_s`` of the pause's end, waited for the endpoint,
+was the one call sent when the pause ended, met the 503 again, and so on at every pause
+until its task was DEAD, while the fallback served every other task.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ def fallback_chain(settings: Settings, ep: Endpoint) -> Iterator[Endpoint]:
         ep = nxt
 
 
+#: Pauses that make an endpoint unusable however short they are: out of quota, or
+#: unavailable (its server errors named a wait). A rate limit's short pause is waited
+#: out on the endpoint itself (up to ``fallback_after_s``).
+UNUSABLE_PAUSES = frozenset({"quota", "unavailable"})
+
+
 class Router:
     """The endpoints of one worker (their :class:`EndpointState`) and the choice among
     them."""
@@ -44,9 +56,10 @@ class Router:
         return st
 
     def usable(self, st: EndpointState, now: float) -> bool:
-        """Not out of quota, not paused for long, and the breaker lets calls through."""
+        """Not out of quota or unavailable, not paused for long, and the breaker lets
+        calls through."""
         left = st.paused_until - now
-        if left > 0 and (st.pause_reason == "quota" or left > self.cfg.fallback_after_s):
+        if left > 0 and (st.pause_reason in UNUSABLE_PAUSES or left > self.cfg.fallback_after_s):
             return False
         return st.breaker.available(now)
 
