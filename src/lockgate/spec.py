@@ -522,18 +522,24 @@ def check_finite(value: Any, encoded: bytes, field: str) -> None:
                         field=f"{field}.{path}" if path else field)
 
 
+def without_surrogates(text: str) -> str:
+    """``text`` with its surrogate pairs joined into their character (as some JSON
+    decoders leave an emoji, ``"\\ud83d\\ude00"``) and lone surrogates, which no JSON
+    encoding carries and no request can send, replaced by ``?``."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le",
+                                                                  "surrogatepass")
+        return joined.encode(errors="replace").decode()
+
+
 def _without_surrogates(value: Any) -> Any:
-    """``value`` with every text's surrogate pairs joined into their character (as some
-    JSON decoders leave an emoji, ``"\\ud83d\\ude00"``) and lone surrogates, which no
-    JSON encoding carries, replaced by ``?`` (as rendering does); keys too."""
+    """``value`` with :func:`without_surrogates` applied to every text, keys too (as
+    rendering does)."""
     if isinstance(value, str):
-        try:
-            value.encode()
-            return value
-        except UnicodeEncodeError:
-            joined = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le",
-                                                                       "surrogatepass")
-            return joined.encode(errors="replace").decode()
+        return without_surrogates(value)
     if isinstance(value, dict):
         return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -60,7 +60,7 @@ from lockgate.runtime.tokens import (
     get_estimator,
 )
 from lockgate.runtime.truncate import condense, hard_cut
-from lockgate.spec import InputRule, TaskConfig, canonical_json
+from lockgate.spec import InputRule, TaskConfig, canonical_json, without_surrogates
 
 __all__ = ["Rendered", "check_template", "placeholders", "render"]
 
@@ -296,15 +296,7 @@ def _sendable(text: str) -> str:
     """``text`` with surrogate pairs joined (some JSON decoders leave an astral
     character as two surrogates) and lone surrogates, which cannot be sent or hashed,
     replaced by ``?``."""
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-        return text
-    except UnicodeEncodeError:
-        joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le",
-                                                                  "surrogatepass")
-        return joined.encode(errors="replace").decode()
+    return text if text.isascii() else without_surrogates(text)
 
 
 def _normalised(value: Any, rule: InputRule) -> Any:
